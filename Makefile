@@ -1,0 +1,38 @@
+# pgfence developer tasks. `make help` lists them.
+SQLC_VERSION        := v1.31.1
+STATICCHECK_VERSION := v0.8.2
+TOOLS_BIN           := $(CURDIR)/.bin
+SQLC                := $(TOOLS_BIN)/sqlc
+STATICCHECK         := $(TOOLS_BIN)/staticcheck
+
+.PHONY: help demo test generate verify verify-generated lint tools
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_URL is unset)
+	go run ./cmd/pgfence demo
+
+test: ## run the whole test suite with the race detector
+	go test -race ./...
+
+$(SQLC):
+	GOBIN=$(TOOLS_BIN) CGO_ENABLED=1 go install github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
+
+$(STATICCHECK):
+	GOBIN=$(TOOLS_BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+tools: $(SQLC) $(STATICCHECK) ## install sqlc and staticcheck into .bin (not in go.mod)
+
+generate: $(SQLC) ## regenerate internal/dbsqlc from migrations/ and queries/
+	$(SQLC) generate
+
+verify-generated: $(SQLC) ## fail if internal/dbsqlc is not what sqlc generates now
+	$(SQLC) diff
+
+lint: $(STATICCHECK) ## gofmt, go vet, staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	$(STATICCHECK) ./...
+
+verify: lint verify-generated ## everything CI checks before the tests

@@ -1,0 +1,222 @@
+// Package pgtest gives every pgfence test its own migrated PostgreSQL database.
+//
+// The server is found or started once per test binary by [pgserver.Start] in
+// the documented fallback order (PGFENCE_TEST_DATABASE_URL, testcontainers,
+// local binaries). A template database is migrated once; each test gets a clone
+// of it ([Pool], [DSN]), so tests may call t.Parallel() and never see each
+// other's locks. If no server can be had, the calling test fails with a message
+// saying what to install: DB tests are never skipped.
+//
+// Use [Main] from TestMain so the server is stopped when the tests end:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m) }
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+// EnvDSN names the environment variable that points the tests at an existing
+// server. Its user must be allowed to CREATE DATABASE.
+const EnvDSN = "PGFENCE_TEST_DATABASE_URL"
+
+var (
+	mu       sync.Mutex
+	srv      *pgserver.Server
+	srvErr   error
+	tmplName string
+	tmplErr  error
+	tmplOnce sync.Once
+	seq      atomic.Int64
+	runID    = fmt.Sprintf("%d_%04d", os.Getpid()%100000, rand.IntN(10000))
+)
+
+// Main runs the tests, stops the server, and fails the binary if goroutines
+// leaked. Use it as the body of TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	Shutdown()
+	if code == 0 {
+		if err := goleak.Find(ignoredGoroutines()...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func ignoredGoroutines() []goleak.Option {
+	return []goleak.Option{
+		// testcontainers' reaper and docker client keep goroutines of their own.
+		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	}
+}
+
+// Shutdown drops the template database and stops a server this process started.
+func Shutdown() {
+	mu.Lock()
+	defer mu.Unlock()
+	if srv == nil {
+		return
+	}
+	if tmplName != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if conn, err := pgx.Connect(ctx, srv.DSN); err == nil {
+			_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{tmplName}.Sanitize()+" WITH (FORCE)")
+			_ = conn.Close(ctx)
+		}
+		cancel()
+	}
+	_ = srv.Stop()
+	srv = nil
+}
+
+// Server returns the shared server, starting it on first use. The test fails
+// (never skips) when no server can be had.
+func Server(t testing.TB) *pgserver.Server {
+	t.Helper()
+	s, err := server()
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return s
+}
+
+func server() (*pgserver.Server, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	if srv != nil || srvErr != nil {
+		return srv, srvErr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	srv, srvErr = pgserver.Start(ctx, pgserver.Options{EnvVar: EnvDSN})
+	return srv, srvErr
+}
+
+// AdminDSN returns a DSN for the server's maintenance database.
+func AdminDSN(t testing.TB) string {
+	t.Helper()
+	return Server(t).DSN
+}
+
+// EmptyDSN creates a fresh, unmigrated database for t and returns its DSN. The
+// database is dropped when t ends.
+func EmptyDSN(t testing.TB) string {
+	t.Helper()
+	return createDB(t, "")
+}
+
+// DSN creates a fresh database with pgfence's migrations applied and returns
+// its DSN. The database is dropped when t ends.
+func DSN(t testing.TB) string {
+	t.Helper()
+	s := Server(t)
+	tmplOnce.Do(func() { tmplErr = makeTemplate(s) })
+	if tmplErr != nil {
+		t.Fatalf("pgtest: migrate template database: %v", tmplErr)
+	}
+	return createDB(t, tmplName)
+}
+
+// Pool returns a pool on a fresh migrated database (see [DSN]); it is closed
+// when t ends.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	return PoolFor(t, DSN(t))
+}
+
+// PoolFor opens a pool on dsn that is closed when t ends.
+func PoolFor(t testing.TB, dsn string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: open pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func makeTemplate(s *pgserver.Server) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	name := "pgfence_tpl_" + runID
+	admin, err := pgx.Connect(ctx, s.DSN)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return err
+	}
+	tmplName = name
+	pool, err := pgxpool.New(ctx, withDatabase(s.DSN, name))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return migrations.UpPool(ctx, pool)
+}
+
+func createDB(t testing.TB, template string) string {
+	t.Helper()
+	s := Server(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("pgfence_t_%s_%d", runID, seq.Add(1))
+	admin, err := pgx.Connect(ctx, s.DSN)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	defer admin.Close(context.Background())
+	stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		stmt += " TEMPLATE " + pgx.Identifier{template}.Sanitize()
+		if admin.PgConn().ParameterStatus("server_version") >= "15" {
+			// FILE_COPY avoids WAL-logging every block of a small template.
+			stmt += " STRATEGY FILE_COPY"
+		}
+	}
+	if _, err := admin.Exec(ctx, stmt); err != nil {
+		t.Fatalf("pgtest: %s: %v", stmt, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, s.DSN)
+		if err != nil {
+			return // server already gone
+		}
+		defer conn.Close(ctx)
+		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	return withDatabase(s.DSN, name)
+}
+
+// withDatabase replaces the database of a URL- or keyword-style DSN.
+func withDatabase(dsn, db string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + db
+		return u.String()
+	}
+	// Keyword/value form: a later keyword overrides an earlier one.
+	return dsn + " dbname=" + db
+}

@@ -1,0 +1,166 @@
+// Package migrations holds pgfence's SQL schema as goose v3 migrations and applies
+// them to a caller's database.
+//
+// There are two ways to install the schema.
+//
+// Let pgfence apply it (recommended): call [Up] with a *sql.DB or [UpPool] with a
+// *pgxpool.Pool at start-up. pgfence keeps its own goose version table,
+// [VersionTable] (pgfence.goose_db_version), so an application's own goose
+// history is never touched, and serialises concurrent migrators with a blocking
+// session-level advisory lock on [LockID]: when N processes start at once, one
+// applies the migrations and the others wait, then find nothing left to do.
+//
+// Or copy the files: the SQL files of this directory are plain goose migrations
+// and can be copied into an application's own goose directory (renumbered to fit
+// its sequence). [FS] returns them for tooling that wants to copy or embed them.
+//
+// The role that runs the migrations needs CREATE on the database. The role that
+// uses pgfence at run time needs only the grants listed in the README.
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Schema is the PostgreSQL schema that holds every pgfence object.
+const Schema = "pgfence"
+
+// VersionTable is the goose version table pgfence uses, apart from any
+// goose_db_version table of the application.
+const VersionTable = Schema + ".goose_db_version"
+
+// LockID is the key of the session-level advisory lock that serialises
+// concurrent pgfence migrators. It differs from goose's default key, so pgfence
+// migrations do not wait for an application's own goose run, nor it for them.
+const LockID int64 = 0x7067_6665_6e63_6501 // "pgfence" + 0x01
+
+// FS returns the embedded migration files (NNNNN_name.sql, goose format).
+func FS() fs.FS { return files }
+
+// NewProvider returns a goose provider for pgfence's migrations on db, using
+// [VersionTable] and the [LockID] session locker. Extra goose options (for
+// example goose.WithVerbose or goose.WithSlog) are appended.
+//
+// NewProvider creates schema pgfence and the version table when they are
+// missing (serialised by the same advisory lock), so that every method of the
+// provider, including read-only ones such as Status and GetDBVersion, works on
+// an empty database.
+func NewProvider(ctx context.Context, db *sql.DB, opts ...goose.ProviderOption) (*goose.Provider, error) {
+	if db == nil {
+		return nil, errors.New("migrations: nil *sql.DB")
+	}
+	locker := sessionLocker{id: LockID}
+	base := []goose.ProviderOption{
+		goose.WithTableName(VersionTable),
+		goose.WithSessionLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files, append(base, opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	if err := bootstrap(ctx, db, locker, p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// bootstrap creates the schema and, through the provider, the version table,
+// while holding the migration lock: goose creates its version table from
+// methods that take no lock (HasPending, GetDBVersion), and concurrent first
+// runs would otherwise race on CREATE SCHEMA and CREATE TABLE.
+func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker, p *goose.Provider) (err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	defer conn.Close()
+	if err := l.SessionLock(ctx, conn); err != nil {
+		return err
+	}
+	defer func() {
+		if uerr := l.SessionUnlock(context.WithoutCancel(ctx), conn); err == nil {
+			err = uerr
+		}
+	}()
+	if _, err := conn.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
+		return fmt.Errorf("migrations: create schema %s: %w", Schema, err)
+	}
+	if _, err := p.HasPending(ctx); err != nil { // takes no lock; creates the table
+		return fmt.Errorf("migrations: create version table: %w", err)
+	}
+	return nil
+}
+
+// Up applies every pending migration to db. It is safe to call from many
+// processes at once.
+func Up(ctx context.Context, db *sql.DB) error {
+	p, err := NewProvider(ctx, db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Up(ctx); err != nil {
+		return fmt.Errorf("migrations: up: %w", err)
+	}
+	return nil
+}
+
+// UpPool is [Up] for a pgx pool.
+func UpPool(ctx context.Context, pool *pgxpool.Pool) error {
+	if pool == nil {
+		return errors.New("migrations: nil *pgxpool.Pool")
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	return Up(ctx, db)
+}
+
+// DownTo rolls back migrations newer than version (0 rolls back all of them).
+// Schema pgfence itself is kept, since it holds [VersionTable].
+func DownTo(ctx context.Context, db *sql.DB, version int64) error {
+	p, err := NewProvider(ctx, db)
+	if err != nil {
+		return err
+	}
+	if _, err := p.DownTo(ctx, version); err != nil {
+		return fmt.Errorf("migrations: down to %d: %w", version, err)
+	}
+	return nil
+}
+
+// sessionLocker serialises migrators with a blocking pg_advisory_lock: no
+// polling, the next migrator starts the moment the previous one unlocks.
+type sessionLocker struct{ id int64 }
+
+var _ lock.SessionLocker = sessionLocker{}
+
+func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.id); err != nil {
+		return fmt.Errorf("migrations: take advisory lock %d: %w", l.id, err)
+	}
+	return nil
+}
+
+func (l sessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	var ok bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.id).Scan(&ok); err != nil {
+		return fmt.Errorf("migrations: release advisory lock %d: %w", l.id, err)
+	}
+	if !ok {
+		return fmt.Errorf("migrations: advisory lock %d was not held", l.id)
+	}
+	return nil
+}

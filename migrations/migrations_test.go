@@ -1,0 +1,332 @@
+package migrations_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+)
+
+func TestMain(m *testing.M) {
+	// Re-executed by TestConcurrentProcesses as a migrator child.
+	if dsn := os.Getenv("PGFENCE_MIGRATE_CHILD_DSN"); dsn != "" {
+		pool, err := pgxpool.New(context.Background(), dsn)
+		if err == nil {
+			err = migrations.UpPool(context.Background(), pool)
+			pool.Close()
+		}
+		if err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	pgtest.Main(m)
+}
+
+func openDB(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	pool := pgtest.PoolFor(t, dsn)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func tableExists(t *testing.T, db *sql.DB, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := db.QueryRow("SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func currentVersion(t *testing.T, db *sql.DB) int64 {
+	t.Helper()
+	p, err := migrations.NewProvider(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := p.GetDBVersion(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func lastVersion(t *testing.T) int64 {
+	t.Helper()
+	p, err := migrations.NewProvider(context.Background(), openDB(t, pgtest.EmptyDSN(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srcs := p.ListSources()
+	if len(srcs) == 0 {
+		t.Fatal("no embedded migrations")
+	}
+	return srcs[len(srcs)-1].Version
+}
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.EmptyDSN(t))
+	want := lastVersion(t)
+
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	if got := currentVersion(t, db); got != want {
+		t.Fatalf("version after up = %d, want %d", got, want)
+	}
+	if !tableExists(t, db, "pgfence.locks") {
+		t.Fatal("pgfence.locks missing after up")
+	}
+	// Up again is a no-op.
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatalf("second up: %v", err)
+	}
+
+	if err := migrations.DownTo(ctx, db, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := currentVersion(t, db); got != 0 {
+		t.Fatalf("version after down = %d, want 0", got)
+	}
+	if tableExists(t, db, "pgfence.locks") {
+		t.Fatal("pgfence.locks still there after down to 0")
+	}
+
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatalf("up after down: %v", err)
+	}
+	if got := currentVersion(t, db); got != want {
+		t.Fatalf("version after up again = %d, want %d", got, want)
+	}
+}
+
+func TestVersionTableApartFromApplication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t, pgtest.EmptyDSN(t))
+
+	// The application has its own goose history in public.goose_db_version.
+	appDir := t.TempDir()
+	if err := os.WriteFile(appDir+"/00001_app.sql", []byte(
+		"-- +goose Up\nCREATE TABLE app_things (id int primary key);\n-- +goose Down\nDROP TABLE app_things;\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	app, err := goose.NewProvider(goose.DialectPostgres, db, os.DirFS(appDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var appRowsBefore int
+	if err := db.QueryRow("SELECT count(*) FROM public.goose_db_version").Scan(&appRowsBefore); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := migrations.Up(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+
+	var appRowsAfter int
+	if err := db.QueryRow("SELECT count(*) FROM public.goose_db_version").Scan(&appRowsAfter); err != nil {
+		t.Fatal(err)
+	}
+	if appRowsAfter != appRowsBefore {
+		t.Fatalf("application's goose_db_version changed: %d rows -> %d", appRowsBefore, appRowsAfter)
+	}
+	if !tableExists(t, db, migrations.VersionTable) {
+		t.Fatalf("%s missing", migrations.VersionTable)
+	}
+	// The application's provider still sees only its own migration.
+	v, err := app.GetDBVersion(ctx)
+	if err != nil || v != 1 {
+		t.Fatalf("application version = %d, %v; want 1", v, err)
+	}
+	if got, want := currentVersion(t, db), lastVersion(t); got != want {
+		t.Fatalf("pgfence version = %d, want %d", got, want)
+	}
+}
+
+func TestConcurrentGoroutines(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.EmptyDSN(t)
+	const n = 4
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pool, err := pgxpool.New(ctx, dsn)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer pool.Close()
+			errs[i] = migrations.UpPool(ctx, pool)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migrator %d: %v", i, err)
+		}
+	}
+	db := openDB(t, dsn)
+	assertAppliedOnce(t, db)
+}
+
+func TestConcurrentProcesses(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.EmptyDSN(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]*strings.Builder, n)
+	for i := range n {
+		outs[i] = &strings.Builder{}
+		cmds[i] = exec.Command(exe, "-test.run=^$")
+		cmds[i].Env = append(os.Environ(), "PGFENCE_MIGRATE_CHILD_DSN="+dsn)
+		cmds[i].Stdout, cmds[i].Stderr = outs[i], outs[i]
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cmds {
+		if err := c.Wait(); err != nil {
+			t.Errorf("migrator process %d: %v: %s", i, err, outs[i])
+		}
+	}
+	assertAppliedOnce(t, openDB(t, dsn))
+}
+
+// assertAppliedOnce checks every migration was recorded exactly once.
+func assertAppliedOnce(t *testing.T, db *sql.DB) {
+	t.Helper()
+	rows, err := db.Query("SELECT version_id, count(*) FROM " + migrations.VersionTable +
+		" WHERE version_id > 0 GROUP BY version_id ORDER BY version_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var versions []int64
+	for rows.Next() {
+		var v, c int64
+		if err := rows.Scan(&v, &c); err != nil {
+			t.Fatal(err)
+		}
+		if c != 1 {
+			t.Errorf("version %d recorded %d times", v, c)
+		}
+		versions = append(versions, v)
+	}
+	if want := lastVersion(t); len(versions) == 0 || versions[len(versions)-1] != want {
+		t.Fatalf("applied versions %v, want up to %d", versions, want)
+	}
+}
+
+func TestLocksTableConstraintsAndComments(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+
+	bad := []struct {
+		name, sql string
+		args      []any
+	}{
+		{"empty name", "INSERT INTO pgfence.locks(name) VALUES ($1)", []any{""}},
+		{"513-byte name", "INSERT INTO pgfence.locks(name) VALUES ($1)", []any{strings.Repeat("x", 513)}},
+		{"negative token", "INSERT INTO pgfence.locks(name, token) VALUES ('a', -1)", nil},
+		{"holder without expiry", "INSERT INTO pgfence.locks(name, holder) VALUES ('a', 'h')", nil},
+	}
+	for _, b := range bad {
+		_, err := conn.Exec(ctx, b.sql, b.args...)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
+			t.Errorf("%s: err = %v, want check_violation 23514", b.name, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "INSERT INTO pgfence.locks(name) VALUES ($1)", strings.Repeat("x", 512)); err != nil {
+		t.Errorf("512-byte name refused: %v", err)
+	}
+
+	// Every column carries a comment a DBA can read with \d+.
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname
+		FROM pg_attribute a
+		WHERE a.attrelid = 'pgfence.locks'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		  AND col_description(a.attrelid, a.attnum) IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(missing) > 0 {
+		t.Errorf("columns without COMMENT: %v", missing)
+	}
+	var tableComment *string
+	if err := conn.QueryRow(ctx, "SELECT obj_description('pgfence.locks'::regclass, 'pg_class')").Scan(&tableComment); err != nil {
+		t.Fatal(err)
+	}
+	if tableComment == nil || *tableComment == "" {
+		t.Error("pgfence.locks has no table comment")
+	}
+}
+
+// TestGeneratedQueriesMatchSchema runs the sqlc-generated queries against the
+// migrated schema, so a query that no longer fits the tables fails here.
+func TestGeneratedQueriesMatchSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, "INSERT INTO pgfence.locks(name, token, holder, acquired_at, expires_at) VALUES ('a', 3, 'h', now(), now() + interval '1 minute'), ('b', 0, NULL, NULL, NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	q := dbsqlc.New()
+	row, err := q.GetLock(ctx, pool, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.Token != 3 || row.Holder == nil || *row.Holder != "h" || row.ExpiresAt == nil || !row.ExpiresAt.After(row.DbNow) {
+		t.Fatalf("GetLock = %+v", row)
+	}
+	rows, err := q.ListLocks(ctx, pool, "%", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].Name != "a" || rows[1].Name != "b" || rows[1].Holder != nil {
+		t.Fatalf("ListLocks = %+v", rows)
+	}
+	if _, err := q.GetLock(ctx, pool, "missing"); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("GetLock(missing) err = %v, want pgx.ErrNoRows", err)
+	}
+}
