@@ -12,23 +12,30 @@ import (
 
 const getLock = `-- name: GetLock :one
 SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
+       (CASE WHEN holder IS NULL THEN 'free'
+             WHEN expires_at > now() THEN 'held'
+             ELSE 'expired' END)::text AS state,
+       COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
 FROM pgfence.locks
 WHERE name = $1
 `
 
 type GetLockRow struct {
-	Name       string
-	Token      int64
-	Holder     *string
-	AcquiredAt *time.Time
-	RenewedAt  *time.Time
-	ExpiresAt  *time.Time
-	Metadata   []byte
-	DbNow      time.Time
+	Name        string
+	Token       int64
+	Holder      *string
+	AcquiredAt  *time.Time
+	RenewedAt   *time.Time
+	ExpiresAt   *time.Time
+	Metadata    []byte
+	State       string
+	ExpiresInMs int64
+	DbNow       time.Time
 }
 
-// GetLock returns one lock row with the database's current time.
+// GetLock returns one lock row, its state and the database's current time.
+// State is computed on the database clock: held, expired or free.
 func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow, error) {
 	row := db.QueryRow(ctx, getLock, name)
 	var i GetLockRow
@@ -40,6 +47,8 @@ func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow
 		&i.RenewedAt,
 		&i.ExpiresAt,
 		&i.Metadata,
+		&i.State,
+		&i.ExpiresInMs,
 		&i.DbNow,
 	)
 	return i, err
@@ -47,27 +56,44 @@ func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow
 
 const listLocks = `-- name: ListLocks :many
 SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
+       (CASE WHEN holder IS NULL THEN 'free'
+             WHEN expires_at > now() THEN 'held'
+             ELSE 'expired' END)::text AS state,
+       COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
 FROM pgfence.locks
 WHERE name LIKE $1
+  AND (CASE WHEN holder IS NULL THEN 'free'
+            WHEN expires_at > now() THEN 'held'
+            ELSE 'expired' END) = ANY ($2::text[])
 ORDER BY name
-LIMIT $2
+LIMIT $3
 `
 
-type ListLocksRow struct {
-	Name       string
-	Token      int64
-	Holder     *string
-	AcquiredAt *time.Time
-	RenewedAt  *time.Time
-	ExpiresAt  *time.Time
-	Metadata   []byte
-	DbNow      time.Time
+type ListLocksParams struct {
+	NamePattern string
+	States      []string
+	MaxRows     int32
 }
 
-// ListLocks returns lock rows whose name matches a LIKE pattern, by name.
-func (q *Queries) ListLocks(ctx context.Context, db DBTX, namePattern string, maxRows int32) ([]ListLocksRow, error) {
-	rows, err := db.Query(ctx, listLocks, namePattern, maxRows)
+type ListLocksRow struct {
+	Name        string
+	Token       int64
+	Holder      *string
+	AcquiredAt  *time.Time
+	RenewedAt   *time.Time
+	ExpiresAt   *time.Time
+	Metadata    []byte
+	State       string
+	ExpiresInMs int64
+	DbNow       time.Time
+}
+
+// ListLocks returns lock rows whose name matches a LIKE pattern and whose state
+// is one of the given states (held, expired, free), ordered by name.
+// expires_in_ms is 0 for a free lock and negative for an expired one.
+func (q *Queries) ListLocks(ctx context.Context, db DBTX, arg ListLocksParams) ([]ListLocksRow, error) {
+	rows, err := db.Query(ctx, listLocks, arg.NamePattern, arg.States, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +109,8 @@ func (q *Queries) ListLocks(ctx context.Context, db DBTX, namePattern string, ma
 			&i.RenewedAt,
 			&i.ExpiresAt,
 			&i.Metadata,
+			&i.State,
+			&i.ExpiresInMs,
 			&i.DbNow,
 		); err != nil {
 			return nil, err

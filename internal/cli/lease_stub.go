@@ -1,0 +1,5 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+func (a *app) addLeaseCommands(*cobra.Command) {}

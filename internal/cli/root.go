@@ -1,0 +1,185 @@
+// Package cli implements the pgfence command. cmd/pgfence is a thin main over
+// [Main]; every command writes to the io.Writers it is given, so tests drive it
+// in-process.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes. Scripts can rely on them; they are listed in the README.
+const (
+	ExitOK          = 0  // success
+	ExitError       = 1  // any other failure (connection, SQL, I/O)
+	ExitUsage       = 2  // bad flags or arguments
+	ExitNotFound    = 3  // the named lock or table does not exist
+	ExitNotMigrated = 4  // the database has no pgfence schema: run `pgfence migrate up`
+	ExitLockBusy    = 75 // --no-wait and the lock is held by someone else
+	ExitLeaseLost   = 76 // `pgfence run`: the lease was lost while the command ran
+)
+
+// ExitError carries an exit code with an error.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func withCode(code int, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &exitError{code: code, err: err}
+}
+
+func usageErr(format string, args ...any) error {
+	return withCode(ExitUsage, fmt.Errorf(format, args...))
+}
+
+// Env is what a command run sees of the outside world.
+type Env struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Getenv reads environment variables. Defaults to os.Getenv.
+	Getenv func(string) string
+}
+
+type app struct {
+	env         Env
+	databaseURL string
+}
+
+// Main runs the pgfence command with args (without the program name) and
+// returns the process exit code.
+func Main(ctx context.Context, args []string, env Env) int {
+	if env.Getenv == nil {
+		env.Getenv = os.Getenv
+	}
+	if env.Stdin == nil {
+		env.Stdin = strings.NewReader("")
+	}
+	a := &app{env: env}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	var ee *exitError
+	code := ExitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	} else if isUsage(err) {
+		code = ExitUsage
+	}
+	fmt.Fprintf(env.Stderr, "pgfence: %v\n", err)
+	return code
+}
+
+func isUsage(err error) bool {
+	s := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires at least", "invalid argument", "flag needs an argument", "required flag"} {
+		if strings.Contains(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pgfence",
+		Short: "Lease locks with fencing tokens on PostgreSQL: inspect, run commands under a lock, demo",
+		Long: `pgfence inspects and uses pgfence's lock table and fenced tables.
+
+Connection: --database-url, else DATABASE_URL, else the standard PG* variables
+(PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...).
+
+Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
+5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run).`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string (default: DATABASE_URL, then PG* variables)")
+	root.AddCommand(
+		a.migrateCommand(),
+		a.locksCommand(),
+		a.fencesCommand(),
+	)
+	a.addLeaseCommands(root)
+	return root
+}
+
+// dsn returns the connection string from the flag or DATABASE_URL; "" means
+// the PG* variables and libpq defaults.
+func (a *app) dsn() string {
+	if a.databaseURL != "" {
+		return a.databaseURL
+	}
+	return a.env.Getenv("DATABASE_URL")
+}
+
+// connect opens a pool and checks the server answers. Errors are one line.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(a.dsn())
+	if err != nil {
+		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", oneLine(err)))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	if cfg.ConnConfig.RuntimeParams["application_name"] == "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pgfence-cli"
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to database: %s", oneLine(err))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot connect to database %s: %s", describe(cfg.ConnConfig.Config), oneLine(err))
+	}
+	return pool, nil
+}
+
+// connectMigrated is connect plus a check that the pgfence schema exists.
+func (a *app) connectMigrated(ctx context.Context) (*pgxpool.Pool, error) {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass('pgfence.locks') IS NOT NULL").Scan(&ok); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if !ok {
+		pool.Close()
+		return nil, withCode(ExitNotMigrated, errors.New("database has no pgfence schema; run: pgfence migrate up"))
+	}
+	return pool, nil
+}
+
+func describe(c pgconn.Config) string {
+	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
+}
+
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
