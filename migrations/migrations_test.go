@@ -319,7 +319,7 @@ func TestGeneratedQueriesMatchSchema(t *testing.T) {
 	if row.Token != 3 || row.Holder == nil || *row.Holder != "h" || row.ExpiresAt == nil || !row.ExpiresAt.After(row.DbNow) {
 		t.Fatalf("GetLock = %+v", row)
 	}
-	rows, err := q.ListLocks(ctx, pool, "%", 10)
+	rows, err := q.ListLocks(ctx, pool, dbsqlc.ListLocksParams{NamePattern: "%", States: []string{"held", "expired", "free"}, MaxRows: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
