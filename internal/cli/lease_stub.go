@@ -1,3 +1,5 @@
+//go:build !pglockapi
+
 package cli
 
 import "github.com/spf13/cobra"

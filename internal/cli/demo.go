@@ -1,0 +1,511 @@
+//go:build pglockapi
+
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// The demo replays the seed articles' story with two real worker processes:
+// A takes the lease and reads the balance, is frozen with SIGSTOP past its
+// lease, B takes the lease and adds its amount, then A resumes and writes the
+// balance it computed before the pause.
+
+const (
+	demoStart   = 100
+	demoAmountA = 50
+	demoAmountB = 10
+)
+
+func (a *app) demoCommand() *cobra.Command {
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Show the paused-worker bug with two real processes, then the same pause with fencing",
+		Long: `Runs the story of a lease lock and a paused holder twice, with two real worker
+processes and a real pause (SIGSTOP/SIGCONT):
+
+  1. without fencing: the paused worker's stale write lands and the newer update is lost;
+  2. with fencing tokens: the stale write is rejected by the database and the worker
+     starts over under a new grant.
+
+With no --database-url (or DATABASE_URL), it starts a throwaway PostgreSQL
+(testcontainers when a Docker engine answers, else the local PostgreSQL
+binaries) and removes it afterwards. With a database it applies pgfence's
+migrations, works in a schema of its own and drops it afterwards.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if ttl < 200*time.Millisecond || ttl > time.Minute {
+				return usageErr("--ttl must be between 200ms and 1m")
+			}
+			return a.runDemo(cmd.Context(), ttl)
+		},
+	}
+	cmd.Flags().DurationVar(&ttl, "ttl", time.Second, "lease duration the workers use")
+	return cmd
+}
+
+func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
+	out := a.env.Stdout
+	dsn := a.dsn()
+	if dsn == "" {
+		fmt.Fprintln(out, "No database given: starting a throwaway PostgreSQL ...")
+		srv, err := pgserver.Start(ctx, pgserver.Options{Log: prefixWriter(&sync.Mutex{}, out, "  ")})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if serr := srv.Stop(); serr != nil && err == nil {
+				err = serr
+			}
+			fmt.Fprintln(out, "Stopped the throwaway PostgreSQL and removed its files.")
+		}()
+		fmt.Fprintf(out, "  using %s\n", srv.Kind)
+		dsn = srv.DSN
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("cannot connect to database: %s", oneLine(err))
+	}
+	defer pool.Close()
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		return err
+	}
+	schema := fmt.Sprintf("pgfence_demo_%d_%04d", os.Getpid(), rand.IntN(10000))
+	table := pgx.Identifier{schema, "accounts"}.Sanitize()
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s;
+		CREATE TABLE %s (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0)`,
+		pgx.Identifier{schema}.Sanitize(), table)); err != nil {
+		return err
+	}
+	lockPrefix := "pgfence-demo:" + schema + ":"
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_, _ = pool.Exec(cctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		// Demo locks only: an application's lock rows are never deleted.
+		_, _ = pool.Exec(cctx, "DELETE FROM pgfence.locks WHERE name LIKE $1", lockPrefix+"%")
+	}()
+
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nAccount balance starts at %d. Worker A adds %d, worker B adds %d: the right answer is %d.\n",
+		demoStart, demoAmountA, demoAmountB, demoStart+demoAmountA+demoAmountB)
+	fmt.Fprintf(out, "Both workers take the lease (TTL %s, expiry on the database clock) before read-modify-write.\n", ttl)
+
+	verdicts := make([]string, 0, 2)
+	for i, fenced := range []bool{false, true} {
+		title := "Run 1: lease lock WITHOUT fencing"
+		if fenced {
+			title = "Run 2: the same pause WITH fencing tokens (fenced read + fenced write)"
+		}
+		fmt.Fprintf(out, "\n%s\n%s\n", title, strings.Repeat("-", len(title)))
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s VALUES (1, $1, 0)
+			ON CONFLICT (id) DO UPDATE SET balance = EXCLUDED.balance, fence = 0`, table), demoStart); err != nil {
+			return err
+		}
+		d := &demoRun{
+			out: out, exe: exe, dsn: dsn, table: schema + ".accounts", fenced: fenced, ttl: ttl,
+			lock: fmt.Sprintf("%saccount-1:run%d", lockPrefix, i+1), start: time.Now(),
+		}
+		if err := d.run(ctx); err != nil {
+			return fmt.Errorf("demo run %d: %w", i+1, err)
+		}
+		var balance int
+		var fence int64
+		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT balance, fence FROM %s WHERE id = 1", table)).Scan(&balance, &fence); err != nil {
+			return err
+		}
+		want := demoStart + demoAmountA + demoAmountB
+		var v string
+		if balance == want {
+			v = fmt.Sprintf("final balance %d (right answer %d): CORRECT — the stale write was rejected (%d rejected); no update lost", balance, want, d.rejected)
+		} else {
+			v = fmt.Sprintf("final balance %d (right answer %d): WRONG — an update was lost: the paused worker's stale write landed", balance, want)
+		}
+		fmt.Fprintf(out, "Verdict: %s\n", v)
+		verdicts = append(verdicts, fmt.Sprintf("  run %d (%s): %s", i+1, map[bool]string{false: "no fencing", true: "fencing"}[fenced], v))
+	}
+	fmt.Fprintf(out, "\nSummary\n%s\n", strings.Join(verdicts, "\n"))
+	fmt.Fprintln(out, "\nA lease only decides who may start; the storage must refuse the stale holder. See README: fenced writes.")
+	return nil
+}
+
+type demoEvent struct {
+	Who     string `json:"who"`
+	Ev      string `json:"ev"`
+	Token   int64  `json:"token,omitempty"`
+	Balance int    `json:"balance,omitempty"`
+	Fence   int64  `json:"fence,omitempty"`
+	Msg     string `json:"msg,omitempty"`
+}
+
+type demoRun struct {
+	out      io.Writer
+	exe, dsn string
+	table    string
+	lock     string
+	fenced   bool
+	ttl      time.Duration
+	start    time.Time
+	rejected int
+
+	mu sync.Mutex
+}
+
+type demoWorker struct {
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	events chan demoEvent
+	done   chan error
+}
+
+func (d *demoRun) logf(who, format string, args ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fmt.Fprintf(d.out, "%+6.2fs  %s: %s\n", time.Since(d.start).Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+func (d *demoRun) startWorker(ctx context.Context, name string, amount int) (*demoWorker, error) {
+	args := []string{"demo-worker", "--database-url", d.dsn, "--name", name, "--lock", d.lock,
+		"--table", d.table, "--amount", fmt.Sprint(amount), "--ttl", d.ttl.String()}
+	if d.fenced {
+		args = append(args, "--fenced")
+	}
+	cmd := exec.CommandContext(ctx, d.exe, args...)
+	cmd.Env = os.Environ()
+	cmd.Stderr = prefixWriter(&d.mu, d.out, "        "+name+" stderr: ")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	w := &demoWorker{name: name, cmd: cmd, stdin: stdin, events: make(chan demoEvent, 16), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var ev demoEvent
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				w.events <- ev
+			}
+		}
+		close(w.events)
+		w.done <- cmd.Wait()
+	}()
+	return w, nil
+}
+
+// until prints w's events until one named ev arrives.
+func (d *demoRun) until(ctx context.Context, w *demoWorker, ev string) (demoEvent, error) {
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	for {
+		select {
+		case e, ok := <-w.events:
+			if !ok {
+				return demoEvent{}, fmt.Errorf("worker %s ended before %q: %v", w.name, ev, <-w.done)
+			}
+			d.describe(w.name, e)
+			if e.Ev == ev {
+				return e, nil
+			}
+		case <-timeout.C:
+			return demoEvent{}, fmt.Errorf("worker %s: no %q within 30s", w.name, ev)
+		case <-ctx.Done():
+			return demoEvent{}, ctx.Err()
+		}
+	}
+}
+
+func (d *demoRun) describe(who string, e demoEvent) {
+	switch e.Ev {
+	case "granted":
+		d.logf(who, "got the lock, fencing token %d (lease %s)", e.Token, d.ttl)
+	case "read":
+		if d.fenced {
+			d.logf(who, "read balance %d (fenced read: row fence raised to %d)", e.Balance, e.Token)
+		} else {
+			d.logf(who, "read balance %d", e.Balance)
+		}
+	case "ready":
+		d.logf(who, "checked: lease still valid; about to write")
+	case "wrote":
+		d.logf(who, "wrote balance %d (token %d): accepted", e.Balance, e.Token)
+	case "rejected":
+		d.rejected++
+		d.logf(who, "write REJECTED by the database: stale token %d, row fence is %d", e.Token, e.Fence)
+	case "released":
+		d.logf(who, "released the lock")
+	case "release-refused":
+		d.logf(who, "release refused: %s", e.Msg)
+	case "retry":
+		d.logf(who, "starts over under a new grant")
+	default:
+		d.logf(who, "%s %s", e.Ev, e.Msg)
+	}
+}
+
+func (d *demoRun) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // kills any worker still running (exec.CommandContext)
+
+	a, err := d.startWorker(ctx, "A", demoAmountA)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }()
+	if _, err := d.until(ctx, a, "ready"); err != nil {
+		return err
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	d.logf("A", "PAUSED with SIGSTOP (think: GC pause, VM stall) — its lease runs out on the database clock")
+
+	b, err := d.startWorker(ctx, "B", demoAmountB)
+	if err != nil {
+		return err
+	}
+	if _, err := d.until(ctx, b, "ready"); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(b.stdin, "go\n"); err != nil {
+		return err
+	}
+	if _, err := d.until(ctx, b, "exit"); err != nil {
+		return err
+	}
+	if err := <-b.done; err != nil {
+		return fmt.Errorf("worker B: %w", err)
+	}
+
+	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return err
+	}
+	d.logf("A", "RESUMED with SIGCONT; still believes it holds the lock and writes what it computed")
+	if _, err := io.WriteString(a.stdin, "go\n"); err != nil {
+		return err
+	}
+	if _, err := d.until(ctx, a, "exit"); err != nil {
+		return err
+	}
+	if err := <-a.done; err != nil {
+		return fmt.Errorf("worker A: %w", err)
+	}
+	return nil
+}
+
+// ---- the worker process ----
+
+func (a *app) demoWorkerCommand() *cobra.Command {
+	var name, lock, table string
+	var amount int
+	var ttl time.Duration
+	var fenced bool
+	cmd := &cobra.Command{
+		Use:    "demo-worker",
+		Short:  "one worker of 'pgfence demo' (internal)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			pool, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			locker, err := pglock.New(pool, &pglock.Config{Holder: fmt.Sprintf("demo-%s/%d", name, os.Getpid())})
+			if err != nil {
+				return err
+			}
+			defer locker.Close()
+			w := &worker{name: name, pool: pool, locker: locker, lock: lock, ttl: ttl, fenced: fenced,
+				table: pgx.Identifier(strings.SplitN(table, ".", 2)).Sanitize(), amount: amount,
+				enc: json.NewEncoder(a.env.Stdout), in: bufio.NewScanner(a.env.Stdin)}
+			return w.run(ctx)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&name, "name", "", "")
+	f.StringVar(&lock, "lock", "", "")
+	f.StringVar(&table, "table", "", "")
+	f.IntVar(&amount, "amount", 0, "")
+	f.DurationVar(&ttl, "ttl", time.Second, "")
+	f.BoolVar(&fenced, "fenced", false, "")
+	return cmd
+}
+
+type worker struct {
+	name   string
+	pool   *pgxpool.Pool
+	locker *pglock.Locker
+	lock   string
+	ttl    time.Duration
+	fenced bool
+	table  string
+	amount int
+	enc    *json.Encoder
+	in     *bufio.Scanner
+}
+
+func (w *worker) emit(e demoEvent) { e.Who = w.name; _ = w.enc.Encode(e) }
+
+var errStale = errors.New("stale token")
+
+func (w *worker) run(ctx context.Context) error {
+	defer w.emit(demoEvent{Ev: "exit"})
+	rejected, err := w.cycle(ctx, true)
+	if err != nil {
+		return err
+	}
+	if rejected {
+		w.emit(demoEvent{Ev: "retry"})
+		if _, err := w.cycle(ctx, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cycle is acquire → read → (wait for the parent) → write → release. It
+// reports whether the write was rejected as stale.
+func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
+	lease, err := w.locker.Acquire(ctx, w.lock, w.ttl)
+	if err != nil {
+		return false, err
+	}
+	tok := lease.Token()
+	w.emit(demoEvent{Ev: "granted", Token: tok})
+
+	var balance int
+	if w.fenced {
+		// Fenced read: raise the row's fence to our token, so an older holder's
+		// later write is refused (seed 002, scenario 4).
+		err = w.pool.QueryRow(ctx, "UPDATE "+w.table+" SET fence = $1 WHERE id = 1 AND fence <= $1 RETURNING balance", tok).Scan(&balance)
+	} else {
+		err = w.pool.QueryRow(ctx, "SELECT balance FROM "+w.table+" WHERE id = 1").Scan(&balance)
+	}
+	if err != nil {
+		return false, fmt.Errorf("read: %w", err)
+	}
+	w.emit(demoEvent{Ev: "read", Balance: balance, Token: tok})
+
+	if waitForGo {
+		// The classic "check before write": it passes, and the pause comes after it.
+		if lease.Context().Err() != nil {
+			return false, errors.New("lease already lost before the pause")
+		}
+		w.emit(demoEvent{Ev: "ready"})
+		if !w.in.Scan() {
+			return false, errors.New("parent went away")
+		}
+	}
+
+	newBalance := balance + w.amount
+	err = w.write(ctx, tok, newBalance)
+	rejected := false
+	var se *staleErr
+	switch {
+	case errors.As(err, &se):
+		rejected = true
+		w.emit(demoEvent{Ev: "rejected", Token: tok, Fence: se.fence})
+	case err != nil:
+		return false, err
+	default:
+		w.emit(demoEvent{Ev: "wrote", Balance: newBalance, Token: tok})
+	}
+	if err := lease.Release(ctx); err != nil {
+		w.emit(demoEvent{Ev: "release-refused", Msg: oneLine(err)})
+	} else {
+		w.emit(demoEvent{Ev: "released"})
+	}
+	return rejected, nil
+}
+
+type staleErr struct{ fence int64 }
+
+func (e *staleErr) Error() string { return fmt.Sprintf("stale token: row fence is %d", e.fence) }
+func (e *staleErr) Unwrap() error { return errStale }
+
+func (w *worker) write(ctx context.Context, tok int64, balance int) error {
+	if !w.fenced {
+		_, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1 WHERE id = 1", balance)
+		return err
+	}
+	// Fenced write, re-entrant form (fence <= token): our own fenced read already
+	// raised the fence to our token.
+	tag, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1, fence = $2 WHERE id = 1 AND fence <= $2", balance, tok)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	var fence int64
+	if err := w.pool.QueryRow(ctx, "SELECT fence FROM "+w.table+" WHERE id = 1").Scan(&fence); err != nil {
+		return err
+	}
+	return &staleErr{fence: fence}
+}
+
+// prefixWriter prefixes every line written to w. Writes are serialised by mu,
+// which callers share with their own writes to w.
+func prefixWriter(mu *sync.Mutex, w io.Writer, prefix string) io.Writer {
+	return &linePrefixer{mu: mu, w: w, prefix: prefix, atStart: true}
+}
+
+type linePrefixer struct {
+	mu      *sync.Mutex
+	w       io.Writer
+	prefix  string
+	atStart bool
+}
+
+func (p *linePrefixer) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sb strings.Builder
+	for _, c := range string(b) {
+		if p.atStart {
+			sb.WriteString(p.prefix)
+			p.atStart = false
+		}
+		sb.WriteRune(c)
+		if c == '\n' {
+			p.atStart = true
+		}
+	}
+	if _, err := io.WriteString(p.w, sb.String()); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
