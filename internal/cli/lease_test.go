@@ -109,7 +109,9 @@ echo "$PGFENCE_TOKEN" > ` + ready + `
 while :; do sleep 0.05; done`
 
 	done := make(chan result, 1)
-	go func() { done <- run(t, dsn, "run", "--lock", "stolen", "--ttl", "3s", "--grace", "5s", "--", "sh", "-c", script) }()
+	go func() {
+		done <- run(t, dsn, "run", "--lock", "stolen", "--ttl", "3s", "--grace", "5s", "--", "sh", "-c", script)
+	}()
 
 	// Wait for the child to start (it writes the file once it runs).
 	deadline := time.Now().Add(30 * time.Second)
