@@ -121,6 +121,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 		a.migrateCommand(),
 		a.locksCommand(),
 		a.fencesCommand(),
+		a.exporterCommand(),
 	)
 	a.addLeaseCommands(root)
 	return root
