@@ -228,7 +228,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 func TestDemoBinary(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "pgfence")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "pglockapi", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	// A private TMPDIR shows what the demo leaves behind. It must be
