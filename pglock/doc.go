@@ -1,0 +1,2 @@
+// Package pglock grants lease locks with fencing tokens on PostgreSQL.
+package pglock

@@ -1,0 +1,74 @@
+-- name: GrantLock :one
+-- GrantLock grants a free (holder NULL) or expired lock to holder in ONE
+-- statement: token + 1, expiry now() + ttl_us microseconds. The set_config in
+-- the FROM clause turns synchronous_commit on for this statement's own
+-- transaction (is_local = true), so an acknowledged token survives a crash even
+-- when the server default is off. When the lock is held, no row is written and
+-- the current row is returned with granted = false (holder/expiry for
+-- diagnostics and for the waiter's expiry timer). Like every statement of
+-- this file it runs alone, in an implicit transaction of one statement, so
+-- now() is the time the statement started on the database's clock (see
+-- pglock/doc.go for why now() and not clock_timestamp()).
+WITH sc AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'on', true) AS sync
+), g AS (
+    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+    SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
+           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    FROM sc
+    ON CONFLICT (name) DO UPDATE
+    SET token       = l.token + 1,
+        holder      = excluded.holder,
+        acquired_at = excluded.acquired_at,
+        renewed_at  = NULL,
+        expires_at  = excluded.expires_at
+    WHERE l.holder IS NULL OR l.expires_at <= now()
+    RETURNING l.token, l.holder, l.expires_at
+)
+SELECT true AS granted, g.token, g.holder, g.expires_at, now()::timestamptz AS db_now
+FROM g
+UNION ALL
+SELECT false AS granted, c.token, c.holder, c.expires_at, now()::timestamptz AS db_now
+FROM pgfence.locks AS c
+WHERE c.name = sqlc.arg(name)::text AND NOT EXISTS (SELECT 1 FROM g);
+
+-- name: RenewLock :one
+-- RenewLock extends a lease that is still held by (name, holder, token) to
+-- now() + ttl_us microseconds, with synchronous_commit on for its transaction
+-- (a lost renewal would leave the client believing in a longer lease than the
+-- database's). No row = the lease was lost (expired, released or re-granted).
+UPDATE pgfence.locks AS l
+SET expires_at = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
+    renewed_at = now()
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE l.name = sqlc.arg(name)::text
+  AND l.holder = sqlc.arg(holder)::text
+  AND l.token = sqlc.arg(token)::bigint
+  AND l.expires_at > now()
+RETURNING l.expires_at, now()::timestamptz AS db_now;
+
+-- name: ReleaseLock :execrows
+-- ReleaseLock frees a lease still held by (name, holder, token): holder and
+-- expiry become NULL, the row and its token stay. It notifies channel
+-- pgfence_lock_released with the lock name as payload (delivered at commit) so
+-- waiters wake. 0 rows = the lease was lost; nothing changed.
+WITH r AS (
+    UPDATE pgfence.locks AS l
+    SET holder = NULL, expires_at = NULL, renewed_at = NULL
+    WHERE l.name = sqlc.arg(name)::text
+      AND l.holder = sqlc.arg(holder)::text
+      AND l.token = sqlc.arg(token)::bigint
+      AND l.expires_at > now()
+    RETURNING l.name
+)
+SELECT r.name, pg_notify('pgfence_lock_released', r.name)::text AS notified
+FROM r;
+
+-- name: LockHolder :one
+-- LockHolder returns a lock row with held = whether a holder has it now
+-- (database clock).
+SELECT name, token, holder, expires_at,
+       COALESCE(holder IS NOT NULL AND expires_at > now(), false)::boolean AS held,
+       now()::timestamptz AS db_now
+FROM pgfence.locks
+WHERE name = sqlc.arg(name)::text;
