@@ -384,8 +384,15 @@ const maxWait = time.Minute
 // how long to wait for the holder's expiry (database clock, plus jitter).
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, *LockedError, time.Duration, error) {
 	for attempt := 0; ; attempt++ {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
+		}
+		// The local deadline counts from here: after the pool wait, right
+		// before the statement is written to the connection.
 		sent := time.Now()
-		row, err := l.q.GrantLock(ctx, l.pool, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+		row, err := l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+		conn.Release()
 		if err == nil {
 			if row.Granted {
 				if row.ExpiresAt == nil {
@@ -542,8 +549,13 @@ func validateTriple(name, holder string, token int64) error {
 }
 
 func (l *Locker) renew(ctx context.Context, name, holder string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return time.Time{}, time.Time{}, &DBError{Op: "renew", Name: name, Err: err}
+	}
 	sent = time.Now()
-	row, err := l.q.RenewLock(ctx, l.pool, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+	row, err := l.q.RenewLock(ctx, conn, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+	conn.Release()
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
 	}
