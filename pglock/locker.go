@@ -382,6 +382,8 @@ const maxWait = time.Minute
 
 // grant runs GrantLock once. It returns either a lease, or a LockedError with
 // how long to wait for the holder's expiry (database clock, plus jitter).
+// When the lock is held, a second statement reads the holder for the
+// diagnostics and the wait; correctness rests on the grant statement alone.
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, *LockedError, time.Duration, error) {
 	for attempt := 0; ; attempt++ {
 		conn, err := l.pool.Acquire(ctx)
@@ -392,29 +394,19 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		// before the statement is written to the connection.
 		sent := time.Now()
 		row, err := l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-		conn.Release()
 		if err == nil {
-			if row.Granted {
-				if row.ExpiresAt == nil {
-					return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
-				}
-				return l.newLease(name, row.Token, ttl, *row.ExpiresAt, sent), nil, 0, nil
+			conn.Release()
+			if row.ExpiresAt == nil {
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
 			}
-			locked := &LockedError{Name: name}
-			var wait time.Duration
-			if row.Holder != nil && row.ExpiresAt != nil {
-				locked.Holder = *row.Holder
-				locked.ExpiresAt = *row.ExpiresAt
-				wait = row.ExpiresAt.Sub(row.DbNow)
-			}
-			return nil, locked, jitterWait(wait), nil
+			return l.newLease(name, row.Token, ttl, *row.ExpiresAt, sent), nil, 0, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
+			conn.Release()
 			return nil, nil, 0, translateGrantError(name, err)
 		}
-		// The conflicting row was committed after this statement's snapshot,
-		// so the diagnostic half of GrantLock could not see it. Read it.
-		h, herr := l.q.LockHolder(ctx, l.pool, name)
+		h, herr := l.q.LockHolder(ctx, conn, name)
+		conn.Release()
 		if herr == nil && h.Held && h.Holder != nil && h.ExpiresAt != nil {
 			return nil, &LockedError{Name: name, Holder: *h.Holder, ExpiresAt: *h.ExpiresAt},
 				jitterWait(h.ExpiresAt.Sub(h.DbNow)), nil
@@ -422,6 +414,7 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 		if herr != nil && !errors.Is(herr, pgx.ErrNoRows) {
 			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: herr}
 		}
+		// Released or expired between the two statements: try again.
 		if attempt >= 3 {
 			return nil, &LockedError{Name: name}, jitterWait(0), nil
 		}

@@ -1,36 +1,27 @@
 -- name: GrantLock :one
 -- GrantLock grants a free (holder NULL) or expired lock to holder in ONE
--- statement: token + 1, expiry now() + ttl_us microseconds. The set_config in
--- the FROM clause turns synchronous_commit on for this statement's own
--- transaction (is_local = true), so an acknowledged token survives a crash even
--- when the server default is off. When the lock is held, no row is written and
--- the current row is returned with granted = false (holder/expiry for
--- diagnostics and for the waiter's expiry timer). Like every statement of
--- this file it runs alone, in an implicit transaction of one statement, so
--- now() is the time the statement started on the database's clock (see
--- pglock/doc.go for why now() and not clock_timestamp()).
-WITH sc AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
-), g AS (
-    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
-           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM sc
-    ON CONFLICT (name) DO UPDATE
-    SET token       = l.token + 1,
-        holder      = excluded.holder,
-        acquired_at = excluded.acquired_at,
-        renewed_at  = NULL,
-        expires_at  = excluded.expires_at
-    WHERE l.holder IS NULL OR l.expires_at <= now()
-    RETURNING l.token, l.holder, l.expires_at
-)
-SELECT true AS granted, g.token, g.holder, g.expires_at, now()::timestamptz AS db_now
-FROM g
-UNION ALL
-SELECT false AS granted, c.token, c.holder, c.expires_at, now()::timestamptz AS db_now
-FROM pgfence.locks AS c
-WHERE c.name = sqlc.arg(name)::text AND NOT EXISTS (SELECT 1 FROM g);
+-- statement: token + 1, expiry now() + ttl_us microseconds; no row when the
+-- lock is held (nothing is written then). The set_config in the FROM clause
+-- turns synchronous_commit on for this statement's own transaction (is_local
+-- = true; commit reads the setting before the transaction's settings are
+-- reset), so an acknowledged token survives a crash even when the server
+-- default is off, at no extra round trip. Like every statement of this file
+-- it runs alone, in an implicit transaction of one statement, so now() is
+-- the time the statement started on the database's clock (see pglock/doc.go
+-- for why now() and not clock_timestamp()). token + 1 at the bigint maximum
+-- fails with SQLSTATE 22003 and changes nothing.
+INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
+       now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+ON CONFLICT (name) DO UPDATE
+SET token       = l.token + 1,
+    holder      = excluded.holder,
+    acquired_at = excluded.acquired_at,
+    renewed_at  = NULL,
+    expires_at  = excluded.expires_at
+WHERE l.holder IS NULL OR l.expires_at <= now()
+RETURNING l.token, l.expires_at;
 
 -- name: RenewLock :one
 -- RenewLock extends a lease that is still held by (name, holder, token) to
