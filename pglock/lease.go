@@ -164,6 +164,13 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if err := s.Err(); err != nil {
 		return err
 	}
+	if !time.Now().Before(s.Deadline()) {
+		// The deadline timer is about to fire: do not extend a lease that has
+		// ended locally.
+		lost := s.lost(errDeadline)
+		s.end(lost)
+		return lost
+	}
 	exp, sent, err := s.l.renew(ctx, s.name, s.holder, s.token, s.ttl)
 	if err != nil {
 		var lost *LeaseLostError
