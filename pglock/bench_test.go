@@ -197,4 +197,3 @@ func BenchmarkHandoff(b *testing.B) {
 		})
 	}
 }
-
