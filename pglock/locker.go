@@ -271,7 +271,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if l.isClosed() {
 		return nil, ErrClosed
 	}
-	lease, locked, _, err := l.grant(ctx, name, ttl)
+	lease, locked, _, err := l.grant(ctx, name, ttl, false)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +325,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		if l.isClosed() {
 			return nil, ErrClosed
 		}
-		lease, locked, wait, err := l.grant(ctx, name, ttl)
+		lease, locked, wait, err := l.grant(ctx, name, ttl, w != nil)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -383,8 +383,10 @@ const maxWait = time.Minute
 // grant runs GrantLock once. It returns either a lease, or a LockedError with
 // how long to wait for the holder's expiry (database clock, plus jitter).
 // When the lock is held, a second statement reads the holder for the
-// diagnostics and the wait; correctness rests on the grant statement alone.
-func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Lease, *LockedError, time.Duration, error) {
+// diagnostics and the wait — and, with mark (a waiter whose listener is
+// registered), asks the next release to NOTIFY. Who gets the lock rests on
+// the grant statement alone.
+func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark bool) (*Lease, *LockedError, time.Duration, error) {
 	for attempt := 0; ; attempt++ {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -405,11 +407,27 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration) (*Le
 			conn.Release()
 			return nil, nil, 0, translateGrantError(name, err)
 		}
-		h, herr := l.q.LockHolder(ctx, conn, name)
+		var (
+			holder    *string
+			expiresAt *time.Time
+			dbNow     time.Time
+			herr      error
+		)
+		if mark {
+			var m dbsqlc.MarkWaitingRow
+			m, herr = l.q.MarkWaiting(ctx, conn, name)
+			holder, expiresAt, dbNow = m.Holder, m.ExpiresAt, m.DbNow
+		} else {
+			var h dbsqlc.LockHolderRow
+			h, herr = l.q.LockHolder(ctx, conn, name)
+			if h.Held {
+				holder, expiresAt, dbNow = h.Holder, h.ExpiresAt, h.DbNow
+			}
+		}
 		conn.Release()
-		if herr == nil && h.Held && h.Holder != nil && h.ExpiresAt != nil {
-			return nil, &LockedError{Name: name, Holder: *h.Holder, ExpiresAt: *h.ExpiresAt},
-				jitterWait(h.ExpiresAt.Sub(h.DbNow)), nil
+		if herr == nil && holder != nil && expiresAt != nil {
+			return nil, &LockedError{Name: name, Holder: *holder, ExpiresAt: *expiresAt},
+				jitterWait(expiresAt.Sub(dbNow)), nil
 		}
 		if herr != nil && !errors.Is(herr, pgx.ErrNoRows) {
 			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: herr}

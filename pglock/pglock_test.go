@@ -513,6 +513,8 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	}
 }
 
+// A release sends NOTIFY on NotifyChannel, with the name as payload, only
+// when a waiter marked the lock: uncontended cycles stay NOTIFY-free.
 func TestReleaseNotifiesChannel(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -526,17 +528,52 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	l := newLocker(t, pool, nil)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
 	name := `it's "quoted"`
-	s := mustAcquire(t, l, name, time.Minute)
+	s := mustAcquire(t, a, name, time.Minute)
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	n, err := conn.WaitForNotification(ctx)
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	n, err := conn.WaitForNotification(short)
+	cancel()
+	if err == nil {
+		t.Fatalf("release without waiters sent %q %q", n.Channel, n.Payload)
+	}
+	// pgx closes the connection on a cancelled wait: listen again.
+	conn, err = pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	s = mustAcquire(t, a, name, time.Minute)
+	waiting := waitSignal(b)
+	res := acquireAsync(ctx, b, name, time.Minute)
+	<-waiting
+	if info := rowJSON(t, pool, name); !strings.Contains(info, `"waiting_since": "`) {
+		t.Errorf("waiter did not mark the row: %s", info)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err = conn.WaitForNotification(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n.Channel != NotifyChannel || n.Payload != name {
 		t.Errorf("notification %q %q", n.Channel, n.Payload)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	// The grant cleared the mark.
+	if info := rowJSON(t, pool, name); !strings.Contains(info, `"waiting_since": null`) {
+		t.Errorf("grant did not clear the mark: %s", info)
 	}
 }

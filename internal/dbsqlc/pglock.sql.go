@@ -20,7 +20,8 @@ SET token       = l.token + 1,
     holder      = excluded.holder,
     acquired_at = excluded.acquired_at,
     renewed_at  = NULL,
-    expires_at  = excluded.expires_at
+    expires_at  = excluded.expires_at,
+    waiting_since = NULL
 WHERE l.holder IS NULL OR l.expires_at <= now()
 RETURNING l.token, l.expires_at
 `
@@ -46,7 +47,8 @@ type GrantLockRow struct {
 // it runs alone, in an implicit transaction of one statement, so now() is
 // the time the statement started on the database's clock (see pglock/doc.go
 // for why now() and not clock_timestamp()). token + 1 at the bigint maximum
-// fails with SQLSTATE 22003 and changes nothing.
+// fails with SQLSTATE 22003 and changes nothing. A grant clears
+// waiting_since: waiters that did not get the lock mark it again.
 func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (GrantLockRow, error) {
 	row := db.QueryRow(ctx, grantLock, arg.Name, arg.Holder, arg.TtlUs)
 	var i GrantLockRow
@@ -87,6 +89,34 @@ func (q *Queries) LockHolder(ctx context.Context, db DBTX, name string) (LockHol
 	return i, err
 }
 
+const markWaiting = `-- name: MarkWaiting :one
+UPDATE pgfence.locks AS l
+SET waiting_since = now()
+WHERE l.name = $1::text
+  AND l.holder IS NOT NULL
+  AND l.expires_at > now()
+RETURNING l.holder, l.expires_at, now()::timestamptz AS db_now
+`
+
+type MarkWaitingRow struct {
+	Holder    *string
+	ExpiresAt *time.Time
+	DbNow     time.Time
+}
+
+// MarkWaiting records that a waiter wants to be notified when the lock is
+// released, and returns the holder and expiry for the waiter's timer. It
+// marks only a lock that is held right now: no row = free or expired, so the
+// waiter retries the grant at once. Because the mark and the release lock
+// the same row, either the release sees the mark (and notifies) or the mark
+// sees the release (and returns no row): no wake-up is lost.
+func (q *Queries) MarkWaiting(ctx context.Context, db DBTX, name string) (MarkWaitingRow, error) {
+	row := db.QueryRow(ctx, markWaiting, name)
+	var i MarkWaitingRow
+	err := row.Scan(&i.Holder, &i.ExpiresAt, &i.DbNow)
+	return i, err
+}
+
 const releaseLock = `-- name: ReleaseLock :execrows
 WITH r AS (
     UPDATE pgfence.locks AS l
@@ -95,9 +125,10 @@ WITH r AS (
       AND l.holder = $2::text
       AND l.token = $3::bigint
       AND l.expires_at > now()
-    RETURNING l.name
+    RETURNING l.name, l.waiting_since IS NOT NULL AS wanted
 )
-SELECT r.name, pg_notify('pgfence_lock_released', r.name)::text AS notified
+SELECT r.name,
+       CASE WHEN r.wanted THEN pg_notify('pgfence_lock_released', r.name)::text END AS notified
 FROM r
 `
 
@@ -108,9 +139,10 @@ type ReleaseLockParams struct {
 }
 
 // ReleaseLock frees a lease still held by (name, holder, token): holder and
-// expiry become NULL, the row and its token stay. It notifies channel
-// pgfence_lock_released with the lock name as payload (delivered at commit) so
-// waiters wake. 0 rows = the lease was lost; nothing changed.
+// expiry become NULL, the row and its token stay. If a waiter marked the
+// lock (waiting_since, see MarkWaiting), it notifies channel
+// pgfence_lock_released with the lock name as payload (delivered at commit)
+// so waiters wake. 0 rows = the lease was lost; nothing changed.
 func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (int64, error) {
 	result, err := db.Exec(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
 	if err != nil {
