@@ -289,7 +289,8 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 // waiter retries when the connection is back, so no release is missed.
 //
 // When ctx ends while waiting, the error is a [*LockedError] that also
-// matches ctx's error (errors.Is(err, context.DeadlineExceeded)). Database
+// matches ctx's error (errors.Is(err, context.DeadlineExceeded)); when it
+// ends during a round trip, a [*DBError] that matches it too. Database
 // errors end the wait and are returned as [*DBError].
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
