@@ -63,7 +63,7 @@
 // (name, holder, token): a stale holder's late call changes nothing and
 // returns a [*LeaseLostError] (errors.Is(err, [ErrLeaseLost])). Release never
 // deletes the row nor resets the token; it sets holder and expires_at to NULL
-// and NOTIFYs [NotifyChannel] with the lock name.
+// and, when a waiter asked for it, NOTIFYs [NotifyChannel] with the lock name.
 //
 // # Keep-alive, and the renewer trap
 //
@@ -85,7 +85,14 @@
 // dedicated LISTEN connection (outside the pool, with the pool's connection
 // settings) that serves all its waiters: a release wakes the waiters of that
 // name, and a timer at the current holder's expiry (plus jitter) covers
-// holders that crashed without releasing. When the LISTEN connection fails,
+// holders that crashed without releasing. Before sleeping, a waiter marks
+// the held row (column waiting_since, in the same row-locked step that reads
+// the holder's expiry), and a release sends NOTIFY only when the row is
+// marked: uncontended acquire/release cycles then never take PostgreSQL's
+// cluster-wide NOTIFY commit lock. The mark and the release lock the same
+// row, so either the release sees the mark or the waiter sees the release;
+// a grant clears the mark and waiters still waiting mark it again.
+// When the LISTEN connection fails,
 // waiters keep their expiry timers and all of them retry once it is back, so
 // a release made meanwhile is not missed. [Config].NoListen and
 // [Config].PollInterval serve setups where LISTEN does not work (a
