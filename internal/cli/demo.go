@@ -38,6 +38,10 @@ const (
 	demoAmountB = 10
 )
 
+func (a *app) addDemoCommands(root *cobra.Command) {
+	root.AddCommand(a.demoCommand(), a.demoWorkerCommand())
+}
+
 func (a *app) demoCommand() *cobra.Command {
 	var ttl time.Duration
 	cmd := &cobra.Command{

@@ -1,5 +1,3 @@
-//go:build pglockapi
-
 package cli
 
 import (
@@ -34,7 +32,7 @@ func (f *leaseFlags) register(cmd *cobra.Command, defTTL time.Duration) {
 }
 
 func (a *app) addLeaseCommands(root *cobra.Command) {
-	root.AddCommand(a.runCommand(), a.acquireCommand(), a.renewCommand(), a.releaseCommand(), a.demoCommand(), a.demoWorkerCommand())
+	root.AddCommand(a.runCommand(), a.acquireCommand(), a.renewCommand(), a.releaseCommand())
 }
 
 // takeLease connects, builds a Locker and acquires (or try-acquires) f.lock.

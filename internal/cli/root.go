@@ -124,6 +124,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 		a.exporterCommand(),
 	)
 	a.addLeaseCommands(root)
+	a.addDemoCommands(root)
 	return root
 }
 

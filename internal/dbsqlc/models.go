@@ -6,6 +6,8 @@ package dbsqlc
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // One row per lease lock. A lock is held while holder is set and expires_at > now() (database clock); free when holder is NULL; expired when holder is set and expires_at <= now(). Rows are never deleted and token never goes down, so a fence column can compare against it.
@@ -26,4 +28,22 @@ type PgfenceLock struct {
 	Metadata []byte
 	// Database time at which a waiter last asked to be woken when this lock is released (set only while the lock is held); cleared by the next grant. A release sends NOTIFY pgfence_lock_released only when it is set. Never used to decide who holds the lock.
 	WaitingSince *time.Time
+}
+
+// pgfence.locks with the state computed on the database clock: held (holder set, not expired), expired (holder set, lease ran out without a release), free (released or never granted).
+type PgfenceLockStatus struct {
+	Name string
+	// held, expired or free, decided by now() on this server.
+	State  string
+	Holder *string
+	// Fencing token of the latest grant (never decreases).
+	Token      int64
+	AcquiredAt *time.Time
+	RenewedAt  *time.Time
+	ExpiresAt  *time.Time
+	// Seconds until the lease expires (negative: expired that long ago; NULL: free).
+	SecondsLeft pgtype.Numeric
+	// Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.
+	SecondsSinceGrant pgtype.Numeric
+	Metadata          []byte
 }

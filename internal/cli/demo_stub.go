@@ -4,4 +4,4 @@ package cli
 
 import "github.com/spf13/cobra"
 
-func (a *app) addLeaseCommands(*cobra.Command) {}
+func (a *app) addDemoCommands(*cobra.Command) {}
