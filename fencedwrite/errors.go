@@ -78,6 +78,7 @@ type StaleTokenError struct {
 	Fence int64 // the row's fence: the highest token it accepted
 }
 
+// Error describes the refusal with both numbers.
 func (e *StaleTokenError) Error() string {
 	return fmt.Sprintf("fencedwrite: stale token %d: the row's fence is %d (a newer grant wrote it)", e.Token, e.Fence)
 }
@@ -105,6 +106,7 @@ const (
 	SQLStateTokenNotIssued = "PF002"
 )
 
+// String returns a short description of the reason.
 func (r GuardReason) String() string {
 	switch r {
 	case GuardFenceNotRaised:
@@ -126,6 +128,7 @@ type GuardError struct {
 	Err     *pgconn.PgError
 }
 
+// Error returns the reason with the server's message and detail.
 func (e *GuardError) Error() string {
 	msg := "fencedwrite: guard rejected the update (" + e.Reason.String() + "): " + e.Message
 	if e.Detail != "" {
@@ -137,8 +140,13 @@ func (e *GuardError) Error() string {
 // Is reports whether target is [ErrGuardRejected].
 func (e *GuardError) Is(target error) bool { return target == ErrGuardRejected }
 
-// Unwrap returns the underlying *pgconn.PgError.
-func (e *GuardError) Unwrap() error { return e.Err }
+// Unwrap returns the underlying *pgconn.PgError, if any.
+func (e *GuardError) Unwrap() error {
+	if e.Err == nil {
+		return nil
+	}
+	return e.Err
+}
 
 // IdentifierError reports a table or column name that pgfence will not put
 // into SQL. errors.Is(err, [ErrInvalidIdentifier]) reports true for it.
@@ -148,6 +156,7 @@ type IdentifierError struct {
 	Reason string
 }
 
+// Error names the input and why it was refused.
 func (e *IdentifierError) Error() string {
 	return fmt.Sprintf("fencedwrite: invalid %s name %q: %s", e.What, e.Value, e.Reason)
 }
@@ -165,6 +174,7 @@ type ColumnError struct {
 	Detail   string
 }
 
+// Error names the table and column.
 func (e *ColumnError) Error() string {
 	msg := fmt.Sprintf("%v: %s.%s", e.Sentinel, e.Table, e.Column)
 	if e.Detail != "" {

@@ -22,6 +22,7 @@ const (
 	Reentrant
 )
 
+// String returns "strict" or "reentrant", the names pgfence.guard uses too.
 func (m Mode) String() string {
 	switch m {
 	case Strict:
