@@ -58,6 +58,10 @@ func TestGuardStrict(t *testing.T) {
 	}
 	_, err = tbl.Update(ctx, pool, tok, []any{1}, []any{"sent"})
 	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	_, err = tbl.Upsert(ctx, pool, tok, []any{1}, []any{"sent"})
+	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	_, err = tbl.Upsert(ctx, pool, tok+1, []any{1}, []any{"sent"})
+	wantGuard(t, err, fencedwrite.GuardTokenNotIssued)
 	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != "sent:1,ok:1,new:0" {
 		t.Fatalf("rows = %s", got)
 	}
@@ -112,6 +116,10 @@ func TestGuardReentrantWithLockColumn(t *testing.T) {
 	}
 	if _, err := tbl.Modify(ctx, pool, t1, []any{1}, func(c []any) ([]any, error) { return []any{c[0].(string) + "c"}, nil }); err != nil {
 		t.Fatal(err)
+	}
+	// Upsert's DO UPDATE assigns the fence as well.
+	if res, err := tbl.Upsert(ctx, pool, t1, []any{1}, []any{"bc"}); err != nil || res.Inserted {
+		t.Fatalf("re-entrant upsert on a guarded table = %+v, %v", res, err)
 	}
 	// Unfenced writer: fence unchanged and not assigned.
 	_, err = pool.Exec(ctx, "UPDATE invoices SET status = 'x' WHERE id = 1")
