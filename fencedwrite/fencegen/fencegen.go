@@ -51,7 +51,8 @@ type Options struct {
 
 // Files is the generator's output.
 type Files struct {
-	// MigrationName is "<version>_pgfence_fence_<table>.sql".
+	// MigrationName is "<version>_pgfence_fence_<table>.sql", or empty when
+	// there is nothing to migrate (HasFenceColumn without Guard).
 	MigrationName string
 	// Migration is a goose SQL migration: add the fence column (default 0, a
 	// metadata-only change on PostgreSQL 11+) and optionally attach the guard.
@@ -64,12 +65,16 @@ type Files struct {
 }
 
 // Write writes the migration into migrationsDir and the queries into
-// queriesDir. It refuses to overwrite an existing file ([ErrFileExists]).
+// queriesDir (files with an empty name are skipped). It refuses to overwrite
+// an existing file ([ErrFileExists]).
 func (f *Files) Write(migrationsDir, queriesDir string) error {
 	for _, w := range []struct {
 		dir, name string
 		data      []byte
 	}{{migrationsDir, f.MigrationName, f.Migration}, {queriesDir, f.QueriesName, f.Queries}} {
+		if w.name == "" {
+			continue
+		}
 		path := filepath.Join(w.dir, w.name)
 		fh, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if errors.Is(err, os.ErrExist) {
@@ -271,12 +276,12 @@ func Generate(opts Options) (*Files, error) {
 	if p.table.Schema != "" {
 		fileBase = strings.ToLower(p.table.Schema) + "_" + fileBase
 	}
-	return &Files{
-		MigrationName: p.version + "_pgfence_fence_" + fileBase + ".sql",
-		Migration:     []byte(p.migration()),
-		QueriesName:   "fenced_" + fileBase + ".sql",
-		Queries:       []byte(p.queries()),
-	}, nil
+	f := &Files{QueriesName: "fenced_" + fileBase + ".sql", Queries: []byte(p.queries())}
+	if !opts.HasFenceColumn || opts.Guard != nil {
+		f.MigrationName = p.version + "_pgfence_fence_" + fileBase + ".sql"
+		f.Migration = []byte(p.migration())
+	}
+	return f, nil
 }
 
 func q(s string) string { return pgx.Identifier{s}.Sanitize() }
@@ -307,9 +312,6 @@ func (p *plan) migration() string {
 	}
 	if !p.opts.HasFenceColumn {
 		fmt.Fprintf(&b, "ALTER TABLE %s DROP COLUMN %s;\n", tbl, q(p.fence))
-	}
-	if p.opts.HasFenceColumn && p.opts.Guard == nil {
-		b.WriteString("SELECT 1; -- nothing to undo\n")
 	}
 	return b.String()
 }

@@ -100,6 +100,11 @@ func TestGenerateOutput(t *testing.T) {
 			t.Errorf("queries lack %q:\n%s", want, qs)
 		}
 	}
+	// Column already there and no guard: only the queries.
+	opts.HasFenceColumn, opts.Guard = true, nil
+	if f, err := fencegen.Generate(opts); err != nil || f.MigrationName != "" || f.Migration != nil || len(f.Queries) == 0 {
+		t.Fatalf("HasFenceColumn without guard: %+v, %v", f, err)
+	}
 	dir := t.TempDir()
 	if err := files.Write(dir, dir); err != nil {
 		t.Fatal(err)
