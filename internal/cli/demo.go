@@ -1,5 +1,3 @@
-//go:build pglockapi
-
 package cli
 
 import (

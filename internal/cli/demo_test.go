@@ -1,5 +1,3 @@
-//go:build pglockapi
-
 package cli
 
 import (
@@ -20,7 +18,7 @@ import (
 func TestDemoBinary(t *testing.T) {
 	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "pgfence")
-	if out, err := exec.Command("go", "build", "-tags", "pglockapi", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/pgfence/pgfence/cmd/pgfence").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	// A private TMPDIR shows what the demo leaves behind. It must be

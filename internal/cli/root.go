@@ -122,6 +122,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 		a.locksCommand(),
 		a.fencesCommand(),
 		a.exporterCommand(),
+		a.genCommand(),
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)
