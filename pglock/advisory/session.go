@@ -117,8 +117,9 @@ const (
 // second statement confirms that the same backend runs it and that pg_locks
 // shows the lock granted to that backend.
 //
-// If ctx ends while Acquire waits, pgx closes the connection, which cancels
-// the wait; nothing is held, and the error matches ctx.Err(). ctx does not
+// If ctx ends while Acquire waits, pgx sends a cancel request and closes the
+// connection (its default behaviour), which ends the wait; nothing is held,
+// and the error matches ctx.Err(). ctx does not
 // govern the lock after Acquire returns.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig) (*SessionLock, error) {
 	return acquire(ctx, pool, key, mode, cfg, false)
@@ -173,7 +174,8 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// connection our statement just released.
 		if err := probeSharedBackend(ctx, pool, pid1); err != nil {
 			conn.Release()
-			if pe, ok := err.(*PoolerError); ok {
+			var pe *PoolerError
+			if errors.As(err, &pe) {
 				pe.StartupPID = startup
 				return nil, pe
 			}
@@ -287,6 +289,9 @@ func (l *SessionLock) Err() error {
 func (l *SessionLock) Unlock(ctx context.Context) error {
 	if l == nil {
 		return ErrNilPool
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("advisory: unlock key %v: %w", l.key, err)
 	}
 	select {
 	case l.sem <- struct{}{}:

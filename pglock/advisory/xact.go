@@ -40,9 +40,10 @@ const rollbackTimeout = 10 * time.Second
 // connection for the length of a transaction. Keep the transaction short:
 // it holds a connection (and a pooler's server connection) for its lifetime.
 //
-// If ctx ends while Xact waits for the lock, pgx closes the connection; the
-// transaction and the waiting request are gone, nothing is held, fn is not
-// called, and the error matches ctx.Err(). fn receives tx only; use the
+// If ctx ends while Xact waits for the lock, pgx sends a cancel request and
+// closes the connection (its default behaviour): the server abandons the wait
+// and the transaction, nothing is held, fn is not called, and the error
+// matches ctx.Err(). fn receives tx only; use the
 // caller's ctx for its statements. When db is a pgx.Tx, fn runs in a savepoint:
 // an error rolls back to the savepoint (releasing the lock), success keeps the
 // lock until the outer transaction ends.
