@@ -20,6 +20,8 @@ var (
 	// ErrZeroKey is returned when a [Key] was not made by one of the key
 	// constructors (its zero value).
 	ErrZeroKey = errors.New("advisory: zero Key (use Name, Namespaced, Int64 or Pair)")
+	// ErrInvalidKey is returned by [ParseKey] for text that is not a key.
+	ErrInvalidKey = errors.New("advisory: invalid key syntax (want \"123\" or \"7,-5\")")
 	// ErrInvalidMode is returned for a [Mode] other than [Exclusive] or [Shared].
 	ErrInvalidMode = errors.New("advisory: invalid lock mode")
 	// ErrNilPool is returned when the pool, connection or transaction starter

@@ -3,6 +3,7 @@ package advisory
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -160,6 +161,32 @@ func (k Key) String() string {
 		return strconv.FormatInt(int64(a), 10) + "," + strconv.FormatInt(int64(b), 10)
 	}
 	return "<zero key>"
+}
+
+// ParseKey parses the output of [Key.String]: "123" for a bigint key, "7,-5"
+// for a two-int key (spaces around the numbers are allowed). It is meant for
+// command-line tools; a name is turned into a key with [Name], not ParseKey.
+// Malformed input gives an error matching [ErrInvalidKey].
+func ParseKey(s string) (Key, error) {
+	bad := func(err error) (Key, error) {
+		return Key{}, fmt.Errorf("%w: %q: %v", ErrInvalidKey, s, err)
+	}
+	if a, b, ok := strings.Cut(s, ","); ok {
+		x, err := strconv.ParseInt(strings.TrimSpace(a), 10, 32)
+		if err != nil {
+			return bad(err)
+		}
+		y, err := strconv.ParseInt(strings.TrimSpace(b), 10, 32)
+		if err != nil {
+			return bad(err)
+		}
+		return Pair(int32(x), int32(y)), nil
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return bad(err)
+	}
+	return Int64(v), nil
 }
 
 func (k Key) valid() error {

@@ -197,6 +197,12 @@ func TestKeyProperties(t *testing.T) {
 		if g, ok := advisory.Int64(v).Int64(); !ok || g != v {
 			t.Fatalf("Int64(%d) round trip = %d", v, g)
 		}
+		for _, k := range []advisory.Key{p, advisory.Int64(v), nk, k1} {
+			back, err := advisory.ParseKey(k.String())
+			if err != nil || back != k {
+				t.Fatalf("ParseKey(%q) = %v, %v; want %v", k.String(), back, err, k)
+			}
+		}
 		if advisory.Int64(v) == p {
 			t.Fatal("bigint and pair keys compare equal")
 		}
@@ -215,6 +221,14 @@ func TestKeyString(t *testing.T) {
 		if got := k.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)
 		}
+	}
+	for _, bad := range []string{"", "x", "1,", ",1", "1,2,3", "2147483648,1", "9223372036854775808", "1;DROP TABLE x"} {
+		if k, err := advisory.ParseKey(bad); !errors.Is(err, advisory.ErrInvalidKey) {
+			t.Errorf("ParseKey(%q) = %v, %v; want ErrInvalidKey", bad, k, err)
+		}
+	}
+	if k, err := advisory.ParseKey(" 7 , -5 "); err != nil || k != advisory.Pair(7, -5) {
+		t.Errorf("ParseKey with spaces = %v, %v", k, err)
 	}
 	if !(advisory.Key{}).IsZero() || advisory.Int64(0).IsZero() {
 		t.Error("IsZero wrong")

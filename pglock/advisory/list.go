@@ -24,7 +24,7 @@ type LockInfo struct {
 	// Granted is false while the backend is waiting for the lock.
 	Granted bool
 	// PID is the backend's process ID (pg_terminate_backend(pid) frees all
-	// its locks).
+	// its locks); 0 for a lock held by a prepared transaction.
 	PID int32
 	// User is the role the backend runs as.
 	User string
@@ -47,7 +47,7 @@ type LockInfo struct {
 // listSQL lists the advisory locks of the current database with their
 // holders. Keys are recombined in Go from classid/objid/objsubid.
 const listSQL = `SELECT l.classid::bigint, l.objid::bigint, l.objsubid::int2, l.mode, l.granted,
-       l.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''),
+       coalesce(l.pid, 0), coalesce(a.usename::text, ''), coalesce(a.application_name, ''),
        coalesce(host(a.client_addr), ''), coalesce(a.client_port, -1), coalesce(a.state, ''),
        a.backend_start, a.query_start
 FROM pg_catalog.pg_locks l

@@ -214,7 +214,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 	}
 	c1.Release()
 	if p1 != p2 {
-		t.Logf("note: two client connections reached backends %d and %d", p1, p2)
+		t.Fatalf("two client connections reached backends %d and %d: PgBouncer is not sharing server connections", p1, p2)
 	}
 
 	key := advisory.MustName("bouncer-counter")
@@ -316,4 +316,23 @@ func TestPgBouncerSessionMode(t *testing.T) {
 	}
 	requireNoLocks(t, direct)
 	requireFree(t, direct, key)
+
+	// A terminated server connection ends the client's session: Done fires.
+	l, err = advisory.Acquire(ctx, viaBouncer, key, advisory.Exclusive,
+		&advisory.SessionConfig{AllowPooler: true, PingInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(l.PID())); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed after the server connection behind PgBouncer was terminated")
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrLost) {
+		t.Fatalf("Unlock after loss = %v, want ErrLost", err)
+	}
+	waitLocks(t, direct, "want no locks", func(l []advisory.LockInfo) bool { return len(l) == 0 })
 }

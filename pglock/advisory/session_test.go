@@ -158,8 +158,9 @@ func TestSessionTerminateFiresDone(t *testing.T) {
 	case <-time.After(10 * interval):
 		t.Fatalf("Done not closed %v after the backend was terminated", 10*interval)
 	}
-	// One interval, plus slack for a loaded CI machine with -race.
-	if el := time.Since(start); el > interval+300*time.Millisecond {
+	// The first ping after the termination fails: one interval, plus slack
+	// for a loaded CI machine running -race.
+	if el := time.Since(start); el > interval+time.Second {
 		t.Errorf("Done closed %v after termination, want within the ping interval %v", el, interval)
 	}
 	var lost *advisory.LostError
