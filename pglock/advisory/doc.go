@@ -11,7 +11,8 @@
 // is made in that transaction this is a correctness lock: the lock and the
 // writes commit or vanish together, and a paused holder still holds the lock
 // because its transaction is still open. It works through PgBouncer in
-// transaction mode.
+// transaction mode. [LockTx] and [TryLockTx] take the same lock inside a
+// transaction the caller already has.
 //
 // [Acquire] and [TryAcquire] take a session-scoped lock (pg_advisory_lock) on
 // a connection reserved from the pool until [SessionLock.Unlock]. The

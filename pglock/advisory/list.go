@@ -63,6 +63,8 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAS
 // (ApplicationName, ClientAddr, State, QueryStart) from a role that is neither
 // a superuser nor a member of pg_read_all_stats.
 //
+// If ctx ends, pgx cancels the query and the error matches ctx.Err().
+//
 // A name-based key can be recognised by computing [Name] (or [NameKeySQL])
 // for the candidate name; the hash cannot be reversed.
 func List(ctx context.Context, db Querier) ([]LockInfo, error) {

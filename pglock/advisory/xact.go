@@ -96,20 +96,12 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 		}
 	}()
 
+	lock := LockTx
 	if try {
-		sql, args := xactTryLockSQL(key, mode)
-		var ok bool
-		if err := tx.QueryRow(ctx, sql, args...).Scan(&ok); err != nil {
-			return &opError{op: "try lock", key: key, err: ctxErr(ctx, err)}
-		}
-		if !ok {
-			return &LockedError{Key: key, Mode: mode}
-		}
-	} else {
-		sql, args := xactLockSQL(key, mode)
-		if _, err := tx.Exec(ctx, sql, args...); err != nil {
-			return &opError{op: "lock", key: key, err: ctxErr(ctx, err)}
-		}
+		lock = TryLockTx
+	}
+	if err := lock(ctx, tx, key, mode); err != nil {
+		return err
 	}
 
 	if err := fn(tx); err != nil {
@@ -120,4 +112,52 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 		return &opError{op: "commit transaction holding", key: key, err: ctxErr(ctx, err)}
 	}
 	return nil
+}
+
+// LockTx takes the transaction-scoped advisory lock on key in mode inside a
+// transaction the caller already has, waiting as long as ctx allows. The lock
+// is released when tx commits or rolls back; there is no unlock. Use it when
+// the transaction is managed elsewhere (a framework, a unit of work); [Xact]
+// is the same with the transaction handled for you, and the same rules apply:
+// only writes made through tx are protected.
+//
+// If ctx ends while waiting, pgx cancels the wait and closes the connection,
+// so tx is unusable afterwards; the error matches ctx.Err().
+func LockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
+	if err := checkTx(tx, key, mode); err != nil {
+		return err
+	}
+	sql, args := xactLockSQL(key, mode)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		return &opError{op: "lock", key: key, err: ctxErr(ctx, err)}
+	}
+	return nil
+}
+
+// TryLockTx is like [LockTx] but does not wait: when another session holds a
+// conflicting lock it returns a [*LockedError] (matching [ErrLocked]) and tx
+// is unchanged and still usable.
+func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
+	if err := checkTx(tx, key, mode); err != nil {
+		return err
+	}
+	sql, args := xactTryLockSQL(key, mode)
+	var ok bool
+	if err := tx.QueryRow(ctx, sql, args...).Scan(&ok); err != nil {
+		return &opError{op: "try lock", key: key, err: ctxErr(ctx, err)}
+	}
+	if !ok {
+		return &LockedError{Key: key, Mode: mode}
+	}
+	return nil
+}
+
+func checkTx(tx pgx.Tx, key Key, mode Mode) error {
+	if isNil(tx) {
+		return ErrNilPool
+	}
+	if err := key.valid(); err != nil {
+		return err
+	}
+	return mode.valid()
 }

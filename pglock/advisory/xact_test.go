@@ -288,3 +288,52 @@ func TestXactInsideTx(t *testing.T) {
 	}
 	requireFree(t, pool, key)
 }
+
+// TestLockTx: the lock taken in a caller's transaction lasts exactly as long
+// as that transaction.
+func TestLockTx(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("locktx")
+	for _, end := range []string{"commit", "rollback"} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := advisory.LockTx(ctx, tx, key, advisory.Exclusive); err != nil {
+			t.Fatal(err)
+		}
+		requireLocked(t, pool, key)
+		// A second transaction's TryLockTx is refused and its tx stays usable.
+		tx2, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := advisory.TryLockTx(ctx, tx2, key, advisory.Shared); !errors.Is(err, advisory.ErrLocked) {
+			t.Fatalf("TryLockTx while held: %v", err)
+		}
+		if _, err := tx2.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("tx unusable after a refused TryLockTx: %v", err)
+		}
+		if err := tx2.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if end == "commit" {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireFree(t, pool, key)
+	}
+	requireNoLocks(t, pool)
+	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+		t.Errorf("LockTx(nil tx) = %v", err)
+	}
+	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+		t.Errorf("TryLockTx(nil tx) = %v", err)
+	}
+}
