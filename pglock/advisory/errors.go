@@ -1,8 +1,11 @@
 package advisory
 
 import (
+	"context"
 	"errors"
 	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Every error the package returns matches one of them with
@@ -69,17 +72,38 @@ func (e *KeyError) Unwrap() error { return e.Err }
 
 // LockedError reports that a Try variant found the key locked by another
 // session. It matches [ErrLocked].
+//
+// A blocking call that gives up because of the session's lock_timeout
+// (SQLSTATE 55P03) reports a LockedError too, with the server's error as
+// Cause.
 type LockedError struct {
-	Key  Key
-	Mode Mode
+	Key   Key
+	Mode  Mode
+	Cause error // nil for a Try variant's refusal
 }
 
 func (e *LockedError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("%v: key %v (%v): %v", ErrLocked, e.Key, e.Mode, e.Cause)
+	}
 	return fmt.Sprintf("%v: key %v (%v)", ErrLocked, e.Key, e.Mode)
 }
 
 // Is reports whether target is [ErrLocked].
 func (e *LockedError) Is(target error) bool { return target == ErrLocked }
+
+// Unwrap returns the cause, if any.
+func (e *LockedError) Unwrap() error { return e.Cause }
+
+// lockErr translates the error of a blocking lock statement: lock_timeout
+// becomes a *LockedError, anything else an *opError.
+func lockErr(ctx context.Context, op string, key Key, mode Mode, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+		return &LockedError{Key: key, Mode: mode, Cause: err}
+	}
+	return &opError{op: op, key: key, err: ctxErr(ctx, err)}
+}
 
 // PoolerError reports why a connection was judged not to lead to one dedicated
 // backend. It matches [ErrPooler].

@@ -83,6 +83,9 @@ type Key struct {
 // int64. The definition is part of the API and never changes; [NameKeySQL]
 // computes the same value in PostgreSQL.
 //
+// The bytes are hashed as given: names are case-sensitive and not
+// Unicode-normalised ("é" precomposed and decomposed are different names).
+//
 // The name must be 1 to [MaxNameLen] bytes of valid UTF-8 without NUL bytes;
 // otherwise the error is a [*KeyError] matching [ErrEmptyName],
 // [ErrNameTooLong] or [ErrInvalidName].

@@ -113,9 +113,16 @@ const (
 // pg_backend_pid(). A pooler (PgBouncer, in any mode) announces an ID of its
 // own, so it is refused with a [*PoolerError] unless cfg.AllowPooler is set;
 // in transaction mode a later statement could run on another backend, leaving
-// the lock held by a server connection nobody controls. After locking, a
+// the lock held by a server connection nobody controls. With AllowPooler, a
+// second client connection must reach a different backend; this catches a
+// transaction-mode pooler that reuses the server connection just released
+// (PgBouncer's default), but AllowPooler remains the caller's promise that
+// the pooler runs in session mode. After locking, a
 // second statement confirms that the same backend runs it and that pg_locks
 // shows the lock granted to that backend.
+//
+// A wait ended by the session's lock_timeout setting (for example set in the
+// pool's connection string) returns a [*LockedError].
 //
 // If ctx ends while Acquire waits, pgx sends a cancel request and closes the
 // connection (its default behaviour), which ends the wait; nothing is held,
@@ -197,7 +204,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// A failed lock statement holds nothing; a cancelled one closed the
 		// connection. Destroy it either way: its state is unknown.
 		destroy(conn)
-		return nil, &opError{op: "lock", key: key, err: ctxErr(ctx, err)}
+		return nil, lockErr(ctx, "lock", key, mode, err)
 	}
 	if !ok {
 		if pid2 != pid1 {

@@ -122,14 +122,16 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 // only writes made through tx are protected.
 //
 // If ctx ends while waiting, pgx cancels the wait and closes the connection,
-// so tx is unusable afterwards; the error matches ctx.Err().
+// so tx is unusable afterwards; the error matches ctx.Err(). If the session's
+// lock_timeout ends the wait, the error is a [*LockedError] and tx is aborted
+// (roll it back).
 func LockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
 	if err := checkTx(tx, key, mode); err != nil {
 		return err
 	}
 	sql, args := xactLockSQL(key, mode)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return &opError{op: "lock", key: key, err: ctxErr(ctx, err)}
+		return lockErr(ctx, "lock", key, mode, err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/pglock/advisory"
@@ -335,5 +336,34 @@ func TestLockTx(t *testing.T) {
 	}
 	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
 		t.Errorf("TryLockTx(nil tx) = %v", err)
+	}
+}
+
+// TestLockTimeoutIsLocked: a wait ended by lock_timeout reports ErrLocked,
+// with the server's error as the cause.
+func TestLockTimeoutIsLocked(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("lock-timeout")
+	err := advisory.Xact(ctx, pool, key, advisory.Exclusive, func(pgx.Tx) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '50ms'"); err != nil {
+			return err
+		}
+		err = advisory.LockTx(ctx, tx, key, advisory.Shared)
+		var le *advisory.LockedError
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, advisory.ErrLocked) || !errors.As(err, &le) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Errorf("LockTx under lock_timeout = %v, want a LockedError caused by 55P03", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
