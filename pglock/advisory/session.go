@@ -116,18 +116,18 @@ const (
 // the lock held by a server connection nobody controls. With AllowPooler, a
 // second client connection must reach a different backend; this catches a
 // transaction-mode pooler that reuses the server connection just released
-// (PgBouncer's default), but AllowPooler remains the caller's promise that
-// the pooler runs in session mode. After locking, a
-// second statement confirms that the same backend runs it and that pg_locks
-// shows the lock granted to that backend.
+// (PgBouncer's default), but AllowPooler remains the caller's promise that the
+// pooler runs in session mode. After locking, a separate statement confirms
+// that the same backend runs it and that pg_locks shows the lock granted to
+// that backend. These checks cost about three round trips per Acquire.
 //
 // A wait ended by the session's lock_timeout setting (for example set in the
 // pool's connection string) returns a [*LockedError].
 //
 // If ctx ends while Acquire waits, pgx sends a cancel request and closes the
 // connection (its default behaviour), which ends the wait; nothing is held,
-// and the error matches ctx.Err(). ctx does not
-// govern the lock after Acquire returns.
+// and the error matches ctx.Err(). ctx does not govern the lock after Acquire
+// returns.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig) (*SessionLock, error) {
 	return acquire(ctx, pool, key, mode, cfg, false)
 }
