@@ -276,3 +276,24 @@ func TestNameValidation(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// FuzzParseKey: ParseKey never panics, and whatever it accepts prints back to
+// a string it parses to the same key.
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{"0", "-1", "7,-5", " 1 , 2 ", "9223372036854775807", "-2147483648,2147483647", "", "x", "1,2,3", "1;"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k, err := advisory.ParseKey(s)
+		if err != nil {
+			if !errors.Is(err, advisory.ErrInvalidKey) {
+				t.Fatalf("ParseKey(%q) error %v does not match ErrInvalidKey", s, err)
+			}
+			return
+		}
+		back, err := advisory.ParseKey(k.String())
+		if err != nil || back != k {
+			t.Fatalf("ParseKey(%q) = %v; reparse of %q = %v, %v", s, k, k.String(), back, err)
+		}
+	})
+}

@@ -217,6 +217,37 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 		t.Fatalf("two client connections reached backends %d and %d: PgBouncer is not sharing server connections", p1, p2)
 	}
 
+	// Why session locks must be refused here: a raw pg_try_advisory_lock from
+	// one client connection lands on a shared server connection, and a second
+	// client connection "gets" the same lock too (re-entrantly, on the same
+	// backend). Nothing is mutually exclusive any more.
+	raw := fmt.Sprintf("SELECT pg_try_advisory_lock(%d)", int64(77))
+	c1, err = viaBouncer.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got1, got2 bool
+	if err := c1.QueryRow(ctx, raw).Scan(&got1); err != nil {
+		t.Fatal(err)
+	}
+	if err := viaBouncer.QueryRow(ctx, raw).Scan(&got2); err != nil {
+		t.Fatal(err)
+	}
+	c1.Release()
+	if !got1 || !got2 {
+		t.Fatalf("raw session locks through PgBouncer: first %v second %v; expected both clients to 'hold' it", got1, got2)
+	}
+	// The lock now sits on a server connection no client owns; only ending
+	// that backend frees it.
+	locks := advisoryLocks(t, direct)
+	if len(locks) != 1 {
+		t.Fatalf("List = %+v, want the stray lock", locks)
+	}
+	if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", locks[0].PID); err != nil {
+		t.Fatal(err)
+	}
+	waitLocks(t, direct, "want the stray lock gone", func(l []advisory.LockInfo) bool { return len(l) == 0 })
+
 	key := advisory.MustName("bouncer-counter")
 	const workers, rounds = 2, 150
 	var wg sync.WaitGroup
