@@ -16,7 +16,11 @@ const (
 	// DefaultPingInterval is how often a [SessionLock] checks its connection
 	// when [SessionConfig.PingInterval] is zero.
 	DefaultPingInterval = 5 * time.Second
-	// MinPingInterval is the smallest accepted [SessionConfig.PingInterval].
+	// DefaultPingTimeout bounds each check when [SessionConfig.PingTimeout]
+	// is zero.
+	DefaultPingTimeout = 5 * time.Second
+	// MinPingInterval is the smallest accepted [SessionConfig.PingInterval]
+	// and [SessionConfig.PingTimeout].
 	MinPingInterval = 10 * time.Millisecond
 	// closeTimeout bounds closing a connection that is being destroyed.
 	closeTimeout = 5 * time.Second
@@ -28,12 +32,15 @@ const (
 type SessionConfig struct {
 	// PingInterval is how often the lock's connection is checked with a
 	// one-round-trip statement (SELECT pg_backend_pid()); Done is closed
-	// within about one interval (plus PingTimeout when the network hangs)
-	// after the connection dies. Defaults to DefaultPingInterval (5s); must be
+	// within about one interval after the connection dies (one interval plus
+	// PingTimeout when the network hangs instead). Defaults to DefaultPingInterval (5s); must be
 	// at least MinPingInterval.
 	PingInterval time.Duration
-	// PingTimeout bounds each check; a check that times out counts as a lost
-	// connection. Defaults to PingInterval; must not be negative.
+	// PingTimeout bounds each check. A check that times out counts as a lost
+	// connection: pgx closes the connection, which frees the lock, so a
+	// timeout shorter than the server's worst response time under load causes
+	// needless losses. Defaults to DefaultPingTimeout (5s); when set, must be
+	// at least MinPingInterval.
 	PingTimeout time.Duration
 	// AllowPooler accepts a connection whose startup process ID differs from
 	// pg_backend_pid(), i.e. one that goes through a pooler. Set it only for a
@@ -61,7 +68,9 @@ func (c *SessionConfig) resolve() (SessionConfig, error) {
 	case r.PingTimeout < 0:
 		return r, fmt.Errorf("%w: PingTimeout %v is negative", ErrInvalidConfig, r.PingTimeout)
 	case r.PingTimeout == 0:
-		r.PingTimeout = r.PingInterval
+		r.PingTimeout = DefaultPingTimeout
+	case r.PingTimeout < MinPingInterval:
+		return r, fmt.Errorf("%w: PingTimeout %v is below the minimum %v", ErrInvalidConfig, r.PingTimeout, MinPingInterval)
 	}
 	return r, nil
 }

@@ -55,7 +55,8 @@ func TestSessionMutualExclusion(t *testing.T) {
 }
 
 func sessionIncrement(ctx context.Context, pool *pgxpool.Pool, key advisory.Key, inside, overlaps *atomic.Int32) error {
-	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, nil)
+	// The shortest ping interval, so that checks race with Unlock under -race.
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: advisory.MinPingInterval})
 	if err != nil {
 		return err
 	}
@@ -311,6 +312,7 @@ func TestSessionValidation(t *testing.T) {
 		{"negative interval", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: -time.Second}, advisory.ErrInvalidConfig},
 		{"tiny interval", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: time.Millisecond}, advisory.ErrInvalidConfig},
 		{"negative timeout", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingTimeout: -1}, advisory.ErrInvalidConfig},
+		{"tiny timeout", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingTimeout: time.Microsecond}, advisory.ErrInvalidConfig},
 	}
 	for _, c := range cases {
 		for _, acquire := range []func(context.Context, *pgxpool.Pool, advisory.Key, advisory.Mode, *advisory.SessionConfig) (*advisory.SessionLock, error){
