@@ -1,7 +1,6 @@
 package advisory_test
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"math/rand/v2"
@@ -115,44 +114,56 @@ func randomName(r *rand.Rand) string {
 func TestNameNoCollisionsMillion(t *testing.T) {
 	t.Parallel()
 	const n = 1_000_000
-	type entry struct {
-		key int64
-		i   uint32
-	}
-	entries := make([]entry, n)
+	keys := make([]int64, n)
 	buf := make([]byte, 0, 64)
-	for i := range entries {
+	for i := range keys {
 		buf = millionName(buf[:0], uint64(i))
 		k, err := advisory.Name(string(buf))
 		if err != nil {
 			t.Fatalf("name %d %q: %v", i, buf, err)
 		}
-		entries[i].key, _ = k.Int64()
-		entries[i].i = uint32(i)
+		keys[i], _ = k.Int64()
 	}
-	slices.SortFunc(entries, func(a, b entry) int { return cmp.Compare(a.key, b.key) })
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
 	for j := 1; j < n; j++ {
-		if entries[j].key != entries[j-1].key {
+		if sorted[j] != sorted[j-1] {
 			continue
 		}
-		a := string(millionName(nil, uint64(entries[j-1].i)))
-		b := string(millionName(nil, uint64(entries[j].i)))
-		if a != b { // the generator may repeat a name; that is no collision
-			t.Fatalf("names %q and %q share key %d", a, b, entries[j].key)
+		// Find the names behind the shared key; the generator may repeat a
+		// name, which is no collision.
+		var names []string
+		for i, k := range keys {
+			if k == sorted[j] {
+				names = append(names, string(millionName(nil, uint64(i))))
+			}
+		}
+		for _, other := range names[1:] {
+			if other != names[0] {
+				t.Fatalf("names %q share key %d", names, sorted[j])
+			}
 		}
 	}
 }
 
 // millionName appends random name number i: 6 to 40 bytes over a 64-symbol
-// alphabet.
+// alphabet, drawn from splitmix64 at counters i<<32+1, i<<32+2, ... (names
+// never share a counter, so their draws are independent).
 func millionName(buf []byte, i uint64) []byte {
 	const sym = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-"
-	r := rand.New(rand.NewPCG(2026, i))
-	x := r.Uint64()
+	state := (i << 32) * 0x9E3779B97F4A7C15
+	next := func() uint64 {
+		state += 0x9E3779B97F4A7C15
+		z := state
+		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+		z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+		return z ^ (z >> 31)
+	}
+	x := next()
 	n := 6 + int(x%35)
 	for k := 0; k < n; k++ {
 		if k%10 == 0 {
-			x = r.Uint64()
+			x = next()
 		}
 		buf = append(buf, sym[x&63])
 		x >>= 6
