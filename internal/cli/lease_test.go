@@ -218,4 +218,3 @@ func TestAcquireRenewRelease(t *testing.T) {
 		t.Fatalf("eval: %q %v", out, err)
 	}
 }
-
