@@ -13,23 +13,25 @@ import (
 )
 
 const claimJobs = `-- name: ClaimJobs :many
-WITH candidates AS (
-    (SELECT a.id, a.priority, a.run_at, false AS expired_dead
-     FROM pgfence.jobs a
-     WHERE a.queue = $1 AND a.state = 'available' AND a.run_at <= now()
-     ORDER BY a.priority, a.run_at, a.id
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED)
-    UNION ALL
-    (SELECT r.id, r.priority, r.run_at, r.attempts >= r.max_attempts AS expired_dead
-     FROM pgfence.jobs r
-     WHERE r.queue = $1 AND r.state = 'running' AND r.claim_expires_at <= now()
-     ORDER BY r.claim_expires_at
-     LIMIT $2
-     FOR UPDATE SKIP LOCKED)
+WITH due AS (
+    SELECT a.id, a.priority, a.run_at, false AS expired_dead
+    FROM pgfence.jobs a
+    WHERE a.queue = $1 AND a.state = 'available' AND a.run_at <= now()
+    ORDER BY a.priority, a.run_at, a.id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT r.id, r.priority, r.run_at, r.attempts >= r.max_attempts AS expired_dead
+    FROM pgfence.jobs r
+    WHERE r.queue = $1 AND r.state = 'running' AND r.claim_expires_at <= now()
+    ORDER BY r.claim_expires_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT c.id, c.expired_dead
-    FROM candidates c
+    FROM (SELECT d.id, d.priority, d.run_at, d.expired_dead FROM due d
+          UNION ALL
+          SELECT e.id, e.priority, e.run_at, e.expired_dead FROM expired e) AS c
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $2
 ), claimed AS (
