@@ -247,6 +247,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopping.Store(true)
 	fetchWG.Wait()
 	close(jobs) // the fetcher was the only sender
+	// Release claimed jobs that no handler has started, without waiting for
+	// a busy handler to take them (handlers release them too once stopping).
+	handlerWG.Go(func() {
+		for h := range jobs {
+			results <- result{h: h, outcome: outRelease}
+		}
+	})
 	listenWG.Wait()
 
 	handlersDone := make(chan struct{})
@@ -467,7 +474,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 		for len(refs) > 0 {
 			chunk := refs[:min(len(refs), MaxBatch)]
 			refs = refs[len(chunk):]
-			hctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later heartbeat is useless
 			_, lost, err := HeartbeatMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
 			cancel()
 			if err != nil {
