@@ -79,6 +79,11 @@ COMMENT ON COLUMN pgfence.jobs.updated_at IS
 COMMENT ON COLUMN pgfence.jobs.finished_at IS
   'Database time at which the job was completed or went dead; NULL otherwise.';
 
+COMMENT ON INDEX pgfence.jobs_pkey IS
+  'Primary key; complete, fail, heartbeat and release find the job by id.';
+COMMENT ON SEQUENCE pgfence.jobs_id_seq IS
+  'Identity sequence of pgfence.jobs.id.';
+
 -- Claiming reads only these two partial indexes, so finished rows piling up
 -- do not slow it down.
 CREATE INDEX jobs_available_idx ON pgfence.jobs (queue, priority, run_at, id) WHERE state = 'available';

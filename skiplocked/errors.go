@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"reflect"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -120,7 +121,7 @@ func translate(op string, err error) error {
 			return fmt.Errorf("%w: %s: %w", ErrTokenExhausted, op, err)
 		case pgErr.Code == "22P02" || pgErr.Code == "22032":
 			return fmt.Errorf("%w: %s: %w", ErrInvalidPayload, op, err)
-		case pgErr.Code[:2] == "08" || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03":
+		case strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03":
 			return fmt.Errorf("%w: %s: %w", ErrConnection, op, err)
 		}
 		return fmt.Errorf("skiplocked: %s: %w", op, err)

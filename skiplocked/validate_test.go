@@ -177,3 +177,71 @@ func TestClaimLostErrorMessages(t *testing.T) {
 		}
 	}
 }
+
+// The job table documents itself for psql's \d+ and refuses bad rows even
+// when written with plain SQL.
+func TestJobsTableCommentsAndConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	var missing []string
+	rows, err := pool.Query(ctx, `
+		SELECT a.attname::text FROM pg_attribute a
+		WHERE a.attrelid = 'pgfence.jobs'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		  AND col_description(a.attrelid, a.attnum) IS NULL
+		UNION ALL
+		SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'pgfence' AND c.relname LIKE 'jobs%' AND obj_description(c.oid, 'pg_class') IS NULL
+		UNION ALL
+		SELECT 'function jobs_notify' WHERE obj_description('pgfence.jobs_notify'::regproc, 'pg_proc') IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		missing = append(missing, s)
+	}
+	if rows.Err() != nil || len(missing) > 0 {
+		t.Fatalf("objects without COMMENT: %v (%v)", missing, rows.Err())
+	}
+	for _, stmt := range []string{
+		"INSERT INTO pgfence.jobs (queue) VALUES ('')",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'weird')",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'running')", // running without a claim
+		"INSERT INTO pgfence.jobs (queue, max_attempts) VALUES ('q', 0)",
+		"INSERT INTO pgfence.jobs (queue, claim_token) VALUES ('q', -1)",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'completed')", // no finished_at
+	} {
+		if _, err := pool.Exec(ctx, stmt); err == nil {
+			t.Errorf("accepted: %s", stmt)
+		}
+	}
+	var cycles bool
+	if err := pool.QueryRow(ctx, "SELECT cycle FROM pg_sequences WHERE schemaname = 'pgfence' AND sequencename = 'jobs_claim_token_seq'").Scan(&cycles); err != nil || cycles {
+		t.Fatalf("claim token sequence cycles = %v (%v)", cycles, err)
+	}
+}
+
+// At the end of the claim token sequence claiming fails with
+// ErrTokenExhausted and claims nothing: tokens never wrap.
+func TestClaimTokenExhausted(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	ids := enqueueN(t, pool, "max", 2, 5)
+	if _, err := pool.Exec(ctx, "SELECT setval('pgfence.jobs_claim_token_seq', 9223372036854775806)"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "max", Worker: "w", Limit: 2, TTL: time.Minute})
+	if !errors.Is(err, skiplocked.ErrTokenExhausted) {
+		t.Fatalf("claim past the last token: %v, want ErrTokenExhausted", err)
+	}
+	for _, id := range ids {
+		if j := mustJob(t, pool, id); j.State != skiplocked.StateAvailable || j.ClaimToken != 0 {
+			t.Fatalf("job %d changed: %+v", id, j)
+		}
+	}
+}

@@ -48,9 +48,9 @@ type Config struct {
 	// Concurrency is the number of jobs handled at once, 1..1000. Defaults to 4.
 	Concurrency int
 	// BatchSize is the most jobs one claim statement takes, 1..[MaxBatch].
-	// The worker holds at most Concurrency + BatchSize claims: it claims the
-	// next batch while the current one is being handled. Defaults to
-	// Concurrency.
+	// The worker holds at most Concurrency + 2*BatchSize claims, so the next
+	// batch is claimed while the current one is handled and the one before is
+	// being completed. Defaults to Concurrency.
 	BatchSize int
 	// ClaimTTL is the length of a leased claim on the database clock,
 	// [MinClaimTTL]..[MaxClaimTTL]. A claim of a worker that dies comes back
@@ -221,7 +221,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
 	}
-	capacity := w.cfg.Concurrency + w.cfg.BatchSize
+	capacity := w.cfg.Concurrency + 2*w.cfg.BatchSize
 	slots := make(chan struct{}, capacity)
 	jobs := make(chan *held, capacity)
 	results := make(chan result, capacity)
@@ -296,7 +296,7 @@ func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *he
 			}
 		}
 		// Wait until a whole batch fits: the worker then never holds more
-		// than Concurrency + BatchSize claims.
+		// than Concurrency + 2*BatchSize claims.
 		n := w.cfg.BatchSize
 		for i := range n {
 			select {

@@ -202,15 +202,14 @@ func TestWorkerShutdownFinishesInFlightReleasesRest(t *testing.T) {
 		return nil
 	}, &skiplocked.Config{Concurrency: 2, BatchSize: 4, PollInterval: time.Hour})
 	stop := runWorker(t, w)
-	// The worker claims a batch of 4 at start (it holds at most
-	// Concurrency + BatchSize = 6 claims, so no second batch of 4 fits): 2 run,
-	// 2 wait for a handler, 2 are not claimed.
+	// The worker claims a batch of 4 at start, then the other 2 (it may hold
+	// Concurrency + 2*BatchSize = 10 claims): 2 run, 4 wait for a handler.
 	inFlight := map[int64]bool{<-started: true, <-started: true}
-	waitFor(t, "the first batch", func() bool { return countState(t, pool, "shut", skiplocked.StateRunning) == 4 })
+	waitFor(t, "all 6 claimed", func() bool { return countState(t, pool, "shut", skiplocked.StateRunning) == 6 })
 
 	stopped := make(chan error, 1)
 	go func() { stopped <- stop() }()
-	// The 2 claimed-but-not-started jobs come back while the 2 still run.
+	// The 4 claimed-but-not-started jobs come back while the 2 still run.
 	waitFor(t, "release of unstarted claims", func() bool { return countState(t, pool, "shut", skiplocked.StateAvailable) == 4 })
 	select {
 	case err := <-stopped:
