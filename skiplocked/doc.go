@@ -38,6 +38,12 @@
 // with a polling fallback (or polling only, for PgBouncer transaction
 // pooling), and graceful shutdown.
 //
+// Cancellation: every function that does I/O takes ctx first. Cancelling
+// it interrupts the statement in flight (pgx may close the connection to do
+// so, which also ends a transaction and its in-transaction claims). Each
+// statement is atomic: when a call returns a context error, its change
+// either fully happened or did not happen at all; [GetJob] tells which.
+//
 // Errors are sentinels ([ErrInvalidQueue], [ErrInvalidLimit],
 // [ErrUnknownColumn], [ErrConnection], ...) matched with errors.Is; bad
 // input is refused before anything is sent to the database.
