@@ -71,14 +71,23 @@ var queries = dbsqlc.New()
 
 // Job is one row of pgfence.jobs.
 type Job struct {
-	ID          int64
-	Queue       string
-	Payload     json.RawMessage
-	Priority    int16
-	RunAt       time.Time
-	Attempts    int
+	// ID is the job id, assigned by the database.
+	ID int64
+	// Queue is the queue the job belongs to.
+	Queue string
+	// Payload is the job's arguments as JSON (as stored by jsonb).
+	Payload json.RawMessage
+	// Priority orders claims: lower first.
+	Priority int16
+	// RunAt is the earliest database time the job may be claimed.
+	RunAt time.Time
+	// Attempts counts leased claims so far (in-transaction claims count
+	// only failures).
+	Attempts int
+	// MaxAttempts is the number of attempts before the job goes dead.
 	MaxAttempts int
-	State       State
+	// State is available, running, completed or dead.
+	State State
 	// ClaimedBy is the worker of the latest leased claim ("" if never claimed).
 	ClaimedBy string
 	// ClaimToken is the token of the latest leased claim (0 if never
@@ -87,9 +96,12 @@ type Job struct {
 	// ClaimExpiresAt is the database time the current claim ends; zero unless
 	// State is running.
 	ClaimExpiresAt time.Time
-	LastError      string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// LastError is the message of the latest failure or expired claim.
+	LastError string
+	// CreatedAt is the database time of the insert.
+	CreatedAt time.Time
+	// UpdatedAt is the database time of the latest change by pgfence.
+	UpdatedAt time.Time
 	// FinishedAt is zero unless State is completed or dead.
 	FinishedAt time.Time
 }
@@ -97,7 +109,9 @@ type Job struct {
 // ClaimRef names one leased claim: a job and the claim token it was claimed
 // with. Every change made under a claim is conditional on both.
 type ClaimRef struct {
+	// JobID is the claimed job.
 	JobID int64
+	// Token is the claim token the job was claimed with.
 	Token int64
 }
 

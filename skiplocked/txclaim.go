@@ -40,13 +40,18 @@ const (
 // Cond is one filter condition of a [Spec]: Column Op Value, with Value sent
 // as a bind parameter (never pasted into the SQL). Conditions are ANDed.
 type Cond struct {
+	// Column is the column compared; a plain identifier.
 	Column string
-	Op     Op
-	Value  any
+	// Op is the comparison.
+	Op Op
+	// Value is bound as a parameter; nil for OpIsNull and OpIsNotNull, a
+	// slice for OpIn.
+	Value any
 }
 
 // Order is one ORDER BY term of a [Spec].
 type Order struct {
+	// Column to sort by; a plain identifier.
 	Column string
 	// Desc sorts descending. Defaults to ascending.
 	Desc bool
