@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/observe"
 )
 
 // Handler processes one job. Return nil to complete it, an error to fail the
@@ -79,6 +81,10 @@ type Config struct {
 	// Logger receives errors the loop recovers from (failed claims, lost
 	// claims, listener reconnects). Defaults to discarding them.
 	Logger *slog.Logger
+	// Metrics receives rows claimed, completed, failed and dead, claims lost
+	// and claim latency, labelled by queue (see package observe). Defaults to
+	// nil: nothing is recorded.
+	Metrics observe.Metrics
 }
 
 // Worker runs a [Handler] over the jobs of one queue of pgfence.jobs with
@@ -308,7 +314,13 @@ func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *he
 				return
 			}
 		}
+		start := time.Now()
 		claimed, err := Claim(ctx, w.pool, ClaimParams{Queue: w.queue, Worker: w.cfg.Worker, Limit: n, TTL: w.cfg.ClaimTTL})
+		m := observe.OrNop(w.cfg.Metrics)
+		m.Observe(observe.ClaimSeconds, time.Since(start).Seconds(), w.queue)
+		if len(claimed) > 0 {
+			m.Add(observe.RowsClaimedTotal, float64(len(claimed)), w.queue)
+		}
 		if err != nil && ctx.Err() == nil {
 			w.cfg.Logger.Warn("skiplocked: claim failed", "queue", w.queue, "err", err)
 		}
@@ -402,6 +414,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-ch
 			case outFail:
 				w.fail(ctx, r)
 			case outLost:
+				observe.OrNop(w.cfg.Metrics).Add(observe.ClaimsLostTotal, 1, w.queue)
 				w.cfg.Logger.Warn("skiplocked: claim lost; outcome not written", "job", r.h.ref.JobID, "token", r.h.ref.Token)
 			}
 		}
@@ -430,6 +443,13 @@ func (w *Worker) finish(ctx context.Context, op string, refs []ClaimRef, f func(
 		w.cfg.Logger.Error("skiplocked: "+op+" failed; claims will expire", "jobs", len(refs), "err", err)
 		return
 	}
+	m := observe.OrNop(w.cfg.Metrics)
+	if op == "complete" && len(refs) > len(lost) {
+		m.Add(observe.RowsCompletedTotal, float64(len(refs)-len(lost)), w.queue)
+	}
+	if len(lost) > 0 {
+		m.Add(observe.ClaimsLostTotal, float64(len(lost)), w.queue)
+	}
 	for _, r := range lost {
 		w.cfg.Logger.Warn("skiplocked: "+op+" refused: claim lost", "job", r.JobID, "token", r.Token)
 	}
@@ -443,11 +463,21 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	if r.err != nil {
 		msg = r.err.Error()
 	}
-	_, err := Fail(cctx, w.pool, r.h.ref, FailParams{
+	job, err := Fail(cctx, w.pool, r.h.ref, FailParams{
 		Error:   msg,
 		RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), MaxRetryDelay),
 		GiveUp:  errors.As(r.err, &perm),
 	})
+	m := observe.OrNop(w.cfg.Metrics)
+	switch {
+	case err == nil:
+		m.Add(observe.RowsFailedTotal, 1, w.queue)
+		if job.State == StateDead {
+			m.Add(observe.RowsDeadTotal, 1, w.queue)
+		}
+	case errors.Is(err, ErrClaimLost):
+		m.Add(observe.ClaimsLostTotal, 1, w.queue)
+	}
 	if err != nil {
 		w.cfg.Logger.Warn("skiplocked: fail not written", "job", r.h.ref.JobID, "err", err)
 	}

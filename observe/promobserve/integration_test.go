@@ -3,6 +3,7 @@ package promobserve_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
 	"github.com/pgfence/pgfence/pglock"
+	"github.com/pgfence/pgfence/skiplocked"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -143,5 +145,75 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	}
 	if v := value(t, reg, observe.FencedWritesTotal, nil); v != 1 {
 		t.Errorf("fenced writes = %v, want 1", v)
+	}
+}
+
+// TestWorkerMetrics runs a skiplocked.Worker over three jobs, one of which
+// fails permanently, and checks the queue-labelled counters.
+func TestWorkerMetrics(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{`{"n":1}`, `{"n":2}`, `{"n":3,"bad":true}`} {
+		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "mail", Payload: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	handled := make(chan struct{}, 3)
+	w, err := skiplocked.NewWorker(pool, "mail", func(ctx context.Context, j skiplocked.Job) error {
+		defer func() { handled <- struct{}{} }()
+		if strings.Contains(string(j.Payload), "bad") {
+			return skiplocked.Permanent(errors.New("bad payload"))
+		}
+		return nil
+	}, &skiplocked.Config{Metrics: m, Concurrency: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(rctx) }()
+	for range 3 {
+		select {
+		case <-handled:
+		case <-time.After(30 * time.Second):
+			t.Fatal("jobs not handled")
+		}
+	}
+	// Wait until the outcomes are written, then stop the worker.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var open int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.jobs WHERE state NOT IN ('completed', 'dead')").Scan(&open); err != nil {
+			t.Fatal(err)
+		}
+		if open == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d jobs still open", open)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+	q := map[string]string{"queue": "mail"}
+	for name, want := range map[string]float64{
+		observe.RowsClaimedTotal: 3, observe.RowsCompletedTotal: 2, observe.RowsFailedTotal: 1,
+		observe.RowsDeadTotal: 1, observe.ClaimsLostTotal: 0,
+	} {
+		if v := value(t, reg, name, q); v != want {
+			t.Errorf("%s{queue=mail} = %v, want %v", name, v, want)
+		}
+	}
+	if v := value(t, reg, observe.ClaimSeconds, q); v < 1 {
+		t.Errorf("claim latency samples = %v", v)
 	}
 }
