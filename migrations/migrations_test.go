@@ -360,3 +360,48 @@ func TestLockStatusView(t *testing.T) {
 		t.Fatalf("lock_status = %+v", got)
 	}
 }
+
+func TestOperatorViews(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO pgfence.jobs(queue, run_at) VALUES ('mail', now() - interval '40 seconds'), ('mail', now() + interval '1 hour');
+		INSERT INTO pgfence.locks(name, token) VALUES ('inv', 5), ('store:1', 2);
+		CREATE TABLE invoices (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO invoices VALUES (1, 5), (2, 3);
+		CREATE TABLE catalogue (id int PRIMARY KEY, store_lock text, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO catalogue VALUES (1, 'store:1', 2), (2, 'store:1', 1);
+		SELECT pgfence.guard('invoices', lock_name => 'inv');
+		SELECT pgfence.guard('catalogue', lock_name_column => 'store_lock');
+		-- A forged fence, written with the guard briefly off (as a one-off script would).
+		ALTER TABLE catalogue DISABLE TRIGGER USER;
+		INSERT INTO catalogue VALUES (3, 'store:1', 9);
+		ALTER TABLE catalogue ENABLE TRIGGER USER;`); err != nil {
+		t.Fatal(err)
+	}
+	var jobs int64
+	var ready float64
+	if err := pool.QueryRow(ctx, "SELECT jobs, oldest_ready_seconds::float8 FROM pgfence.job_summary WHERE queue = 'mail' AND state = 'available'").Scan(&jobs, &ready); err != nil {
+		t.Fatal(err)
+	}
+	if jobs != 2 || ready < 39 || ready > 60 {
+		t.Fatalf("job_summary: jobs %d ready %v", jobs, ready)
+	}
+	rows, err := pool.Query(ctx, "SELECT table_name, lock_name, rows, max_fence, lock_token, forged_rows FROM pgfence.guarded_fences ORDER BY table_name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type gf struct {
+		Table, Lock                   string
+		Rows, MaxFence, Token, Forged int64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[gf])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []gf{{"catalogue", "store:1", 3, 9, 2, 1}, {"invoices", "inv", 2, 5, 5, 0}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("guarded_fences = %+v, want %+v", got, want)
+	}
+}

@@ -22,6 +22,11 @@ type PgfenceFencedValue struct {
 	UpdatedAt time.Time
 }
 
+// Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention.
+type PgfenceGuardedFence struct {
+	GuardedFenceStatus interface{}
+}
+
 // Tables with a pgfence guard trigger (see pgfence.guard / pgfence.unguard). One row per table.
 type PgfenceGuardedTable struct {
 	// The guarded table.
@@ -74,6 +79,21 @@ type PgfenceJob struct {
 	UpdatedAt time.Time
 	// Database time at which the job was completed or went dead; NULL otherwise.
 	FinishedAt *time.Time
+}
+
+// pgfence.jobs per queue and state, on the database clock: how many, the oldest job ready to run, claims that expired without completion (a dead or stuck worker) and how long ago the oldest expired.
+type PgfenceJobSummary struct {
+	Queue       string
+	State       string
+	Jobs        int64
+	OldestRunAt interface{}
+	// Seconds the oldest available job has been ready to run without being claimed (queue latency).
+	OldestReadySeconds pgtype.Numeric
+	// Running jobs whose claim expired: they become claimable again; many of them mean workers die or stall.
+	ExpiredClaims int64
+	// Seconds since the oldest expired claim ran out (NULL if none).
+	OldestExpiredClaimSeconds pgtype.Numeric
+	MaxAttemptsSeen           interface{}
 }
 
 // One row per lease lock. A lock is held while holder is set and expires_at > now() (database clock); free when holder is NULL; expired when holder is set and expires_at <= now(). Rows are never deleted and token never goes down, so a fence column can compare against it.
