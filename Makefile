@@ -5,7 +5,7 @@ TOOLS_BIN           := $(CURDIR)/.bin
 SQLC                := $(TOOLS_BIN)/sqlc
 STATICCHECK         := $(TOOLS_BIN)/staticcheck
 
-.PHONY: help demo test generate verify verify-generated lint tools
+.PHONY: help demo test test-deps generate verify verify-generated lint tools
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -13,8 +13,11 @@ help: ## list the targets
 demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_URL is unset)
 	go run ./cmd/pgfence demo
 
-test: ## run the whole test suite with the race detector
+test: test-deps ## run the whole test suite with the race detector
 	go test -race ./...
+
+test-deps: ## install the Debian packages some tests need (pgbouncer, faketime) when missing
+	@bash scripts/test-deps.sh
 
 $(SQLC):
 	GOBIN=$(TOOLS_BIN) CGO_ENABLED=1 go install github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
