@@ -28,7 +28,7 @@ const (
 	ExitLeaseLost   = 76 // `pgfence run`: the lease was lost while the command ran
 )
 
-// ExitError carries an exit code with an error.
+// exitError carries an exit code with an error.
 type exitError struct {
 	code int
 	err  error
