@@ -224,6 +224,12 @@ type tokenFlags struct {
 	ttl          time.Duration
 }
 
+func (f *tokenFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.lock, "lock", "", "lock name")
+	cmd.Flags().StringVar(&f.holder, "holder", "", "holder printed by acquire")
+	cmd.Flags().Int64Var(&f.token, "token", 0, "token printed by acquire")
+}
+
 func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, func(), error) {
 	if f.lock == "" || f.holder == "" || f.token == 0 {
 		return nil, nil, usageErr("--lock, --holder and --token are required")
@@ -275,9 +281,7 @@ func (a *app) renewCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&f.lock, "lock", "", "lock name")
-	cmd.Flags().StringVar(&f.holder, "holder", "", "holder printed by acquire")
-	cmd.Flags().Int64Var(&f.token, "token", 0, "token printed by acquire")
+	f.register(cmd)
 	cmd.Flags().DurationVar(&f.ttl, "ttl", 60*time.Second, "new lease duration from now (database clock)")
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
@@ -302,9 +306,7 @@ func (a *app) releaseCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&f.lock, "lock", "", "lock name")
-	cmd.Flags().StringVar(&f.holder, "holder", "", "holder printed by acquire")
-	cmd.Flags().Int64Var(&f.token, "token", 0, "token printed by acquire")
+	f.register(cmd)
 	return cmd
 }
 
