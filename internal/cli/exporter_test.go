@@ -52,7 +52,9 @@ func TestExporterScrape(t *testing.T) {
 	}
 	if jobs {
 		if _, err := pool.Exec(ctx, `INSERT INTO pgfence.jobs(queue, state, run_at) VALUES
-			('mail', 'available', now() - interval '30 seconds'), ('mail', 'available', now() + interval '1 hour')`); err != nil {
+			('mail', 'available', now() - interval '30 seconds'), ('mail', 'available', now() + interval '1 hour');
+			INSERT INTO pgfence.jobs(queue, state, claimed_by, claim_token, claim_expires_at, attempts)
+			VALUES ('mail', 'running', 'w1', 1, now() - interval '5 seconds', 1)`); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -126,11 +128,17 @@ func TestExporterScrape(t *testing.T) {
 		t.Errorf("token max = %v", v)
 	}
 	if jobs {
+		if v := get("pgfence_jobs_claim_expired_seconds_max", map[string]string{"queue": "mail"}); v < 4 || v > 30 {
+			t.Errorf("claim expired for = %v, want about 5", v)
+		}
 		if v := get("pgfence_jobs", map[string]string{"queue": "mail", "state": "available"}); v != 2 {
 			t.Errorf("jobs = %v", v)
 		}
 		if v := get("pgfence_jobs_ready_age_seconds_max", map[string]string{"queue": "mail"}); v < 29 || v > 60 {
 			t.Errorf("ready age = %v", v)
+		}
+		if v := get("pgfence_jobs_expired_claims", map[string]string{"queue": "mail"}); v != 1 {
+			t.Errorf("expired claims = %v, want 1", v)
 		}
 	}
 

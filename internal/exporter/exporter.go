@@ -23,6 +23,7 @@ type Collector struct {
 	maxToken       *prometheus.Desc
 	jobs           *prometheus.Desc
 	oldestClaim    *prometheus.Desc
+	expiredClaims  *prometheus.Desc
 	oldestReady    *prometheus.Desc
 }
 
@@ -49,6 +50,8 @@ func New(pool *pgxpool.Pool, timeout time.Duration) *Collector {
 			"Rows of pgfence.jobs by queue and state.", []string{"queue", "state"}, nil),
 		oldestClaim: prometheus.NewDesc("pgfence_jobs_claim_expired_seconds_max",
 			"Per queue, seconds since the oldest expired claim ran out (a stuck or dead worker); 0 if none.", []string{"queue"}, nil),
+		expiredClaims: prometheus.NewDesc("pgfence_jobs_expired_claims",
+			"Per queue, running jobs whose claim expired without completion (claimable again).", []string{"queue"}, nil),
 		oldestReady: prometheus.NewDesc("pgfence_jobs_ready_age_seconds_max",
 			"Per queue, age in seconds of the oldest job that is ready to run but not claimed (queue latency).", []string{"queue"}, nil),
 	}
@@ -56,7 +59,7 @@ func New(pool *pgxpool.Pool, timeout time.Duration) *Collector {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.locks, c.expiredMax, c.heldSinceGrant, c.maxToken, c.jobs, c.oldestClaim, c.oldestReady} {
+	for _, d := range []*prometheus.Desc{c.up, c.locks, c.expiredMax, c.heldSinceGrant, c.maxToken, c.jobs, c.oldestClaim, c.expiredClaims, c.oldestReady} {
 		ch <- d
 	}
 }
@@ -115,7 +118,8 @@ func (c *Collector) collectJobs(ctx context.Context, ch chan<- prometheus.Metric
 		       COALESCE(max(extract(epoch FROM now() - claim_expires_at))
 		                FILTER (WHERE state = 'running' AND claim_expires_at <= now()), 0)::float8,
 		       COALESCE(max(extract(epoch FROM now() - run_at))
-		                FILTER (WHERE state = 'available' AND run_at <= now()), 0)::float8
+		                FILTER (WHERE state = 'available' AND run_at <= now()), 0)::float8,
+		       (count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now()))::float8
 		FROM pgfence.jobs
 		GROUP BY queue, state
 		ORDER BY queue, state`)
@@ -125,21 +129,26 @@ func (c *Collector) collectJobs(ctx context.Context, ch chan<- prometheus.Metric
 	defer rows.Close()
 	claim := map[string]float64{}
 	ready := map[string]float64{}
+	expired := map[string]float64{}
 	for rows.Next() {
 		var queue, state string
-		var n, expired, age float64
-		if err := rows.Scan(&queue, &state, &n, &expired, &age); err != nil {
+		var n, expiredFor, age, nExpired float64
+		if err := rows.Scan(&queue, &state, &n, &expiredFor, &age, &nExpired); err != nil {
 			return err
 		}
 		ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, n, queue, state)
-		claim[queue] = max(claim[queue], expired)
+		claim[queue] = max(claim[queue], expiredFor)
 		ready[queue] = max(ready[queue], age)
+		expired[queue] += nExpired
 	}
 	if err := rows.Err(); err != nil {
 		return err
 	}
 	for q, v := range claim {
 		ch <- prometheus.MustNewConstMetric(c.oldestClaim, prometheus.GaugeValue, v, q)
+	}
+	for q, v := range expired {
+		ch <- prometheus.MustNewConstMetric(c.expiredClaims, prometheus.GaugeValue, v, q)
 	}
 	for q, v := range ready {
 		ch <- prometheus.MustNewConstMetric(c.oldestReady, prometheus.GaugeValue, v, q)
