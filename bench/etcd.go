@@ -137,4 +137,3 @@ func (b *bench) runP1(ctx context.Context) {
 		}
 	}
 }
-

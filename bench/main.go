@@ -41,15 +41,18 @@ type config struct {
 }
 
 type bench struct {
-	cfg   config
-	log   io.Writer
-	start time.Time
-	rows  []Row
-	notes []string
-	mach  Machine
-	goals []Goal
+	cfg     config
+	log     io.Writer
+	start   time.Time
+	rows    []Row
+	notes   []string
+	mach    Machine
+	goals   []Goal
 	memRows []Row
 	series  map[string][]float64
+
+	b1Goal, b3Goal, b4Goal, b5Goal goalCheck
+	redisNote                      string
 
 	pg *pgEnv
 }
@@ -134,6 +137,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	b := &bench{cfg: cfg, log: stderr, start: time.Now()}
+	b.b1Goal = goalCheck{name: "B1 acquire + fenced write + release vs the UPDATE limit", target: "≥ 0.9 × (L0 random ÷ 3 commits)"}
+	b.b3Goal = goalCheck{name: "B3 fenced UPDATE vs unconditional UPDATE", target: "≥ 0.95"}
+	b.b4Goal = goalCheck{name: "B4 pgfence claim+complete vs River", target: "≥ 1.0 × River"}
+	b.b5Goal = goalCheck{name: "B5 takeover after SIGKILL of the holder", target: "≤ TTL + 100 ms"}
 	if err := b.runAll(ctx); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 1

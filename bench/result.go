@@ -44,7 +44,9 @@ func newRow(scenario, variant string, clients int, metric string, samples []floa
 
 // notMeasured returns a row that says why a scenario has no number.
 func notMeasured(scenario, variant string, clients int, metric, why string) Row {
-	return Row{Scenario: scenario, Variant: variant, Clients: clients, Metric: metric, Note: "not measured: " + why}
+	nan := math.NaN()
+	return Row{Scenario: scenario, Variant: variant, Clients: clients, Metric: metric,
+		Median: nan, Min: nan, Max: nan, Note: "not measured: " + why}
 }
 
 // withRatio sets the row's ratio column and its goal check (goalMin <= 0 means
