@@ -1,4 +1,4 @@
-//go:build pgfenceapis
+//go:build pgfence_skiplocked
 
 package main
 

@@ -5,36 +5,86 @@ import (
 	"fmt"
 )
 
+// b1Commits is the number of commits in one B1 cycle: acquire, fenced
+// write, release.
+const b1Commits = 3
+
 // runCore measures L0 (the physical limit) and, interleaved with it, B1, so
 // that B1's ratio to L0 compares runs made side by side.
 func (b *bench) runCore(ctx context.Context) error {
 	if err := setupL0(ctx, b.pg.pool); err != nil {
 		return fmt.Errorf("L0 setup: %w", err)
 	}
-	type kind int
-	const (
-		l0Random kind = iota
-		l0Hot
-	)
-	var (
-		vs    []variant
-		kinds []kind
-	)
+	env, b1Err := b.setupB1(ctx)
+	if env != nil {
+		defer env.close()
+	}
+	var vs []variant
 	for _, c := range b.cfg.clients {
 		vs = append(vs, l0Variant(b.pg.pool, false, c), l0Variant(b.pg.pool, true, c))
-		kinds = append(kinds, l0Random, l0Hot)
+		if b.want("B1") {
+			vs = append(vs, b.b1Variants(env, c)...)
+		}
 	}
-	res := b.measure(ctx, "L0", vs)
+	res := b.measure(ctx, "L0+B1", vs)
+	byKey := map[string]series{}
 	for i, v := range vs {
-		switch kinds[i] {
-		case l0Random, l0Hot:
-			b.add(rateRow("L0 UPDATE limit", v.name, v.clients, "ops/s", res[i]))
-			b.keep("L0", v.name, v.clients, res[i].rates)
-			if v.clients == 1 {
-				b.memRow("L0 UPDATE "+v.name, res[i])
+		byKey[seriesKey("", v.name, v.clients)] = res[i]
+		b.keep(keyForVariant(v.name), v.name, v.clients, res[i].rates)
+	}
+	for _, c := range b.cfg.clients {
+		for _, name := range []string{keyL0Random, "hot row"} {
+			s := byKey[seriesKey("", name, c)]
+			b.add(rateRow("L0 UPDATE limit", name, c, "ops/s", s))
+			if c == 1 {
+				b.memRow("L0 UPDATE "+name, s)
 			}
 		}
 	}
-	b.add(notMeasured("B1 acquire + fenced write + release", "distinct names", 0, "cycles/s", "pglock/fencedwrite not merged yet"))
+	const scen = "B1 distinct names"
+	if b1Err != nil || env == nil {
+		why := "pglock/fencedwrite not merged yet"
+		if b1Err != nil {
+			why = b1Err.Error()
+		}
+		b.add(notMeasured(scen, keyB1Full, 0, "cycles/s", why))
+		return nil
+	}
+	limit := func(c int, commits float64) []float64 {
+		l0 := byKey[seriesKey("", keyL0Random, c)].rates
+		out := make([]float64, len(l0))
+		for i, v := range l0 {
+			out[i] = v / commits
+		}
+		return out
+	}
+	for _, c := range b.cfg.clients {
+		for _, v := range []struct {
+			name    string
+			commits float64
+		}{{keyB1Full, b1Commits}, {keyB1Bare, 2}} {
+			s := byKey[seriesKey("", v.name, c)]
+			r := rateRow(scen, v.name, c, "cycles/s", s)
+			if rs := pairedRatios(s.rates, limit(c, v.commits)); len(rs) > 0 && r.Measured() {
+				m, _, _ := summarize(rs)
+				r = r.withRatio(m, fmt.Sprintf("÷ (L0 random ÷ %.0f commits)", v.commits), b1GoalOfLimit)
+				if v.name == keyB1Full {
+					b.b1Goal.addRatio(fmt.Sprintf("c=%d", c), r)
+				}
+			}
+			b.add(r)
+			if c == 1 {
+				b.memRow("B1 "+v.name, s)
+			}
+		}
+	}
 	return nil
+}
+
+func keyForVariant(name string) string {
+	switch name {
+	case keyB1Full, keyB1Bare:
+		return keyB1
+	}
+	return keyL0
 }
