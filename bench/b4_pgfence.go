@@ -41,7 +41,8 @@ func (b *bench) enqueueB4(ctx context.Context, n int) error {
 // statement, conditional on the claim tokens) with the given batch size.
 func (b *bench) pgfenceB4Variant(batch, jobs int) variant {
 	return variant{name: fmt.Sprintf("pgfence skiplocked, batch %d", batch), clients: b4Workers,
-		run: func(ctx context.Context, _ time.Duration) (runResult, error) {
+		run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+			jobs := b.burnDownJobs(jobs, dur)
 			if err := b.enqueueB4(ctx, jobs); err != nil {
 				return runResult{}, fmt.Errorf("enqueue: %w", err)
 			}

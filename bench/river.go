@@ -59,6 +59,15 @@ type riverConfig struct {
 	fetchPoll     time.Duration
 }
 
+// burnDownJobs is the queue length of one burn-down: a warm-up run (shorter
+// than a timed repetition) burns a tenth of it.
+func (b *bench) burnDownJobs(jobs int, dur time.Duration) int {
+	if dur < b.cfg.dur {
+		return max(200, jobs/10)
+	}
+	return jobs
+}
+
 // burnDownTimeout bounds one burn-down repetition.
 func (b *bench) burnDownTimeout() time.Duration {
 	if b.cfg.quick {
@@ -71,7 +80,8 @@ func (b *bench) burnDownTimeout() time.Duration {
 // Start until the last completion event (events are sent after the
 // completion is committed).
 func (b *bench) riverVariant(env *riverEnv, rc riverConfig, jobs int) variant {
-	return variant{name: rc.name, clients: rc.maxWorkers, run: func(ctx context.Context, _ time.Duration) (runResult, error) {
+	return variant{name: rc.name, clients: rc.maxWorkers, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+		jobs := b.burnDownJobs(jobs, dur)
 		pool := env.pool
 		if _, err := pool.Exec(ctx, "TRUNCATE river_job"); err != nil {
 			return runResult{}, err
