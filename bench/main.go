@@ -25,19 +25,18 @@ import (
 )
 
 type config struct {
-	quick    bool
-	dsn      string
-	out      string
-	dur      time.Duration
-	warmup   time.Duration
-	reps     int
-	clients  []int
-	jobs     int
-	only     map[string]bool
-	noEtcd   bool
-	noRedis  bool
-	b5TTL    time.Duration
-	riverMax int
+	quick   bool
+	dsn     string
+	out     string
+	dur     time.Duration
+	warmup  time.Duration
+	reps    int
+	clients []int
+	jobs    int
+	only    map[string]bool
+	noEtcd  bool
+	noRedis bool
+	b5TTL   time.Duration
 }
 
 type bench struct {

@@ -91,15 +91,6 @@ func closedLoop(ctx context.Context, clients int, dur time.Duration, op opFunc) 
 	}, nil
 }
 
-// memDelta measures heap allocations made while fn runs.
-func memDelta(fn func() error) (mallocs, bytes uint64, err error) {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	err = fn()
-	runtime.ReadMemStats(&after)
-	return after.Mallocs - before.Mallocs, after.TotalAlloc - before.TotalAlloc, err
-}
-
 func memStats() runtime.MemStats {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
