@@ -160,8 +160,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "\nwrote %s and %s (total %s)\n", filepath.Join(cfg.out, "results.md"),
-		filepath.Join(cfg.out, "results.json"), time.Since(b.start).Round(time.Second))
+	chart := filepath.Join(cfg.out, "throughput.png")
+	if err := writeChart(chart, rep.Rows, cfg.clients); err != nil {
+		fmt.Fprintf(stderr, "bench: no chart: %v\n", err)
+		chart = ""
+	}
+	fmt.Fprintf(stdout, "\nwrote %s, %s and %s (total %s)\n", filepath.Join(cfg.out, "results.md"),
+		filepath.Join(cfg.out, "results.json"), chart, time.Since(b.start).Round(time.Second))
 	return 0
 }
 

@@ -155,3 +155,19 @@ func TestGoalCheck(t *testing.T) {
 		t.Errorf("status = %q", s)
 	}
 }
+
+func TestWriteChart(t *testing.T) {
+	t.Parallel()
+	path := t.TempDir() + "/chart.png"
+	rows := []Row{
+		newRow("L0 UPDATE limit", "random row", 1, "ops/s", []float64{400}),
+		newRow("L0 UPDATE limit", "random row", 8, "ops/s", []float64{3000}),
+		newRow("P1 etcd Mutex Lock+Unlock", "distinct keys", 8, "cycles/s", []float64{1000}),
+	}
+	if err := writeChart(path, rows, []int{1, 8, 32}); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeChart(path, nil, []int{1}); err == nil {
+		t.Error("chart of no rows: want an error")
+	}
+}
