@@ -330,3 +330,33 @@ func TestGeneratedQueriesMatchSchema(t *testing.T) {
 		t.Fatalf("GetLock(missing) err = %v, want pgx.ErrNoRows", err)
 	}
 }
+
+func TestLockStatusView(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.locks(name, token, holder, acquired_at, expires_at) VALUES
+		('held', 2, 'h', now(), now() + interval '10 seconds'),
+		('expired', 5, 'h', now() - interval '1 minute', now() - interval '30 seconds'),
+		('free', 1, NULL, now() - interval '1 hour', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, "SELECT name, state, seconds_left::float8 FROM pgfence.lock_status ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type st struct {
+		Name, State string
+		Left        *float64
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[st])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 ||
+		got[0].Name != "expired" || got[0].State != "expired" || got[0].Left == nil || *got[0].Left > -29 ||
+		got[1].Name != "free" || got[1].State != "free" || got[1].Left != nil ||
+		got[2].Name != "held" || got[2].State != "held" || got[2].Left == nil || *got[2].Left < 9 || *got[2].Left > 10 {
+		t.Fatalf("lock_status = %+v", got)
+	}
+}

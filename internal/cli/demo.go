@@ -1,5 +1,3 @@
-//go:build pglockapi
-
 package cli
 
 import (
@@ -21,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
@@ -36,6 +35,10 @@ const (
 	demoAmountA = 50
 	demoAmountB = 10
 )
+
+func (a *app) addDemoCommands(root *cobra.Command) {
+	root.AddCommand(a.demoCommand(), a.demoWorkerCommand())
+}
 
 func (a *app) demoCommand() *cobra.Command {
 	var ttl time.Duration
@@ -267,6 +270,8 @@ func (d *demoRun) describe(who string, e demoEvent) {
 		d.logf(who, "released the lock")
 	case "release-refused":
 		d.logf(who, "release refused: %s", e.Msg)
+	case "exit":
+		// not shown
 	case "retry":
 		d.logf(who, "starts over under a new grant")
 	default:
@@ -351,6 +356,16 @@ func (a *app) demoWorkerCommand() *cobra.Command {
 			w := &worker{name: name, pool: pool, locker: locker, lock: lock, ttl: ttl, fenced: fenced,
 				table: pgx.Identifier(strings.SplitN(table, ".", 2)).Sanitize(), amount: amount,
 				enc: json.NewEncoder(a.env.Stdout), in: bufio.NewScanner(a.env.Stdin)}
+			if fenced {
+				// Re-entrant: the fenced read raises the fence to our token, and
+				// our own write must then pass with the same token.
+				w.fw, err = fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{
+					Table: table, Key: []string{"id"}, Set: []string{"balance"}, Mode: fencedwrite.Reentrant,
+				})
+				if err != nil {
+					return err
+				}
+			}
 			return w.run(ctx)
 		},
 	}
@@ -372,14 +387,13 @@ type worker struct {
 	ttl    time.Duration
 	fenced bool
 	table  string
+	fw     *fencedwrite.Table
 	amount int
 	enc    *json.Encoder
 	in     *bufio.Scanner
 }
 
 func (w *worker) emit(e demoEvent) { e.Who = w.name; _ = w.enc.Encode(e) }
-
-var errStale = errors.New("stale token")
 
 func (w *worker) run(ctx context.Context) error {
 	defer w.emit(demoEvent{Ev: "exit"})
@@ -410,7 +424,7 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 	if w.fenced {
 		// Fenced read: raise the row's fence to our token, so an older holder's
 		// later write is refused (seed 002, scenario 4).
-		err = w.pool.QueryRow(ctx, "UPDATE "+w.table+" SET fence = $1 WHERE id = 1 AND fence <= $1 RETURNING balance", tok).Scan(&balance)
+		_, err = w.fw.Read(ctx, w.pool, tok, []any{1}, &balance)
 	} else {
 		err = w.pool.QueryRow(ctx, "SELECT balance FROM "+w.table+" WHERE id = 1").Scan(&balance)
 	}
@@ -433,48 +447,35 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 	newBalance := balance + w.amount
 	err = w.write(ctx, tok, newBalance)
 	rejected := false
-	var se *staleErr
+	var se *fencedwrite.StaleTokenError
 	switch {
 	case errors.As(err, &se):
 		rejected = true
-		w.emit(demoEvent{Ev: "rejected", Token: tok, Fence: se.fence})
+		w.emit(demoEvent{Ev: "rejected", Token: tok, Fence: se.Fence})
 	case err != nil:
 		return false, err
 	default:
 		w.emit(demoEvent{Ev: "wrote", Balance: newBalance, Token: tok})
 	}
 	if err := lease.Release(ctx); err != nil {
-		w.emit(demoEvent{Ev: "release-refused", Msg: oneLine(err)})
+		msg := oneLine(err)
+		if errors.Is(err, pglock.ErrLeaseLost) {
+			msg = "lease lost: a newer grant exists (Release is conditional on holder and token)"
+		}
+		w.emit(demoEvent{Ev: "release-refused", Msg: msg})
 	} else {
 		w.emit(demoEvent{Ev: "released"})
 	}
 	return rejected, nil
 }
 
-type staleErr struct{ fence int64 }
-
-func (e *staleErr) Error() string { return fmt.Sprintf("stale token: row fence is %d", e.fence) }
-func (e *staleErr) Unwrap() error { return errStale }
-
 func (w *worker) write(ctx context.Context, tok int64, balance int) error {
 	if !w.fenced {
 		_, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1 WHERE id = 1", balance)
 		return err
 	}
-	// Fenced write, re-entrant form (fence <= token): our own fenced read already
-	// raised the fence to our token.
-	tag, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1, fence = $2 WHERE id = 1 AND fence <= $2", balance, tok)
-	if err != nil {
-		return err
-	}
-	if tag.RowsAffected() == 1 {
-		return nil
-	}
-	var fence int64
-	if err := w.pool.QueryRow(ctx, "SELECT fence FROM "+w.table+" WHERE id = 1").Scan(&fence); err != nil {
-		return err
-	}
-	return &staleErr{fence: fence}
+	_, err := w.fw.Update(ctx, w.pool, tok, []any{1}, []any{balance})
+	return err
 }
 
 // prefixWriter prefixes every line written to w. Writes are serialised by mu,

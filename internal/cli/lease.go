@@ -1,14 +1,14 @@
-//go:build pglockapi
-
 package cli
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -32,7 +32,7 @@ func (f *leaseFlags) register(cmd *cobra.Command, defTTL time.Duration) {
 }
 
 func (a *app) addLeaseCommands(root *cobra.Command) {
-	root.AddCommand(a.runCommand(), a.acquireCommand(), a.renewCommand(), a.releaseCommand(), a.demoCommand(), a.demoWorkerCommand())
+	root.AddCommand(a.runCommand(), a.acquireCommand(), a.renewCommand(), a.releaseCommand())
 }
 
 // takeLease connects, builds a Locker and acquires (or try-acquires) f.lock.
@@ -112,12 +112,17 @@ Exit codes: the command's status; 75 lock busy (--no-wait); 76 lease lost;
 				"PGFENCE_TOKEN="+strconv.FormatInt(lease.Token(), 10),
 				"PGFENCE_HOLDER="+lease.Holder(),
 			)
-			child.Stdin, child.Stdout, child.Stderr = a.env.Stdin, a.env.Stdout, a.env.Stderr
+			// The child's output is copied by exec's goroutines while pgfence
+			// writes its own notes: serialise both on one lock.
+			var outMu sync.Mutex
+			stdout := &lockedWriter{mu: &outMu, w: a.env.Stdout}
+			stderr := &lockedWriter{mu: &outMu, w: a.env.Stderr}
+			child.Stdin, child.Stdout, child.Stderr = a.env.Stdin, stdout, stderr
 			if err := child.Start(); err != nil {
 				_ = lease.Release(context.WithoutCancel(ctx))
 				return fmt.Errorf("start %s: %w", args[0], err)
 			}
-			fmt.Fprintf(a.env.Stderr, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], child.Process.Pid)
+			fmt.Fprintf(stderr, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], child.Process.Pid)
 			waited := make(chan error, 1)
 			go func() { waited <- child.Wait() }()
 
@@ -138,16 +143,16 @@ Exit codes: the command's status; 75 lock busy (--no-wait); 76 lease lost;
 			case werr = <-waited:
 			case <-lease.Done():
 				lost = true
-				fmt.Fprintf(a.env.Stderr, "pgfence: lease on %q lost (%v); sending SIGTERM to %s\n", lease.Name(), lease.Err(), args[0])
+				fmt.Fprintf(stderr, "pgfence: lease on %q lost (%v); sending SIGTERM to %s\n", lease.Name(), lease.Err(), args[0])
 				werr = terminate()
 			case <-ctx.Done():
-				fmt.Fprintf(a.env.Stderr, "pgfence: interrupted; sending SIGTERM to %s\n", args[0])
+				fmt.Fprintf(stderr, "pgfence: interrupted; sending SIGTERM to %s\n", args[0])
 				werr = terminate()
 			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			if rerr := lease.Release(rctx); rerr != nil && !lost {
-				fmt.Fprintf(a.env.Stderr, "pgfence: release %q: %v\n", lease.Name(), rerr)
+				fmt.Fprintf(stderr, "pgfence: release %q: %v\n", lease.Name(), rerr)
 			}
 			if lost {
 				return withCode(ExitLeaseLost, fmt.Errorf("lease on %q lost while %s ran", lease.Name(), args[0]))
@@ -323,4 +328,16 @@ func shellQuote(s string) string {
 		}
 	}
 	return out + "'"
+}
+
+// lockedWriter serialises writes to w on mu.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

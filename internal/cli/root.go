@@ -121,8 +121,11 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 		a.migrateCommand(),
 		a.locksCommand(),
 		a.fencesCommand(),
+		a.exporterCommand(),
+		a.genCommand(),
 	)
 	a.addLeaseCommands(root)
+	a.addDemoCommands(root)
 	return root
 }
 

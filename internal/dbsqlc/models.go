@@ -6,7 +6,41 @@ package dbsqlc
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+// Small fenced key/value store (checkpoints, cursors, a leader's decisions). Every write carries a fencing token from pgfence.locks; a write whose token is lower than the row's fence is refused.
+type PgfenceFencedValue struct {
+	// Key chosen by the application, 1..512 bytes.
+	Key string
+	// The stored JSON value.
+	Value []byte
+	// Highest fencing token this row accepted (0 = never written under a token). Writes with a lower token are refused.
+	Fence int64
+	// Database time of the latest accepted write.
+	UpdatedAt time.Time
+}
+
+// Tables with a pgfence guard trigger (see pgfence.guard / pgfence.unguard). One row per table.
+type PgfenceGuardedTable struct {
+	// The guarded table.
+	Relid interface{}
+	// The bigint column holding the highest token each row accepted.
+	FenceColumn string
+	// Name of the pgfence.locks row that governs every row of the table (NULL when lock_name_column is used).
+	LockName *string
+	// Column of the guarded table whose value is the name of the governing lock (NULL when lock_name is used).
+	LockNameColumn *string
+	// strict: every UPDATE must raise the fence; reentrant: an UPDATE that assigns the fence may keep it equal.
+	Mode string
+	// Name of the trigger function in schema pgfence that pgfence.guard generated for this table.
+	TriggerFunction string
+	// Database time at which the guard was attached (or last re-attached).
+	GuardedAt time.Time
+	// Role that attached the guard.
+	GuardedBy string
+}
 
 // One row per lease lock. A lock is held while holder is set and expires_at > now() (database clock); free when holder is NULL; expired when holder is set and expires_at <= now(). Rows are never deleted and token never goes down, so a fence column can compare against it.
 type PgfenceLock struct {
@@ -24,4 +58,24 @@ type PgfenceLock struct {
 	ExpiresAt *time.Time
 	// Optional JSON set by the holder for operators (job id, version, ...). Never used for decisions.
 	Metadata []byte
+	// Database time at which a waiter last asked to be woken when this lock is released (set only while the lock is held); cleared by the next grant. A release sends NOTIFY pgfence_lock_released only when it is set. Never used to decide who holds the lock.
+	WaitingSince *time.Time
+}
+
+// pgfence.locks with the state computed on the database clock: held (holder set, not expired), expired (holder set, lease ran out without a release), free (released or never granted).
+type PgfenceLockStatus struct {
+	Name string
+	// held, expired or free, decided by now() on this server.
+	State  string
+	Holder *string
+	// Fencing token of the latest grant (never decreases).
+	Token      int64
+	AcquiredAt *time.Time
+	RenewedAt  *time.Time
+	ExpiresAt  *time.Time
+	// Seconds until the lease expires (negative: expired that long ago; NULL: free).
+	SecondsLeft pgtype.Numeric
+	// Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.
+	SecondsSinceGrant pgtype.Numeric
+	Metadata          []byte
 }

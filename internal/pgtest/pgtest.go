@@ -64,7 +64,6 @@ func ignoredGoroutines() []goleak.Option {
 	return []goleak.Option{
 		// testcontainers' reaper and docker client keep goroutines of their own.
 		goleak.IgnoreAnyFunction("github.com/testcontainers/testcontainers-go.(*Reaper).connect.func1"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
 	}
 }
 

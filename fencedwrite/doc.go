@@ -1,0 +1,64 @@
+// Package fencedwrite makes storage refuse writes from stale lock holders.
+//
+// A lease can expire while its holder is paused; when the holder resumes it
+// still believes it holds the lock. Every "am I still the holder?" answer a
+// client gets is advisory. Correctness comes from the write itself: each
+// fenced row has a fence column (bigint) holding the highest fencing token it
+// accepted, and every write carries the writer's token from pgfence.locks:
+//
+//	UPDATE t SET ..., fence = $token WHERE <key> AND fence < $token
+//
+// Zero rows changed means the writer was fenced out. This package says why,
+// in the same round trip (the statement also returns the row's current fence):
+//
+//   - *[StaleTokenError] ([ErrStaleToken]): a newer grant already wrote the row;
+//     stop, the lock is lost.
+//   - [ErrAlreadyApplied]: [Strict] mode only, this grant already wrote the row
+//     (a replayed write is harmless).
+//   - [ErrNotFound]: no such row.
+//
+// Tokens must be > 0 ([ErrInvalidToken], checked before any SQL runs).
+//
+// # Strict and re-entrant
+//
+// [Strict] (fence < token) accepts one write per row per grant. [Reentrant]
+// (fence <= token) lets one grant write the same row again.
+//
+// # Three ways to write
+//
+//   - The fenced key/value table pgfence.fenced_values, shipped with the
+//     migrations: [UpdateValue], [UpsertValue], [DeleteValue], [ReadValue],
+//     [ModifyValue] (sqlc-generated queries, wrapped).
+//   - Your own tables at run time: [Prepare] a [Spec] (table, key columns, set
+//     columns), then [Table.Update], [Table.Upsert], [Table.Delete]. Names are
+//     validated against the catalog and quoted with pgx.Identifier.
+//   - Your own tables through sqlc: package fencegen writes a migration that
+//     adds the fence column and a query file; [Check] turns the generated
+//     row into this package's errors.
+//
+// # Read-modify-write
+//
+// Fencing only the write of a read-modify-write still loses updates (seed
+// 002, scenario 3): an old holder's write can land between a new holder's
+// read and write. [Table.Read] and [ReadValue] are fenced reads: they raise
+// the row's fence to the token, so an older holder's later write is refused.
+// [Table.Modify] and [ModifyValue] do the read and the write in one
+// transaction under one check.
+//
+// # The guard
+//
+// [Guard] (SQL: pgfence.guard) attaches a trigger that makes the table refuse
+// any UPDATE that does not raise the fence (a code path or script that sends
+// no token) and any fence higher than the latest token the governing lock
+// issued (a forged token), with SQLSTATE PF001/PF002, reported as a
+// *[GuardError] ([ErrGuardRejected]). [Unguard] detaches it; [ListGuarded]
+// lists guarded tables. Roll out in this order: add the fence column (default
+// 0), ship writers that send tokens, attach the guard last.
+//
+// # Connections and cancellation
+//
+// Every function takes a [DBTX] (pool, connection or pgx.Tx) or a
+// [Beginner]; ctx bounds the I/O. A cancelled context aborts the statement
+// and pgx closes the connection; the write may or may not have been applied,
+// and in strict mode repeating it with the same token tells ([ErrAlreadyApplied]).
+package fencedwrite

@@ -1,0 +1,89 @@
+package fencedwrite_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// grant issues the next fencing token of lock name, the way the lease
+// package does (token = token + 1), without taking a lease.
+func grant(t testing.TB, db fencedwrite.DBTX, name string) int64 {
+	t.Helper()
+	var tok int64
+	err := db.QueryRow(context.Background(), `
+		INSERT INTO pgfence.locks(name, token) VALUES ($1, 1)
+		ON CONFLICT (name) DO UPDATE SET token = locks.token + 1
+		RETURNING token`, name).Scan(&tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func mustExec(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func queryInt(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) int64 {
+	t.Helper()
+	var v int64
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return v
+}
+
+func queryString(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) string {
+	t.Helper()
+	var v string
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return v
+}
+
+// wantStale checks err is a *StaleTokenError with the given numbers.
+func wantStale(t testing.TB, err error, token, fence int64) {
+	t.Helper()
+	var se *fencedwrite.StaleTokenError
+	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.As(err, &se) {
+		t.Fatalf("err = %v, want ErrStaleToken", err)
+	}
+	if se.Token != token || se.Fence != fence {
+		t.Fatalf("StaleTokenError = %+v, want token %d fence %d", se, token, fence)
+	}
+}
+
+func wantIs(t testing.TB, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("err = %v, want %v", err, target)
+	}
+}
+
+// invoicesPool returns a migrated database with a sample application table.
+func invoicesPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	mustExec(t, pool, `
+		CREATE TABLE invoices (
+			id      bigint PRIMARY KEY,
+			pdf_url text,
+			status  text NOT NULL DEFAULT 'new',
+			store   text NOT NULL DEFAULT 'store-1',
+			fence   bigint NOT NULL DEFAULT 0
+		)`)
+	mustExec(t, pool, `INSERT INTO invoices (id) SELECT g FROM generate_series(1, 3) g`)
+	return pool
+}

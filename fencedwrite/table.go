@@ -1,0 +1,412 @@
+package fencedwrite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// DefaultFenceColumn is the fence column name used when a spec names none.
+const DefaultFenceColumn = "fence"
+
+// Spec describes fenced writes to one of the application's own tables.
+type Spec struct {
+	// Table is "name" (resolved through search_path) or "schema.name".
+	Table string
+	// Key lists the columns that identify one row. They must be exactly the
+	// columns of the primary key or of a unique index.
+	Key []string
+	// Set lists the columns a write changes. It may not contain a key column
+	// or the fence column.
+	Set []string
+	// Read lists the columns a fenced read ([Table.Read]) returns. Defaults to Set.
+	Read []string
+	// FenceColumn is the bigint column holding the highest token each row
+	// accepted. Defaults to "fence".
+	FenceColumn string
+	// Mode is the comparison of Update and Upsert. Defaults to [Strict].
+	Mode Mode
+}
+
+// Table runs fenced statements on one table. It is built by [Prepare], holds
+// no connection, and is safe for concurrent use.
+type Table struct {
+	spec            Spec
+	name            string // quoted, schema-qualified
+	update          string
+	updateReentrant string
+	upsert          string
+	delete          string
+	read            string
+	reread          string
+}
+
+// Prepare validates spec (identifiers first, then the catalog: the table
+// exists, has a bigint fence column, the named columns exist, the key is a
+// primary key or unique index) and builds the fenced statements, with every
+// identifier quoted by pgx.Identifier. Values are always bound parameters.
+//
+// Errors: *[IdentifierError] ([ErrInvalidIdentifier]), [ErrInvalidSpec],
+// [ErrUnknownTable], *[ColumnError] ([ErrUnknownColumn], [ErrNoFenceColumn]),
+// [ErrKeyNotUnique]. Prepare only reads the catalog.
+func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
+	if spec.FenceColumn == "" {
+		spec.FenceColumn = DefaultFenceColumn
+	}
+	if len(spec.Read) == 0 {
+		spec.Read = spec.Set
+	}
+	if err := checkSpec(nil, spec); err != nil {
+		return nil, err
+	}
+	ti, err := Inspect(ctx, db, spec.Table)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSpec(ti, spec); err != nil {
+		return nil, err
+	}
+	if err := ti.CheckFenceColumn(spec.FenceColumn); err != nil {
+		return nil, err
+	}
+	if !ti.IsUniqueKey(spec.Key) {
+		return nil, fmt.Errorf("%w: %s (%s)", ErrKeyNotUnique, ti.Qualified(), strings.Join(spec.Key, ", "))
+	}
+	t := &Table{spec: spec, name: ti.Qualified()}
+	t.build()
+	return t, nil
+}
+
+func checkSpec(ti *TableInfo, s Spec) error {
+	if ti == nil {
+		if _, err := ParseTableName(s.Table); err != nil {
+			return err
+		}
+		if !s.Mode.valid() {
+			return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, s.Mode)
+		}
+		if len(s.Key) == 0 {
+			return fmt.Errorf("%w: no key columns", ErrInvalidSpec)
+		}
+		if len(s.Set) == 0 {
+			return fmt.Errorf("%w: no set columns", ErrInvalidSpec)
+		}
+		if err := CheckIdentifier("fence column", s.FenceColumn); err != nil {
+			return err
+		}
+		seen := map[string]string{s.FenceColumn: "fence column"}
+		for _, group := range []struct {
+			what string
+			cols []string
+		}{{"key column", s.Key}, {"set column", s.Set}} {
+			for _, c := range group.cols {
+				if prev, dup := seen[c]; dup {
+					return fmt.Errorf("%w: column %q is both %s and %s", ErrInvalidSpec, c, prev, group.what)
+				}
+				seen[c] = group.what
+			}
+		}
+	}
+	if err := checkColumns(ti, "key column", s.Key); err != nil {
+		return err
+	}
+	if err := checkColumns(ti, "set column", s.Set); err != nil {
+		return err
+	}
+	return checkColumns(ti, "read column", s.Read)
+}
+
+func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+func param(n int) string { return "$" + strconv.Itoa(n) }
+
+// build writes the statements. $1 is the token, then the key values, then
+// the set values. Each statement returns (applied, fence, ...): from the
+// write when it changed the row, else from the row as the statement's
+// snapshot saw it (the UNION ALL branch gated by NOT EXISTS runs only when
+// the write changed nothing).
+func (t *Table) build() {
+	s := t.spec
+	fence := ident(s.FenceColumn)
+	var where, cur []string
+	for i, k := range s.Key {
+		where = append(where, "pgfence_t."+ident(k)+" = "+param(2+i))
+		cur = append(cur, "pgfence_c."+ident(k)+" = "+param(2+i))
+	}
+	keyWhere := strings.Join(where, " AND ")
+	curWhere := strings.Join(cur, " AND ")
+	var sets []string
+	for i, c := range s.Set {
+		sets = append(sets, ident(c)+" = "+param(2+len(s.Key)+i))
+	}
+	refusedBranch := func(extra string) string {
+		return "\nUNION ALL\nSELECT false, pgfence_c." + fence + extra + " FROM " + t.name + " AS pgfence_c WHERE " +
+			curWhere + " AND NOT EXISTS (SELECT 1 FROM pgfence_w)"
+	}
+
+	update := func(m Mode) string {
+		return "WITH pgfence_w AS (UPDATE " + t.name + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " +
+			fence + " = $1 WHERE " + keyWhere + " AND pgfence_t." + fence + " " + m.op() + " $1 RETURNING pgfence_t." + fence + ")" +
+			"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
+	}
+	t.update = update(s.Mode)
+	t.updateReentrant = update(Reentrant)
+
+	var cols, vals, excl []string
+	for i, k := range s.Key {
+		cols = append(cols, ident(k))
+		vals = append(vals, param(2+i))
+	}
+	for i, c := range s.Set {
+		cols = append(cols, ident(c))
+		vals = append(vals, param(2+len(s.Key)+i))
+		excl = append(excl, ident(c)+" = excluded."+ident(c))
+	}
+	cols = append(cols, fence)
+	vals = append(vals, "$1")
+	excl = append(excl, fence+" = excluded."+fence)
+	var conflict []string
+	for _, k := range s.Key {
+		conflict = append(conflict, ident(k))
+	}
+	t.upsert = "WITH pgfence_w AS (INSERT INTO " + t.name + " AS pgfence_t (" + strings.Join(cols, ", ") + ") VALUES (" +
+		strings.Join(vals, ", ") + ") ON CONFLICT (" + strings.Join(conflict, ", ") + ") DO UPDATE SET " +
+		strings.Join(excl, ", ") + " WHERE pgfence_t." + fence + " " + s.Mode.op() + " excluded." + fence +
+		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax = 0) AS inserted)" +
+		"\nSELECT true, " + fence + ", inserted FROM pgfence_w" + refusedBranch(", false")
+
+	t.delete = "WITH pgfence_w AS (DELETE FROM " + t.name + " AS pgfence_t WHERE " + keyWhere +
+		" AND pgfence_t." + fence + " <= $1 RETURNING pgfence_t." + fence + ")" +
+		"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
+
+	var ret, retCur []string
+	for _, c := range s.Read {
+		ret = append(ret, "pgfence_t."+ident(c))
+		retCur = append(retCur, "pgfence_c."+ident(c))
+	}
+	t.read = "WITH pgfence_w AS (UPDATE " + t.name + " AS pgfence_t SET " + fence + " = $1 WHERE " + keyWhere +
+		" AND pgfence_t." + fence + " <= $1 RETURNING pgfence_t." + fence + ", " + strings.Join(ret, ", ") + ")" +
+		"\nSELECT true, pgfence_w.* FROM pgfence_w" + refusedBranch(", "+strings.Join(retCur, ", "))
+
+	var rk []string
+	for i, k := range s.Key {
+		rk = append(rk, ident(k)+" = "+param(1+i))
+	}
+	t.reread = "SELECT " + fence + " FROM " + t.name + " WHERE " + strings.Join(rk, " AND ")
+}
+
+// Spec returns the validated spec (with defaults filled in).
+func (t *Table) Spec() Spec { return t.spec }
+
+// UpdateSQL returns the fenced UPDATE statement, for logging and review.
+func (t *Table) UpdateSQL() string { return t.update }
+
+func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
+	if err := checkToken(token); err != nil {
+		return nil, err
+	}
+	if len(key) != len(t.spec.Key) {
+		return nil, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalidSpec, len(key), len(t.spec.Key))
+	}
+	if wantSet && len(set) != len(t.spec.Set) {
+		return nil, fmt.Errorf("%w: %d set values for %d set columns", ErrInvalidSpec, len(set), len(t.spec.Set))
+	}
+	args := make([]any, 0, 1+len(key)+len(set))
+	args = append(args, token)
+	args = append(args, key...)
+	if wantSet {
+		args = append(args, set...)
+	}
+	return args, nil
+}
+
+func (t *Table) rereader(db DBTX, key []any) func(context.Context) (bool, int64, error) {
+	return func(ctx context.Context) (bool, int64, error) {
+		var f int64
+		err := db.QueryRow(ctx, t.reread, key...).Scan(&f)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, 0, nil
+		}
+		return err == nil, f, err
+	}
+}
+
+// Update sets the Set columns of the row identified by key to set (values in
+// the order of Spec.Key and Spec.Set) and its fence to token, if the row's
+// fence allows it (Strict: fence < token; Reentrant: fence <= token).
+// Otherwise it returns *[StaleTokenError], [ErrAlreadyApplied] or
+// [ErrNotFound], decided in the same round trip; a guard refusal is a
+// *[GuardError]. Bad input is rejected before any SQL runs.
+//
+// ctx bounds the statement. If it is cancelled while the statement runs the
+// write may or may not have been applied; in strict mode repeat it with the
+// same token to find out ([ErrAlreadyApplied] means it was).
+func (t *Table) Update(ctx context.Context, db DBTX, token int64, key, set []any) (Result, error) {
+	args, err := t.args(token, key, set, true)
+	if err != nil {
+		return Result{}, err
+	}
+	return t.run(ctx, db, t.update, t.spec.Mode, token, key, args, false)
+}
+
+// Upsert inserts a row with key, set and fence = token, or updates the
+// existing row under the fence check of Spec.Mode. It never returns
+// [ErrNotFound]; Result.Inserted reports an insert. Columns not in Key or Set
+// get their defaults on insert.
+func (t *Table) Upsert(ctx context.Context, db DBTX, token int64, key, set []any) (Result, error) {
+	args, err := t.args(token, key, set, true)
+	if err != nil {
+		return Result{}, err
+	}
+	return t.run(ctx, db, t.upsert, t.spec.Mode, token, key, args, true)
+}
+
+// Delete deletes the row identified by key unless a newer grant wrote it
+// (fence <= token, whatever Spec.Mode says: a grant may delete what it
+// wrote). A deleted row keeps no fence: an older grant may insert it again
+// with Upsert, so prefer a tombstone column where that matters.
+func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Result, error) {
+	args, err := t.args(token, key, nil, false)
+	if err != nil {
+		return Result{}, err
+	}
+	return t.run(ctx, db, t.delete, Reentrant, token, key, args, false)
+}
+
+func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, upsert bool) (Result, error) {
+	if db == nil {
+		return Result{}, fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	}
+	var (
+		applied, inserted bool
+		fence             int64
+	)
+	dest := []any{&applied, &fence}
+	if upsert {
+		dest = append(dest, &inserted)
+	}
+	err := db.QueryRow(ctx, sql, args...).Scan(dest...)
+	found := true
+	if errors.Is(err, pgx.ErrNoRows) {
+		found, err = false, nil
+	}
+	if err != nil {
+		return Result{}, TranslateError(err)
+	}
+	if applied {
+		return Result{Fence: fence, Inserted: inserted}, nil
+	}
+	reread := t.rereader(db, key)
+	if upsert && !found {
+		found, fence, err = reread(ctx)
+		if err != nil {
+			return Result{}, TranslateError(err)
+		}
+		if !found {
+			return Result{}, ErrConcurrentChange
+		}
+	}
+	return Result{}, refused(ctx, mode, token, found, fence, reread)
+}
+
+// Read is the fenced read of a read-modify-write: it raises the row's fence
+// to token (fence <= token) and scans the Spec.Read columns into dest, so a
+// write by an older grant is refused from then on (seed scenario 4). Write
+// back with a [Reentrant] table and the same token, or use [Table.Modify].
+// It returns *[StaleTokenError] when a newer grant read or wrote the row and
+// [ErrNotFound] when there is none; dest is only filled on success.
+//
+// The read is an UPDATE: it locks the row until the transaction ends, writes a
+// row version, and is refused by a strict guard when the fence already
+// equals token (attach the guard with mode reentrant to tables written this way).
+func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest ...any) (Result, error) {
+	args, err := t.args(token, key, nil, false)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(dest) != len(t.spec.Read) {
+		return Result{}, fmt.Errorf("%w: %d destinations for %d read columns", ErrInvalidSpec, len(dest), len(t.spec.Read))
+	}
+	if db == nil {
+		return Result{}, fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	}
+	rows, err := db.Query(ctx, t.read, args...)
+	if err != nil {
+		return Result{}, TranslateError(err)
+	}
+	defer rows.Close()
+	var (
+		applied, found bool
+		fence          int64
+	)
+	if rows.Next() {
+		found = true
+		vals, err := rows.Values()
+		if err != nil {
+			return Result{}, TranslateError(err)
+		}
+		applied, _ = vals[0].(bool)
+		fence, _ = vals[1].(int64)
+		if applied {
+			// Scan the columns into dest with pgx's type system.
+			if err := rows.Scan(append([]any{nil, nil}, dest...)...); err != nil {
+				return Result{}, TranslateError(err)
+			}
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Result{}, TranslateError(err)
+	}
+	if applied {
+		return Result{Fence: fence}, nil
+	}
+	return Result{}, refused(ctx, Reentrant, token, found, fence, t.rereader(db, key))
+}
+
+// Modify is a read-modify-write of one row in one transaction under one
+// fence check: a fenced [Table.Read] of the Spec.Read columns (raising the
+// fence to token and locking the row), fn with the values read (as pgx
+// decodes them: int64, string, time.Time, ...), and an update of the Set
+// columns to the values fn returns with fence <= token, committed together.
+// If fn returns an error the transaction is rolled back and nothing changes,
+// not even the fence. db may be a pool, a connection, or a transaction (a
+// savepoint is used). ctx bounds the whole transaction.
+func (t *Table) Modify(ctx context.Context, db Beginner, token int64, key []any,
+	fn func(current []any) (next []any, err error)) (Result, error) {
+	if _, err := t.args(token, key, nil, false); err != nil {
+		return Result{}, err
+	}
+	if fn == nil {
+		return Result{}, fmt.Errorf("%w: nil modify function", ErrInvalidSpec)
+	}
+	var res Result
+	err := inTx(ctx, db, func(tx pgx.Tx) error {
+		cur := make([]any, len(t.spec.Read))
+		dest := make([]any, len(cur))
+		for i := range cur {
+			dest[i] = &cur[i]
+		}
+		if _, err := t.Read(ctx, tx, token, key, dest...); err != nil {
+			return err
+		}
+		next, err := fn(cur)
+		if err != nil {
+			return err
+		}
+		args, err := t.args(token, key, next, true)
+		if err != nil {
+			return err
+		}
+		res, err = t.run(ctx, tx, t.updateReentrant, Reentrant, token, key, args, false)
+		return err
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}

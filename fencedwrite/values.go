@@ -1,0 +1,256 @@
+package fencedwrite
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+)
+
+// Value is a row of pgfence.fenced_values, the small fenced key/value table
+// shipped with the migrations (checkpoints, cursors, a leader's decisions).
+type Value struct {
+	Key       string
+	Value     json.RawMessage // the stored JSON document
+	Fence     int64           // highest token the row accepted
+	UpdatedAt time.Time       // database time of the latest accepted write
+}
+
+// maxKeyBytes is the limit of the fenced_values_key_length constraint.
+const maxKeyBytes = 512
+
+var queries = dbsqlc.New()
+
+func checkValueArgs(key string, value json.RawMessage, token int64, needValue bool) error {
+	if err := checkToken(token); err != nil {
+		return err
+	}
+	if key == "" || len(key) > maxKeyBytes {
+		return fmt.Errorf("%w: key must be 1..%d bytes (got %d)", ErrInvalidSpec, maxKeyBytes, len(key))
+	}
+	if needValue && !json.Valid(value) {
+		return fmt.Errorf("%w: value is not valid JSON", ErrInvalidSpec)
+	}
+	return nil
+}
+
+func (q valueRereader) reread(ctx context.Context) (bool, int64, error) {
+	f, err := queries.FenceOf(ctx, q.db, q.key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, 0, nil
+	}
+	return err == nil, f, err
+}
+
+type valueRereader struct {
+	db  DBTX
+	key string
+}
+
+// UpdateValue writes value under key in pgfence.fenced_values if the row's
+// fence allows token (mode [Strict]: fence < token; [Reentrant]: fence <=
+// token). On success the row's fence becomes token. Otherwise it returns
+// *[StaleTokenError], [ErrAlreadyApplied] or [ErrNotFound], decided in the same
+// round trip. Bad input ([ErrInvalidToken], [ErrInvalidSpec]) is rejected
+// before any SQL runs.
+//
+// ctx bounds the statement; if it is cancelled while the statement runs, the
+// write may or may not have been applied: repeat it with the same token
+// (in strict mode a repeat that finds its own write returns [ErrAlreadyApplied]).
+func UpdateValue(ctx context.Context, db DBTX, mode Mode, key string, value json.RawMessage, token int64) (Result, error) {
+	if err := checkValueArgs(key, value, token, true); err != nil {
+		return Result{}, err
+	}
+	var (
+		applied bool
+		fence   int64
+		err     error
+	)
+	switch mode {
+	case Strict:
+		var row dbsqlc.FencedValueUpdateRow
+		row, err = queries.FencedValueUpdate(ctx, db, dbsqlc.FencedValueUpdateParams{Value: value, Token: token, Key: key})
+		applied, fence = row.Applied, row.Fence
+	case Reentrant:
+		var row dbsqlc.FencedValueUpdateReentrantRow
+		row, err = queries.FencedValueUpdateReentrant(ctx, db, dbsqlc.FencedValueUpdateReentrantParams{Value: value, Token: token, Key: key})
+		applied, fence = row.Applied, row.Fence
+	default:
+		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
+	}
+	return valueResult(ctx, db, mode, key, token, applied, fence, false, err, false)
+}
+
+// UpsertValue inserts key with value and fence = token, or, if the key
+// exists, updates it under the fence check of mode. It never returns
+// [ErrNotFound]. Result.Inserted tells whether the row was new.
+//
+// A deleted key carries no fence: after [DeleteValue], an older grant may
+// insert the key again. Use a tombstone value instead of deleting keys that
+// older holders might still write.
+func UpsertValue(ctx context.Context, db DBTX, mode Mode, key string, value json.RawMessage, token int64) (Result, error) {
+	if err := checkValueArgs(key, value, token, true); err != nil {
+		return Result{}, err
+	}
+	var (
+		applied, inserted bool
+		fence             int64
+		err               error
+	)
+	switch mode {
+	case Strict:
+		var row dbsqlc.FencedValueUpsertRow
+		row, err = queries.FencedValueUpsert(ctx, db, dbsqlc.FencedValueUpsertParams{Key: key, Value: value, Token: token})
+		applied, fence, inserted = row.Applied, row.Fence, row.Inserted
+	case Reentrant:
+		var row dbsqlc.FencedValueUpsertReentrantRow
+		row, err = queries.FencedValueUpsertReentrant(ctx, db, dbsqlc.FencedValueUpsertReentrantParams{Key: key, Value: value, Token: token})
+		applied, fence, inserted = row.Applied, row.Fence, row.Inserted
+	default:
+		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
+	}
+	return valueResult(ctx, db, mode, key, token, applied, fence, inserted, err, true)
+}
+
+// DeleteValue deletes key unless a newer grant wrote it (fence <= token: a
+// grant may delete a row it wrote itself). It returns *[StaleTokenError] or
+// [ErrNotFound] when nothing was deleted.
+func DeleteValue(ctx context.Context, db DBTX, key string, token int64) (Result, error) {
+	if err := checkValueArgs(key, nil, token, false); err != nil {
+		return Result{}, err
+	}
+	row, err := queries.FencedValueDelete(ctx, db, key, token)
+	return valueResult(ctx, db, Reentrant, key, token, row.Applied, row.Fence, false, err, false)
+}
+
+// ReadValue is the fenced read of a read-modify-write: it returns the row
+// and raises its fence to token (fence <= token), so a write by an older
+// grant that read earlier is refused from now on (seed scenario 4). Write the
+// new value back with mode [Reentrant] and the same token: the fence already
+// equals it. It returns *[StaleTokenError] if a newer grant read or wrote the
+// row, [ErrNotFound] if there is no such key.
+//
+// The fenced read is an UPDATE: it takes the row lock until the surrounding
+// transaction ends and writes a new row version.
+func ReadValue(ctx context.Context, db DBTX, key string, token int64) (Value, error) {
+	if err := checkValueArgs(key, nil, token, false); err != nil {
+		return Value{}, err
+	}
+	row, err := queries.FencedValueRead(ctx, db, token, key)
+	if _, err := valueResult(ctx, db, Reentrant, key, token, row.Applied, row.Fence, false, err, false); err != nil {
+		return Value{}, err
+	}
+	return Value{Key: key, Value: row.Value, Fence: row.Fence, UpdatedAt: row.UpdatedAt}, nil
+}
+
+// GetValue reads key without a fence: for display and inspection only. A
+// read-modify-write must use [ReadValue] or [ModifyValue].
+func GetValue(ctx context.Context, db DBTX, key string) (Value, error) {
+	if key == "" || len(key) > maxKeyBytes {
+		return Value{}, fmt.Errorf("%w: key must be 1..%d bytes (got %d)", ErrInvalidSpec, maxKeyBytes, len(key))
+	}
+	row, err := queries.GetFencedValue(ctx, db, key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Value{}, ErrNotFound
+	}
+	if err != nil {
+		return Value{}, TranslateError(err)
+	}
+	return Value{Key: row.Key, Value: row.Value, Fence: row.Fence, UpdatedAt: row.UpdatedAt}, nil
+}
+
+// ModifyValue is a read-modify-write of one key in one transaction under one
+// fence check: a fenced read (which raises the fence to token and locks the
+// row), fn, and a re-entrant write of fn's result, committed together. If fn
+// returns an error the transaction is rolled back, nothing changes (not even
+// the fence), and the error is returned as is.
+//
+// db may be a pool, a connection or a transaction (then a savepoint is used).
+// ctx bounds the whole transaction; on cancellation it is rolled back.
+func ModifyValue(ctx context.Context, db Beginner, key string, token int64,
+	fn func(current json.RawMessage) (json.RawMessage, error)) (Result, error) {
+	if err := checkValueArgs(key, nil, token, false); err != nil {
+		return Result{}, err
+	}
+	if fn == nil {
+		return Result{}, fmt.Errorf("%w: nil modify function", ErrInvalidSpec)
+	}
+	var res Result
+	err := inTx(ctx, db, func(tx pgx.Tx) error {
+		cur, err := ReadValue(ctx, tx, key, token)
+		if err != nil {
+			return err
+		}
+		next, err := fn(cur.Value)
+		if err != nil {
+			return err
+		}
+		res, err = UpdateValue(ctx, tx, Reentrant, key, next, token)
+		return err
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int64,
+	applied bool, fence int64, inserted bool, err error, upsert bool) (Result, error) {
+	found := true
+	if errors.Is(err, pgx.ErrNoRows) {
+		found, err = false, nil
+	}
+	if err != nil {
+		return Result{}, TranslateError(err)
+	}
+	if applied {
+		return Result{Fence: fence, Inserted: inserted}, nil
+	}
+	rr := valueRereader{db: db, key: key}
+	if upsert && !found {
+		// The conflicting row was committed after the statement's snapshot.
+		found, fence, err = rr.reread(ctx)
+		if err != nil {
+			return Result{}, TranslateError(err)
+		}
+		if !found {
+			return Result{}, ErrConcurrentChange
+		}
+	}
+	return Result{}, refused(ctx, mode, token, found, fence, rr.reread)
+}
+
+// inTx runs fn in a transaction begun on db and commits it; it rolls back on
+// any error, including a panic in fn.
+func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error) {
+	if db == nil {
+		return fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return TranslateError(err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	defer func() {
+		if p := recover(); p != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			panic(p)
+		}
+	}()
+	if err = fn(tx); err != nil {
+		return err
+	}
+	if err = tx.Commit(ctx); err != nil {
+		return TranslateError(err)
+	}
+	return nil
+}

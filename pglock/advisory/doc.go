@@ -1,0 +1,51 @@
+// Package advisory takes PostgreSQL advisory locks for the cases that need no
+// lease: "only one worker does X" where X either happens inside one
+// transaction, or merely should not be done twice.
+//
+// # Two scopes, two guarantees
+//
+// [Xact] and [TryXact] begin a transaction, take a transaction-scoped lock
+// (pg_advisory_xact_lock), run a function with the transaction, and commit,
+// or roll back on an error or a panic. PostgreSQL releases the lock when the
+// transaction ends, so it can never leak. When every write the lock protects
+// is made in that transaction this is a correctness lock: the lock and the
+// writes commit or vanish together, and a paused holder still holds the lock
+// because its transaction is still open. It works through PgBouncer in
+// transaction mode. [LockTx] and [TryLockTx] take the same lock inside a
+// transaction the caller already has.
+//
+// [Acquire] and [TryAcquire] take a session-scoped lock (pg_advisory_lock) on
+// a connection reserved from the pool until [SessionLock.Unlock]. The
+// [SessionLock] checks its connection every [SessionConfig.PingInterval] and
+// closes [SessionLock.Done] when it dies. A session lock is an efficiency
+// lock: writes made through other connections are not fenced, and after the
+// connection dies another process can take the lock while the first is still
+// working. Use it to avoid duplicate work, never to protect data; for data,
+// use [Xact] or a lease with fenced writes (packages pglock and fencedwrite).
+// Session locks need one dedicated backend per connection; a connection
+// through a pooler is refused with a [*PoolerError] (see [Acquire]).
+//
+// # Keys
+//
+// A [Key] is either a bigint key ([Name], [Int64]) or a pair of ints
+// ([Namespaced], [Pair]); PostgreSQL keeps the two spaces apart. [Name] hashes
+// a name to 64 bits: the first 8 bytes of SHA-256 of the name's UTF-8 bytes,
+// big-endian, as a signed int64. This definition is fixed (test vectors pin
+// it) and computable from psql with [NameKeySQL]. PostgreSQL's hashtext is not
+// used: it has 32 bits and is not promised to be stable across versions.
+// Every lock has a [Mode], [Exclusive] or [Shared].
+//
+// # Inspecting
+//
+// [List] returns the advisory locks of the current database with the backends
+// holding or awaiting them ([LockInfo]), for operators and the CLI.
+//
+// # Errors
+//
+// Bad input is refused before any I/O with errors matching the package's
+// sentinels: [ErrEmptyName], [ErrNameTooLong], [ErrInvalidName] (as a
+// [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilPool], [ErrNilFunc],
+// [ErrInvalidConfig]. A key held by someone else gives a [*LockedError]
+// ([ErrLocked]) from the Try variants; a lost session lock a [*LostError]
+// ([ErrLost]); use after Unlock [ErrUnlocked].
+package advisory

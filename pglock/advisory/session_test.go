@@ -1,0 +1,368 @@
+package advisory_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/pglock/advisory"
+)
+
+// TestSessionMutualExclusion: two goroutines, 1,000 read-then-write
+// increments in total, each between Acquire and Unlock of one session lock.
+// The reads and writes go through other pool connections (autocommit), as an
+// efficiency lock is normally used among cooperating workers.
+func TestSessionMutualExclusion(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	newCounter(t, pool)
+	key := advisory.MustName("counter:session")
+	const workers, rounds = 2, 500
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				if err := sessionIncrement(ctx, pool, key, &inside, &overlaps); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, pool); got != workers*rounds {
+		t.Fatalf("counter = %d, want %d: increments were lost", got, workers*rounds)
+	}
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d critical sections overlapped", overlaps.Load())
+	}
+	requireNoLocks(t, pool)
+}
+
+func sessionIncrement(ctx context.Context, pool *pgxpool.Pool, key advisory.Key, inside, overlaps *atomic.Int32) error {
+	// The shortest ping interval, so that checks race with Unlock under -race.
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: advisory.MinPingInterval})
+	if err != nil {
+		return err
+	}
+	if inside.Add(1) != 1 {
+		overlaps.Add(1)
+	}
+	var n int
+	err = pool.QueryRow(ctx, "SELECT n FROM counter WHERE id = 1").Scan(&n)
+	if err == nil {
+		_, err = pool.Exec(ctx, "UPDATE counter SET n = $1 WHERE id = 1", n+1)
+	}
+	inside.Add(-1)
+	return errors.Join(err, l.Unlock(ctx))
+}
+
+func TestSessionUnlockReturnsCleanConnection(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("clean")
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Key() != key || l.Mode() != advisory.Exclusive || l.PID() == 0 || l.Err() != nil {
+		t.Fatalf("lock state: key %v mode %v pid %d err %v", l.Key(), l.Mode(), l.PID(), l.Err())
+	}
+	locks := advisoryLocks(t, pool)
+	if len(locks) != 1 || locks[0].Key != key || locks[0].PID != int32(l.PID()) || !locks[0].Granted ||
+		locks[0].Mode != advisory.Exclusive || locks[0].BackendStart.IsZero() || locks[0].User == "" {
+		t.Fatalf("List = %+v, want one granted exclusive lock on %v held by pid %d", locks, key, l.PID())
+	}
+	requireLocked(t, pool, key)
+	// Several pings pass without firing Done.
+	select {
+	case <-l.Done():
+		t.Fatalf("Done fired while the lock was held: %v", l.Err())
+	case <-time.After(150 * time.Millisecond):
+	}
+	if got := pool.Stat().AcquiredConns(); got != 1 {
+		t.Fatalf("AcquiredConns = %d while locked, want 1", got)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("Done not closed after Unlock")
+	}
+	if !errors.Is(l.Err(), advisory.ErrUnlocked) {
+		t.Fatalf("Err after Unlock = %v", l.Err())
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
+		t.Fatalf("second Unlock = %v, want ErrUnlocked", err)
+	}
+	requireNoLocks(t, pool)
+	requireFree(t, pool, key)
+	// The connection went back to the pool (not destroyed) and holds nothing.
+	s := pool.Stat()
+	if s.AcquiredConns() != 0 || s.TotalConns() == 0 {
+		t.Fatalf("pool after Unlock: acquired %d total %d", s.AcquiredConns(), s.TotalConns())
+	}
+	var back bool
+	conns := pool.AcquireAllIdle(ctx)
+	for _, c := range conns {
+		if c.Conn().PgConn().PID() == l.PID() {
+			back = true
+		}
+		var n int
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err != nil || n != 0 {
+			t.Errorf("idle connection holds %d advisory locks (%v)", n, err)
+		}
+		c.Release()
+	}
+	if !back {
+		t.Fatal("the lock's connection was not returned to the pool")
+	}
+}
+
+// TestSessionTerminateFiresDone: pg_terminate_backend on the lock's backend
+// closes Done within the ping interval, and the lock is free for others.
+func TestSessionTerminateFiresDone(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("terminate")
+	const interval = 200 * time.Millisecond
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok bool
+	if err := pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(l.PID())).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend: %v %v", ok, err)
+	}
+	start := time.Now()
+	select {
+	case <-l.Done():
+	case <-time.After(10 * interval):
+		t.Fatalf("Done not closed %v after the backend was terminated", 10*interval)
+	}
+	// The first ping after the termination fails: one interval, plus slack
+	// for a loaded CI machine running -race.
+	if el := time.Since(start); el > interval+time.Second {
+		t.Errorf("Done closed %v after termination, want within the ping interval %v", el, interval)
+	}
+	var lost *advisory.LostError
+	if err := l.Err(); !errors.Is(err, advisory.ErrLost) || !errors.As(err, &lost) || lost.PID != l.PID() || lost.Key != key {
+		t.Fatalf("Err = %v, want a LostError for pid %d", err, l.PID())
+	}
+	// Another session can now take the lock (Acquire waits for the dying
+	// backend to finish releasing it).
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l2, err := advisory.Acquire(actx, pool, key, advisory.Exclusive, nil)
+	if err != nil {
+		t.Fatalf("lock not free after the holder died: %v", err)
+	}
+	if err := l2.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Unlock of the lost lock reports the loss once, then ErrUnlocked.
+	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrLost) {
+		t.Fatalf("Unlock after loss = %v, want ErrLost", err)
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
+		t.Fatalf("second Unlock after loss = %v, want ErrUnlocked", err)
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("AcquiredConns = %d after loss and unlock", got)
+	}
+}
+
+func TestSessionTryAndShared(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := must(advisory.Namespaced(42, "readers"))
+	r1, err := advisory.TryAcquire(ctx, pool, key, advisory.Shared, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := advisory.TryAcquire(ctx, pool, key, advisory.Shared, nil)
+	if err != nil {
+		t.Fatalf("second shared TryAcquire: %v", err)
+	}
+	w, err := advisory.TryAcquire(ctx, pool, key, advisory.Exclusive, nil)
+	var le *advisory.LockedError
+	if w != nil || !errors.As(err, &le) || !errors.Is(err, advisory.ErrLocked) || le.Key != key {
+		t.Fatalf("exclusive TryAcquire under shared locks: %v %v", w, err)
+	}
+	if got := pool.Stat().AcquiredConns(); got != 2 {
+		t.Fatalf("AcquiredConns = %d, want 2 (the refused try returned its connection)", got)
+	}
+	locks := advisoryLocks(t, pool)
+	if len(locks) != 2 || locks[0].Mode != advisory.Shared || locks[1].Mode != advisory.Shared || locks[0].Key != key {
+		t.Fatalf("List = %+v, want two shared locks on %v", locks, key)
+	}
+	for _, l := range []*advisory.SessionLock{r1, r2} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err = advisory.TryAcquire(ctx, pool, key, advisory.Exclusive, nil)
+	if err != nil {
+		t.Fatalf("exclusive TryAcquire after the readers left: %v", err)
+	}
+	if err := w.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}
+
+// TestSessionAcquireCancelled: a waiting Acquire gives up with ctx, holds
+// nothing afterwards and does not keep the connection.
+func TestSessionAcquireCancelled(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.Int64(-1)
+	holder, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	l, err := advisory.Acquire(wctx, pool, key, advisory.Exclusive, nil)
+	if l != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiting Acquire: %v %v, want DeadlineExceeded", l, err)
+	}
+	if got := pool.Stat().AcquiredConns(); got != 1 {
+		t.Fatalf("AcquiredConns = %d, want 1 (the holder's)", got)
+	}
+	waitLocks(t, pool, "want only the holder's lock", func(l []advisory.LockInfo) bool {
+		return len(l) == 1 && l[0].Granted && l[0].PID == int32(holder.PID())
+	})
+	if err := holder.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}
+
+// TestSessionUnlockFailureDestroysConnection: when the unlock statement
+// fails, the connection is destroyed rather than returned with a lock.
+func TestSessionUnlockFailureDestroysConnection(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("unlock-fails")
+	// A long interval: the pinger must not notice the termination first.
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(l.PID())); err != nil {
+		t.Fatal(err)
+	}
+	err = l.Unlock(ctx)
+	if !errors.Is(err, advisory.ErrUnlockFailed) {
+		t.Fatalf("Unlock on a terminated backend = %v, want ErrUnlockFailed", err)
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("AcquiredConns = %d", got)
+	}
+	for _, c := range pool.AcquireAllIdle(ctx) {
+		if c.Conn().PgConn().PID() == l.PID() {
+			t.Error("the failed connection went back to the pool")
+		}
+		c.Release()
+	}
+	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
+		t.Fatalf("Unlock after failed Unlock = %v", err)
+	}
+}
+
+func TestSessionValidation(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("v")
+	cases := []struct {
+		name string
+		pool *pgxpool.Pool
+		key  advisory.Key
+		mode advisory.Mode
+		cfg  *advisory.SessionConfig
+		want error
+	}{
+		{"nil pool", nil, key, advisory.Exclusive, nil, advisory.ErrNilPool},
+		{"zero key", pool, advisory.Key{}, advisory.Exclusive, nil, advisory.ErrZeroKey},
+		{"bad mode", pool, key, advisory.Mode(2), nil, advisory.ErrInvalidMode},
+		{"negative interval", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: -time.Second}, advisory.ErrInvalidConfig},
+		{"tiny interval", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: time.Millisecond}, advisory.ErrInvalidConfig},
+		{"negative timeout", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingTimeout: -1}, advisory.ErrInvalidConfig},
+		{"tiny timeout", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingTimeout: time.Microsecond}, advisory.ErrInvalidConfig},
+	}
+	for _, c := range cases {
+		for _, acquire := range []func(context.Context, *pgxpool.Pool, advisory.Key, advisory.Mode, *advisory.SessionConfig) (*advisory.SessionLock, error){
+			advisory.Acquire, advisory.TryAcquire,
+		} {
+			l, err := acquire(ctx, c.pool, c.key, c.mode, c.cfg)
+			if l != nil || !errors.Is(err, c.want) {
+				t.Errorf("%s: got %v, %v; want %v", c.name, l, err, c.want)
+			}
+		}
+	}
+	requireNoLocks(t, pool)
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("AcquiredConns = %d after refused calls", got)
+	}
+	var nilLock *advisory.SessionLock
+	if err := nilLock.Unlock(ctx); err == nil {
+		t.Error("Unlock on a nil *SessionLock returned nil")
+	}
+	if _, err := advisory.List(ctx, nil); !errors.Is(err, advisory.ErrNilPool) {
+		t.Errorf("List(nil) = %v", err)
+	}
+}
+
+// TestSessionUnlockCancelledWhileChecking: Unlock with an ended context does
+// not release anything and can be retried.
+func TestSessionUnlockContextDone(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("unlock-ctx")
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	err = l.Unlock(cctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Unlock(cancelled) = %v", err)
+	}
+	// Either the statement never ran (lock still held, retry works) or pgx
+	// closed the connection (lock freed, ErrUnlockFailed).
+	if errors.Is(err, advisory.ErrUnlockFailed) {
+		waitLocks(t, pool, "want no locks", func(l []advisory.LockInfo) bool { return len(l) == 0 })
+		return
+	}
+	requireLocked(t, pool, key)
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}

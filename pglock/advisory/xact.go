@@ -1,0 +1,165 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it; so
+// does pgx.Tx, in which case the helpers run in a savepoint and the lock is
+// held until the outer transaction ends (see [Xact]).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// rollbackTimeout bounds the rollback made after an error or a panic, which
+// runs even when the caller's context has ended.
+const rollbackTimeout = 10 * time.Second
+
+// Xact runs fn in a new transaction that holds the transaction-scoped
+// advisory lock on key in mode (pg_advisory_xact_lock or
+// pg_advisory_xact_lock_shared), waiting for the lock as long as ctx allows.
+// When fn returns nil the transaction commits; when fn returns an error or
+// panics it rolls back (and the panic is re-raised after the rollback). The
+// lock is released by PostgreSQL when the transaction ends, in every case:
+// there is no unlock call to forget and no way to leak the lock.
+//
+// This is the right advisory lock when every write it protects is made through
+// tx: the lock and the writes commit or vanish together, so no other holder
+// can interleave with them and nothing outlives a crash. It is not a lease: no
+// fencing token is needed, because a holder that pauses still holds the lock
+// (its transaction is open) and one whose connection dies loses the writes too.
+// Writes made outside tx (another connection, an HTTP call, a file) are not
+// protected by it; use a lease with fenced writes (package pglock) for those.
+//
+// Because lock and work share one transaction, Xact works through PgBouncer
+// and other poolers in transaction mode, which keep a client on one server
+// connection for the length of a transaction. Keep the transaction short:
+// it holds a connection (and a pooler's server connection) for its lifetime.
+//
+// If ctx ends while Xact waits for the lock, pgx sends a cancel request and
+// closes the connection (its default behaviour): the server abandons the wait
+// and the transaction, nothing is held, fn is not called, and the error
+// matches ctx.Err(). fn receives tx only; use the
+// caller's ctx for its statements. When db is a pgx.Tx, fn runs in a savepoint:
+// an error rolls back to the savepoint (releasing the lock), success keeps the
+// lock until the outer transaction ends.
+//
+// The error is fn's own error (unchanged, so errors.Is works on it), or an
+// error from beginning, locking or committing.
+func Xact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
+	return runXact(ctx, db, key, mode, false, fn)
+}
+
+// TryXact is like [Xact] but does not wait: when another session holds a
+// conflicting lock on key it rolls back at once and returns a [*LockedError]
+// (matching [ErrLocked]) without calling fn. It uses
+// pg_try_advisory_xact_lock or pg_try_advisory_xact_lock_shared.
+func TryXact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
+	return runXact(ctx, db, key, mode, true, fn)
+}
+
+func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn func(pgx.Tx) error) (err error) {
+	if isNil(db) {
+		return ErrNilPool
+	}
+	if fn == nil {
+		return ErrNilFunc
+	}
+	if err := key.valid(); err != nil {
+		return err
+	}
+	if err := mode.valid(); err != nil {
+		return err
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return &opError{op: "begin transaction for", key: key, err: ctxErr(ctx, err)}
+	}
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		// Error or panic: roll back on a context that survives the caller's.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		rbErr := tx.Rollback(rctx)
+		cancel()
+		if p := recover(); p != nil {
+			panic(p)
+		}
+		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
+			err = errors.Join(err, &opError{op: "roll back", key: key, err: rbErr})
+		}
+	}()
+
+	lock := LockTx
+	if try {
+		lock = TryLockTx
+	}
+	if err := lock(ctx, tx, key, mode); err != nil {
+		return err
+	}
+
+	if err := fn(tx); err != nil {
+		return err
+	}
+	done = true
+	if err := tx.Commit(ctx); err != nil {
+		return &opError{op: "commit transaction holding", key: key, err: ctxErr(ctx, err)}
+	}
+	return nil
+}
+
+// LockTx takes the transaction-scoped advisory lock on key in mode inside a
+// transaction the caller already has, waiting as long as ctx allows. The lock
+// is released when tx commits or rolls back; there is no unlock. Use it when
+// the transaction is managed elsewhere (a framework, a unit of work); [Xact]
+// is the same with the transaction handled for you, and the same rules apply:
+// only writes made through tx are protected.
+//
+// If ctx ends while waiting, pgx cancels the wait and closes the connection,
+// so tx is unusable afterwards; the error matches ctx.Err(). If the session's
+// lock_timeout ends the wait, the error is a [*LockedError] and tx is aborted
+// (roll it back).
+func LockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
+	if err := checkTx(tx, key, mode); err != nil {
+		return err
+	}
+	sql, args := xactLockSQL(key, mode)
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
+		return lockErr(ctx, "lock", key, mode, err)
+	}
+	return nil
+}
+
+// TryLockTx is like [LockTx] but does not wait: when another session holds a
+// conflicting lock it returns a [*LockedError] (matching [ErrLocked]) and tx
+// is unchanged and still usable.
+func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
+	if err := checkTx(tx, key, mode); err != nil {
+		return err
+	}
+	sql, args := xactTryLockSQL(key, mode)
+	var ok bool
+	if err := tx.QueryRow(ctx, sql, args...).Scan(&ok); err != nil {
+		return &opError{op: "try lock", key: key, err: ctxErr(ctx, err)}
+	}
+	if !ok {
+		return &LockedError{Key: key, Mode: mode}
+	}
+	return nil
+}
+
+func checkTx(tx pgx.Tx, key Key, mode Mode) error {
+	if isNil(tx) {
+		return ErrNilPool
+	}
+	if err := key.valid(); err != nil {
+		return err
+	}
+	return mode.valid()
+}

@@ -1,0 +1,369 @@
+package advisory_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/pglock/advisory"
+)
+
+// incrementInTx is a read-then-write increment: it loses updates unless
+// something serialises the callers.
+func incrementInTx(ctx context.Context, tx pgx.Tx) error {
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT n FROM counter WHERE id = 1").Scan(&n); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, "UPDATE counter SET n = $1 WHERE id = 1", n+1)
+	return err
+}
+
+// TestXactMutualExclusion: two goroutines, 1,000 read-then-write increments
+// in total, each inside Xact on one name; none may be lost, and no two
+// callbacks may overlap.
+func TestXactMutualExclusion(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	newCounter(t, pool)
+	key := advisory.MustName("counter:1")
+	const workers, rounds = 2, 500
+	var inside atomic.Int32
+	var overlaps atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				err := advisory.Xact(ctx, pool, key, advisory.Exclusive, func(tx pgx.Tx) error {
+					if inside.Add(1) != 1 {
+						overlaps.Add(1)
+					}
+					defer inside.Add(-1)
+					return incrementInTx(ctx, tx)
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := counterValue(t, pool); got != workers*rounds {
+		t.Fatalf("counter = %d, want %d: increments were lost", got, workers*rounds)
+	}
+	if overlaps.Load() != 0 {
+		t.Fatalf("%d callbacks overlapped", overlaps.Load())
+	}
+	requireNoLocks(t, pool)
+}
+
+func TestXactReleased(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("released")
+	errBoom := errors.New("boom")
+
+	t.Run("commit", func(t *testing.T) {
+		ran := false
+		err := advisory.Xact(ctx, pool, key, advisory.Exclusive, func(tx pgx.Tx) error {
+			ran = true
+			requireLocked(t, pool, key)
+			_, err := tx.Exec(ctx, "CREATE TABLE committed (x int)")
+			return err
+		})
+		if err != nil || !ran {
+			t.Fatalf("Xact: %v (ran %v)", err, ran)
+		}
+		requireFree(t, pool, key)
+		requireNoLocks(t, pool)
+		if _, err := pool.Exec(ctx, "SELECT * FROM committed"); err != nil {
+			t.Fatalf("the transaction's write did not commit: %v", err)
+		}
+	})
+	t.Run("rollback", func(t *testing.T) {
+		err := advisory.Xact(ctx, pool, key, advisory.Exclusive, func(tx pgx.Tx) error {
+			requireLocked(t, pool, key)
+			if _, err := tx.Exec(ctx, "CREATE TABLE rolled_back (x int)"); err != nil {
+				return err
+			}
+			return errBoom
+		})
+		if !errors.Is(err, errBoom) {
+			t.Fatalf("Xact error = %v, want fn's error", err)
+		}
+		requireFree(t, pool, key)
+		requireNoLocks(t, pool)
+		var exists bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass('rolled_back') IS NOT NULL").Scan(&exists); err != nil || exists {
+			t.Fatalf("the transaction's write survived a rollback (exists %v, %v)", exists, err)
+		}
+	})
+	t.Run("panic", func(t *testing.T) {
+		type marker struct{}
+		var recovered any
+		func() {
+			defer func() { recovered = recover() }()
+			_ = advisory.Xact(ctx, pool, key, advisory.Exclusive, func(tx pgx.Tx) error {
+				requireLocked(t, pool, key)
+				panic(marker{})
+			})
+		}()
+		if _, ok := recovered.(marker); !ok {
+			t.Fatalf("recovered %v, want the callback's panic value re-raised", recovered)
+		}
+		requireFree(t, pool, key)
+		requireNoLocks(t, pool)
+		if s := pool.Stat(); s.AcquiredConns() != 0 {
+			t.Fatalf("%d connections still acquired after the panic", s.AcquiredConns())
+		}
+	})
+}
+
+func TestTryXactLockedAndShared(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("shared")
+
+	err := advisory.Xact(ctx, pool, key, advisory.Shared, func(tx pgx.Tx) error {
+		// Another shared holder may enter at the same time...
+		if err := advisory.TryXact(ctx, pool, key, advisory.Shared, func(pgx.Tx) error { return nil }); err != nil {
+			t.Errorf("second shared TryXact: %v", err)
+		}
+		// ...an exclusive one may not, and its callback must not run.
+		ran := false
+		err := advisory.TryXact(ctx, pool, key, advisory.Exclusive, func(pgx.Tx) error { ran = true; return nil })
+		var le *advisory.LockedError
+		if !errors.As(err, &le) || !errors.Is(err, advisory.ErrLocked) || le.Key != key || le.Mode != advisory.Exclusive || ran {
+			t.Errorf("exclusive TryXact under a shared lock: err %v ran %v", err, ran)
+		}
+		locks := advisoryLocks(t, pool)
+		if len(locks) != 1 || locks[0].Key != key || locks[0].Mode != advisory.Shared || !locks[0].Granted {
+			t.Errorf("List = %+v, want one granted shared lock on %v", locks, key)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}
+
+// TestKeySpacesDistinct: a bigint key and a pair with the same bits are
+// different locks in PostgreSQL, and the package keeps them apart.
+func TestKeySpacesDistinct(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	big, pair := advisory.Int64(5), advisory.Pair(0, 5)
+	err := advisory.Xact(ctx, pool, big, advisory.Exclusive, func(pgx.Tx) error {
+		requireLocked(t, pool, big)
+		requireFree(t, pool, pair)
+		locks := advisoryLocks(t, pool)
+		if len(locks) != 1 || locks[0].Key != big {
+			t.Errorf("List = %+v, want %v", locks, big)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := must(advisory.Namespaced(-3, "x"))
+	err = advisory.Xact(ctx, pool, ns, advisory.Exclusive, func(pgx.Tx) error {
+		locks := advisoryLocks(t, pool)
+		if len(locks) != 1 || locks[0].Key != ns {
+			t.Errorf("List = %+v, want %v", locks, ns)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestXactWaitCancelled: a caller waiting for a held lock gives up when its
+// context ends, without running fn and without holding anything.
+func TestXactWaitCancelled(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("wait")
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	holderErr := make(chan error, 1)
+	go func() {
+		holderErr <- advisory.Xact(ctx, pool, key, advisory.Exclusive, func(pgx.Tx) error {
+			close(entered)
+			<-release
+			return nil
+		})
+	}()
+	<-entered
+	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	ran := false
+	err := advisory.Xact(wctx, pool, key, advisory.Exclusive, func(pgx.Tx) error { ran = true; return nil })
+	if !errors.Is(err, context.DeadlineExceeded) || ran {
+		t.Fatalf("waiting Xact: err %v ran %v, want DeadlineExceeded and fn not run", err, ran)
+	}
+	// pgx sent a cancel request and closed the connection; the server drops
+	// the waiter on its own.
+	waitLocks(t, pool, "want only the holder's granted lock (the waiter gone)", func(l []advisory.LockInfo) bool {
+		return len(l) == 1 && l[0].Granted
+	})
+	close(release)
+	if err := <-holderErr; err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}
+
+func TestXactValidation(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	ok := func(pgx.Tx) error { t.Error("fn ran on bad input"); return nil }
+	key := advisory.MustName("v")
+	var nilPool *nilBeginner
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"nil db", advisory.Xact(ctx, nil, key, advisory.Exclusive, ok), advisory.ErrNilPool},
+		{"typed nil db", advisory.Xact(ctx, nilPool, key, advisory.Exclusive, ok), advisory.ErrNilPool},
+		{"nil fn", advisory.Xact(ctx, pool, key, advisory.Exclusive, nil), advisory.ErrNilFunc},
+		{"zero key", advisory.Xact(ctx, pool, advisory.Key{}, advisory.Exclusive, ok), advisory.ErrZeroKey},
+		{"bad mode", advisory.TryXact(ctx, pool, key, advisory.Mode(7), ok), advisory.ErrInvalidMode},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: got %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	requireNoLocks(t, pool)
+	if s := pool.Stat(); s.AcquiredConns() != 0 {
+		t.Fatalf("%d connections acquired after refused calls", s.AcquiredConns())
+	}
+}
+
+type nilBeginner struct{}
+
+func (*nilBeginner) Begin(context.Context) (pgx.Tx, error) { panic("called") }
+
+// TestXactInsideTx documents the savepoint case: with a pgx.Tx as db the lock
+// lasts until the outer transaction ends.
+func TestXactInsideTx(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("nested")
+	outer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outer.Rollback(ctx)
+	if err := advisory.Xact(ctx, outer, key, advisory.Exclusive, func(pgx.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	requireLocked(t, pool, key)
+	if err := outer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requireFree(t, pool, key)
+}
+
+// TestLockTx: the lock taken in a caller's transaction lasts exactly as long
+// as that transaction.
+func TestLockTx(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("locktx")
+	for _, end := range []string{"commit", "rollback"} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := advisory.LockTx(ctx, tx, key, advisory.Exclusive); err != nil {
+			t.Fatal(err)
+		}
+		requireLocked(t, pool, key)
+		// A second transaction's TryLockTx is refused and its tx stays usable.
+		tx2, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := advisory.TryLockTx(ctx, tx2, key, advisory.Shared); !errors.Is(err, advisory.ErrLocked) {
+			t.Fatalf("TryLockTx while held: %v", err)
+		}
+		if _, err := tx2.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatalf("tx unusable after a refused TryLockTx: %v", err)
+		}
+		if err := tx2.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if end == "commit" {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		requireFree(t, pool, key)
+	}
+	requireNoLocks(t, pool)
+	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+		t.Errorf("LockTx(nil tx) = %v", err)
+	}
+	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+		t.Errorf("TryLockTx(nil tx) = %v", err)
+	}
+}
+
+// TestLockTimeoutIsLocked: a wait ended by lock_timeout reports ErrLocked,
+// with the server's error as the cause.
+func TestLockTimeoutIsLocked(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("lock-timeout")
+	err := advisory.Xact(ctx, pool, key, advisory.Exclusive, func(pgx.Tx) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '50ms'"); err != nil {
+			return err
+		}
+		err = advisory.LockTx(ctx, tx, key, advisory.Shared)
+		var le *advisory.LockedError
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, advisory.ErrLocked) || !errors.As(err, &le) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Errorf("LockTx under lock_timeout = %v, want a LockedError caused by 55P03", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,210 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Default election timings, in the spirit of Kubernetes leader election.
+const (
+	DefaultLeaseDuration = 15 * time.Second
+	DefaultRenewDeadline = 10 * time.Second
+	DefaultRetryPeriod   = 2 * time.Second
+)
+
+// ElectionConfig configures an [Elector]. A nil *ElectionConfig means all
+// defaults. Timings must satisfy RetryPeriod < RenewDeadline < LeaseDuration.
+type ElectionConfig struct {
+	// LeaseDuration is the TTL of the leader's lease: after the leader stops
+	// renewing (crash, partition), a candidate takes over within about
+	// LeaseDuration + RetryPeriod. Defaults to 15s.
+	LeaseDuration time.Duration
+	// RenewDeadline is how long the leader keeps retrying failed renewals
+	// (counted from the send time of the last successful one) before it steps
+	// down on its own. Being shorter than LeaseDuration, it makes the old
+	// leader stop before the database lets anyone else in. Defaults to 10s.
+	RenewDeadline time.Duration
+	// RetryPeriod is the interval between the leader's renewals and the
+	// longest a candidate sleeps between attempts (a release wakes it at once
+	// through LISTEN; the holder's expiry wakes it too). Defaults to 2s.
+	RetryPeriod time.Duration
+	// OnStartedLeading is called in its own goroutine when this candidate
+	// becomes leader. ctx ends when leadership ends (lost, stepped down, Run's
+	// context cancelled); the function must return promptly then, because
+	// Run waits for it before campaigning again. lease.Token() is the term's
+	// fencing token: fence the leader's writes with it.
+	OnStartedLeading func(ctx context.Context, lease *Lease)
+	// OnStoppedLeading is called after OnStartedLeading returned, with why the
+	// term ended (the lease's Err). Optional.
+	OnStoppedLeading func(lease *Lease, err error)
+}
+
+// Elector campaigns for leadership of one lock name. Create it with
+// [Locker.NewElector] and run [Elector.Run]. "Am I leader?" answers
+// ([Elector.Lease], the callbacks) are advisory like every lease: the leader's
+// writes must be fenced with its token.
+type Elector struct {
+	l       *Locker
+	name    string
+	cfg     ElectionConfig
+	running atomic.Bool
+
+	mu    sync.Mutex
+	lease *Lease
+}
+
+// errRenewDeadline is the cause of a term that ended because renewals kept
+// failing for RenewDeadline.
+var errRenewDeadline = errors.New("pglock: renewals failed for longer than the renew deadline; stepped down")
+
+// NewElector returns an Elector for lock name. It validates and does no I/O.
+func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	var c ElectionConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.RenewDeadline == 0 {
+		c.RenewDeadline = DefaultRenewDeadline
+	}
+	if c.RetryPeriod == 0 {
+		c.RetryPeriod = DefaultRetryPeriod
+	}
+	if err := ValidateTTL(c.LeaseDuration); err != nil {
+		return nil, err
+	}
+	if !(c.RetryPeriod > 0 && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
+		return nil, invalid(ErrInvalidConfig, "need 0 < RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
+			c.RetryPeriod, c.RenewDeadline, c.LeaseDuration)
+	}
+	return &Elector{l: l, name: name, cfg: c}, nil
+}
+
+// Name returns the election's lock name.
+func (e *Elector) Name() string { return e.name }
+
+// Lease returns the current term's lease while this candidate leads, else
+// nil. Advisory: leadership can end right after the call.
+func (e *Elector) Lease() *Lease {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.lease != nil && e.lease.Err() == nil {
+		return e.lease
+	}
+	return nil
+}
+
+// Run campaigns until ctx ends: it waits for the lock, leads (renewing every
+// RetryPeriod) until the term ends, then campaigns again. When ctx is
+// cancelled while leading, it resigns (releases the lease, waking the other
+// candidates at once) and returns ctx's error after OnStoppedLeading. Database
+// errors while campaigning are logged and retried every RetryPeriod. Run
+// returns [ErrClosed] when the Locker is closed, and an error if it is
+// already running.
+func (e *Elector) Run(ctx context.Context) error {
+	if !e.running.CompareAndSwap(false, true) {
+		return invalid(ErrInvalidConfig, "Elector.Run is already running")
+	}
+	defer e.running.Store(false)
+	for {
+		lease, err := e.l.acquire(ctx, e.name, e.cfg.LeaseDuration, waitOpts{
+			cap:      e.cfg.RetryPeriod,
+			retryErr: e.cfg.RetryPeriod,
+			onErr: func(err error) {
+				e.l.log.Warn("pglock: election campaign attempt failed", "name", e.name, "err", err)
+			},
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		e.lead(ctx, lease)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if e.l.isClosed() {
+			return ErrClosed
+		}
+	}
+}
+
+// lead runs one term.
+func (e *Elector) lead(ctx context.Context, lease *Lease) {
+	e.mu.Lock()
+	e.lease = lease
+	e.mu.Unlock()
+	e.l.log.Info("pglock: started leading", "name", e.name, "token", lease.Token())
+
+	cbDone := make(chan struct{})
+	go func() {
+		defer close(cbDone)
+		if e.cfg.OnStartedLeading != nil {
+			e.cfg.OnStartedLeading(lease.Context(), lease)
+		}
+	}()
+
+	t := time.NewTicker(e.cfg.RetryPeriod)
+	defer t.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			if err := lease.Release(rctx); err != nil {
+				e.l.log.Warn("pglock: resign failed; the lease expires at its TTL", "name", e.name, "err", err)
+				lease.end(lease.lost(err))
+			}
+			cancel()
+			break loop
+		case <-lease.Done():
+			break loop
+		case <-t.C:
+			lastSend := lease.Deadline().Add(-e.cfg.LeaseDuration)
+			stepDown := lastSend.Add(e.cfg.RenewDeadline)
+			rctx, cancel := context.WithDeadline(ctx, stepDown)
+			err := lease.Renew(rctx)
+			cancel()
+			if err == nil || lease.Err() != nil || ctx.Err() != nil {
+				continue
+			}
+			if !time.Now().Before(stepDown) {
+				lease.end(lease.lost(errRenewDeadline))
+				break loop
+			}
+			e.l.log.Warn("pglock: leader renewal failed; retrying", "name", e.name, "err", err)
+		}
+	}
+	<-cbDone
+	e.mu.Lock()
+	e.lease = nil
+	e.mu.Unlock()
+	err := lease.Err()
+	e.l.log.Info("pglock: stopped leading", "name", e.name, "token", lease.Token(), "err", err)
+	if e.cfg.OnStoppedLeading != nil {
+		e.cfg.OnStoppedLeading(lease, err)
+	}
+}
+
+// Leader returns the current holder and token of election (or any lock)
+// name, read from db on the database clock, or [ErrNoLeader] (with the latest
+// token, 0 if never granted) when nobody holds it. The answer is advisory.
+func Leader(ctx context.Context, db DBTX, name string) (holder string, token int64, err error) {
+	info, err := Inspect(ctx, db, name)
+	if err != nil {
+		return "", 0, err
+	}
+	if !info.Held {
+		return "", info.Token, ErrNoLeader
+	}
+	return info.Holder, info.Token, nil
+}

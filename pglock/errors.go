@@ -1,0 +1,162 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Test for them with errors.Is; the structured errors
+// [*LockedError], [*LeaseLostError] and [*InvalidError] match them.
+var (
+	// ErrLocked: the lock is held by someone (possibly this Locker) right now.
+	ErrLocked = errors.New("pglock: lock is held")
+	// ErrLeaseLost: the database refused a renewal or release because the
+	// lease is no longer held by this (name, holder, token) — it expired, was
+	// released or was granted to someone else — or the lease ended locally
+	// because its local deadline passed.
+	ErrLeaseLost = errors.New("pglock: lease lost")
+	// ErrReleased: the lease was released by its holder ([Lease.Err] after a
+	// successful [Lease.Release]).
+	ErrReleased = errors.New("pglock: lease released")
+	// ErrClosed: the Locker was closed.
+	ErrClosed = errors.New("pglock: locker closed")
+	// ErrInvalidName: a lock name is empty, longer than [MaxNameBytes], not
+	// valid UTF-8, contains a NUL byte, or appears twice in one AcquireMany.
+	ErrInvalidName = errors.New("pglock: invalid lock name")
+	// ErrInvalidTTL: a lease duration is below [MinTTL] or above [MaxTTL].
+	ErrInvalidTTL = errors.New("pglock: invalid lease duration")
+	// ErrInvalidHolder: a holder identity is empty, longer than
+	// [MaxHolderBytes], not valid UTF-8 or contains a NUL byte.
+	ErrInvalidHolder = errors.New("pglock: invalid holder")
+	// ErrInvalidToken: a fencing token is <= 0 (grants start at 1).
+	ErrInvalidToken = errors.New("pglock: invalid token")
+	// ErrInvalidConfig: a Config or ElectionConfig field is out of range.
+	ErrInvalidConfig = errors.New("pglock: invalid config")
+	// ErrTokenOverflow: the lock's token is already 9223372036854775807, so no
+	// further grant can carry a larger one. Nothing was changed. Tokens never
+	// wrap; rename the lock (and its fence columns) to continue.
+	ErrTokenOverflow = errors.New("pglock: fencing token overflow")
+	// ErrNoLeader: [Leader] found nobody holding the election lock.
+	ErrNoLeader = errors.New("pglock: no leader")
+)
+
+// LockedError is returned by [Locker.TryAcquire] (and by [Locker.Acquire] when
+// its context ends while waiting) when someone else holds the lock. Holder and
+// ExpiresAt are a snapshot for diagnostics; they may be stale by the time you
+// read them. It matches [ErrLocked].
+type LockedError struct {
+	Name      string
+	Holder    string    // "" when the holder could not be read
+	ExpiresAt time.Time // database clock; zero when unknown
+	// Err is the context error when Acquire gave up waiting, otherwise nil.
+	Err error
+}
+
+func (e *LockedError) Error() string {
+	s := fmt.Sprintf("pglock: lock %q is held", e.Name)
+	if e.Holder != "" {
+		s += fmt.Sprintf(" by %q until %s (database clock)", e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Is reports whether target is [ErrLocked].
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
+
+// Unwrap returns the context error that ended a wait, if any.
+func (e *LockedError) Unwrap() error { return e.Err }
+
+// LeaseLostError says a lease is no longer held by (Name, Holder, Token). It
+// matches [ErrLeaseLost]; Unwrap returns the cause when there is one:
+// [context.DeadlineExceeded] when the local deadline passed, or the last
+// connection error when renewals kept failing until the deadline. A nil cause
+// means the database refused the renewal or release.
+type LeaseLostError struct {
+	Name   string
+	Holder string
+	Token  int64
+	Cause  error
+}
+
+func (e *LeaseLostError) Error() string {
+	s := fmt.Sprintf("pglock: lease lost: lock %q token %d holder %q", e.Name, e.Token, e.Holder)
+	switch {
+	case e.Cause == errDeadline:
+		s += ": local deadline passed"
+	case e.Cause != nil:
+		s += ": " + e.Cause.Error()
+	default:
+		s += ": no longer held by this holder and token (expired, released or granted to someone else)"
+	}
+	return s
+}
+
+// Is reports whether target is [ErrLeaseLost].
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// Unwrap returns the cause, if any.
+func (e *LeaseLostError) Unwrap() error { return e.Cause }
+
+// errDeadline is the cause of a lease that ended at its local deadline; it
+// wraps context.DeadlineExceeded.
+var errDeadline = fmt.Errorf("pglock: local lease deadline passed: %w", context.DeadlineExceeded)
+
+// InvalidError describes rejected input. It matches the sentinel in Err
+// (ErrInvalidName, ErrInvalidTTL, ...). Nothing was sent to the database.
+type InvalidError struct {
+	Err    error  // the sentinel
+	Reason string // what is wrong
+}
+
+func (e *InvalidError) Error() string { return e.Err.Error() + ": " + e.Reason }
+
+// Unwrap returns the sentinel.
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+func invalid(sentinel error, format string, args ...any) error {
+	return &InvalidError{Err: sentinel, Reason: fmt.Sprintf(format, args...)}
+}
+
+// DBError wraps an error from the database or the connection, with the
+// operation that failed. Transient reports whether retrying may help
+// (connection failures, serialization failures, server shutting down).
+type DBError struct {
+	Op   string // "acquire", "renew", "release", "leader", ...
+	Name string
+	Err  error
+}
+
+func (e *DBError) Error() string {
+	return fmt.Sprintf("pglock: %s %q: %v", e.Op, e.Name, e.Err)
+}
+
+// Unwrap returns the pgx error.
+func (e *DBError) Unwrap() error { return e.Err }
+
+// Transient reports whether the error is a connection problem or another
+// condition where the same statement may succeed when retried.
+func (e *DBError) Transient() bool { return transient(e.Err) }
+
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "57", "53": // connection exception, operator intervention, insufficient resources
+			return true
+		}
+		switch pgErr.Code {
+		case "40001", "40P01":
+			return true
+		}
+		return false
+	}
+	// Not a server error: network, timeouts, pool closed connections.
+	return !errors.Is(err, context.Canceled)
+}

@@ -1,0 +1,182 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// gatedPool is a pool whose new connections can be refused and whose
+// backends can be terminated, to simulate a network partition of one client.
+type gatedPool struct {
+	*pgxpool.Pool
+	app    string
+	closed atomic.Bool
+}
+
+var gateSeq atomic.Int64
+
+func newGatedPool(t testing.TB, dsn string) *gatedPool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gatedPool{app: fmt.Sprintf("pglock_gate_%d", gateSeq.Add(1))}
+	cfg.ConnConfig.RuntimeParams["application_name"] = g.app
+	cfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
+		if g.closed.Load() {
+			return errors.New("test: partitioned")
+		}
+		return nil
+	}
+	g.Pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Pool.Close)
+	return g
+}
+
+// partition refuses new connections and terminates the existing ones
+// (through admin), except the Locker's LISTEN connection when keepListen.
+func (g *gatedPool) partition(t testing.TB, admin DBTX) {
+	t.Helper()
+	g.closed.Store(true)
+	if _, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, g.app); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (g *gatedPool) heal() { g.closed.Store(false) }
+
+func TestKeepAliveRenews(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{KeepAlive: true})
+	const ttl = 300 * time.Millisecond
+	s := mustAcquire(t, l, "ka", ttl)
+	first := s.Deadline()
+	time.Sleep(4 * ttl)
+	if err := s.Err(); err != nil {
+		t.Fatalf("kept-alive lease ended: %v", err)
+	}
+	if !s.Deadline().After(first.Add(2 * ttl)) {
+		t.Errorf("deadline did not move: %v → %v", first, s.Deadline())
+	}
+	info := inspect(t, pool, "ka")
+	if !info.Held || info.Token != s.Token() || info.Holder != l.Holder() {
+		t.Errorf("row %+v", info)
+	}
+	if err := s.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A renewal the database refuses ends the lease at once, well before its
+// local deadline.
+func TestKeepAliveRefusedEndsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{KeepAlive: true})
+	const ttl = 900 * time.Millisecond
+	s := mustAcquire(t, l, "steal", ttl)
+	// Someone takes the row over behind the lease's back (an operator, or an
+	// expiry the client did not see).
+	if _, err := pool.Exec(context.Background(), `UPDATE pgfence.locks
+		SET token = token + 1, holder = 'thief', expires_at = now() + interval '1 minute' WHERE name = 'steal'`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := s.Deadline()
+	select {
+	case <-s.Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("lease not ended after a refused renewal")
+	}
+	var lost *LeaseLostError
+	if err := s.Err(); !errors.As(err, &lost) || lost.Cause != nil {
+		t.Fatalf("Err = %v, want a refused LeaseLostError", err)
+	}
+	if !time.Now().Before(deadline) {
+		t.Errorf("ended only at the local deadline")
+	}
+}
+
+// Renewals that fail on the connection are retried until the local deadline,
+// then the lease ends with ErrLeaseLost wrapping context.DeadlineExceeded.
+// The local deadline is never later than the database's expiry.
+func TestKeepAliveTransientErrorsUntilDeadline(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	g := newGatedPool(t, dsn)
+	l := newLocker(t, g.Pool, &Config{KeepAlive: true})
+	const ttl = 600 * time.Millisecond
+	s := mustAcquire(t, l, "part", ttl)
+	time.Sleep(ttl / 2) // at least one renewal
+	g.partition(t, admin)
+	select {
+	case <-s.Done():
+	case <-time.After(3 * ttl):
+		t.Fatal("lease did not end at its deadline while partitioned")
+	}
+	err := s.Err()
+	if !errors.Is(err, ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err = %v", err)
+	}
+	// Same host, same clock: the local deadline (send time + ttl) is not
+	// after the database's expiry (statement start + ttl).
+	if d, e := s.Deadline().Round(0), s.ExpiresAt(); d.After(e) {
+		t.Errorf("local deadline %v after database expiry %v", d, e)
+	}
+	g.heal()
+}
+
+func TestCloseEndsLeasesAndWaiters(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, nil)
+	b, err := New(pool, &Config{KeepAlive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := mustAcquire(t, a, "c1", time.Minute)
+	mine := mustAcquire(t, b, "c2", time.Minute)
+	waiting := waitSignal(b)
+	res := acquireAsync(ctx, b, "c1", time.Minute)
+	<-waiting
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("waiting Acquire after Close = %v", r.err)
+	}
+	if !errors.Is(mine.Err(), ErrClosed) || !errors.Is(context.Cause(mine.Context()), ErrClosed) {
+		t.Errorf("lease after Close: %v", mine.Err())
+	}
+	if _, err := b.TryAcquire(ctx, "c3", time.Minute); !errors.Is(err, ErrClosed) {
+		t.Errorf("TryAcquire after Close = %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	// Close does no SQL: the row is still held until released or expired;
+	// Release still works through the pool.
+	if info := inspect(t, pool, "c2"); !info.Held {
+		t.Errorf("c2 not held after Close: %+v", info)
+	}
+	if err := mine.Release(ctx); err != nil {
+		t.Errorf("Release after Close: %v", err)
+	}
+	_ = held.Release(ctx)
+}

@@ -1,0 +1,275 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Lease is one grant of a lock: a name, the holder, the fencing token of this
+// grant and its expiry. Pass [Lease.Token] to every write the lease protects
+// and let the storage refuse lower tokens (a fenced write): the lease alone
+// cannot stop a paused holder from writing after it expired.
+//
+// A Lease ends — Done is closed, Context is cancelled, Err is non-nil — when
+// it is released, when the database refuses a renewal, when its local
+// deadline passes, or when the Locker is closed. An ended lease never comes
+// back; take a new one.
+type Lease struct {
+	l      *Locker
+	name   string
+	holder string
+	token  int64
+	ttl    time.Duration
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	renewMu sync.Mutex // serialises renewals so the last sent is the last committed
+
+	mu        sync.Mutex
+	expiresAt time.Time // database clock
+	deadline  time.Time // local, monotonic: send time of the grant/renewal + ttl
+	timer     *time.Timer
+	err       error
+	released  bool
+
+	kaCancel context.CancelFunc // stops the keep-alive; nil without keep-alive
+}
+
+func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
+	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl)}
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	s.mu.Lock()
+	s.timer = time.AfterFunc(time.Until(s.deadline), s.deadlinePassed)
+	s.mu.Unlock()
+
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		s.end(ErrClosed)
+		return s
+	}
+	l.leases[s] = struct{}{}
+	if l.cfg.KeepAlive {
+		var kaCtx context.Context
+		kaCtx, s.kaCancel = context.WithCancel(s.ctx)
+		l.wg.Add(1)
+		go s.keepAlive(kaCtx)
+	}
+	l.mu.Unlock()
+	return s
+}
+
+// Name returns the lock name.
+func (s *Lease) Name() string { return s.name }
+
+// Holder returns the holder identity stored in the lock row.
+func (s *Lease) Holder() string { return s.holder }
+
+// Token returns the fencing token of this grant: larger than the token of
+// every earlier grant of the same lock name. Pass it to fenced writes.
+func (s *Lease) Token() int64 { return s.token }
+
+// TTL returns the lease duration requested at acquisition; renewals extend
+// by the same duration.
+func (s *Lease) TTL() time.Duration { return s.ttl }
+
+// ExpiresAt returns the expiry granted by the latest successful grant or
+// renewal, on the database's clock. Do not compare it with time.Now(): use
+// [Lease.Deadline] for local decisions.
+func (s *Lease) ExpiresAt() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expiresAt
+}
+
+// Deadline returns the local deadline: the time the latest successful grant
+// or renewal statement was sent, plus the TTL, on this process's monotonic
+// clock. The database cannot expire the lease before it, so stopping at the
+// deadline is always early enough. The answer is advisory: a pause can begin
+// right after you check it. Only a fenced write is safe.
+func (s *Lease) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+// Done returns a channel closed when the lease ends (see [Lease]).
+func (s *Lease) Done() <-chan struct{} { return s.ctx.Done() }
+
+// Context returns a context cancelled when the lease ends; context.Cause
+// returns the same error as [Lease.Err]. Derive the work's context from it.
+func (s *Lease) Context() context.Context { return s.ctx }
+
+// Err returns nil while the lease is live, then why it ended: a
+// [*LeaseLostError] (errors.Is(err, [ErrLeaseLost]); it also matches
+// context.DeadlineExceeded when the local deadline passed), [ErrReleased]
+// after Release, or [ErrClosed] after Locker.Close.
+func (s *Lease) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+func (s *Lease) lost(cause error) *LeaseLostError {
+	return &LeaseLostError{Name: s.name, Holder: s.holder, Token: s.token, Cause: cause}
+}
+
+func (s *Lease) deadlinePassed() {
+	s.mu.Lock()
+	early := time.Now().Before(s.deadline) // the timer was re-armed by a renewal in between
+	s.mu.Unlock()
+	if early {
+		return
+	}
+	s.end(s.lost(errDeadline))
+}
+
+// end records why the lease ended (the first reason wins), cancels its
+// context, stops its timer and keep-alive and forgets it in the Locker.
+func (s *Lease) end(err error) {
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.err = err
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.mu.Unlock()
+	s.cancel(err)
+	if lvl := s.l.log; lvl != nil && !errors.Is(err, ErrReleased) {
+		lvl.Debug("pglock: lease ended", "name", s.name, "token", s.token, "err", err)
+	}
+	s.l.mu.Lock()
+	delete(s.l.leases, s)
+	s.l.mu.Unlock()
+}
+
+// Renew extends the lease by its TTL from now (database clock) and moves the
+// local deadline to the send time of this renewal plus the TTL. The renewal
+// commits with synchronous_commit on. If the database refuses — the lease
+// expired, was released or was granted to someone else — the lease ends at
+// once and Renew returns a [*LeaseLostError]; nothing changes in the
+// database. A connection error is returned as a [*DBError] and leaves the
+// lease as it was (it still ends at its deadline). Renew on an ended lease
+// returns [Lease.Err] without SQL. Cancelling ctx abandons the round trip.
+func (s *Lease) Renew(ctx context.Context) error {
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if !time.Now().Before(s.Deadline()) {
+		// The deadline timer is about to fire: do not extend a lease that has
+		// ended locally.
+		lost := s.lost(errDeadline)
+		s.end(lost)
+		return lost
+	}
+	exp, sent, err := s.l.renew(ctx, s.name, s.holder, s.token, s.ttl)
+	if err != nil {
+		var lost *LeaseLostError
+		if errors.As(err, &lost) {
+			s.end(lost)
+		}
+		return err
+	}
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		return err
+	}
+	if !time.Now().Before(s.deadline) {
+		// The old deadline passed while the renewal was in flight: the lease
+		// has ended locally, whatever the database says now.
+		s.mu.Unlock()
+		lost := s.lost(errDeadline)
+		s.end(lost)
+		return lost
+	}
+	s.expiresAt = exp
+	s.deadline = sent.Add(s.ttl)
+	s.timer.Reset(time.Until(s.deadline))
+	s.mu.Unlock()
+	return nil
+}
+
+// Release gives the lock back: the row keeps its token (tokens never go
+// down), holder and expiry become NULL, and waiters are notified. It is
+// conditional on (name, holder, token): if the lease was lost, nothing
+// changes and Release returns a [*LeaseLostError]. Release is sent even when
+// the lease already ended locally at its deadline, because the database may
+// still hold it; a second Release after a successful one returns nil without
+// SQL. A connection error is returned as a [*DBError] and the lease stays as
+// it was (it ends at its deadline; the row expires at its TTL).
+func (s *Lease) Release(ctx context.Context) error {
+	if s.kaCancel != nil {
+		s.kaCancel() // stop the keep-alive before taking renewMu
+	}
+	s.renewMu.Lock()
+	defer s.renewMu.Unlock()
+	s.mu.Lock()
+	done := s.released
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	err := s.l.release(ctx, s.name, s.holder, s.token)
+	var lost *LeaseLostError
+	switch {
+	case err == nil:
+		s.mu.Lock()
+		s.released = true
+		s.mu.Unlock()
+		s.end(ErrReleased)
+	case errors.As(err, &lost):
+		s.end(lost)
+	}
+	return err
+}
+
+// keepAlive renews at KeepAliveFraction of the TTL (±10%) until the lease
+// ends or ctx (Release) stops it. A refused renewal ends the lease (inside
+// Renew); connection errors are retried while the local deadline allows.
+func (s *Lease) keepAlive(ctx context.Context) {
+	defer s.l.wg.Done()
+	interval := time.Duration(float64(s.ttl) * s.l.cfg.KeepAliveFraction)
+	retry := max(min(interval/4, 500*time.Millisecond), time.Millisecond)
+	t := time.NewTimer(jitter(interval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.Deadline())
+		err := s.Renew(rctx)
+		cancel()
+		next := jitter(interval)
+		if err != nil {
+			if s.Err() != nil || ctx.Err() != nil {
+				return
+			}
+			s.l.log.Warn("pglock: keep-alive renewal failed; retrying until the local deadline",
+				"name", s.name, "token", s.token, "deadline_in", time.Until(s.Deadline()), "err", err)
+			next = retry
+		}
+		t.Reset(next)
+	}
+}
+
+// jitter returns d ± 10%.
+func jitter(d time.Duration) time.Duration {
+	spread := d / 5
+	if spread <= 0 {
+		return d
+	}
+	return d - spread/2 + mrand.N(spread)
+}

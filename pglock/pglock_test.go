@@ -1,0 +1,579 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestValidationBeforeSQL(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{Holder: "validator"})
+	// A second Locker on a closed pool: any SQL would fail with a pool
+	// error, so getting the validation error proves no SQL was sent.
+	closed, err := pgxpool.New(context.Background(), pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	lc := newLocker(t, closed, nil)
+	ctx := testCtx(t, 30*time.Second)
+
+	long := strings.Repeat("n", MaxNameBytes+1)
+	nameCases := map[string]string{"empty": "", "513 bytes": long, "bad utf8": "a\xffb", "nul": "a\x00b"}
+	ttlCases := map[string]time.Duration{"zero": 0, "negative": -time.Second, "sub-minimum": time.Microsecond, "absurd": MaxTTL + time.Nanosecond, "huge": 1<<63 - 1}
+	for _, lk := range []*Locker{l, lc} {
+		for what, name := range nameCases {
+			if _, err := lk.TryAcquire(ctx, name, time.Second); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("TryAcquire(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if _, err := lk.Acquire(ctx, name, time.Second); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("Acquire(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if _, err := lk.AcquireMany(ctx, []string{"ok", name}, time.Second); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("AcquireMany(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if _, err := lk.RenewToken(ctx, name, "h", 1, time.Second); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("RenewToken(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if err := lk.ReleaseToken(ctx, name, "h", 1); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("ReleaseToken(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if _, err := lk.NewElector(name, nil); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("NewElector(name %s) = %v, want ErrInvalidName", what, err)
+			}
+			if _, _, err := Leader(ctx, closed, name); !errors.Is(err, ErrInvalidName) {
+				t.Errorf("Leader(name %s) = %v, want ErrInvalidName", what, err)
+			}
+		}
+		for what, ttl := range ttlCases {
+			if _, err := lk.TryAcquire(ctx, "x", ttl); !errors.Is(err, ErrInvalidTTL) {
+				t.Errorf("TryAcquire(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			}
+			if _, err := lk.Acquire(ctx, "x", ttl); !errors.Is(err, ErrInvalidTTL) {
+				t.Errorf("Acquire(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			}
+			if _, err := lk.AcquireMany(ctx, []string{"x"}, ttl); !errors.Is(err, ErrInvalidTTL) {
+				t.Errorf("AcquireMany(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			}
+			if _, err := lk.RenewToken(ctx, "x", "h", 1, ttl); !errors.Is(err, ErrInvalidTTL) {
+				t.Errorf("RenewToken(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			}
+			if _, err := lk.NewElector("x", &ElectionConfig{LeaseDuration: ttl, RenewDeadline: time.Second, RetryPeriod: time.Millisecond}); err == nil && ttl != 0 {
+				t.Errorf("NewElector(ttl %s) accepted", what)
+			}
+		}
+		for _, h := range []string{"", strings.Repeat("h", MaxHolderBytes+1), "a\x00"} {
+			if _, err := lk.RenewToken(ctx, "x", h, 1, time.Second); !errors.Is(err, ErrInvalidHolder) {
+				t.Errorf("RenewToken(holder %q...) = %v, want ErrInvalidHolder", h[:min(len(h), 5)], err)
+			}
+			if err := lk.ReleaseToken(ctx, "x", h, 1); !errors.Is(err, ErrInvalidHolder) {
+				t.Errorf("ReleaseToken(holder %q...) = %v, want ErrInvalidHolder", h[:min(len(h), 5)], err)
+			}
+		}
+		for _, tok := range []int64{0, -1, -1 << 63} {
+			if _, err := lk.RenewToken(ctx, "x", "h", tok, time.Second); !errors.Is(err, ErrInvalidToken) {
+				t.Errorf("RenewToken(token %d) = %v, want ErrInvalidToken", tok, err)
+			}
+			if err := lk.ReleaseToken(ctx, "x", "h", tok); !errors.Is(err, ErrInvalidToken) {
+				t.Errorf("ReleaseToken(token %d) = %v, want ErrInvalidToken", tok, err)
+			}
+		}
+	}
+	if _, err := l.AcquireMany(ctx, []string{"a", "b", "a"}, time.Second); !errors.Is(err, ErrInvalidName) {
+		t.Errorf("AcquireMany(duplicates) = %v, want ErrInvalidName", err)
+	}
+	if _, err := l.AcquireMany(ctx, nil, time.Second); !errors.Is(err, ErrInvalidName) {
+		t.Errorf("AcquireMany(nil) = %v, want ErrInvalidName", err)
+	}
+	for _, cfg := range []*Config{
+		{Holder: strings.Repeat("h", MaxHolderBytes+1)},
+		{Holder: "bad\xff"},
+		{KeepAliveFraction: 0.9},
+		{KeepAliveFraction: -1},
+		{PollInterval: -time.Second},
+	} {
+		if _, err := New(pool, cfg); err == nil {
+			t.Errorf("New(%+v) accepted", *cfg)
+		}
+	}
+	if _, err := New(nil, nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("New(nil pool) = %v", err)
+	}
+	if _, err := l.NewElector("e", &ElectionConfig{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("NewElector(renew deadline > lease) = %v", err)
+	}
+	// Nothing reached the table.
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.locks").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("rows after rejected calls = %d, %v; want 0", n, err)
+	}
+	// Errors carry the sentinel and a reason.
+	_, err = l.TryAcquire(ctx, long, time.Second)
+	var inv *InvalidError
+	if !errors.As(err, &inv) || !strings.Contains(err.Error(), "513 bytes") {
+		t.Errorf("error %v does not explain the length", err)
+	}
+}
+
+func TestSQLLookingNamesStoredVerbatim(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{Holder: "h'); DELETE FROM pgfence.locks; --"})
+	ctx := testCtx(t, 30*time.Second)
+	names := []string{
+		"x'; DROP TABLE pgfence.locks; --",
+		`"; TRUNCATE pgfence.locks; --`,
+		"$1", "%", "_", `\`, "a b\tc\nd", "Robert'); DROP TABLE students;--",
+		"ключ:42", "🔒", strings.Repeat("é", MaxNameBytes/2), // exactly 512 bytes
+	}
+	for _, name := range names {
+		s, err := l.TryAcquire(ctx, name, time.Minute)
+		if err != nil {
+			t.Fatalf("TryAcquire(%q): %v", name, err)
+		}
+		info := inspect(t, pool, name)
+		if info.Name != name || !info.Held || info.Holder != l.Holder() || info.Token != s.Token() {
+			t.Errorf("row for %q = %+v", name, info)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatalf("Release(%q): %v", name, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.locks").Scan(&n); err != nil || n != len(names) {
+		t.Fatalf("rows = %d, %v; want %d", n, err, len(names))
+	}
+}
+
+func TestTryAcquireLockedError(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	ctx := testCtx(t, 30*time.Second)
+	s := mustAcquire(t, a, "job", time.Minute)
+	if s.Token() != 1 || s.Name() != "job" || s.Holder() != "a" || s.TTL() != time.Minute {
+		t.Fatalf("lease = %q %q %d %v", s.Name(), s.Holder(), s.Token(), s.TTL())
+	}
+	before := rowJSON(t, pool, "job")
+	for _, l := range []*Locker{a, b} { // the same Locker is excluded too
+		_, err := l.TryAcquire(ctx, "job", time.Minute)
+		var le *LockedError
+		if !errors.As(err, &le) || !errors.Is(err, ErrLocked) {
+			t.Fatalf("TryAcquire on held lock = %v, want *LockedError", err)
+		}
+		if le.Holder != "a" || !le.ExpiresAt.Equal(s.ExpiresAt()) {
+			t.Errorf("LockedError = %+v, want holder a until %v", le, s.ExpiresAt())
+		}
+	}
+	if after := rowJSON(t, pool, "job"); after != before {
+		t.Errorf("refused grant changed the row:\n%s\n%s", before, after)
+	}
+	// Acquire with a short context reports both ErrLocked and the deadline.
+	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(sctx, "job", time.Minute); !errors.Is(err, ErrLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire with expiring ctx = %v", err)
+	}
+	// ExpiresAt is the db clock's now() + ttl; Deadline is local and not later
+	// than the database expiry in real time.
+	if d := time.Until(s.Deadline()); d > time.Minute || d < 50*time.Second {
+		t.Errorf("Deadline in %v, want just under 1m", d)
+	}
+}
+
+// Two Lockers, one name, 1,000 grants: never two holders at once, and every
+// grant's token is larger than the one before.
+func TestContendedMutualExclusion(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	const rounds = 1000
+	lockers := []*Locker{newLocker(t, pool, &Config{Holder: "one"}), newLocker(t, pool, &Config{Holder: "two"})}
+	ctx := testCtx(t, 50*time.Second)
+
+	var (
+		inside  atomic.Int32
+		granted atomic.Int32
+		mu      sync.Mutex
+		last    int64
+		perL    [2]int
+		wg      sync.WaitGroup
+		errs    = make(chan error, 2)
+	)
+	for i, l := range lockers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for granted.Load() < rounds {
+				s, err := l.Acquire(ctx, "contended", 10*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					errs <- errors.New("two holders at once")
+				}
+				mu.Lock()
+				if s.Token() <= last {
+					errs <- errors.New("token did not grow")
+				}
+				last = s.Token()
+				perL[i]++
+				mu.Unlock()
+				granted.Add(1)
+				inside.Add(-1)
+				if err := s.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	info := inspect(t, pool, "contended")
+	if info.Token != last || info.Held {
+		t.Errorf("final row %+v, want token %d and free", info, last)
+	}
+	if perL[0] == 0 || perL[1] == 0 {
+		t.Errorf("grants per locker %v: no contention", perL)
+	}
+	t.Logf("%d grants, per locker %v, last token %d", granted.Load(), perL, last)
+}
+
+// Seed scenario: A takes a short lease and pauses past it; B acquires with a
+// higher token and writes; A's renew and release are refused and change
+// nothing; A's Done has fired; A's fenced write is refused by the row.
+func TestSeedPausedHolder(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	if _, err := pool.Exec(ctx, `CREATE TABLE invoices (id int PRIMARY KEY, pdf text, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO invoices VALUES (42, 'v0', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	fencedWrite := func(token int64, pdf string) int64 {
+		tag, err := pool.Exec(ctx, "UPDATE invoices SET pdf = $2, fence = $3 WHERE id = $1 AND fence < $3", 42, pdf, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tag.RowsAffected()
+	}
+	a := newLocker(t, pool, &Config{Holder: "worker-a"})
+	b := newLocker(t, pool, &Config{Holder: "worker-b"})
+
+	la := mustAcquire(t, a, "invoice:42", 300*time.Millisecond)
+	time.Sleep(450 * time.Millisecond) // A "pauses" (GC, VM stall) past its TTL
+	// B waits for the database to expire A's lease (usually no wait at all).
+	lb, err := b.Acquire(ctx, "invoice:42", time.Minute)
+	if err != nil {
+		t.Fatalf("B Acquire after A's expiry: %v", err)
+	}
+	if time.Now().Before(la.Deadline()) {
+		t.Fatal("B was granted the lock before A's local deadline")
+	}
+	if lb.Token() <= la.Token() {
+		t.Fatalf("B token %d not above A token %d", lb.Token(), la.Token())
+	}
+	if n := fencedWrite(lb.Token(), "B"); n != 1 {
+		t.Fatalf("B's fenced write updated %d rows", n)
+	}
+	select {
+	case <-la.Done():
+	case <-time.After(time.Second):
+		t.Fatal("A.Done() has not fired after its deadline")
+	}
+	if err := la.Err(); !errors.Is(err, ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("A.Err() = %v", err)
+	}
+	if c := context.Cause(la.Context()); !errors.Is(c, ErrLeaseLost) {
+		t.Errorf("A.Context cause = %v", c)
+	}
+
+	before := rowJSON(t, pool, "invoice:42")
+	if err := la.Renew(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("A.Renew = %v, want ErrLeaseLost", err)
+	}
+	if _, err := a.RenewToken(ctx, "invoice:42", la.Holder(), la.Token(), time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("A RenewToken = %v, want ErrLeaseLost", err)
+	}
+	if err := la.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("A.Release = %v, want ErrLeaseLost", err)
+	}
+	if err := a.ReleaseToken(ctx, "invoice:42", la.Holder(), la.Token()); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("A ReleaseToken = %v, want ErrLeaseLost", err)
+	}
+	if after := rowJSON(t, pool, "invoice:42"); after != before {
+		t.Errorf("A's stale calls changed the row:\n%s\n%s", before, after)
+	}
+	// A wakes up and writes with its token: the row refuses it.
+	if n := fencedWrite(la.Token(), "A"); n != 0 {
+		t.Fatalf("A's stale fenced write updated %d rows", n)
+	}
+	var pdf string
+	if err := pool.QueryRow(ctx, "SELECT pdf FROM invoices WHERE id = 42").Scan(&pdf); err != nil || pdf != "B" {
+		t.Fatalf("pdf = %q, %v; want B", pdf, err)
+	}
+	if lb.Err() != nil {
+		t.Errorf("B's lease ended: %v", lb.Err())
+	}
+}
+
+// A stale holder's release never frees the newer holder's lease, whichever
+// field is stale.
+func TestStaleReleaseNeverFreesNewer(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	old := mustAcquire(t, a, "r", 100*time.Millisecond)
+	<-old.Done()
+	cur, err := b.Acquire(ctx, "r", time.Minute) // waits for the database's expiry
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := rowJSON(t, pool, "r")
+	for _, c := range []struct {
+		holder string
+		token  int64
+	}{
+		{"a", old.Token()}, {"a", cur.Token()}, {"b", old.Token()}, {"b", cur.Token() + 1},
+	} {
+		if err := a.ReleaseToken(ctx, "r", c.holder, c.token); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("ReleaseToken(%s, %d) = %v, want ErrLeaseLost", c.holder, c.token, err)
+		}
+		if _, err := a.RenewToken(ctx, "r", c.holder, c.token, time.Hour); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("RenewToken(%s, %d) = %v, want ErrLeaseLost", c.holder, c.token, err)
+		}
+	}
+	if err := old.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("old.Release = %v", err)
+	}
+	if after := rowJSON(t, pool, "r"); after != before {
+		t.Errorf("stale calls changed the row:\n%s\n%s", before, after)
+	}
+	if _, err := a.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, ErrLocked) {
+		t.Errorf("lock was freed by a stale release: %v", err)
+	}
+	// The current holder's own token-based calls work.
+	exp, err := b.RenewToken(ctx, "r", "b", cur.Token(), time.Hour)
+	if err != nil || time.Until(exp) < 50*time.Minute {
+		t.Errorf("RenewToken by holder = %v, %v", exp, err)
+	}
+	if err := b.ReleaseToken(ctx, "r", "b", cur.Token()); err != nil {
+		t.Errorf("ReleaseToken by holder: %v", err)
+	}
+	if info := inspect(t, pool, "r"); info.Held || info.Token != cur.Token() || info.Holder != "" {
+		t.Errorf("after release row = %+v", info)
+	}
+}
+
+func TestTokensGrowAcrossReleases(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	l := newLocker(t, pool, nil)
+	var prev int64
+	for i := 1; i <= 5; i++ {
+		s := mustAcquire(t, l, "grow", time.Minute)
+		if s.Token() != int64(i) || s.Token() <= prev {
+			t.Fatalf("grant %d token %d (prev %d)", i, s.Token(), prev)
+		}
+		prev = s.Token()
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(s.Err(), ErrReleased) {
+			t.Errorf("Err after release = %v", s.Err())
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Errorf("second Release = %v, want nil", err)
+		}
+		info := inspect(t, pool, "grow")
+		if info.Held || info.Holder != "" || !info.ExpiresAt.IsZero() || info.Token != prev {
+			t.Fatalf("released row = %+v; want token kept, holder and expiry NULL", info)
+		}
+	}
+	// An expired lease is taken over with the next token as well.
+	s := mustAcquire(t, l, "grow", 50*time.Millisecond)
+	<-s.Done()
+	s2, err := l.Acquire(ctx, "grow", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s2.Token() != s.Token()+1 {
+		t.Errorf("token after expiry %d, want %d", s2.Token(), s.Token()+1)
+	}
+}
+
+func TestTokenOverflow(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	l := newLocker(t, pool, nil)
+	s := mustAcquire(t, l, "old", time.Minute)
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE pgfence.locks SET token = 9223372036854775807 WHERE name = 'old'"); err != nil {
+		t.Fatal(err)
+	}
+	before := rowJSON(t, pool, "old")
+	_, err := l.TryAcquire(ctx, "old", time.Minute)
+	if !errors.Is(err, ErrTokenOverflow) {
+		t.Fatalf("TryAcquire at max token = %v, want ErrTokenOverflow", err)
+	}
+	if _, err := l.Acquire(ctx, "old", time.Minute); !errors.Is(err, ErrTokenOverflow) {
+		t.Fatalf("Acquire at max token = %v, want ErrTokenOverflow", err)
+	}
+	if after := rowJSON(t, pool, "old"); after != before {
+		t.Errorf("overflowing grant changed the row:\n%s\n%s", before, after)
+	}
+}
+
+// The grant and renew statements turn synchronous_commit on for their own
+// transaction even when the session default is off, without an extra round
+// trip: read the setting back inside a transaction that ran the statement,
+// and check it is back to off after an implicit one-statement transaction.
+func TestGrantForcesSynchronousCommit(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := testCtx(t, 30*time.Second)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["synchronous_commit"] = "off"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	show := func(db DBTX) string {
+		var v string
+		if err := db.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := show(conn); v != "off" {
+		t.Fatalf("session default = %q, want off", v)
+	}
+	q := dbsqlc.New()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row, err := q.GrantLock(ctx, tx, dbsqlc.GrantLockParams{Name: "sync", Holder: "h", TtlUs: 60e6})
+	if err != nil {
+		t.Fatalf("GrantLock = %+v, %v", row, err)
+	}
+	if v := show(tx); v != "on" {
+		t.Errorf("synchronous_commit inside the granting transaction = %q, want on", v)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if v := show(conn); v != "off" {
+		t.Errorf("after commit = %q, want the session's off back (set_config is local)", v)
+	}
+	tx, err = conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.RenewLock(ctx, tx, dbsqlc.RenewLockParams{TtlUs: 60e6, Name: "sync", Holder: "h", Token: row.Token}); err != nil {
+		t.Fatal(err)
+	}
+	if v := show(tx); v != "on" {
+		t.Errorf("synchronous_commit inside the renewing transaction = %q, want on", v)
+	}
+	_ = tx.Rollback(ctx)
+	// A refused grant (the lock is held) sets it too, harmlessly.
+	if _, err := q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: "sync", Holder: "h2", TtlUs: 60e6}); !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("refused grant: %v", err)
+	}
+	if v := show(conn); v != "off" {
+		t.Errorf("after an implicit transaction = %q, want off", v)
+	}
+}
+
+// A release sends NOTIFY on NotifyChannel, with the name as payload, only
+// when a waiter marked the lock: uncontended cycles stay NOTIFY-free.
+func TestReleaseNotifiesChannel(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	name := `it's "quoted"`
+	s := mustAcquire(t, a, name, time.Minute)
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	n, err := conn.WaitForNotification(short)
+	cancel()
+	if err == nil {
+		t.Fatalf("release without waiters sent %q %q", n.Channel, n.Payload)
+	}
+	// pgx closes the connection on a cancelled wait: listen again.
+	conn, err = pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	s = mustAcquire(t, a, name, time.Minute)
+	waiting := waitSignal(b)
+	res := acquireAsync(ctx, b, name, time.Minute)
+	<-waiting
+	if info := rowJSON(t, pool, name); !strings.Contains(info, `"waiting_since": "`) {
+		t.Errorf("waiter did not mark the row: %s", info)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n, err = conn.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Channel != NotifyChannel || n.Payload != name {
+		t.Errorf("notification %q %q", n.Channel, n.Payload)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	// The grant cleared the mark.
+	if info := rowJSON(t, pool, name); !strings.Contains(info, `"waiting_since": null`) {
+		t.Errorf("grant did not clear the mark: %s", info)
+	}
+}

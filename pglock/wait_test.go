@@ -1,0 +1,279 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// waitSignal makes l report on the returned channel each time a waiter
+// starts sleeping.
+func waitSignal(l *Locker) <-chan string {
+	ch := make(chan string, 64)
+	l.waitHook = func(name string) {
+		select {
+		case ch <- name:
+		default:
+		}
+	}
+	return ch
+}
+
+type acquired struct {
+	lease *Lease
+	err   error
+	at    time.Time
+}
+
+func acquireAsync(ctx context.Context, l *Locker, name string, ttl time.Duration) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		s, err := l.Acquire(ctx, name, ttl)
+		ch <- acquired{s, err, time.Now()}
+	}()
+	return ch
+}
+
+func listenBackends(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND query ILIKE 'LISTEN%'`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A release wakes the waiter through LISTEN/NOTIFY, long before the holder's
+// TTL; one Locker uses one LISTEN connection for all its waiters.
+func TestWaiterWokenByRelease(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	waiting := waitSignal(b)
+
+	names := []string{"w1", "w2", "w3", "w4"}
+	held := map[string]*Lease{}
+	results := map[string]<-chan acquired{}
+	for _, n := range names {
+		held[n] = mustAcquire(t, a, n, time.Minute)
+		results[n] = acquireAsync(ctx, b, n, time.Minute)
+	}
+	for range names {
+		select {
+		case <-waiting:
+		case <-ctx.Done():
+			t.Fatal("waiters never started waiting")
+		}
+	}
+	// Wait until the listener is up, then check that it is a single one.
+	for !b.lis.isUp() {
+		time.Sleep(time.Millisecond)
+	}
+	if n := listenBackends(t, pool); n != 1 {
+		t.Errorf("%d LISTEN connections for %d waiters, want 1", n, len(names))
+	}
+	for _, n := range names {
+		start := time.Now()
+		if err := held[n].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-results[n]
+		if r.err != nil {
+			t.Fatalf("waiter %s: %v", n, r.err)
+		}
+		lat := r.at.Sub(start)
+		if lat > 2*time.Second {
+			t.Errorf("handoff of %s took %v; the holder's TTL was 1m, so the release did not wake it", n, lat)
+		}
+		if r.lease.Token() != held[n].Token()+1 {
+			t.Errorf("waiter token %d, want %d", r.lease.Token(), held[n].Token()+1)
+		}
+		t.Logf("%s: release → grant %v", n, lat)
+	}
+}
+
+// A holder that crashed (never releases) is replaced shortly after its expiry
+// on the database clock.
+func TestWaiterOnCrashedHolder(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a, err := New(pool, &Config{Holder: "crashing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	const ttl = 500 * time.Millisecond
+	la := mustAcquire(t, a, "crash", ttl)
+	_ = a.Close() // "crash": no release, no renewal
+	if !errors.Is(la.Err(), ErrClosed) {
+		t.Errorf("lease after Close: %v", la.Err())
+	}
+	r := <-acquireAsync(ctx, b, "crash", time.Minute)
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	grantDBTime := r.lease.ExpiresAt().Add(-time.Minute)
+	if grantDBTime.Before(la.ExpiresAt()) {
+		t.Errorf("granted at %v (db), before the crashed holder's expiry %v", grantDBTime, la.ExpiresAt())
+	}
+	late := grantDBTime.Sub(la.ExpiresAt())
+	if late > 500*time.Millisecond {
+		t.Errorf("granted %v after the crashed holder's expiry; want shortly after", late)
+	}
+	t.Logf("granted %v after expiry (db clock)", late)
+}
+
+// With the LISTEN connection killed, a release is still not missed: the
+// listener reconnects, wakes every waiter and they re-try.
+func TestListenerReconnectNoLostWakeup(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	waiting := waitSignal(b)
+	held := mustAcquire(t, a, "rc", time.Minute)
+	res := acquireAsync(ctx, b, "rc", time.Minute)
+	<-waiting
+	for !b.lis.isUp() {
+		time.Sleep(time.Millisecond)
+	}
+	var killed int
+	if err := pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND query ILIKE 'LISTEN%'`).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d listeners: %v", killed, err)
+	}
+	// Release right away: the notification may well be lost with the
+	// connection; the reconnect must make the waiter re-check.
+	start := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if lat := r.at.Sub(start); lat > 10*time.Second {
+		t.Errorf("waiter took %v after the release", lat)
+	} else {
+		t.Logf("release → grant across a listener reconnect: %v", lat)
+	}
+}
+
+// A waiter that polls (NoListen + PollInterval) also gets the lock.
+func TestPollingWaiter(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, nil)
+	b := newLocker(t, pool, &Config{NoListen: true, PollInterval: 50 * time.Millisecond})
+	held := mustAcquire(t, a, "poll", time.Minute)
+	waiting := waitSignal(b)
+	res := acquireAsync(ctx, b, "poll", time.Minute)
+	<-waiting
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-res; r.err != nil {
+		t.Fatal(r.err)
+	}
+	if b.lis != nil {
+		t.Error("NoListen Locker has a listener")
+	}
+}
+
+// Two callers take overlapping sets in opposite order many times; both
+// finish (sorted acquisition cannot deadlock) and the sets never overlap in
+// time.
+func TestAcquireManyOppositeOrder(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 40*time.Second)
+	sets := [][]string{{"a", "b", "c"}, {"c", "b", "x"}}
+	lockers := []*Locker{newLocker(t, pool, &Config{Holder: "p"}), newLocker(t, pool, &Config{Holder: "q"})}
+	var (
+		mu    sync.Mutex
+		inUse = map[string]bool{}
+		wg    sync.WaitGroup
+		errs  = make(chan error, 2)
+	)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 30 {
+				leases, err := lockers[i].AcquireMany(ctx, sets[i], 10*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for j, s := range leases {
+					if s.Name() != sets[i][j] {
+						errs <- errors.New("leases not in the order of names")
+					}
+				}
+				mu.Lock()
+				for _, n := range sets[i] {
+					if inUse[n] {
+						errs <- errors.New("overlap on " + n)
+					}
+					inUse[n] = true
+				}
+				mu.Unlock()
+				time.Sleep(time.Millisecond)
+				mu.Lock()
+				for _, n := range sets[i] {
+					inUse[n] = false
+				}
+				mu.Unlock()
+				for _, s := range leases {
+					if err := s.Release(ctx); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// All or nothing: when one name cannot be had, the ones already taken are
+// released.
+func TestAcquireManyAllOrNothing(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	x := newLocker(t, pool, &Config{Holder: "x"})
+	y := newLocker(t, pool, &Config{Holder: "y"})
+	mustAcquire(t, x, "m2", time.Minute)
+	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	leases, err := y.AcquireMany(sctx, []string{"m3", "m2", "m1"}, time.Minute)
+	// Usually ErrLocked (the context ended while waiting for m2); on a slow
+	// machine the context may end during a round trip instead.
+	if !errors.Is(err, context.DeadlineExceeded) || leases != nil {
+		t.Fatalf("AcquireMany = %v, %v; want the context's deadline", leases, err)
+	}
+	if info := inspect(t, pool, "m1"); info.Held || info.Token != 1 {
+		t.Errorf("m1 after failed AcquireMany: %+v; want released (token 1)", info)
+	}
+	if info := inspect(t, pool, "m3"); info.Held || info.Token != 0 {
+		t.Errorf("m3 after failed AcquireMany: %+v; want never taken (sorted order stops at m2)", info)
+	}
+}

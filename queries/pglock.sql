@@ -1,0 +1,83 @@
+-- name: GrantLock :one
+-- GrantLock grants a free (holder NULL) or expired lock to holder in ONE
+-- statement: token + 1, expiry now() + ttl_us microseconds; no row when the
+-- lock is held (nothing is written then). The set_config in the FROM clause
+-- turns synchronous_commit on for this statement's own transaction (is_local
+-- = true; commit reads the setting before the transaction's settings are
+-- reset), so an acknowledged token survives a crash even when the server
+-- default is off, at no extra round trip. Like every statement of this file
+-- it runs alone, in an implicit transaction of one statement, so now() is
+-- the time the statement started on the database's clock (see pglock/doc.go
+-- for why now() and not clock_timestamp()). token + 1 at the bigint maximum
+-- fails with SQLSTATE 22003 and changes nothing. A grant clears
+-- waiting_since: waiters that did not get the lock mark it again.
+INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
+       now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+ON CONFLICT (name) DO UPDATE
+SET token       = l.token + 1,
+    holder      = excluded.holder,
+    acquired_at = excluded.acquired_at,
+    renewed_at  = NULL,
+    expires_at  = excluded.expires_at,
+    waiting_since = NULL
+WHERE l.holder IS NULL OR l.expires_at <= now()
+RETURNING l.token, l.expires_at;
+
+-- name: RenewLock :one
+-- RenewLock extends a lease that is still held by (name, holder, token) to
+-- now() + ttl_us microseconds, with synchronous_commit on for its transaction
+-- (a lost renewal would leave the client believing in a longer lease than the
+-- database's). No row = the lease was lost (expired, released or re-granted).
+UPDATE pgfence.locks AS l
+SET expires_at = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
+    renewed_at = now()
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE l.name = sqlc.arg(name)::text
+  AND l.holder = sqlc.arg(holder)::text
+  AND l.token = sqlc.arg(token)::bigint
+  AND l.expires_at > now()
+RETURNING l.expires_at, now()::timestamptz AS db_now;
+
+-- name: ReleaseLock :execrows
+-- ReleaseLock frees a lease still held by (name, holder, token): holder and
+-- expiry become NULL, the row and its token stay. If a waiter marked the
+-- lock (waiting_since, see MarkWaiting), it notifies channel
+-- pgfence_lock_released with the lock name as payload (delivered at commit)
+-- so waiters wake. 0 rows = the lease was lost; nothing changed.
+WITH r AS (
+    UPDATE pgfence.locks AS l
+    SET holder = NULL, expires_at = NULL, renewed_at = NULL
+    WHERE l.name = sqlc.arg(name)::text
+      AND l.holder = sqlc.arg(holder)::text
+      AND l.token = sqlc.arg(token)::bigint
+      AND l.expires_at > now()
+    RETURNING l.name, l.waiting_since IS NOT NULL AS wanted
+)
+SELECT r.name,
+       CASE WHEN r.wanted THEN pg_notify('pgfence_lock_released', r.name)::text END AS notified
+FROM r;
+
+-- name: MarkWaiting :one
+-- MarkWaiting records that a waiter wants to be notified when the lock is
+-- released, and returns the holder and expiry for the waiter's timer. It
+-- marks only a lock that is held right now: no row = free or expired, so the
+-- waiter retries the grant at once. Because the mark and the release lock
+-- the same row, either the release sees the mark (and notifies) or the mark
+-- sees the release (and returns no row): no wake-up is lost.
+UPDATE pgfence.locks AS l
+SET waiting_since = now()
+WHERE l.name = sqlc.arg(name)::text
+  AND l.holder IS NOT NULL
+  AND l.expires_at > now()
+RETURNING l.holder, l.expires_at, now()::timestamptz AS db_now;
+
+-- name: LockHolder :one
+-- LockHolder returns a lock row with held = whether a holder has it now
+-- (database clock).
+SELECT name, token, holder, expires_at,
+       COALESCE(holder IS NOT NULL AND expires_at > now(), false)::boolean AS held,
+       now()::timestamptz AS db_now
+FROM pgfence.locks
+WHERE name = sqlc.arg(name)::text;
