@@ -1,5 +1,3 @@
-//go:build pgfence_pglock && pgfence_fencedwrite
-
 package main
 
 import (

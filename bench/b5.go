@@ -1,5 +1,3 @@
-//go:build pgfence_pglock
-
 package main
 
 import (
