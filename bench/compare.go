@@ -44,7 +44,7 @@ func (g *goalCheck) addRatio(label string, r Row) {
 		g.met++
 		status = "met"
 	}
-	g.parts = append(g.parts, fmt.Sprintf("%s %.2f (%s)", label, *r.Ratio, status))
+	g.parts = append(g.parts, fmt.Sprintf("%s %s (%s)", label, formatRatio(*r.Ratio), status))
 }
 
 func (g *goalCheck) goal() Goal {

@@ -118,6 +118,15 @@ func formatNum(v float64) string {
 	}
 }
 
+// formatRatio shows three decimals, so that a ratio just under a goal
+// (0.949 against 0.95) does not print as the goal itself.
+func formatRatio(v float64) string {
+	if math.Abs(v) >= 10 {
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 3, 64)
+}
+
 func clientsCell(c int) string {
 	if c == 0 {
 		return "—"
@@ -137,7 +146,7 @@ func (r Row) cells() []string {
 	c = append(c, formatNum(r.Median), formatNum(r.Min)+"–"+formatNum(r.Max))
 	ratio := ""
 	if r.Ratio != nil {
-		ratio = strconv.FormatFloat(*r.Ratio, 'f', 2, 64)
+		ratio = formatRatio(*r.Ratio)
 		if r.RatioDef != "" {
 			ratio += " (" + r.RatioDef + ")"
 		}

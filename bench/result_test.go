@@ -82,7 +82,7 @@ func TestWriteMarkdown(t *testing.T) {
 	for _, want := range []string{
 		"| L0 UPDATE limit | random row | 8 | ops/s | 1100 | 1000–1200 |  |  |",
 		`a\|b`,
-		"0.85 (B1 ÷ (L0 ÷ 3)) | ≥ 0.9: NOT met |",
+		"0.850 (B1 ÷ (L0 ÷ 3)) | ≥ 0.9: NOT met |",
 		"not measured: pglock not merged yet",
 	} {
 		if !strings.Contains(buf.String(), want) {
