@@ -67,9 +67,29 @@ func (b *bench) b3Unconditional(clients int) variant {
 	}}
 }
 
+// b3FencedSQL is the user's form written by hand: the same UPDATE plus
+// "AND fence <= $token" and "fence = $token", one statement, no diagnosis.
+func (b *bench) b3FencedSQL(l *pglock.Locker, clients int) variant {
+	return b.b3WithLeases(l, "bench_b3", keyB3SQL, clients, func(ctx context.Context, token int64, w, i int) error {
+		_, err := b.pg.pool.Exec(ctx, "UPDATE bench_b3 SET v = $2, fence = $3 WHERE id = $1 AND fence <= $3",
+			b3RowID(clients, w), int64(i), token)
+		return err
+	})
+}
+
 // b3Fenced takes one lease per worker for the repetition and writes with its
 // token through the fencedwrite helper (re-entrant: fence <= token).
 func (b *bench) b3Fenced(l *pglock.Locker, tbl *fencedwrite.Table, table, name string, clients int) variant {
+	return b.b3WithLeases(l, table, name, clients, func(ctx context.Context, token int64, w, i int) error {
+		_, err := tbl.Update(ctx, b.pg.pool, token, []any{b3RowID(clients, w)}, []any{int64(i)})
+		return err
+	})
+}
+
+// b3WithLeases gives each worker one lease for the repetition and runs op
+// with its token.
+func (b *bench) b3WithLeases(l *pglock.Locker, table, name string, clients int,
+	op func(ctx context.Context, token int64, w, i int) error) variant {
 	return variant{name: name, clients: clients, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
 		leases := make([]*pglock.Lease, clients)
 		defer func() {
@@ -87,8 +107,7 @@ func (b *bench) b3Fenced(l *pglock.Locker, tbl *fencedwrite.Table, table, name s
 			leases[w] = lease
 		}
 		return closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
-			_, err := tbl.Update(ctx, b.pg.pool, leases[w].Token(), []any{b3RowID(clients, w)}, []any{int64(i)})
-			return err
+			return op(ctx, leases[w].Token(), w, i)
 		})
 	}}
 }
@@ -110,14 +129,16 @@ func (b *bench) runB3(ctx context.Context) {
 	for _, c := range b.cfg.clients {
 		vs = append(vs, b.b3Unconditional(c),
 			b.b3Fenced(l, plain, "bench_b3", keyB3Fenced, c),
+			b.b3FencedSQL(l, c),
 			b.b3Fenced(l, guarded, "bench_b3_guarded", keyB3Guard, c))
 	}
+	const per = 4
 	res := b.measure(ctx, "B3", vs)
-	for i := 0; i < len(vs); i += 3 {
+	for i := 0; i < len(vs); i += per {
 		c := vs[i].clients
 		uncond := res[i].rates
 		b.add(rateRow(scen, keyB3Uncond, c, "ops/s", res[i]))
-		for j := 1; j <= 2; j++ {
+		for j := 1; j < per; j++ {
 			r := rateRow(scen, vs[i+j].name, c, "ops/s", res[i+j])
 			if rs := pairedRatios(res[i+j].rates, uncond); len(rs) > 0 && r.Measured() {
 				m, _, _ := summarize(rs)
