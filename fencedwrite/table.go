@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/observe"
 )
 
 // DefaultFenceColumn is the fence column name used when a spec names none.
@@ -30,6 +33,13 @@ type Spec struct {
 	FenceColumn string
 	// Mode is the comparison of Update and Upsert. Defaults to [Strict].
 	Mode Mode
+	// Metrics receives pgfence_fenced_writes_total and
+	// pgfence_fenced_write_rejected_total{reason} for this table's writes
+	// (see package observe). Defaults to nil: nothing is recorded.
+	Metrics observe.Metrics
+	// Logger receives one line per refused write (Info: table, operation,
+	// token, reason) and per applied write (Debug). Defaults to nil: silent.
+	Logger *slog.Logger
 }
 
 // Table runs fenced statements on one table. It is built by [Prepare], holds
@@ -250,7 +260,8 @@ func (t *Table) Update(ctx context.Context, db DBTX, token int64, key, set []any
 	if err != nil {
 		return Result{}, err
 	}
-	return t.run(ctx, db, t.update, t.spec.Mode, token, key, args, false)
+	res, err := t.run(ctx, db, t.update, t.spec.Mode, token, key, args, false)
+	return res, t.record(ctx, "update", token, err)
 }
 
 // Upsert inserts a row with key, set and fence = token, or updates the
@@ -262,7 +273,8 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token int64, key, set []any
 	if err != nil {
 		return Result{}, err
 	}
-	return t.run(ctx, db, t.upsert, t.spec.Mode, token, key, args, true)
+	res, err := t.run(ctx, db, t.upsert, t.spec.Mode, token, key, args, true)
+	return res, t.record(ctx, "upsert", token, err)
 }
 
 // Delete deletes the row identified by key unless a newer grant wrote it
@@ -274,7 +286,39 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Re
 	if err != nil {
 		return Result{}, err
 	}
-	return t.run(ctx, db, t.delete, Reentrant, token, key, args, false)
+	res, err := t.run(ctx, db, t.delete, Reentrant, token, key, args, false)
+	return res, t.record(ctx, "delete", token, err)
+}
+
+// record reports the outcome of a fenced statement to Spec.Metrics and
+// Spec.Logger and returns err unchanged.
+func (t *Table) record(ctx context.Context, op string, token int64, err error) error {
+	m, log := observe.OrNop(t.spec.Metrics), t.spec.Logger
+	if err == nil {
+		m.Add(observe.FencedWritesTotal, 1)
+		if log != nil {
+			log.DebugContext(ctx, "fencedwrite: applied", "table", t.spec.Table, "op", op, "token", token)
+		}
+		return nil
+	}
+	var reason string
+	switch {
+	case errors.Is(err, ErrStaleToken):
+		reason = observe.RejectStale
+	case errors.Is(err, ErrAlreadyApplied):
+		reason = observe.RejectAlreadyApplied
+	case errors.Is(err, ErrNotFound):
+		reason = observe.RejectNotFound
+	case errors.Is(err, ErrGuardRejected):
+		reason = observe.RejectGuard
+	default:
+		return err
+	}
+	m.Add(observe.FencedRejectedTotal, 1, reason)
+	if log != nil {
+		log.InfoContext(ctx, "fencedwrite: write refused", "table", t.spec.Table, "op", op, "token", token, "reason", reason, "err", err)
+	}
+	return err
 }
 
 func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, upsert bool) (Result, error) {
@@ -323,7 +367,8 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 // The read is an UPDATE: it locks the row until the transaction ends, writes a
 // row version, and is refused by a strict guard when the fence already
 // equals token (attach the guard with mode reentrant to tables written this way).
-func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest ...any) (Result, error) {
+func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest ...any) (_ Result, err error) {
+	defer func() { err = t.record(ctx, "read", token, err) }()
 	args, err := t.args(token, key, nil, false)
 	if err != nil {
 		return Result{}, err

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgfence/pgfence/observe"
 )
 
 // Default election timings, in the spirit of Kubernetes leader election.
@@ -144,6 +146,7 @@ func (e *Elector) lead(ctx context.Context, lease *Lease) {
 	e.lease = lease
 	e.mu.Unlock()
 	e.l.log.Info("pglock: started leading", "name", e.name, "token", lease.Token())
+	e.l.m.Add(observe.LeaderChangesTotal, 1, e.name, "started")
 
 	cbDone := make(chan struct{})
 	go func() {
@@ -190,6 +193,7 @@ loop:
 	e.mu.Unlock()
 	err := lease.Err()
 	e.l.log.Info("pglock: stopped leading", "name", e.name, "token", lease.Token(), "err", err)
+	e.l.m.Add(observe.LeaderChangesTotal, 1, e.name, "stopped")
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(lease, err)
 	}

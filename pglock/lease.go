@@ -6,6 +6,8 @@ import (
 	mrand "math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pgfence/observe"
 )
 
 // Lease is one grant of a lock: a name, the holder, the fencing token of this
@@ -29,6 +31,9 @@ type Lease struct {
 
 	renewMu sync.Mutex // serialises renewals so the last sent is the last committed
 
+	grantedAt    time.Time // local, for the hold-time metric
+	renewFailing bool      // the latest renewal failed with a connection error (under mu)
+
 	mu        sync.Mutex
 	expiresAt time.Time // database clock
 	deadline  time.Time // local, monotonic: send time of the grant/renewal + ttl
@@ -40,7 +45,7 @@ type Lease struct {
 }
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
-	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl)}
+	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.mu.Lock()
 	s.timer = time.AfterFunc(time.Until(s.deadline), s.deadlinePassed)
@@ -140,10 +145,25 @@ func (s *Lease) end(err error) {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
+	renewFailing := s.renewFailing
 	s.mu.Unlock()
 	s.cancel(err)
-	if lvl := s.l.log; lvl != nil && !errors.Is(err, ErrReleased) {
-		lvl.Debug("pglock: lease ended", "name", s.name, "token", s.token, "err", err)
+	s.l.m.Observe(observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
+	switch {
+	case errors.Is(err, ErrReleased):
+		s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
+	case errors.Is(err, ErrLeaseLost):
+		reason := observe.LostRenewalRefused
+		if errors.Is(err, errDeadline) || errors.Is(err, errRenewDeadline) {
+			reason = observe.LostDeadline
+			if renewFailing {
+				reason = observe.LostConnection
+			}
+		}
+		s.l.m.Add(observe.LeasesLostTotal, 1, reason)
+		s.l.log.Warn("pglock: lease lost", "name", s.name, "token", s.token, "reason", reason, "err", err)
+	default:
+		s.l.log.Debug("pglock: lease ended", "name", s.name, "token", s.token, "err", err)
 	}
 	s.l.mu.Lock()
 	delete(s.l.leases, s)
@@ -175,10 +195,17 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) {
+			s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewRefused)
 			s.end(lost)
+		} else {
+			s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewError)
+			s.mu.Lock()
+			s.renewFailing = true
+			s.mu.Unlock()
 		}
 		return err
 	}
+	s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewOK)
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err
@@ -194,6 +221,7 @@ func (s *Lease) Renew(ctx context.Context) error {
 		return lost
 	}
 	s.expiresAt = exp
+	s.renewFailing = false
 	s.deadline = sent.Add(s.ttl)
 	s.timer.Reset(time.Until(s.deadline))
 	s.mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/observe"
 )
 
 // Limits on input. Violations are rejected before any SQL runs.
@@ -55,9 +56,15 @@ type Config struct {
 	// what. Every lease of one Locker carries the same holder. 1..512 bytes.
 	// Defaults to [DefaultHolder]() ("hostname/pid/random").
 	Holder string
-	// Logger receives debug and warning lines (renewal failures, listener
-	// reconnects). Defaults to nil: silent.
+	// Logger receives a line per grant and release (Info), per lost lease and
+	// renewal failure (Warn), and listener reconnects. Every line carries the
+	// lock name and token; the holder is in the "holder" attribute of the
+	// Locker's logger. Defaults to nil: silent.
 	Logger *slog.Logger
+	// Metrics receives the lease metrics of package observe (acquire latency
+	// by outcome, wait time, hold time, leases lost by reason, renewals,
+	// leader changes). Defaults to nil: nothing is recorded.
+	Metrics observe.Metrics
 	// KeepAlive renews every lease automatically at KeepAliveFraction of its
 	// TTL (with ±10% jitter) until it is released or lost. Defaults to false.
 	// A keep-alive keeps renewing while the worker is stuck: it proves the
@@ -99,6 +106,7 @@ type Locker struct {
 	q      *dbsqlc.Queries
 	holder string
 	log    *slog.Logger
+	m      observe.Metrics
 	cfg    Config
 
 	mu     sync.Mutex
@@ -143,11 +151,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	log = log.With("holder", c.Holder)
 	l := &Locker{
 		pool:     pool,
 		q:        dbsqlc.New(),
 		holder:   c.Holder,
 		log:      log,
+		m:        observe.OrNop(c.Metrics),
 		cfg:      c,
 		leases:   make(map[*Lease]struct{}),
 		closedCh: make(chan struct{}),
@@ -271,14 +281,33 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if l.isClosed() {
 		return nil, ErrClosed
 	}
+	start := time.Now()
 	lease, locked, _, err := l.grant(ctx, name, ttl, false)
+	if err == nil && locked != nil {
+		err = locked
+	}
+	l.recordAcquire(name, start, false, lease, err)
 	if err != nil {
 		return nil, err
 	}
-	if locked != nil {
-		return nil, locked
-	}
 	return lease, nil
+}
+
+// recordAcquire reports one TryAcquire/Acquire call to the metrics and log.
+func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease *Lease, err error) {
+	elapsed := time.Since(start).Seconds()
+	switch {
+	case err == nil:
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeGranted)
+		if waited {
+			l.m.Observe(observe.LeaseWaitSeconds, elapsed)
+		}
+		l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
+	case errors.Is(err, ErrLocked):
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
+	default:
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeError)
+	}
 }
 
 // Acquire takes the lock name for ttl, waiting while someone else holds it,
@@ -299,7 +328,18 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	if err := ValidateTTL(ttl); err != nil {
 		return nil, err
 	}
-	return l.acquire(ctx, name, ttl, waitOpts{})
+	start := time.Now()
+	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{})
+	l.recordAcquire(name, start, waited, lease, err)
+	return lease, err
+}
+
+// acquireWaited is acquire, also reporting whether it had to wait.
+func (l *Locker) acquireWaited(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, bool, error) {
+	waited := false
+	o.onWait = func() { waited = true }
+	lease, err := l.acquire(ctx, name, ttl, o)
+	return lease, waited, err
 }
 
 // waitOpts adjust acquire for the election campaign.
@@ -307,6 +347,7 @@ type waitOpts struct {
 	cap      time.Duration // longest single sleep; 0 = Config.PollInterval or none
 	retryErr time.Duration // > 0: retry database errors after this long instead of returning them
 	onErr    func(error)
+	onWait   func() // called before each sleep
 }
 
 func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
@@ -353,6 +394,9 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		}
 		if l.waitHook != nil {
 			l.waitHook(name)
+		}
+		if o.onWait != nil {
+			o.onWait()
 		}
 		if timer == nil {
 			timer = time.NewTimer(wait)

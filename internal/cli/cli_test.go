@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/pglock/advisory"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -241,5 +242,50 @@ func TestFences(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM catalogue").Scan(&n); err != nil || n != 4 {
 		t.Fatalf("catalogue changed: %d %v", n, err)
+	}
+}
+
+func TestAdvisoryList(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	key, err := advisory.Name("nightly-report")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, _ := key.Int64()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", k); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", k)
+	var pid int32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, dsn, "advisory", "list", "--name", "nightly-report", "--json")
+	var rows []struct {
+		Key     string `json:"key"`
+		Mode    string `json:"mode"`
+		Granted bool   `json:"granted"`
+		PID     int32  `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 {
+		t.Fatalf("advisory list: %+v %v", r, err)
+	}
+	if len(rows) != 1 || rows[0].PID != pid || !rows[0].Granted || rows[0].Key != key.String() {
+		t.Fatalf("advisory list = %+v, want key %s held by pid %d", rows, key, pid)
+	}
+	r = run(t, dsn, "advisory", "list")
+	if r.code != 0 || !strings.Contains(r.stdout, key.String()) {
+		t.Fatalf("table: %+v", r)
+	}
+	if r := run(t, dsn, "advisory", "list", "--name", ""); r.code != 0 {
+		t.Fatalf("empty --name means all: %+v", r)
 	}
 }

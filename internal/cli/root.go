@@ -123,6 +123,7 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 		a.fencesCommand(),
 		a.exporterCommand(),
 		a.genCommand(),
+		a.advisoryCommand(),
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)

@@ -42,6 +42,40 @@ type PgfenceGuardedTable struct {
 	GuardedBy string
 }
 
+// Job queue. A row is available (waiting until run_at), running (claimed until claim_expires_at, database clock), completed or dead (failed max_attempts times, last_error kept). Leased claims give each claimed row a new claim_token; complete, fail, heartbeat and release are conditional on (id, claim_token), so a worker whose claim expired and was re-claimed changes nothing. Finished rows are kept until the application deletes them.
+type PgfenceJob struct {
+	// Job id, assigned by the database.
+	ID int64
+	// Queue name, 1..128 bytes. Workers claim from one queue; inserts NOTIFY channel pgfence_jobs with it as payload.
+	Queue string
+	// Job arguments as JSON, opaque to pgfence.
+	Payload []byte
+	// Claim order: lower numbers are claimed first; ties by run_at, then id.
+	Priority int16
+	// Earliest database time at which the job may be claimed; a failed attempt pushes it by the retry backoff.
+	RunAt time.Time
+	// Number of leased claims so far (a release gives one back). When a failure leaves attempts >= max_attempts the job is dead.
+	Attempts int32
+	// Attempts allowed before the job goes to state dead (1..1000000).
+	MaxAttempts int32
+	// available | running | completed | dead. Only available rows whose run_at has passed, and running rows whose claim expired, can be claimed.
+	State string
+	// Worker identity of the latest leased claim (kept after the claim ends, for operators).
+	ClaimedBy *string
+	// Claim token of the latest leased claim, from pgfence.jobs_claim_token_seq: a new, larger token on every claim, never reset. Complete, fail, heartbeat and release must present it; a stale worker's token no longer matches.
+	ClaimToken pgtype.Int8
+	// Database time at which the current leased claim ends and the row becomes claimable again; set only while state = running.
+	ClaimExpiresAt *time.Time
+	// Error message of the latest failed attempt (or of an expired claim), kept when the job goes dead.
+	LastError *string
+	// Database time of the insert.
+	CreatedAt time.Time
+	// Database time of the latest change made by pgfence.
+	UpdatedAt time.Time
+	// Database time at which the job was completed or went dead; NULL otherwise.
+	FinishedAt *time.Time
+}
+
 // One row per lease lock. A lock is held while holder is set and expires_at > now() (database clock); free when holder is NULL; expired when holder is set and expires_at <= now(). Rows are never deleted and token never goes down, so a fence column can compare against it.
 type PgfenceLock struct {
 	// Lock name chosen by the application, 1..512 bytes, e.g. 'invoice:42'.

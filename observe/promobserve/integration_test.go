@@ -1,0 +1,147 @@
+package promobserve_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/observe/promobserve"
+	"github.com/pgfence/pgfence/pglock"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// value returns a counter's value or a histogram's sample count for the
+// series of name whose labels include want.
+func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.Metric {
+			for _, lp := range m.Label {
+				if v, ok := want[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return 0
+}
+
+// TestMetricsFromRealOperations drives pglock and fencedwrite against
+// PostgreSQL and checks the recorded metrics and their labels.
+func TestMetricsFromRealOperations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := pglock.New(pool, &pglock.Config{Holder: "a", Metrics: m, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := pglock.New(pool, &pglock.Config{Holder: "b", Metrics: m, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	// Granted, then locked.
+	lease, err := a.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.TryAcquire(ctx, "job", time.Minute); !errors.Is(err, pglock.ErrLocked) {
+		t.Fatalf("b: %v", err)
+	}
+	if v := value(t, reg, observe.LeaseAcquireSeconds, map[string]string{"outcome": "granted"}); v != 1 {
+		t.Errorf("acquire{granted} = %v, want 1", v)
+	}
+	if v := value(t, reg, observe.LeaseAcquireSeconds, map[string]string{"outcome": "locked"}); v != 1 {
+		t.Errorf("acquire{locked} = %v, want 1", v)
+	}
+
+	// A renewal refused because someone else took over: lost, renewal_refused.
+	if _, err := pool.Exec(ctx, "UPDATE pgfence.locks SET expires_at = now() - interval '1 second' WHERE name = 'job'"); err != nil {
+		t.Fatal(err)
+	}
+	taken, err := b.TryAcquire(ctx, "job", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Renew(ctx); !errors.Is(err, pglock.ErrLeaseLost) {
+		t.Fatalf("renew: %v", err)
+	}
+	if v := value(t, reg, observe.LeasesLostTotal, map[string]string{"reason": observe.LostRenewalRefused}); v != 1 {
+		t.Errorf("lost{renewal_refused} = %v, want 1", v)
+	}
+	if v := value(t, reg, observe.LeaseRenewalsTotal, map[string]string{"outcome": observe.RenewRefused}); v != 1 {
+		t.Errorf("renewals{refused} = %v, want 1", v)
+	}
+	if err := taken.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A lease that runs out locally: lost, deadline_passed.
+	short, err := a.TryAcquire(ctx, "short", 150*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-short.Done()
+	if v := value(t, reg, observe.LeasesLostTotal, map[string]string{"reason": observe.LostDeadline}); v != 1 {
+		t.Errorf("lost{deadline_passed} = %v, want 1", v)
+	}
+	if v := value(t, reg, observe.LeaseHoldSeconds, nil); v != 3 {
+		t.Errorf("hold time samples = %v, want 3 (lost, released, lost)", v)
+	}
+
+	// Fenced writes: one applied, then stale, already applied, not found.
+	if _, err := pool.Exec(ctx, "CREATE TABLE items (id int PRIMARY KEY, v int, fence bigint NOT NULL DEFAULT 0); INSERT INTO items VALUES (1, 0, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: "items", Key: []string{"id"}, Set: []string{"v"}, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tbl.Update(ctx, pool, 5, []any{1}, []any{10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tbl.Update(ctx, pool, 4, []any{1}, []any{11}); !errors.Is(err, fencedwrite.ErrStaleToken) {
+		t.Fatalf("stale: %v", err)
+	}
+	if _, err := tbl.Update(ctx, pool, 5, []any{1}, []any{12}); !errors.Is(err, fencedwrite.ErrAlreadyApplied) {
+		t.Fatalf("replay: %v", err)
+	}
+	if _, err := tbl.Update(ctx, pool, 6, []any{2}, []any{13}); !errors.Is(err, fencedwrite.ErrNotFound) {
+		t.Fatalf("missing: %v", err)
+	}
+	for reason, want := range map[string]float64{observe.RejectStale: 1, observe.RejectAlreadyApplied: 1, observe.RejectNotFound: 1, observe.RejectGuard: 0} {
+		if v := value(t, reg, observe.FencedRejectedTotal, map[string]string{"reason": reason}); v != want {
+			t.Errorf("rejected{%s} = %v, want %v", reason, v, want)
+		}
+	}
+	if v := value(t, reg, observe.FencedWritesTotal, nil); v != 1 {
+		t.Errorf("fenced writes = %v, want 1", v)
+	}
+}

@@ -1,0 +1,159 @@
+-- Queries on pgfence.jobs used by package skiplocked. Durations are passed as
+-- milliseconds and added to now(): every time that decides anything is the
+-- clock of the database.
+
+-- name: EnqueueJob :one
+-- EnqueueJob inserts one job. A NULL run_at means now() on the database clock.
+INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
+VALUES (@queue, @payload, @priority, coalesce(sqlc.narg('run_at')::timestamptz, now()), @max_attempts)
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+
+-- name: EnqueueJobs :many
+-- EnqueueJobs inserts many jobs in one statement (one NOTIFY per queue).
+INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
+SELECT t.queue, t.payload::jsonb, t.priority,
+       CASE WHEN t.run_now THEN now() ELSE t.run_at END, t.max_attempts
+FROM (SELECT unnest(@queues::text[]) AS queue, unnest(@payloads::text[]) AS payload,
+             unnest(@priorities::smallint[]) AS priority, unnest(@run_ats::timestamptz[]) AS run_at,
+             unnest(@run_nows::boolean[]) AS run_now, unnest(@max_attempts::integer[]) AS max_attempts) AS t
+RETURNING id;
+
+-- name: ClaimJobs :many
+-- ClaimJobs is the leased claim: it takes up to max_jobs claimable rows of a
+-- queue (available and due, or running with an expired claim) with FOR UPDATE
+-- SKIP LOCKED, gives each a new claim token and a claim expiry, and returns
+-- them. An expired claim on a row that has no attempts left sends the row to
+-- dead instead (not returned).
+WITH due AS (
+    SELECT a.id, a.priority, a.run_at, false AS expired_dead
+    FROM pgfence.jobs a
+    WHERE a.queue = @queue AND a.state = 'available' AND a.run_at <= now()
+    ORDER BY a.priority, a.run_at, a.id
+    LIMIT @max_jobs
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT r.id, r.priority, r.run_at, r.attempts >= r.max_attempts AS expired_dead
+    FROM pgfence.jobs r
+    WHERE r.queue = @queue AND r.state = 'running' AND r.claim_expires_at <= now()
+    ORDER BY r.claim_expires_at
+    LIMIT @max_jobs
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT c.id, c.expired_dead
+    FROM (SELECT d.id, d.priority, d.run_at, d.expired_dead FROM due d
+          UNION ALL
+          SELECT e.id, e.priority, e.run_at, e.expired_dead FROM expired e) AS c
+    ORDER BY c.priority, c.run_at, c.id
+    LIMIT @max_jobs
+), claimed AS (
+    UPDATE pgfence.jobs j
+    SET state            = CASE WHEN p.expired_dead THEN 'dead' ELSE 'running' END,
+        attempts         = CASE WHEN p.expired_dead THEN j.attempts ELSE j.attempts + 1 END,
+        claimed_by       = CASE WHEN p.expired_dead THEN j.claimed_by ELSE @worker::text END,
+        claim_token      = CASE WHEN p.expired_dead THEN j.claim_token
+                                ELSE nextval('pgfence.jobs_claim_token_seq') END,
+        claim_expires_at = CASE WHEN p.expired_dead THEN NULL
+                                ELSE now() + interval '1 millisecond' * @ttl_ms::bigint END,
+        last_error       = CASE WHEN j.state = 'running'
+                                THEN 'claim ' || j.claim_token || ' of ' || j.claimed_by || ' expired at ' || j.claim_expires_at
+                                ELSE j.last_error END,
+        finished_at      = CASE WHEN p.expired_dead THEN now() END,
+        updated_at       = now()
+    FROM picked p
+    WHERE j.id = p.id
+    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at
+)
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM claimed
+WHERE claimed.state = 'running'
+ORDER BY claimed.priority, claimed.run_at, claimed.id;
+
+-- name: CompleteJobs :many
+-- CompleteJobs marks jobs completed, each only if it is still running under
+-- the given claim token. It returns the ids that changed.
+UPDATE pgfence.jobs j
+SET state = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
+WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+RETURNING j.id;
+
+-- name: FailJob :one
+-- FailJob records a failed attempt of a job still running under the given
+-- claim token: back to available with run_at pushed by retry_in_ms, or dead
+-- when no attempts are left or give_up is set.
+UPDATE pgfence.jobs
+SET state            = CASE WHEN attempts >= max_attempts OR @give_up::boolean THEN 'dead' ELSE 'available' END,
+    run_at           = CASE WHEN attempts >= max_attempts OR @give_up::boolean THEN run_at
+                            ELSE now() + interval '1 millisecond' * @retry_in_ms::bigint END,
+    finished_at      = CASE WHEN attempts >= max_attempts OR @give_up::boolean THEN now() END,
+    last_error       = @last_error::text,
+    claim_expires_at = NULL,
+    updated_at       = now()
+WHERE id = @id AND claim_token = @claim_token::bigint AND state = 'running'
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+
+-- name: HeartbeatJobs :many
+-- HeartbeatJobs extends the claims that are still held under the given tokens
+-- to now() + ttl_ms and returns them with their new expiry.
+UPDATE pgfence.jobs j
+SET claim_expires_at = now() + interval '1 millisecond' * @ttl_ms::bigint, updated_at = now()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
+WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+RETURNING j.id, j.claim_expires_at;
+
+-- name: ReleaseJobs :many
+-- ReleaseJobs gives claims back unfinished: the jobs become available at once
+-- and the attempt is not counted. Only claims still held under the token change.
+UPDATE pgfence.jobs j
+SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, updated_at = now()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
+WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+RETURNING j.id;
+
+-- name: GetJob :one
+-- GetJob returns one job.
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs WHERE id = @id;
+
+-- name: GetJobClaims :many
+-- GetJobClaims returns the claim columns of some jobs, to say why a
+-- conditional update changed nothing.
+SELECT id, state, claim_token, claimed_by FROM pgfence.jobs WHERE id = ANY(@ids::bigint[]);
+
+-- name: ClaimJobsTx :many
+-- ClaimJobsTx locks up to max_jobs available, due jobs of a queue with FOR
+-- UPDATE SKIP LOCKED, for the transaction that runs it. Nothing is written:
+-- the row lock is the claim, and it ends with the transaction.
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs
+WHERE queue = @queue AND state = 'available' AND run_at <= now()
+ORDER BY priority, run_at, id
+LIMIT @max_jobs
+FOR UPDATE SKIP LOCKED;
+
+-- name: CompleteJobTx :execrows
+-- CompleteJobTx marks a job claimed by ClaimJobsTx completed, in the same
+-- transaction.
+UPDATE pgfence.jobs
+SET state = 'completed', finished_at = now(), updated_at = now()
+WHERE id = @id AND state = 'available';
+
+-- name: FailJobTx :one
+-- FailJobTx records a failed attempt of a job claimed by ClaimJobsTx, in the
+-- same transaction (in-transaction claims count attempts only on failure).
+UPDATE pgfence.jobs
+SET attempts    = attempts + 1,
+    state       = CASE WHEN attempts + 1 >= max_attempts OR @give_up::boolean THEN 'dead' ELSE 'available' END,
+    run_at      = CASE WHEN attempts + 1 >= max_attempts OR @give_up::boolean THEN run_at
+                       ELSE now() + interval '1 millisecond' * @retry_in_ms::bigint END,
+    finished_at = CASE WHEN attempts + 1 >= max_attempts OR @give_up::boolean THEN now() END,
+    last_error  = @last_error::text,
+    updated_at  = now()
+WHERE id = @id AND state = 'available'
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+
+-- name: DeleteFinishedJobs :execrows
+-- DeleteFinishedJobs deletes up to max_jobs completed or dead jobs that
+-- finished before the given time.
+DELETE FROM pgfence.jobs
+WHERE id IN (SELECT f.id FROM pgfence.jobs f
+             WHERE f.state IN ('completed', 'dead') AND f.finished_at < @finished_before::timestamptz
+             ORDER BY f.finished_at
+             LIMIT @max_jobs);

@@ -1,0 +1,159 @@
+package skiplocked_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+const benchWorkers = 8
+
+var benchQueue atomic.Int64
+
+func benchPool(b *testing.B) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = benchWorkers + 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
+
+// BenchmarkClaimComplete: 8 goroutines each loop Claim(batch) +
+// CompleteMany until the queue is empty; one op = one job claimed and
+// completed. Reports jobs/s.
+func BenchmarkClaimComplete(b *testing.B) {
+	pool := benchPool(b)
+	for _, batch := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			queue := fmt.Sprintf("bench-%d", benchQueue.Add(1))
+			enqueueN(b, pool, queue, b.N, 5)
+			ctx := context.Background()
+			var done atomic.Int64
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for w := range benchWorkers {
+				wg.Go(func() {
+					for {
+						js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: queue, Worker: fmt.Sprint(w), Limit: batch, TTL: time.Minute})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if len(js) == 0 {
+							return
+						}
+						refs := make([]skiplocked.ClaimRef, len(js))
+						for i, j := range js {
+							refs[i] = j.Ref()
+						}
+						if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) > 0 {
+							b.Error(err, lost)
+							return
+						}
+						done.Add(int64(len(js)))
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			if int(done.Load()) != b.N {
+				b.Fatalf("completed %d of %d", done.Load(), b.N)
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "jobs/s")
+		})
+	}
+}
+
+// BenchmarkWorkerLoop: one Worker with Concurrency 8 and the given batch
+// size drains the queue with a no-op handler (completions are batched).
+func BenchmarkWorkerLoop(b *testing.B) {
+	pool := benchPool(b)
+	for _, batch := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			queue := fmt.Sprintf("benchw-%d", benchQueue.Add(1))
+			enqueueN(b, pool, queue, b.N, 5)
+			var handled atomic.Int64
+			allDone := make(chan struct{})
+			n := int64(b.N)
+			w, err := skiplocked.NewWorker(pool, queue, func(context.Context, skiplocked.Job) error {
+				if handled.Add(1) == n {
+					close(allDone)
+				}
+				return nil
+			}, &skiplocked.Config{Concurrency: benchWorkers, BatchSize: batch, PollInterval: 100 * time.Millisecond})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			b.ResetTimer()
+			start := time.Now()
+			runErr := make(chan error, 1)
+			go func() { runErr <- w.Run(ctx) }()
+			<-allDone
+			cancel()
+			if err := <-runErr; err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "jobs/s")
+			if got := countState(b, pool, queue, skiplocked.StateCompleted); got != b.N {
+				b.Fatalf("completed %d of %d", got, b.N)
+			}
+		})
+	}
+}
+
+// BenchmarkClaimWithFinishedRows measures one claim+complete of 10 jobs with
+// 10k and 1M finished rows in the table. The 1M case is opt-in
+// (PGFENCE_BENCH_LARGE=1) because filling the table takes a while.
+func BenchmarkClaimWithFinishedRows(b *testing.B) {
+	sizes := []int{10000}
+	if os.Getenv("PGFENCE_BENCH_LARGE") != "" {
+		sizes = append(sizes, 1000000)
+	}
+	for _, finished := range sizes {
+		b.Run(fmt.Sprintf("finished=%d", finished), func(b *testing.B) {
+			pool := benchPool(b)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, `INSERT INTO pgfence.jobs (queue, state, finished_at, attempts)
+				SELECT 'big', 'completed', now(), 1 FROM generate_series(1, $1)`, finished); err != nil {
+				b.Fatal(err)
+			}
+			enqueueN(b, pool, "big", b.N*10, 5)
+			if _, err := pool.Exec(ctx, "VACUUM ANALYZE pgfence.jobs"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "big", Worker: "w", Limit: 10, TTL: time.Minute})
+				if err != nil || len(js) != 10 {
+					b.Fatal(len(js), err)
+				}
+				refs := make([]skiplocked.ClaimRef, len(js))
+				for i, j := range js {
+					refs[i] = j.Ref()
+				}
+				if _, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,61 @@
+package skiplocked_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func ctxT(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// enqueueN inserts n jobs on queue with payload {"n": i}.
+func enqueueN(t testing.TB, pool *pgxpool.Pool, queue string, n int, maxAttempts int) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	var ids []int64
+	for start := 0; start < n; start += 10000 {
+		ps := make([]skiplocked.EnqueueParams, 0, min(10000, n-start))
+		for i := start; i < min(start+10000, n); i++ {
+			ps = append(ps, skiplocked.EnqueueParams{Queue: queue, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), MaxAttempts: maxAttempts})
+		}
+		got, err := skiplocked.EnqueueMany(ctx, pool, ps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, got...)
+	}
+	return ids
+}
+
+func mustJob(t testing.TB, pool *pgxpool.Pool, id int64) skiplocked.Job {
+	t.Helper()
+	j, err := skiplocked.GetJob(context.Background(), pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+func countState(t testing.TB, pool *pgxpool.Pool, queue string, state skiplocked.State) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM pgfence.jobs WHERE queue = $1 AND state = $2", queue, string(state)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -1,0 +1,350 @@
+package skiplocked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// MaxIdentifierLen is the longest table or column name a [Spec] accepts, in
+// bytes (PostgreSQL's NAMEDATALEN - 1).
+const MaxIdentifierLen = 63
+
+// identRe is what a [Spec] accepts as a name: letters, digits, _ and $, not
+// starting with a digit or $. Names that would need quoting to be valid SQL
+// (spaces, quotes, ;, dots) are refused rather than quoted.
+var identRe = regexp.MustCompile(`^[\p{L}_][\p{L}\p{N}_$]*$`)
+
+// Op is a comparison operator of a [Cond].
+type Op string
+
+// The operators a [Cond] may use. The value is always a bind parameter.
+const (
+	OpEq        Op = "="           // column = value
+	OpNe        Op = "<>"          // column <> value
+	OpLt        Op = "<"           // column < value
+	OpLe        Op = "<="          // column <= value
+	OpGt        Op = ">"           // column > value
+	OpGe        Op = ">="          // column >= value
+	OpIn        Op = "IN"          // column = ANY(value); value is a slice
+	OpIsNull    Op = "IS NULL"     // column IS NULL; no value
+	OpIsNotNull Op = "IS NOT NULL" // column IS NOT NULL; no value
+)
+
+// Cond is one filter condition of a [Spec]: Column Op Value, with Value sent
+// as a bind parameter (never pasted into the SQL). Conditions are ANDed.
+type Cond struct {
+	// Column is the column compared; a plain identifier.
+	Column string
+	// Op is the comparison.
+	Op Op
+	// Value is bound as a parameter; nil for OpIsNull and OpIsNotNull, a
+	// slice for OpIn.
+	Value any
+}
+
+// Order is one ORDER BY term of a [Spec].
+type Order struct {
+	// Column to sort by; a plain identifier.
+	Column string
+	// Desc sorts descending. Defaults to ascending.
+	Desc bool
+}
+
+// Spec describes an in-transaction claim on an application's own table:
+//
+//	SELECT <Key> FROM <Schema>.<Table>
+//	WHERE <Where...> AND (<TrustedFilterSQL>)
+//	ORDER BY <OrderBy...> LIMIT <Limit>
+//	FOR UPDATE SKIP LOCKED
+//
+// Names are checked to be plain identifiers and quoted with pgx.Identifier;
+// values are bind parameters.
+type Spec struct {
+	// Schema of the table. Defaults to the search_path when empty.
+	Schema string
+	// Table to claim rows from (an ordinary or partitioned table).
+	Table string
+	// Key lists the columns returned for each claimed row, at least one;
+	// usually the primary key, but any columns may be listed.
+	Key []string
+	// Where holds conditions ANDed together, values bound as parameters.
+	// Defaults to no condition (every row is claimable).
+	Where []Cond
+	// TrustedFilterSQL is an extra condition written by the programmer, for
+	// what [Cond] cannot say (column-to-column comparisons, functions). It is
+	// pasted into the statement: it must NEVER contain input from users.
+	// Fragments containing ";", "--", "/*", "$" or unbalanced parentheses are
+	// refused with [ErrInvalidSpec]. Defaults to none.
+	TrustedFilterSQL string
+	// OrderBy gives the claim order. Defaults to none (whatever order the
+	// plan yields).
+	OrderBy []Order
+	// Limit is the most rows one claim takes, 1..[MaxBatch].
+	Limit int
+}
+
+// TxClaimer claims rows of an application table with FOR UPDATE SKIP LOCKED
+// inside the caller's transaction. Build one with [NewTxClaimer] and use it
+// from many goroutines with [ClaimTx].
+type TxClaimer struct {
+	spec    Spec
+	sql     string
+	args    []any // one per Cond that takes a value, then the limit
+	columns []string
+}
+
+// NewTxClaimer checks spec and builds the claim statement. It looks the
+// table and columns up in the catalog through db, so a misspelt name fails
+// here with [ErrUnknownTable] or [ErrUnknownColumn] instead of aborting a
+// transaction later. Malformed names get [ErrInvalidIdentifier]; other
+// mistakes [ErrInvalidSpec] or [ErrInvalidLimit].
+func NewTxClaimer(ctx context.Context, db DB, spec Spec) (*TxClaimer, error) {
+	if isNil(db) {
+		return nil, ErrNilDB
+	}
+	c, err := buildTxClaimer(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkCatalog(ctx, db); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func buildTxClaimer(spec Spec) (*TxClaimer, error) {
+	if err := checkLimit(spec.Limit); err != nil {
+		return nil, err
+	}
+	if spec.Schema != "" {
+		if err := checkIdent("schema", spec.Schema); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkIdent("table", spec.Table); err != nil {
+		return nil, err
+	}
+	if len(spec.Key) == 0 {
+		return nil, fmt.Errorf("%w: no key columns", ErrInvalidSpec)
+	}
+	c := &TxClaimer{spec: spec}
+	var b strings.Builder
+	b.WriteString("SELECT ")
+	for i, k := range spec.Key {
+		if err := checkIdent("key column", k); err != nil {
+			return nil, err
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(pgx.Identifier{k}.Sanitize())
+		c.columns = append(c.columns, k)
+	}
+	b.WriteString(" FROM ")
+	if spec.Schema != "" {
+		b.WriteString(pgx.Identifier{spec.Schema, spec.Table}.Sanitize())
+	} else {
+		b.WriteString(pgx.Identifier{spec.Table}.Sanitize())
+	}
+	var where []string
+	for _, cond := range spec.Where {
+		if err := checkIdent("filter column", cond.Column); err != nil {
+			return nil, err
+		}
+		col := pgx.Identifier{cond.Column}.Sanitize()
+		c.columns = append(c.columns, cond.Column)
+		switch cond.Op {
+		case OpEq, OpNe, OpLt, OpLe, OpGt, OpGe:
+			if cond.Value == nil {
+				return nil, fmt.Errorf("%w: %s %s with a nil value (use OpIsNull)", ErrInvalidSpec, cond.Column, cond.Op)
+			}
+			c.args = append(c.args, cond.Value)
+			where = append(where, col+" "+string(cond.Op)+" $"+strconv.Itoa(len(c.args)))
+		case OpIn:
+			if cond.Value == nil {
+				return nil, fmt.Errorf("%w: %s IN needs a slice value", ErrInvalidSpec, cond.Column)
+			}
+			c.args = append(c.args, cond.Value)
+			where = append(where, col+" = ANY($"+strconv.Itoa(len(c.args))+")")
+		case OpIsNull, OpIsNotNull:
+			if cond.Value != nil {
+				return nil, fmt.Errorf("%w: %s %s takes no value", ErrInvalidSpec, cond.Column, cond.Op)
+			}
+			where = append(where, col+" "+string(cond.Op))
+		default:
+			return nil, fmt.Errorf("%w: unknown operator %q", ErrInvalidSpec, cond.Op)
+		}
+	}
+	if spec.TrustedFilterSQL != "" {
+		if err := checkTrustedSQL(spec.TrustedFilterSQL); err != nil {
+			return nil, err
+		}
+		where = append(where, "("+spec.TrustedFilterSQL+")")
+	}
+	if len(where) > 0 {
+		b.WriteString(" WHERE ")
+		b.WriteString(strings.Join(where, " AND "))
+	}
+	for i, o := range spec.OrderBy {
+		if err := checkIdent("order column", o.Column); err != nil {
+			return nil, err
+		}
+		c.columns = append(c.columns, o.Column)
+		if i == 0 {
+			b.WriteString(" ORDER BY ")
+		} else {
+			b.WriteString(", ")
+		}
+		b.WriteString(pgx.Identifier{o.Column}.Sanitize())
+		if o.Desc {
+			b.WriteString(" DESC")
+		}
+	}
+	c.args = append(c.args, spec.Limit)
+	b.WriteString(" LIMIT $" + strconv.Itoa(len(c.args)) + " FOR UPDATE SKIP LOCKED")
+	c.sql = b.String()
+	return c, nil
+}
+
+func (c *TxClaimer) checkCatalog(ctx context.Context, db DB) error {
+	name := pgx.Identifier{c.spec.Table}.Sanitize()
+	if c.spec.Schema != "" {
+		name = pgx.Identifier{c.spec.Schema, c.spec.Table}.Sanitize()
+	}
+	var (
+		kind  string
+		attrs []string
+	)
+	err := db.QueryRow(ctx, `
+		SELECT c.relkind::text,
+		       array(SELECT a.attname::text FROM pg_attribute a
+		             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+		FROM pg_class c WHERE c.oid = to_regclass($1)`, name).Scan(&kind, &attrs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %s", ErrUnknownTable, name)
+	}
+	if err != nil {
+		return translate("look up table", err)
+	}
+	if kind != "r" && kind != "p" {
+		return fmt.Errorf("%w: %s is not a table (relkind %s)", ErrUnknownTable, name, kind)
+	}
+	for _, col := range c.columns {
+		if !slices.Contains(attrs, col) {
+			return fmt.Errorf("%w: %s.%s", ErrUnknownColumn, name, pgx.Identifier{col}.Sanitize())
+		}
+	}
+	return nil
+}
+
+// SQL returns the claim statement, for logging or EXPLAIN. Its parameters
+// are the values of the conditions in order, then the limit.
+func (c *TxClaimer) SQL() string { return c.sql }
+
+// WithValues returns a copy of c whose condition values are replaced, in the
+// order of Spec.Where, skipping IS NULL / IS NOT NULL conditions. It does no
+// I/O: the table and columns were checked by [NewTxClaimer].
+func (c *TxClaimer) WithValues(values ...any) (*TxClaimer, error) {
+	if len(values) != len(c.args)-1 {
+		return nil, fmt.Errorf("%w: %d values given, the spec has %d", ErrInvalidSpec, len(values), len(c.args)-1)
+	}
+	for i, v := range values {
+		if v == nil {
+			return nil, fmt.Errorf("%w: value %d is nil", ErrInvalidSpec, i)
+		}
+	}
+	cp := *c
+	cp.args = append(append([]any(nil), values...), c.args[len(c.args)-1])
+	return &cp, nil
+}
+
+// WithLimit returns a copy of c that claims at most n rows (1..[MaxBatch]).
+func (c *TxClaimer) WithLimit(n int) (*TxClaimer, error) {
+	if err := checkLimit(n); err != nil {
+		return nil, err
+	}
+	cp := *c
+	cp.spec.Limit = n
+	cp.args = append(append([]any(nil), c.args[:len(c.args)-1]...), n)
+	return &cp, nil
+}
+
+// ClaimTx runs c's claim inside tx and scans each claimed row with scan (for
+// example pgx.RowTo[int64] for a one-column key, or
+// pgx.RowToStructByName[T]). The rows stay locked by tx until it commits or
+// rolls back; other claimers skip them without waiting, and if the worker
+// dies its connection closes and PostgreSQL releases them at once. Do the
+// work, and the writes that record it, in tx.
+//
+// tx must be a real transaction: in autocommit mode the locks would end with
+// the statement. A database error aborts tx (the caller must roll back);
+// errors are translated ([ErrUnknownTable], [ErrUnknownColumn],
+// [ErrConnection]). If ctx is cancelled the statement is cancelled and pgx
+// closes the connection, which releases every lock of tx.
+func ClaimTx[T any](ctx context.Context, tx pgx.Tx, c *TxClaimer, scan pgx.RowToFunc[T]) ([]T, error) {
+	if isNil(tx) {
+		return nil, ErrNilDB
+	}
+	if c == nil || scan == nil {
+		return nil, fmt.Errorf("%w: nil claimer or scan function", ErrInvalidSpec)
+	}
+	rows, err := tx.Query(ctx, c.sql, c.args...)
+	if err != nil {
+		return nil, translate("claim rows", err)
+	}
+	out, err := pgx.CollectRows(rows, scan)
+	if err != nil {
+		return nil, translate("claim rows", err)
+	}
+	return out, nil
+}
+
+func checkIdent(what, name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: empty %s name", ErrInvalidIdentifier, what)
+	}
+	if len(name) > MaxIdentifierLen {
+		return fmt.Errorf("%w: %s name of %d bytes, at most %d", ErrInvalidIdentifier, what, len(name), MaxIdentifierLen)
+	}
+	if !identRe.MatchString(name) {
+		return fmt.Errorf("%w: %s name %q is not a plain identifier", ErrInvalidIdentifier, what, name)
+	}
+	return nil
+}
+
+// checkTrustedSQL refuses fragments that could end the statement, hide text
+// in a comment, open a dollar-quoted string or placeholder, or escape the
+// parentheses the fragment is wrapped in.
+func checkTrustedSQL(s string) error {
+	for _, bad := range []string{";", "--", "/*", "*/", "$", "\x00"} {
+		if strings.Contains(s, bad) {
+			return fmt.Errorf("%w: trusted filter contains %q", ErrInvalidSpec, bad)
+		}
+	}
+	depth, inQuote := 0, false
+	for _, r := range s {
+		switch {
+		case r == '\'':
+			inQuote = !inQuote
+		case inQuote:
+		case r == '(':
+			depth++
+		case r == ')':
+			depth--
+			if depth < 0 {
+				return fmt.Errorf("%w: trusted filter has unbalanced parentheses", ErrInvalidSpec)
+			}
+		}
+	}
+	if depth != 0 || inQuote {
+		return fmt.Errorf("%w: trusted filter has unbalanced parentheses or quotes", ErrInvalidSpec)
+	}
+	return nil
+}

@@ -1,0 +1,247 @@
+package skiplocked_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+// Every bad input gets its typed error and changes nothing in the database.
+func TestBadInputChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	enqueueN(t, pool, "v", 3, 5)
+	held, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+	if err != nil || len(held) != 1 {
+		t.Fatal(held, err)
+	}
+	snapshot := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(j::text, E'\n' ORDER BY id), '') FROM pgfence.jobs j`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
+	var nilPool *pgxpool.Pool
+	claim := func(mut func(*skiplocked.ClaimParams)) error {
+		p := skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 10, TTL: time.Minute}
+		mut(&p)
+		_, err := skiplocked.Claim(ctx, pool, p)
+		return err
+	}
+	enqueue := func(p skiplocked.EnqueueParams) error {
+		_, err := skiplocked.Enqueue(ctx, pool, p)
+		return err
+	}
+	cases := []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"claim: empty queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "" }), skiplocked.ErrInvalidQueue},
+		{"claim: 129-byte queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = strings.Repeat("q", 129) }), skiplocked.ErrInvalidQueue},
+		{"claim: control char queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "a\x00b" }), skiplocked.ErrInvalidQueue},
+		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Worker = "" }), skiplocked.ErrInvalidWorker},
+		{"claim: zero batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 0 }), skiplocked.ErrInvalidLimit},
+		{"claim: negative batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = -5 }), skiplocked.ErrInvalidLimit},
+		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = skiplocked.MaxBatch + 1 }), skiplocked.ErrInvalidLimit},
+		{"claim: zero TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 0 }), skiplocked.ErrInvalidTTL},
+		{"claim: negative TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = -time.Second }), skiplocked.ErrInvalidTTL},
+		{"claim: absurd TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 1000 * time.Hour }), skiplocked.ErrInvalidTTL},
+		{"claim: nil pool", func() error {
+			_, err := skiplocked.Claim(ctx, nilPool, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+			return err
+		}(), skiplocked.ErrNilDB},
+		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), skiplocked.ErrInvalidQueue},
+		{"enqueue: payload not JSON", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":`)}), skiplocked.ErrInvalidPayload},
+		{"enqueue: negative max attempts", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: -1}), skiplocked.ErrInvalidJob},
+		{"enqueue: nil pool", func() error {
+			_, err := skiplocked.Enqueue(ctx, nilPool, skiplocked.EnqueueParams{Queue: "v"})
+			return err
+		}(), skiplocked.ErrNilDB},
+		{"enqueue many: one bad payload", func() error {
+			_, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"}, {Queue: "v", Payload: []byte("nope")}})
+			return err
+		}(), skiplocked.ErrInvalidPayload},
+		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID}), skiplocked.ErrInvalidToken},
+		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1}), skiplocked.ErrInvalidToken},
+		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1}), skiplocked.ErrClaimLost},
+		{"heartbeat: zero TTL", func() error {
+			_, err := skiplocked.Heartbeat(ctx, pool, held[0].Ref(), 0)
+			return err
+		}(), skiplocked.ErrInvalidTTL},
+		{"fail: negative retry", func() error {
+			_, err := skiplocked.Fail(ctx, pool, held[0].Ref(), skiplocked.FailParams{RetryIn: -time.Second})
+			return err
+		}(), skiplocked.ErrInvalidJob},
+		{"release: nil pool", skiplocked.Release(ctx, nilPool, held[0].Ref()), skiplocked.ErrNilDB},
+		{"claim tx: nil tx", func() error {
+			_, err := skiplocked.ClaimJobsTx(ctx, nil, "v", 1)
+			return err
+		}(), skiplocked.ErrNilDB},
+		{"delete finished: zero limit", func() error {
+			_, err := skiplocked.DeleteFinished(ctx, pool, time.Now(), 0)
+			return err
+		}(), skiplocked.ErrInvalidLimit},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: err = %v, want %v", c.name, c.err, c.want)
+		}
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("bad input changed the table:\nbefore %s\nafter  %s", before, after)
+	}
+}
+
+// A dropped connection is reported as ErrConnection.
+func TestDroppedConnectionIsTyped(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", conn.Conn().PgConn().PID()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+	if !errors.Is(err, skiplocked.ErrConnection) {
+		t.Fatalf("claim on a terminated connection: %v, want ErrConnection", err)
+	}
+}
+
+func TestDefaultBackoff(t *testing.T) {
+	t.Parallel()
+	want := map[int]time.Duration{-1: time.Second, 0: time.Second, 1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second,
+		10: 512 * time.Second, 12: 2048 * time.Second, 13: time.Hour, 100: time.Hour}
+	for attempt, d := range want {
+		if got := skiplocked.DefaultBackoff(attempt); got != d {
+			t.Errorf("DefaultBackoff(%d) = %s, want %s", attempt, got, d)
+		}
+	}
+}
+
+func TestEnqueueManyAndDeleteFinished(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	at := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+		{Queue: "m", Payload: []byte(`[1,2]`), Priority: 3, MaxAttempts: 7},
+		{Queue: "m", RunAt: at},
+	})
+	if err != nil || len(ids) != 2 || ids[1] <= ids[0] {
+		t.Fatalf("ids %v, %v", ids, err)
+	}
+	j0, j1 := mustJob(t, pool, ids[0]), mustJob(t, pool, ids[1])
+	if string(j0.Payload) != "[1, 2]" || j0.Priority != 3 || j0.MaxAttempts != 7 || !j1.RunAt.Equal(at) {
+		t.Fatalf("jobs %+v %+v", j0, j1)
+	}
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "m", Worker: "w", Limit: 5, TTL: time.Minute})
+	if err != nil || len(js) != 1 {
+		t.Fatal(js, err)
+	}
+	if err := skiplocked.Complete(ctx, pool, js[0].Ref()); err != nil {
+		t.Fatal(err)
+	}
+	n, err := skiplocked.DeleteFinished(ctx, pool, time.Now().Add(time.Minute), 100)
+	if err != nil || n != 1 {
+		t.Fatalf("deleted %d, %v", n, err)
+	}
+	if _, err := skiplocked.GetJob(ctx, pool, ids[0]); !errors.Is(err, skiplocked.ErrJobNotFound) {
+		t.Fatalf("deleted job: %v", err)
+	}
+}
+
+func TestClaimLostErrorMessages(t *testing.T) {
+	t.Parallel()
+	for _, e := range []*skiplocked.ClaimLostError{
+		{JobID: 1, Token: 2, CurrentToken: 3, ClaimedBy: "B", State: skiplocked.StateRunning},
+		{JobID: 1, Token: 2, CurrentToken: 2, State: skiplocked.StateCompleted},
+		{JobID: 1, Token: 2},
+	} {
+		if !errors.Is(e, skiplocked.ErrClaimLost) || !strings.HasPrefix(e.Error(), "skiplocked: claim lost") {
+			t.Errorf("%#v: %v", e, e)
+		}
+	}
+}
+
+// The job table documents itself for psql's \d+ and refuses bad rows even
+// when written with plain SQL.
+func TestJobsTableCommentsAndConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	var missing []string
+	rows, err := pool.Query(ctx, `
+		SELECT a.attname::text FROM pg_attribute a
+		WHERE a.attrelid = 'pgfence.jobs'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		  AND col_description(a.attrelid, a.attnum) IS NULL
+		UNION ALL
+		SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'pgfence' AND c.relname LIKE 'jobs%' AND obj_description(c.oid, 'pg_class') IS NULL
+		UNION ALL
+		SELECT 'function jobs_notify' WHERE obj_description('pgfence.jobs_notify'::regproc, 'pg_proc') IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		missing = append(missing, s)
+	}
+	if rows.Err() != nil || len(missing) > 0 {
+		t.Fatalf("objects without COMMENT: %v (%v)", missing, rows.Err())
+	}
+	for _, stmt := range []string{
+		"INSERT INTO pgfence.jobs (queue) VALUES ('')",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'weird')",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'running')", // running without a claim
+		"INSERT INTO pgfence.jobs (queue, max_attempts) VALUES ('q', 0)",
+		"INSERT INTO pgfence.jobs (queue, claim_token) VALUES ('q', -1)",
+		"INSERT INTO pgfence.jobs (queue, state) VALUES ('q', 'completed')", // no finished_at
+	} {
+		if _, err := pool.Exec(ctx, stmt); err == nil {
+			t.Errorf("accepted: %s", stmt)
+		}
+	}
+	var cycles bool
+	if err := pool.QueryRow(ctx, "SELECT cycle FROM pg_sequences WHERE schemaname = 'pgfence' AND sequencename = 'jobs_claim_token_seq'").Scan(&cycles); err != nil || cycles {
+		t.Fatalf("claim token sequence cycles = %v (%v)", cycles, err)
+	}
+}
+
+// At the end of the claim token sequence claiming fails with
+// ErrTokenExhausted and claims nothing: tokens never wrap.
+func TestClaimTokenExhausted(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	ids := enqueueN(t, pool, "max", 2, 5)
+	if _, err := pool.Exec(ctx, "SELECT setval('pgfence.jobs_claim_token_seq', 9223372036854775806)"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "max", Worker: "w", Limit: 2, TTL: time.Minute})
+	if !errors.Is(err, skiplocked.ErrTokenExhausted) {
+		t.Fatalf("claim past the last token: %v, want ErrTokenExhausted", err)
+	}
+	for _, id := range ids {
+		if j := mustJob(t, pool, id); j.State != skiplocked.StateAvailable || j.ClaimToken != 0 {
+			t.Fatalf("job %d changed: %+v", id, j)
+		}
+	}
+}
