@@ -1,5 +1,3 @@
-//go:build pgfence_skiplocked
-
 package main
 
 import (
