@@ -96,29 +96,43 @@ func (b *bench) runB2(ctx context.Context) {
 	const scen = "B2 contended handoff, one name"
 	var (
 		vs   []variant
-		lats []*latSeries
+		lats = map[int]*latSeries{} // by index in vs
 	)
 	for _, c := range b.cfg.clients {
 		if c < 2 {
 			continue // no contention with one client
 		}
-		for _, poll := range []bool{false, true} {
-			lat := &latSeries{}
-			lats = append(lats, lat)
-			vs = append(vs, b.b2Variant(poll, c, lat))
+		if b.want("B2") {
+			for _, poll := range []bool{false, true} {
+				lat := &latSeries{}
+				lats[len(vs)] = lat
+				vs = append(vs, b.b2Variant(poll, c, lat))
+			}
+		}
+		if b.etcd != nil {
+			vs = append(vs, b.p1Variant(true, c))
+		}
+		if b.redisAddr != "" {
+			vs = append(vs, b.p2Variant(true, c))
 		}
 	}
 	if len(vs) == 0 {
-		b.add(notMeasured(scen, "", 0, "grants/s", "needs at least 2 clients"))
+		if b.want("B2") {
+			b.add(notMeasured(scen, "", 0, "grants/s", "needs at least 2 clients"))
+		}
 		return
 	}
-	res := b.measure(ctx, "B2", vs)
+	res := b.measure(ctx, "B2+hot keys", vs)
 	for i, v := range vs {
+		lat, ok := lats[i]
+		if !ok {
+			continue // P1/P2 hot-key variants add their own rows
+		}
 		b.add(rateRow(scen, v.name, v.clients, "grants/s", res[i]))
 		b.keep(keyB2, v.name, v.clients, res[i].rates)
-		if len(lats[i].p50) > 0 {
-			b.add(newRow(scen, v.name, v.clients, "release→grant p50 ms", lats[i].p50),
-				newRow(scen, v.name, v.clients, "release→grant p99 ms", lats[i].p99))
+		if len(lat.p50) > 0 {
+			b.add(newRow(scen, v.name, v.clients, "release→grant p50 ms", lat.p50),
+				newRow(scen, v.name, v.clients, "release→grant p99 ms", lat.p99))
 		}
 	}
 }

@@ -81,10 +81,11 @@ func (b *bench) addComparisons() {
 	for _, c := range b.cfg.clients {
 		if r, ok := ratioRow("B1 full cycle ÷ P1 etcd, distinct", c, b.get(keyB1, keyB1Full, c), b.get(keyP1, keyDistinct, c), "B1 ÷ P1", 1); ok {
 			b.add(r)
-			etcd.addRatio(fmt.Sprintf("distinct c=%d", c), r)
+			etcd.addRatio(fmt.Sprintf("full cycle c=%d", c), r)
 		}
-		if r, ok := ratioRow("B1 acquire+release ÷ P1 etcd, distinct", c, b.get(keyB1, keyB1Bare, c), b.get(keyP1, keyDistinct, c), "B1 bare ÷ P1", 0); ok {
+		if r, ok := ratioRow("B1 acquire+release ÷ P1 etcd, distinct", c, b.get(keyB1, keyB1Bare, c), b.get(keyP1, keyDistinct, c), "B1 bare ÷ P1", 1); ok {
 			b.add(r)
+			etcd.addRatio(fmt.Sprintf("acquire+release c=%d", c), r)
 		}
 		if r, ok := ratioRow("B2 hot name ÷ P1 etcd, hot key", c, b.get(keyB2, keyB2Listen, c), b.get(keyP1, keyHot, c), "B2 ÷ P1 hot", 1); ok {
 			b.add(r)

@@ -9,8 +9,9 @@ import (
 // write, release.
 const b1Commits = 3
 
-// runCore measures L0 (the physical limit) and, interleaved with it, B1, so
-// that B1's ratio to L0 compares runs made side by side.
+// runCore measures L0 (the physical limit) and, interleaved with it, B1 and
+// P1/P2 on distinct keys, so that B1's ratios to L0, etcd and Redis compare
+// runs made side by side.
 func (b *bench) runCore(ctx context.Context) error {
 	if err := setupL0(ctx, b.pg.pool); err != nil {
 		return fmt.Errorf("L0 setup: %w", err)
@@ -20,15 +21,32 @@ func (b *bench) runCore(ctx context.Context) error {
 		defer env.close()
 	}
 	var vs []variant
+	var own []int // indexes of the L0 and B1 variants
 	for _, c := range b.cfg.clients {
-		vs = append(vs, l0Variant(b.pg.pool, false, c), l0Variant(b.pg.pool, true, c))
+		if b.want("L0") || b.want("B1") {
+			own = append(own, len(vs), len(vs)+1)
+			vs = append(vs, l0Variant(b.pg.pool, false, c), l0Variant(b.pg.pool, true, c))
+		}
 		if b.want("B1") {
-			vs = append(vs, b.b1Variants(env, c)...)
+			for _, v := range b.b1Variants(env, c) {
+				own = append(own, len(vs))
+				vs = append(vs, v)
+			}
+		}
+		if b.etcd != nil {
+			vs = append(vs, b.p1Variant(false, c))
+		}
+		if b.redisAddr != "" {
+			vs = append(vs, b.p2Variant(false, c))
 		}
 	}
-	res := b.measure(ctx, "L0+B1", vs)
+	res := b.measure(ctx, "core", vs)
+	if len(own) == 0 {
+		return nil
+	}
 	byKey := map[string]series{}
-	for i, v := range vs {
+	for _, i := range own {
+		v := vs[i]
 		byKey[seriesKey("", v.name, v.clients)] = res[i]
 		b.keep(keyForVariant(v.name), v.name, v.clients, res[i].rates)
 	}
@@ -42,6 +60,9 @@ func (b *bench) runCore(ctx context.Context) error {
 		}
 	}
 	const scen = "B1 distinct names"
+	if !b.want("B1") {
+		return nil
+	}
 	if b1Err != nil || env == nil {
 		why := "pglock/fencedwrite not merged yet"
 		if b1Err != nil {

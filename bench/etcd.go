@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -19,7 +20,7 @@ func startEtcd(ctx context.Context) (*child, *clientv3.Client, string, error) {
 	if err != nil {
 		return nil, nil, "", err
 	}
-	version := binVersion(bin, "--version")
+	version := strings.Replace(binVersion(bin, "--version"), "etcd Version:", "etcd", 1)
 	dir, err := os.MkdirTemp("", "pgfence-bench-etcd-*")
 	if err != nil {
 		return nil, nil, "", err
@@ -105,35 +106,42 @@ func etcdVariant(cli *clientv3.Client, hot bool, clients int) variant {
 	}}
 }
 
-func (b *bench) runP1(ctx context.Context) {
-	const scen = "P1 etcd Mutex Lock+Unlock"
-	if b.cfg.noEtcd {
-		b.add(notMeasured(scen, "", 0, "cycles/s", "disabled with --no-etcd"))
-		return
+const scenP1 = "P1 etcd Mutex Lock+Unlock"
+
+// startEtcdPeer starts etcd for P1 when wanted and installed; otherwise it
+// records why P1 is not measured. The returned stop is never nil.
+func (b *bench) startEtcdPeer(ctx context.Context) (stop func()) {
+	switch {
+	case !b.want("P1"):
+		return func() {}
+	case b.cfg.noEtcd:
+		b.add(notMeasured(scenP1, "", 0, "cycles/s", "disabled with --no-etcd"))
+		return func() {}
 	}
 	c, cli, version, err := startEtcd(ctx)
 	if err != nil {
-		b.add(notMeasured(scen, "", 0, "cycles/s", "etcd: "+err.Error()+" (apt-get install etcd-server)"))
-		return
+		b.add(notMeasured(scenP1, "", 0, "cycles/s", "etcd: "+err.Error()+" (apt-get install etcd-server)"))
+		return func() {}
 	}
-	defer c.stop()
-	defer cli.Close()
+	b.etcd = cli
 	b.mach.Etcd = version
-	b.progress("etcd %s listening on loopback", version)
-	var vs []variant
-	for _, n := range b.cfg.clients {
-		vs = append(vs, etcdVariant(cli, false, n), etcdVariant(cli, true, n))
+	b.progress("%s listening on loopback", version)
+	return func() { cli.Close(); c.stop() }
+}
+
+// p1Variant is etcdVariant with the rows it adds.
+func (b *bench) p1Variant(hot bool, clients int) variant {
+	v := etcdVariant(b.etcd, hot, clients)
+	k := keyDistinct
+	if hot {
+		k = keyHot
 	}
-	res := b.measure(ctx, "P1", vs)
-	for i, v := range vs {
-		b.add(rateRow(scen, v.name, v.clients, "cycles/s", res[i]))
-		k := "distinct"
-		if v.name != "distinct keys" {
-			k = "hot"
-		}
-		b.keep("P1", k, v.clients, res[i].rates)
-		if v.clients == 1 && k == "distinct" {
-			b.memRow("P1 etcd Lock+Unlock", res[i])
+	v.emit = func(s series) {
+		b.add(rateRow(scenP1, v.name, clients, "cycles/s", s))
+		b.keep(keyP1, k, clients, s.rates)
+		if clients == 1 && !hot {
+			b.memRow("P1 etcd Lock+Unlock", s)
 		}
 	}
+	return v
 }

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 type config struct {
@@ -53,7 +55,9 @@ type bench struct {
 	b1Goal, b3Goal, b4Goal, b5Goal goalCheck
 	redisNote                      string
 
-	pg *pgEnv
+	pg        *pgEnv
+	etcd      *clientv3.Client // nil: P1 not run
+	redisAddr string           // empty: P2 not run
 }
 
 func (b *bench) progress(format string, args ...any) {

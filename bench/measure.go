@@ -12,6 +12,8 @@ type variant struct {
 	name    string
 	clients int
 	run     func(ctx context.Context, dur time.Duration) (runResult, error)
+	// emit, when set, adds the variant's rows once its series is complete.
+	emit func(series)
 }
 
 // series holds the per-repetition results of one variant.
@@ -56,6 +58,11 @@ func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []se
 			out[i].bytes = append(out[i].bytes, res.bytesPerOp())
 			b.progress("%s %s c=%d rep %d/%d: %s/s (%d ops in %s, %.0f allocs/op)", scenario, v.name, v.clients,
 				rep+1, b.cfg.reps, formatNum(res.rate()), res.ops, res.elapsed.Round(time.Millisecond), res.allocsPerOp())
+		}
+	}
+	for i, v := range vs {
+		if v.emit != nil {
+			v.emit(out[i])
 		}
 	}
 	return out

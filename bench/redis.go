@@ -104,34 +104,42 @@ func redisVariant(addr string, hot bool, clients int) variant {
 	}}
 }
 
-func (b *bench) runP2(ctx context.Context) {
-	const scen = "P2 Redis SET NX PX + Lua release"
-	if b.cfg.noRedis {
-		b.add(notMeasured(scen, "", 0, "cycles/s", "disabled with --no-redis"))
-		return
+const scenP2 = "P2 Redis SET NX PX + Lua release"
+
+// startRedisPeer starts redis-server for P2 when wanted and installed;
+// otherwise it records why P2 is not measured. stop is never nil.
+func (b *bench) startRedisPeer(ctx context.Context) (stop func()) {
+	switch {
+	case !b.want("P2"):
+		return func() {}
+	case b.cfg.noRedis:
+		b.add(notMeasured(scenP2, "", 0, "cycles/s", "disabled with --no-redis"))
+		return func() {}
 	}
 	c, addr, version, err := startRedis(ctx)
 	if err != nil {
-		b.add(notMeasured(scen, "", 0, "cycles/s", "redis: "+err.Error()+" (apt-get install redis-server)"))
-		return
+		b.add(notMeasured(scenP2, "", 0, "cycles/s", "redis: "+err.Error()+" (apt-get install redis-server)"))
+		return func() {}
 	}
-	defer c.stop()
+	b.redisAddr = addr
 	b.mach.Redis = version
 	b.progress("%s listening on %s", version, addr)
-	var vs []variant
-	for _, n := range b.cfg.clients {
-		vs = append(vs, redisVariant(addr, false, n), redisVariant(addr, true, n))
+	return c.stop
+}
+
+// p2Variant is redisVariant with the rows it adds.
+func (b *bench) p2Variant(hot bool, clients int) variant {
+	v := redisVariant(b.redisAddr, hot, clients)
+	k := keyDistinct
+	if hot {
+		k = keyHot
 	}
-	res := b.measure(ctx, "P2", vs)
-	for i, v := range vs {
-		b.add(rateRow(scen, v.name, v.clients, "cycles/s", res[i]))
-		k := "distinct"
-		if v.name != "distinct keys" {
-			k = "hot"
-		}
-		b.keep("P2", k, v.clients, res[i].rates)
-		if v.clients == 1 && k == "distinct" {
-			b.memRow("P2 Redis lock+release", res[i])
+	v.emit = func(s series) {
+		b.add(rateRow(scenP2, v.name, clients, "cycles/s", s))
+		b.keep(keyP2, k, clients, s.rates)
+		if clients == 1 && !hot {
+			b.memRow("P2 Redis lock+release", s)
 		}
 	}
+	return v
 }

@@ -171,3 +171,18 @@ func TestWriteChart(t *testing.T) {
 		t.Error("chart of no rows: want an error")
 	}
 }
+
+func TestSortRows(t *testing.T) {
+	t.Parallel()
+	rows := []Row{{Scenario: "P1 etcd", Variant: "a"}, {Scenario: "M memory"}, {Scenario: "L0 UPDATE limit"},
+		{Scenario: "P1 etcd", Variant: "b"}, {Scenario: "B2 handoff"}, {Scenario: "R ratio"}}
+	sortRows(rows)
+	var got []string
+	for _, r := range rows {
+		got = append(got, r.Scenario+r.Variant)
+	}
+	want := "L0 UPDATE limit,B2 handoff,P1 etcda,P1 etcdb,R ratio,M memory"
+	if strings.Join(got, ",") != want {
+		t.Errorf("order = %v, want %s", got, want)
+	}
+}
