@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+const b4Queue = "pgfence-bench"
+
+// enqueueB4 empties pgfence.jobs and enqueues n no-op jobs.
+func (b *bench) enqueueB4(ctx context.Context, n int) error {
+	pool := b.pg.pool
+	if _, err := pool.Exec(ctx, "TRUNCATE pgfence.jobs"); err != nil {
+		return err
+	}
+	chunk := min(5000, skiplocked.MaxEnqueueBatch)
+	ps := make([]skiplocked.EnqueueParams, 0, chunk)
+	for i := range n {
+		ps = append(ps, skiplocked.EnqueueParams{Queue: b4Queue})
+		if len(ps) == chunk || i == n-1 {
+			if _, err := skiplocked.EnqueueMany(ctx, pool, ps); err != nil {
+				return err
+			}
+			ps = ps[:0]
+		}
+	}
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE pgfence.jobs")
+	return err
+}
+
+// pgfenceB4Variant burns the queue down with b4Workers goroutines, each
+// looping Claim (leased claims, one statement) → CompleteMany (one
+// statement, conditional on the claim tokens) with the given batch size.
+func (b *bench) pgfenceB4Variant(batch, jobs int) variant {
+	return variant{name: fmt.Sprintf("pgfence skiplocked, batch %d", batch), clients: b4Workers,
+		run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+			jobs := b.burnDownJobs(jobs, dur)
+			if err := b.enqueueB4(ctx, jobs); err != nil {
+				return runResult{}, fmt.Errorf("enqueue: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(ctx, b.burnDownTimeout())
+			defer cancel()
+			var (
+				done     atomic.Int64
+				wg       sync.WaitGroup
+				errOnce  sync.Once
+				firstErr error
+			)
+			before := memStats()
+			start := time.Now()
+			for w := range b4Workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					worker := fmt.Sprintf("bench-b4-%d", w)
+					for {
+						claimed, err := skiplocked.Claim(ctx, b.pg.pool, skiplocked.ClaimParams{
+							Queue: b4Queue, Worker: worker, Limit: batch, TTL: 5 * time.Minute})
+						if err == nil && len(claimed) == 0 {
+							return // drained: what is left is claimed by others
+						}
+						if err == nil {
+							refs := make([]skiplocked.ClaimRef, len(claimed))
+							for i, j := range claimed {
+								refs[i] = j.Ref()
+							}
+							var lost []skiplocked.ClaimRef
+							lost, err = skiplocked.CompleteMany(ctx, b.pg.pool, refs)
+							if err == nil && len(lost) > 0 {
+								err = fmt.Errorf("%d claims lost", len(lost))
+							}
+							done.Add(int64(len(refs) - len(lost)))
+						}
+						if err != nil {
+							errOnce.Do(func() { firstErr = err; cancel() })
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			after := memStats()
+			if firstErr != nil {
+				if errors.Is(firstErr, context.DeadlineExceeded) {
+					return runResult{}, fmt.Errorf("only %d of %d jobs completed in %s", done.Load(), jobs, b.burnDownTimeout())
+				}
+				return runResult{}, firstErr
+			}
+			if int(done.Load()) != jobs {
+				return runResult{}, fmt.Errorf("completed %d jobs, enqueued %d", done.Load(), jobs)
+			}
+			return runResult{ops: done.Load(), elapsed: elapsed,
+				mallocs: after.Mallocs - before.Mallocs, bytes: after.TotalAlloc - before.TotalAlloc}, nil
+		}}
+}
+
+// pgfenceB4Variants returns pgfence's side of B4, one variant per batch size.
+func (b *bench) pgfenceB4Variants(jobs int) []variant {
+	var vs []variant
+	for _, batch := range b4Batches {
+		vs = append(vs, b.pgfenceB4Variant(batch, jobs))
+	}
+	return vs
+}

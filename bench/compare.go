@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Keys of the stored series (scenario, variant) that the comparisons use.
+const (
+	keyL0         = "L0"
+	keyL0Random   = "random row"
+	keyB1         = "B1"
+	keyB1Full     = "acquire + fenced write + release"
+	keyB1Bare     = "acquire + release"
+	keyB2         = "B2"
+	keyB2Listen   = "LISTEN/NOTIFY"
+	keyB3         = "B3"
+	keyB3Fenced   = "fenced (fencedwrite helper)"
+	keyB3SQL      = "fenced (hand-written SQL)"
+	keyB3Uncond   = "unconditional"
+	keyB3Guard    = "fenced, guard attached"
+	keyB4         = "B4"
+	keyP1         = "P1"
+	keyP2         = "P2"
+	keyDistinct   = "distinct"
+	keyHot        = "hot"
+	b1GoalOfLimit = 0.9 // of L0 ÷ commits per cycle; issue 3's 0.45 of L0 for two commits
+	b3Goal        = 0.95
+)
+
+// goalCheck collects the per-configuration outcomes of one goal.
+type goalCheck struct {
+	name, target string
+	parts        []string
+	met, total   int
+}
+
+func (g *goalCheck) addRatio(label string, r Row) {
+	if r.Ratio == nil {
+		return
+	}
+	g.total++
+	status := "NOT met"
+	if r.GoalMet != nil && *r.GoalMet {
+		g.met++
+		status = "met"
+	}
+	g.parts = append(g.parts, fmt.Sprintf("%s %s (%s)", label, formatRatio(*r.Ratio), status))
+}
+
+func (g *goalCheck) goal() Goal {
+	out := Goal{Name: g.name, Target: g.target, Value: strings.Join(g.parts, "; ")}
+	switch {
+	case g.total == 0:
+		out.Status = "not measured"
+		out.Value = "—"
+	case g.met == g.total:
+		out.Status = "met"
+	case g.met == 0:
+		out.Status = "NOT met"
+	default:
+		out.Status = fmt.Sprintf("partly met (%d of %d)", g.met, g.total)
+	}
+	return out
+}
+
+// ratioRow is a row whose samples are the per-repetition ratios num/den.
+func ratioRow(variant string, clients int, num, den []float64, def string, goal float64) (Row, bool) {
+	rs := pairedRatios(num, den)
+	if len(rs) == 0 {
+		return Row{}, false
+	}
+	r := newRow("R ratio", variant, clients, "ratio", rs)
+	return r.withRatio(r.Median, def, goal), true
+}
+
+// addComparisons adds the ratio rows between pgfence and the alternatives
+// (B1's and B3's ratios are on their own rows) and fills the goal summary.
+func (b *bench) addComparisons() {
+	etcd := &goalCheck{name: "pgfence fenced lock beats etcd's Mutex", target: "≥ 1.0 × etcd"}
+	for _, c := range b.cfg.clients {
+		if r, ok := ratioRow("B1 full cycle ÷ P1 etcd, distinct", c, b.get(keyB1, keyB1Full, c), b.get(keyP1, keyDistinct, c), "B1 ÷ P1", 1); ok {
+			b.add(r)
+			etcd.addRatio(fmt.Sprintf("full cycle c=%d", c), r)
+		}
+		if r, ok := ratioRow("B1 acquire+release ÷ P1 etcd, distinct", c, b.get(keyB1, keyB1Bare, c), b.get(keyP1, keyDistinct, c), "B1 bare ÷ P1", 1); ok {
+			b.add(r)
+			etcd.addRatio(fmt.Sprintf("acquire+release c=%d", c), r)
+		}
+		if r, ok := ratioRow("B2 hot name ÷ P1 etcd, hot key", c, b.get(keyB2, keyB2Listen, c), b.get(keyP1, keyHot, c), "B2 ÷ P1 hot", 1); ok {
+			b.add(r)
+			etcd.addRatio(fmt.Sprintf("hot c=%d", c), r)
+		}
+	}
+	for _, c := range b.cfg.clients {
+		if r, ok := ratioRow("B1 full cycle ÷ P2 Redis, distinct", c, b.get(keyB1, keyB1Full, c), b.get(keyP2, keyDistinct, c), "B1 ÷ P2", 0); ok {
+			b.add(r)
+		}
+		if r, ok := ratioRow("B2 hot name ÷ P2 Redis, hot key", c, b.get(keyB2, keyB2Listen, c), b.get(keyP2, keyHot, c), "B2 ÷ P2 hot", 0); ok {
+			b.add(r)
+		}
+	}
+	b.goals = append(b.goals, b.b1Goal.goal(), b.b3Goal.goal(), b.b4Goal.goal(), b.b5Goal.goal(), etcd.goal())
+	if b.redisNote != "" {
+		b.note("%s", b.redisNote)
+	}
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// variant is one configuration of a scenario; run performs one timed
+// repetition of it.
+type variant struct {
+	name    string
+	clients int
+	run     func(ctx context.Context, dur time.Duration) (runResult, error)
+	// emit, when set, adds the variant's rows once its series is complete.
+	emit func(series)
+}
+
+// series holds the per-repetition results of one variant.
+type series struct {
+	rates  []float64
+	allocs []float64
+	bytes  []float64
+	err    error
+}
+
+// measure warms every variant up once, then runs the repetitions interleaved
+// (rep 1 of every variant, then rep 2, ...), so that ratios between variants
+// compare runs made under the same machine conditions. A variant that fails
+// is not run again; its error is kept.
+func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []series {
+	out := make([]series, len(vs))
+	if b.cfg.warmup > 0 {
+		for i, v := range vs {
+			if _, err := v.run(ctx, b.cfg.warmup); err != nil {
+				out[i].err = err
+				b.progress("%s %s c=%d warm-up: ERROR %v", scenario, v.name, v.clients, err)
+			}
+		}
+	}
+	for rep := range b.cfg.reps {
+		for i, v := range vs {
+			if out[i].err != nil {
+				continue
+			}
+			if err := ctx.Err(); err != nil {
+				out[i].err = err
+				continue
+			}
+			res, err := v.run(ctx, b.cfg.dur)
+			if err != nil {
+				out[i].err = err
+				b.progress("%s %s c=%d rep %d/%d: ERROR %v", scenario, v.name, v.clients, rep+1, b.cfg.reps, err)
+				continue
+			}
+			out[i].rates = append(out[i].rates, res.rate())
+			out[i].allocs = append(out[i].allocs, res.allocsPerOp())
+			out[i].bytes = append(out[i].bytes, res.bytesPerOp())
+			b.progress("%s %s c=%d rep %d/%d: %s/s (%d ops in %s, %.0f allocs/op)", scenario, v.name, v.clients,
+				rep+1, b.cfg.reps, formatNum(res.rate()), res.ops, res.elapsed.Round(time.Millisecond), res.allocsPerOp())
+		}
+	}
+	for i, v := range vs {
+		if v.emit != nil {
+			v.emit(out[i])
+		}
+	}
+	return out
+}
+
+// rateRow turns a series into a table row, or a not-measured row on error.
+func rateRow(scenario, variant string, clients int, metric string, s series) Row {
+	if s.err != nil && len(s.rates) == 0 {
+		return notMeasured(scenario, variant, clients, metric, fmt.Sprintf("error: %v", s.err))
+	}
+	return newRow(scenario, variant, clients, metric, s.rates)
+}
