@@ -1,9 +1,15 @@
 -- name: GrantLock :one
 -- GrantLock grants a free (holder NULL) or expired lock to holder in ONE
 -- statement: token + 1, expiry now() + ttl_us microseconds; no row when the
--- lock is held (nothing is written then). The set_config in the FROM clause
--- turns synchronous_commit on for this statement's own transaction (is_local
--- = true; commit reads the setting before the transaction's settings are
+-- lock is held. An existing row is granted by a plain UPDATE whose WHERE
+-- tests free-or-expired: when the lock is held, that UPDATE matches nothing,
+-- so a refused attempt takes no row lock, writes nothing and commits without
+-- a WAL flush (INSERT ... ON CONFLICT DO UPDATE ... WHERE would lock the held
+-- row and wait for its holder even when the WHERE is false). A lock that has
+-- no row yet is created by the INSERT; of two first grants racing, one
+-- inserts and the other gets no row (held). The set_config turns
+-- synchronous_commit on for this statement's own transaction (is_local =
+-- true; commit reads the setting before the transaction's settings are
 -- reset), so an acknowledged token survives a crash even when the server
 -- default is off, at no extra round trip. Like every statement of this file
 -- it runs alone, in an implicit transaction of one statement, so now() is
@@ -11,19 +17,32 @@
 -- for why now() and not clock_timestamp()). token + 1 at the bigint maximum
 -- fails with SQLSTATE 22003 and changes nothing. A grant clears
 -- waiting_since: waiters that did not get the lock mark it again.
-INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
-       now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
-ON CONFLICT (name) DO UPDATE
-SET token       = l.token + 1,
-    holder      = excluded.holder,
-    acquired_at = excluded.acquired_at,
-    renewed_at  = NULL,
-    expires_at  = excluded.expires_at,
-    waiting_since = NULL
-WHERE l.holder IS NULL OR l.expires_at <= now()
-RETURNING l.token, l.expires_at;
+WITH sc AS (
+    SELECT set_config('synchronous_commit', 'on', true) AS sync
+), upd AS (
+    UPDATE pgfence.locks AS l
+    SET token         = l.token + 1,
+        holder        = sqlc.arg(holder)::text,
+        acquired_at   = now(),
+        renewed_at    = NULL,
+        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
+        waiting_since = NULL
+    FROM sc
+    WHERE l.name = sqlc.arg(name)::text
+      AND (l.holder IS NULL OR l.expires_at <= now())
+    RETURNING l.token, l.expires_at
+), ins AS (
+    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+    SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
+           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    FROM sc
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = sqlc.arg(name)::text)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING l.token, l.expires_at
+)
+SELECT upd.token, upd.expires_at FROM upd
+UNION ALL
+SELECT ins.token, ins.expires_at FROM ins;
 
 -- name: RenewLock :one
 -- RenewLock extends a lease that is still held by (name, holder, token) to
