@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -121,6 +122,8 @@ func soakIteration(ctx context.Context, pool *pgxpool.Pool, locker *pglock.Locke
 	if _, err := table.Read(wctx, pool, tok, []any{key}, &balance); err != nil {
 		return err
 	}
+	// The work between read and write: a pause often lands here.
+	time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
 	err = pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
 		if _, err := table.Update(wctx, tx, tok, []any{key}, []any{balance + 1}); err != nil {
 			return err
@@ -144,6 +147,7 @@ type soakProc struct {
 	summary string
 	errors  []string
 	done    chan struct{}
+	paused  atomic.Bool
 }
 
 func startSoakWorker(t *testing.T, dsn, name string, keys int, dur time.Duration) *soakProc {
@@ -228,16 +232,18 @@ func TestSoak(t *testing.T) {
 	setup.Close()
 
 	// A worker frozen inside its transaction would hold the row lock for the
-	// whole pause; the server ends such sessions after 1s.
+	// whole pause; the server ends such sessions after 1s. Pauses last 0.2-2s,
+	// so about half of them outlive the 1s lease.
 	workerDSN := srv.DSN + "&idle_in_transaction_session_timeout=1000&application_name=pgfence-soak"
 	procs := make([]*soakProc, workers)
 	for i := range procs {
 		procs[i] = startSoakWorker(t, workerDSN, fmt.Sprintf("w%d", i), keys, dur)
 	}
 
-	// The nemesis: kills, pauses, one crash and restart, until shortly before
-	// the workers' end.
+	// The nemesis: kills, pauses (several processes may be frozen at once),
+	// one crash and restart, until shortly before the workers' end.
 	var terminated, pauses, restarts, killAttempts int
+	var pausing sync.WaitGroup
 	start := time.Now()
 	restartAt := dur * 2 / 5
 	admin, err := pgx.Connect(ctx, srv.DSN)
@@ -259,7 +265,7 @@ func TestSoak(t *testing.T) {
 			if admin, err = pgx.Connect(ctx, srv.DSN); err != nil {
 				t.Fatal(err)
 			}
-		case rand.IntN(2) == 0:
+		case rand.IntN(5) < 2:
 			killAttempts++
 			var n int
 			if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
@@ -269,18 +275,25 @@ func TestSoak(t *testing.T) {
 			terminated += n
 		default:
 			p := procs[rand.IntN(len(procs))]
+			if !p.paused.CompareAndSwap(false, true) {
+				break
+			}
 			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
 			pauses++
-			time.Sleep(time.Duration(100+rand.IntN(1400)) * time.Millisecond)
-			if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-				t.Fatal(err)
-			}
+			pausing.Add(1)
+			go func() {
+				defer pausing.Done()
+				time.Sleep(time.Duration(200+rand.IntN(1800)) * time.Millisecond)
+				_ = p.cmd.Process.Signal(syscall.SIGCONT)
+				p.paused.Store(false)
+			}()
 		}
-		time.Sleep(time.Duration(100+rand.IntN(400)) * time.Millisecond)
+		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
 	}
 	admin.Close(ctx)
+	pausing.Wait()
 
 	var iterations, committed, stale, failed, timedout, acks int
 	for i, p := range procs {
