@@ -84,13 +84,34 @@ FROM r;
 -- marks only a lock that is held right now: no row = free or expired, so the
 -- waiter retries the grant at once. Because the mark and the release lock
 -- the same row, either the release sees the mark (and notifies) or the mark
--- sees the release (and returns no row): no wake-up is lost.
-UPDATE pgfence.locks AS l
-SET waiting_since = now()
-WHERE l.name = sqlc.arg(name)::text
-  AND l.holder IS NOT NULL
-  AND l.expires_at > now()
-RETURNING l.holder, l.expires_at, now()::timestamptz AS db_now;
+-- sees the release (and returns no row): no wake-up is lost. A lock already
+-- marked (in this statement's snapshot) is not written again: the mark
+-- belongs to the current grant (a grant clears it) and was committed before
+-- this snapshot, so the release will see it and notify every listener; only
+-- the first waiter of a grant pays for a row lock and a commit.
+WITH cur AS (
+    SELECT l.holder, l.expires_at, l.waiting_since
+    FROM pgfence.locks AS l
+    WHERE l.name = sqlc.arg(name)::text
+      AND l.holder IS NOT NULL
+      AND l.expires_at > now()
+), m AS (
+    UPDATE pgfence.locks AS l
+    SET waiting_since = now()
+    WHERE l.name = sqlc.arg(name)::text
+      AND l.holder IS NOT NULL
+      AND l.expires_at > now()
+      AND l.waiting_since IS NULL
+    RETURNING l.holder, l.expires_at
+)
+SELECT COALESCE(m.holder, cur.holder) AS holder,
+       COALESCE(m.expires_at, cur.expires_at) AS expires_at,
+       now()::timestamptz AS db_now
+FROM cur LEFT JOIN m ON true
+-- Unmarked in this statement's snapshot but not marked by it: the row
+-- changed meanwhile (released or re-granted), so report nothing and let the
+-- waiter retry rather than sleep on a stale holder.
+WHERE m.holder IS NOT NULL OR cur.waiting_since IS NOT NULL;
 
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now
