@@ -504,16 +504,16 @@ func TestKilledListener(t *testing.T) {
 // from six goroutines, each with its own Locker (half with keep-alive,
 // waiters on LISTEN), while a killer terminates a random backend of the
 // test's database (pool connections, LISTEN connections; never the
-// observer's) every 5-40 ms. One unit of work in ten pauses past the TTL
+// observer's) every 20-80 ms. One unit of work in ten pauses past the TTL
 // before writing, so stale writes are attempted. Pass: no two clients ever
 // believe they hold one lock at the same time (holdRegistry), tokens of
 // believing holders strictly increase per lock, no stale write lands and
 // every account's ledger balances (no lost or overwritten update).
 func TestKilledBackendsLeaseLoops(t *testing.T) {
 	t.Parallel()
-	run := 3 * time.Second
+	run := 4 * time.Second
 	if long() {
-		run = 20 * time.Second
+		run = 30 * time.Second
 	}
 	const workers = 6
 	const ttl = 300 * time.Millisecond
@@ -546,7 +546,7 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 	)
 	wctx, stop := context.WithTimeout(ctx, run)
 	defer stop()
-	kills := killer(wctx, 5*time.Millisecond, 40*time.Millisecond, func(ctx context.Context) (int, error) {
+	kills := killer(wctx, 20*time.Millisecond, 80*time.Millisecond, func(ctx context.Context) (int, error) {
 		ok, err := terminateOne(ctx, admin)
 		if ok {
 			return 1, err
