@@ -917,3 +917,42 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	refused++
 	return refused
 }
+
+// TestHoldRegistryCatchesDoubleGrant shows that the believed-holder check
+// the killed-connection tests rely on can fail: the lock row is freed behind
+// the holder's back (as a broken lock authority would), a second client is
+// granted the lock while the first still believes it holds it, and the
+// registry must report the overlap.
+func TestHoldRegistryCatchesDoubleGrant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	a, err := pglock.New(pool, &pglock.Config{Holder: "a", NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := pglock.New(pool, &pglock.Config{Holder: "b", NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	reg := newHoldRegistry()
+	la, err := a.Acquire(ctx, "broken", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.register(la)
+	if _, err := pool.Exec(ctx, "UPDATE pgfence.locks SET holder = NULL, expires_at = NULL WHERE name = 'broken'"); err != nil {
+		t.Fatal(err)
+	}
+	lb, err := b.Acquire(ctx, "broken", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.register(lb)
+	if len(reg.violations) != 1 || !strings.Contains(reg.violations[0], "still believed it held it") {
+		t.Fatalf("registry violations %q, want the overlap of tokens %d and %d", reg.violations, la.Token(), lb.Token())
+	}
+	t.Logf("registry self-check: a double grant (tokens %d and %d) was reported", la.Token(), lb.Token())
+}
