@@ -246,7 +246,7 @@ func TestDelayedRenewals(t *testing.T) {
 		c := acquireRetry(t, contender, name, 10*ttl)
 		if !dl.Before(time.Now()) || c.Token() != lease.Token()+1 {
 			t.Errorf("iteration %d: contender token %d (holder %d) granted %v before the holder's local deadline",
-				i, c.Token(), lease.Token(), dl.Sub(time.Now()))
+				i, c.Token(), lease.Token(), time.Until(dl))
 		}
 		// Let every delayed renewal reach the server: each must be refused.
 		time.Sleep(ttl + 200*time.Millisecond)
