@@ -216,9 +216,10 @@ func doneTime(l *pglock.Lease) func() time.Time {
 
 // TestKilledRenewer ends the backends of a holder whose keep-alive renews a
 // short lease. In each round an observer holds the lock row (FOR UPDATE) for
-// a random 0..2 TTL, so the holder's renewals queue behind it, while a
-// killer terminates the holder's backends (blocked renewals included) every
-// 10-40 ms; a contender on its own pool tries to take the lock all along.
+// a random 0..2 TTL, so the holder's renewals queue behind it, and during
+// that stall a killer terminates the holder's backends (blocked renewals
+// included) every 10-40 ms; a contender on its own pool tries to take the
+// lock all along.
 // Depending on the stall the lease survives (a renewal gets through after
 // the stall) or is lost. Pass: whenever the contender gets a grant, the
 // holder no longer believes it holds the lock (its local deadline already
@@ -287,6 +288,7 @@ func TestKilledRenewer(t *testing.T) {
 		stallDone := make(chan error, 1)
 		go func() {
 			time.Sleep(stall)
+			stopKiller() // after the stall, renewals may get through again
 			stallDone <- tx.Commit(ctx)
 		}()
 
