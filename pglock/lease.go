@@ -269,7 +269,11 @@ func (s *Lease) keepAlive(ctx context.Context) {
 	defer s.l.wg.Done()
 	interval := time.Duration(float64(s.ttl) * s.l.cfg.KeepAliveFraction)
 	retry := max(min(interval/4, 500*time.Millisecond), time.Millisecond)
-	t := time.NewTimer(jitter(interval))
+	// Renewals are timed from the send time of the grant or of the last
+	// renewal (Deadline - TTL), the same instant the local deadline counts
+	// from, so slow round trips do not push renewals towards the deadline.
+	sinceSend := func(d time.Duration) time.Duration { return max(time.Until(s.Deadline().Add(d-s.ttl)), 0) }
+	t := time.NewTimer(sinceSend(jitter(interval)))
 	defer t.Stop()
 	for {
 		select {
@@ -280,7 +284,7 @@ func (s *Lease) keepAlive(ctx context.Context) {
 		rctx, cancel := context.WithDeadline(ctx, s.Deadline())
 		err := s.Renew(rctx)
 		cancel()
-		next := jitter(interval)
+		next := sinceSend(jitter(interval))
 		if err != nil {
 			if s.Err() != nil || ctx.Err() != nil {
 				return

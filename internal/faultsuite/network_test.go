@@ -453,3 +453,34 @@ func releaseOK(t *testing.T, lease *pglock.Lease) {
 		t.Fatal(err)
 	}
 }
+
+// TestKeepAliveSlowRoundTrips: with 30 ms of latency each way and a cold
+// connection (statements prepared on first use), a keep-alive lease of 300 ms
+// must survive: renewals are timed from the send time the local deadline
+// counts from, not from when the previous round trip returned.
+func TestKeepAliveSlowRoundTrips(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := pgtest.DSN(t)
+	pool, proxy := proxiedPool(t, dsn, "keepalive-slow", 2)
+	proxy.Set(Delay, 30*time.Millisecond)
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, NoListen: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	const ttl = 300 * time.Millisecond
+	lease, err := locker.Acquire(ctx, "slow", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease lost after %v: %v", time.Since(lease.Deadline().Add(-ttl)), lease.Err())
+	case <-time.After(4 * ttl):
+	}
+	proxy.Set(Pass, 0)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
