@@ -147,13 +147,12 @@ func (s *Lease) end(err error) {
 	}
 	renewFailing := s.renewFailing
 	s.mu.Unlock()
-	s.cancel(err)
+	// Metrics before cancelling, so whoever waits on Done sees them; logs
+	// after, so a slow log handler cannot delay Done.
 	s.l.m.Observe(observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
-	switch {
-	case errors.Is(err, ErrReleased):
-		s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
-	case errors.Is(err, ErrLeaseLost):
-		reason := observe.LostRenewalRefused
+	reason := ""
+	if errors.Is(err, ErrLeaseLost) {
+		reason = observe.LostRenewalRefused
 		if errors.Is(err, errDeadline) || errors.Is(err, errRenewDeadline) {
 			reason = observe.LostDeadline
 			if renewFailing {
@@ -161,6 +160,12 @@ func (s *Lease) end(err error) {
 			}
 		}
 		s.l.m.Add(observe.LeasesLostTotal, 1, reason)
+	}
+	s.cancel(err)
+	switch {
+	case errors.Is(err, ErrReleased):
+		s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
+	case reason != "":
 		s.l.log.Warn("pglock: lease lost", "name", s.name, "token", s.token, "reason", reason, "err", err)
 	default:
 		s.l.log.Debug("pglock: lease ended", "name", s.name, "token", s.token, "err", err)

@@ -454,8 +454,8 @@ func releaseOK(t *testing.T, lease *pglock.Lease) {
 	}
 }
 
-// TestKeepAliveSlowRoundTrips: with 30 ms of latency each way and a cold
-// connection (statements prepared on first use), a keep-alive lease of 300 ms
+// TestKeepAliveSlowRoundTrips: with 40 ms of latency each way and a cold
+// connection (statements prepared on first use), a keep-alive lease of 450 ms
 // must survive: renewals are timed from the send time the local deadline
 // counts from, not from when the previous round trip returned.
 func TestKeepAliveSlowRoundTrips(t *testing.T) {
@@ -463,13 +463,13 @@ func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	pool, proxy := proxiedPool(t, dsn, "keepalive-slow", 2)
-	proxy.Set(Delay, 30*time.Millisecond)
+	proxy.Set(Delay, 40*time.Millisecond)
 	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, NoListen: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer locker.Close()
-	const ttl = 300 * time.Millisecond
+	const ttl = 450 * time.Millisecond
 	lease, err := locker.Acquire(ctx, "slow", ttl)
 	if err != nil {
 		t.Fatal(err)
