@@ -11,6 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
 // startEtcd starts a single-member etcd on loopback with its default
@@ -25,11 +27,11 @@ func startEtcd(ctx context.Context) (*child, *clientv3.Client, string, error) {
 	if err != nil {
 		return nil, nil, "", err
 	}
-	cport, err := freePort()
+	cport, err := pgserver.FreePort()
 	if err != nil {
 		return nil, nil, "", err
 	}
-	pport, err := freePort()
+	pport, err := pgserver.FreePort()
 	if err != nil {
 		return nil, nil, "", err
 	}

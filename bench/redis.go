@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
 // startRedis starts redis-server on loopback without persistence (no RDB
@@ -30,7 +32,7 @@ func startRedis(ctx context.Context) (*child, string, string, error) {
 	if err != nil {
 		return nil, "", "", err
 	}
-	port, err := freePort()
+	port, err := pgserver.FreePort()
 	if err != nil {
 		return nil, "", "", err
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"reflect"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -142,20 +141,6 @@ func isClosedConn(err error) bool {
 		if e.Error() == "conn closed" || e.Error() == "closed pool" {
 			return true
 		}
-	}
-	return false
-}
-
-// isNil reports whether v is nil or a nil pointer inside an interface (a
-// typed nil *pgxpool.Pool, for example).
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
 	}
 	return false
 }

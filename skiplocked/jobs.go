@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // Limits checked before anything is sent to the database.
@@ -182,7 +183,7 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 // wakes listening [Worker]s. Run it on a transaction to enqueue atomically
 // with other writes.
 func Enqueue(ctx context.Context, db DB, p EnqueueParams) (Job, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return Job{}, ErrNilDB
 	}
 	p, err := p.normalize()
@@ -206,7 +207,7 @@ func Enqueue(ctx context.Context, db DB, p EnqueueParams) (Job, error) {
 // returns their ids in the order given. Every job is validated first; one bad
 // job fails the call and nothing is inserted.
 func EnqueueMany(ctx context.Context, db DB, ps []EnqueueParams) ([]int64, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	if len(ps) == 0 {
@@ -270,7 +271,7 @@ type ClaimParams struct {
 // cancelled the statement is cancelled; it then either took effect fully or
 // not at all, and unreported claims simply expire.
 func Claim(ctx context.Context, db DB, p ClaimParams) ([]Job, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	if err := checkQueue(p.Queue); err != nil {
@@ -403,7 +404,7 @@ type FailParams struct {
 // the job as it is now. A lost claim gives a [*ClaimLostError] and changes
 // nothing.
 func Fail(ctx context.Context, db DB, ref ClaimRef, p FailParams) (Job, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return Job{}, ErrNilDB
 	}
 	if err := checkRef(ref); err != nil {
@@ -439,7 +440,7 @@ func DefaultBackoff(attempt int) time.Duration {
 
 // GetJob returns one job, or [ErrJobNotFound].
 func GetJob(ctx context.Context, db DB, id int64) (Job, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return Job{}, ErrNilDB
 	}
 	row, err := queries.GetJob(ctx, db, id)
@@ -456,7 +457,7 @@ func GetJob(ctx context.Context, db DB, id int64) (Job, error) {
 // before the given time and returns how many it deleted. Call it in a loop
 // to prune a large backlog in small transactions.
 func DeleteFinished(ctx context.Context, db DB, before time.Time, limit int) (int64, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return 0, ErrNilDB
 	}
 	if err := checkLimit(limit); err != nil {
@@ -477,7 +478,7 @@ func DeleteFinished(ctx context.Context, db DB, before time.Time, limit int) (in
 // [CompleteJobTx] or [FailJobTx]; a rollback makes the jobs available again
 // without counting an attempt.
 func ClaimJobsTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, error) {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return nil, ErrNilDB
 	}
 	if err := checkQueue(queue); err != nil {
@@ -502,7 +503,7 @@ func ClaimJobsTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job
 // It must run in the transaction that claimed the job: the row lock is what
 // makes it safe.
 func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return ErrNilDB
 	}
 	if id <= 0 {
@@ -522,7 +523,7 @@ func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
 // the same transaction: attempts + 1, then available at now() + p.RetryIn, or
 // dead when no attempts are left or p.GiveUp. The change commits with tx.
 func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return Job{}, ErrNilDB
 	}
 	if id <= 0 {
@@ -546,7 +547,7 @@ func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, err
 // conditional runs a batch update conditional on (id, token) and returns the
 // refs that did not change.
 func conditional(ctx context.Context, db DB, op string, refs []ClaimRef, run func(ids, tokens []int64) ([]int64, error)) ([]ClaimRef, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	if len(refs) == 0 {

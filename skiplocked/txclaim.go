@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // MaxIdentifierLen is the longest table or column name a [Spec] accepts, in
@@ -106,7 +108,7 @@ type TxClaimer struct {
 // transaction later. Malformed names get [ErrInvalidIdentifier]; other
 // mistakes [ErrInvalidSpec] or [ErrInvalidLimit].
 func NewTxClaimer(ctx context.Context, db DB, spec Spec) (*TxClaimer, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	c, err := buildTxClaimer(spec)
@@ -289,7 +291,7 @@ func (c *TxClaimer) WithLimit(n int) (*TxClaimer, error) {
 // [ErrConnection]). If ctx is cancelled the statement is cancelled and pgx
 // closes the connection, which releases every lock of tx.
 func ClaimTx[T any](ctx context.Context, tx pgx.Tx, c *TxClaimer, scan pgx.RowToFunc[T]) ([]T, error) {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return nil, ErrNilDB
 	}
 	if c == nil || scan == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
 )
 
@@ -126,7 +127,7 @@ type result struct {
 // NewWorker checks its arguments and returns a worker for queue. It does no
 // I/O. cfg may be nil.
 func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worker, error) {
-	if isNil(pool) {
+	if nilcheck.IsNil(pool) {
 		return nil, ErrNilDB
 	}
 	if err := checkQueue(queue); err != nil {

@@ -67,7 +67,7 @@ func startStandby(t *testing.T, ctx context.Context, primary *pgserver.Server) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := pgBinDir(t, primary)
+	binDir := primary.BinDir()
 	s := &standby{dir: dir, dataDir: filepath.Join(dir, "data")}
 	bctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -135,22 +135,6 @@ func startStandby(t *testing.T, ctx context.Context, primary *pgserver.Server) *
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// pgBinDir returns the directory of the server's real binaries: BinDir may
-// be a directory of links (initdb, pg_ctl, postgres on PATH) without
-// pg_basebackup, so follow the link of postgres.
-func pgBinDir(t *testing.T, srv *pgserver.Server) string {
-	t.Helper()
-	real, err := filepath.EvalSymlinks(filepath.Join(srv.BinDir(), "postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Dir(real)
-	if _, err := os.Stat(filepath.Join(dir, "pg_basebackup")); err != nil {
-		t.Fatalf("pg_basebackup not found next to %s (it comes with the PostgreSQL server binaries: apt-get install postgresql)", real)
-	}
-	return dir
 }
 
 func netListenFreePort() (int, error) {

@@ -251,16 +251,20 @@ func (c *localCluster) dsn() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
 
-// FindBinDir returns the directory holding initdb, pg_ctl and postgres: the one
-// on PATH first, else the highest version under /usr/lib/postgresql/*/bin.
+// FindBinDir returns the directory holding initdb, pg_ctl, postgres and the
+// other server binaries (pg_basebackup, ...): the one of postgres on PATH
+// (links followed) first, else the highest version under
+// /usr/lib/postgresql/*/bin.
 func FindBinDir() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		dir := filepath.Dir(p)
-		if _, err := os.Stat(filepath.Join(dir, "postgres")); err == nil {
-			return dir, nil
+	if p, err := exec.LookPath("postgres"); err == nil {
+		// PATH often holds links (Debian's /usr/local/bin or pg_wrapper):
+		// follow them to the directory that also has pg_basebackup & co.
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
 		}
-		if p2, err := exec.LookPath("postgres"); err == nil {
-			return filepath.Dir(p2), nil
+		dir := filepath.Dir(p)
+		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
+			return dir, nil
 		}
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
@@ -363,7 +367,7 @@ func startLocal(ctx context.Context, opts Options, logw io.Writer) (*localCluste
 
 	var lastErr error
 	for range 5 {
-		c.port, err = freePort()
+		c.port, err = FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -473,7 +477,8 @@ func unprivilegedUser() (*syscall.Credential, error) {
 	return nil, errors.New("running as root and no unprivileged user (postgres or nobody) exists to run PostgreSQL")
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

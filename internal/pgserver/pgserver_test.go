@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,6 +43,12 @@ func TestLocalBinaries(t *testing.T) {
 		t.Fatalf("kind = %s, want %s", s.Kind, pgserver.KindLocal)
 	}
 	dir := s.DataDir()
+	// BinDir is the real binaries directory, with the tools next to postgres.
+	for _, tool := range []string{"initdb", "pg_ctl", "pg_basebackup"} {
+		if _, err := os.Stat(filepath.Join(s.BinDir(), tool)); err != nil {
+			t.Errorf("%s not in BinDir %s: %v", tool, s.BinDir(), err)
+		}
+	}
 	if v := version(t, s.DSN); v == "" {
 		t.Fatal("empty server_version")
 	}

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // Querier runs a query. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
@@ -68,7 +70,7 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAS
 // A name-based key can be recognised by computing [Name] (or [NameKeySQL])
 // for the candidate name; the hash cannot be reversed.
 func List(ctx context.Context, db Querier) ([]LockInfo, error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return nil, ErrNilPool
 	}
 	rows, err := db.Query(ctx, listSQL, execMode)

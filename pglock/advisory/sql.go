@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -94,20 +93,6 @@ func heldSQL(k Key, mode Mode) (string, []any) {
 }
 
 const pidSQL = "SELECT pg_backend_pid()"
-
-// isNil reports whether v is nil or an interface holding a nil pointer (a
-// nil *pgxpool.Pool passed as a [Beginner]).
-func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
-}
 
 // ctxErr returns err, joined with ctx's error when ctx ended, so that
 // errors.Is(err, context.Canceled) or context.DeadlineExceeded holds after

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it; so
@@ -63,7 +65,7 @@ func TryXact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pg
 }
 
 func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn func(pgx.Tx) error) (err error) {
-	if isNil(db) {
+	if nilcheck.IsNil(db) {
 		return ErrNilPool
 	}
 	if fn == nil {
@@ -155,7 +157,7 @@ func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
 }
 
 func checkTx(tx pgx.Tx, key Key, mode Mode) error {
-	if isNil(tx) {
+	if nilcheck.IsNil(tx) {
 		return ErrNilPool
 	}
 	if err := key.valid(); err != nil {
