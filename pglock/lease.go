@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"log/slog"
 	mrand "math/rand/v2"
 	"sync"
 	"time"
@@ -164,7 +165,9 @@ func (s *Lease) end(err error) {
 	s.cancel(err)
 	switch {
 	case errors.Is(err, ErrReleased):
-		s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
+		if s.l.log.Enabled(context.Background(), slog.LevelInfo) {
+			s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
+		}
 	case reason != "":
 		s.l.log.Warn("pglock: lease lost", "name", s.name, "token", s.token, "reason", reason, "err", err)
 	default:

@@ -302,7 +302,9 @@ func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease 
 		if waited {
 			l.m.Observe(observe.LeaseWaitSeconds, elapsed)
 		}
-		l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
+		if l.log.Enabled(context.Background(), slog.LevelInfo) { // no argument boxing on the hot path when silent
+			l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
+		}
 	case errors.Is(err, ErrLocked):
 		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
 	default:
