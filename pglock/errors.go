@@ -42,7 +42,33 @@ var (
 	ErrTokenOverflow = errors.New("pglock: fencing token overflow")
 	// ErrNoLeader: [Leader] found nobody holding the election lock.
 	ErrNoLeader = errors.New("pglock: no leader")
+	// ErrSlowGrant: a grant's answer arrived only after its TTL had passed
+	// since the statement was sent, so the lease was over before it could be
+	// used. The grant was released; see [SlowGrantError].
+	ErrSlowGrant = errors.New("pglock: grant arrived after its lease ended")
 )
+
+// SlowGrantError is the cause (inside a [*DBError] whose Transient reports
+// true) of an acquisition whose grant answer took longer than the TTL: the
+// statement waited behind a row lock, the network or the database was
+// stalled, or this process was paused. Returning that lease would hand the
+// caller a lease already past its local deadline, so Acquire and TryAcquire
+// release the token instead (only if it is still this holder's) and return
+// this error. Retrying is safe; if it keeps happening the TTL is too short
+// for the round trips the database gives. It matches [ErrSlowGrant].
+type SlowGrantError struct {
+	Token int64         // the token that was granted and given back
+	Took  time.Duration // from sending the statement to reading the answer
+	TTL   time.Duration // the requested lease duration
+}
+
+func (e *SlowGrantError) Error() string {
+	return fmt.Sprintf("pglock: the grant of token %d arrived %v after it was sent, not within its TTL %v; it was released, retry or use a longer TTL",
+		e.Token, e.Took.Round(time.Millisecond), e.TTL)
+}
+
+// Is reports whether target is [ErrSlowGrant].
+func (e *SlowGrantError) Is(target error) bool { return target == ErrSlowGrant }
 
 // LockedError is returned by [Locker.TryAcquire] (and by [Locker.Acquire] when
 // its context ends while waiting) when someone else holds the lock. Holder and

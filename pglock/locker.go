@@ -270,7 +270,10 @@ func containsNUL(s string) bool {
 // one statement that commits with synchronous_commit on. Cancelling ctx
 // abandons the round trip (pgx closes that connection); the grant may or may
 // not have committed, in which case the lock stays held by this Locker's
-// holder until ttl passes.
+// holder until ttl passes. A grant whose answer arrives after ttl has
+// passed since it was sent is given back and reported as a transient
+// [*DBError] wrapping a [*SlowGrantError] ([ErrSlowGrant]): a lease is never
+// returned already past its local deadline.
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -322,7 +325,8 @@ func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease 
 // When ctx ends while waiting, the error is a [*LockedError] that also
 // matches ctx's error (errors.Is(err, context.DeadlineExceeded)); when it
 // ends during a round trip, a [*DBError] that matches it too. Database
-// errors end the wait and are returned as [*DBError].
+// errors end the wait and are returned as [*DBError], and so does a grant
+// that arrived too late to be used ([ErrSlowGrant], see [Locker.TryAcquire]).
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -447,6 +451,15 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark
 			conn.Release()
 			if row.ExpiresAt == nil {
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
+			}
+			if took := time.Since(sent); took >= ttl {
+				// The answer came back after the lease's local deadline: the
+				// lease would end the moment it was returned. Give the
+				// token back (best effort, conditional on it) and report.
+				if ctx.Err() == nil {
+					_, _ = l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: row.Token})
+				}
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: row.Token, Took: took, TTL: ttl}}
 			}
 			return l.newLease(name, row.Token, ttl, *row.ExpiresAt, sent), nil, 0, nil
 		}

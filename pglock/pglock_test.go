@@ -577,3 +577,73 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Errorf("grant did not clear the mark: %s", info)
 	}
 }
+
+// A grant that waits behind a row lock for longer than its TTL is not
+// returned as a lease already past its deadline: TryAcquire gives the token
+// back and reports a transient *DBError caused by *SlowGrantError; the lock
+// is free again and the next grant gets a larger token.
+func TestSlowGrantIsGivenBack(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{Holder: "slow", NoListen: true})
+	ctx := testCtx(t, 30*time.Second)
+	first := mustAcquire(t, l, "slow-grant", time.Minute)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Another transaction holds the (free) row, so the grant's UPDATE waits.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM pgfence.locks WHERE name = 'slow-grant' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 100 * time.Millisecond
+	res := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(ctx, "slow-grant", ttl)
+		if lease != nil {
+			err = errors.New("got a lease")
+		}
+		res <- err
+	}()
+	// Wait until the grant is blocked on the row lock, then let more than
+	// the TTL pass (the passing of time is the condition under test).
+	for {
+		var waiting bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%GrantLock%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-res
+	var dbErr *DBError
+	var slow *SlowGrantError
+	if !errors.Is(err, ErrSlowGrant) || !errors.As(err, &dbErr) || !dbErr.Transient() || !errors.As(err, &slow) {
+		t.Fatalf("TryAcquire after a stall longer than the TTL = %v, want a transient *DBError wrapping *SlowGrantError", err)
+	}
+	if slow.Token != first.Token()+1 || slow.Took < ttl || slow.TTL != ttl {
+		t.Errorf("SlowGrantError = %+v, want token %d, took >= %v", slow, first.Token()+1, ttl)
+	}
+	info, err := Inspect(ctx, pool, "slow-grant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Held || info.Token != slow.Token {
+		t.Errorf("after the slow grant: %+v, want free with token %d (given back)", info, slow.Token)
+	}
+	next := mustAcquire(t, l, "slow-grant", time.Minute)
+	if next.Token() <= slow.Token {
+		t.Errorf("next grant token %d, want > %d", next.Token(), slow.Token)
+	}
+}

@@ -251,12 +251,15 @@ func TestKilledRenewer(t *testing.T) {
 	defer contender.Close()
 	reg := newHoldRegistry()
 
-	var kills, lost, survived int64
+	var kills, lost, survived, lateGrants int64
 	var maxLate time.Duration
 	for round := range rounds {
 		name := fmt.Sprintf("renewer:%d", round)
 		// The previous round's killer may have left a dead connection in
 		// the holder's pool: its first use fails with a transient *DBError.
+		// A grant can also come back too late to use on a loaded machine
+		// (pglock reports ErrSlowGrant, or this goroutine was descheduled
+		// past the deadline before registering): try again.
 		var lease *pglock.Lease
 		for attempt := 0; lease == nil; attempt++ {
 			lease, err = holder.Acquire(ctx, name, ttl)
@@ -264,11 +267,13 @@ func TestKilledRenewer(t *testing.T) {
 			if err != nil && (attempt == 4 || !errors.As(err, &dbErr) || !dbErr.Transient()) {
 				t.Fatalf("round %d: %v", round, err)
 			}
+			if lease != nil && !reg.register(lease) {
+				lateGrants++
+				_ = lease.Release(ctx)
+				lease = nil
+			}
 		}
 		doneAt := doneTime(lease)
-		if !reg.register(lease) {
-			t.Fatalf("round %d: the grant came back after its own deadline", round)
-		}
 		context.AfterFunc(lease.Context(), func() { reg.unregister(lease) })
 
 		// The stall: the observer's transaction holds the lock row.
@@ -302,12 +307,18 @@ func TestKilledRenewer(t *testing.T) {
 			cancel()
 			switch {
 			case err == nil:
-				won, wonAt = c, time.Now()
-				if !reg.register(c) {
-					t.Fatalf("round %d: contender's grant came back after its own deadline", round)
+				if !reg.register(c) { // descheduled past its deadline: not a win
+					lateGrants++
+					_ = c.Release(ctx)
+					continue
 				}
+				won, wonAt = c, time.Now()
 			case errors.Is(err, pglock.ErrLocked):
 				time.Sleep(20 * time.Millisecond)
+			case errors.Is(err, pglock.ErrSlowGrant):
+				// The grant waited behind the stall for longer than the TTL
+				// and was given back: a correct refusal, not a win.
+				lateGrants++
 			default:
 				t.Fatalf("round %d: contender: %v", round, err)
 			}
@@ -361,9 +372,9 @@ func TestKilledRenewer(t *testing.T) {
 		}
 	}
 	reg.check(t)
-	t.Logf("killed renewer: %d rounds, %d backends terminated, %d leases lost and taken over, %d survived through later renewals, "+
+	t.Logf("killed renewer: %d rounds, %d backends terminated, %d leases lost and taken over, %d survived through later renewals, %d grants too late to use, "+
 		"renewals ok/error/refused %d/%d/%d, %d grants, 0 overlapping holders, max Done lateness after local deadline %v",
-		rounds, kills, lost, survived, holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewOK),
+		rounds, kills, lost, survived, lateGrants, holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewOK),
 		holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewError), holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewRefused),
 		reg.grants, maxLate.Round(time.Millisecond))
 	if kills == 0 {
