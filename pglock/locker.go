@@ -438,6 +438,7 @@ const maxWait = time.Minute
 // registered), asks the next release to NOTIFY. Who gets the lock rests on
 // the grant statement alone.
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark bool) (*Lease, *LockedError, time.Duration, error) {
+	deadConns := 0
 	for attempt := 0; ; attempt++ {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -447,6 +448,15 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark
 		// before the statement is written to the connection.
 		sent := time.Now()
 		row, err := l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
+			// The pool handed out a connection whose backend was already
+			// gone (pgxpool only pings connections idle for over a
+			// second). Send the grant again on another connection.
+			conn.Release()
+			deadConns++
+			attempt--
+			continue
+		}
 		if err == nil {
 			conn.Release()
 			if row.ExpiresAt == nil {
@@ -497,6 +507,39 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark
 			return nil, &LockedError{Name: name}, jitterWait(0), nil
 		}
 	}
+}
+
+// maxDeadConns bounds how many dead pooled connections one grant skips: a
+// pool emptied by a failover or a mass pg_terminate_backend is drained one
+// connection per retry.
+const maxDeadConns = 3
+
+// deadConnection reports whether a grant failed because its connection was
+// dead, with the statement not executed or rolled back: the connection is
+// closed now, and either nothing was written to it (pgconn.SafeToRetry) or the
+// answer was the server's termination notice (SQLSTATE 57P01 admin shutdown,
+// 57P02 crash shutdown, 57P03 cannot connect now), which a backend sends
+// when it is ended while idle, before it reads the statement. A statement
+// cannot commit after its answer was that notice except in the instant
+// between an implicit transaction's commit and its ReadyForQuery; then the
+// retried grant finds the lock held by this holder and is refused
+// ([*LockedError] naming this holder, as documented for unknown outcomes),
+// so a retry never produces a second holder.
+func deadConnection(conn *pgxpool.Conn, err error) bool {
+	if !conn.Conn().IsClosed() {
+		return false
+	}
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+	}
+	return false
 }
 
 func translateGrantError(name string, err error) error {
@@ -620,18 +663,26 @@ func validateTriple(name, holder string, token int64) error {
 }
 
 func (l *Locker) renew(ctx context.Context, name, holder string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
-	conn, err := l.pool.Acquire(ctx)
-	if err != nil {
-		return time.Time{}, time.Time{}, &DBError{Op: "renew", Name: name, Err: err}
-	}
-	sent = time.Now()
-	row, err := l.q.RenewLock(ctx, conn, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
-	conn.Release()
-	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
-	}
-	if err != nil {
-		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
+	var row dbsqlc.RenewLockRow
+	for deadConns := 0; ; deadConns++ {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return time.Time{}, time.Time{}, &DBError{Op: "renew", Name: name, Err: err}
+		}
+		sent = time.Now()
+		row, err = l.q.RenewLock(ctx, conn, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
+		conn.Release()
+		if retry {
+			continue // a renewal applied twice only extends the lease again
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
+		}
+		if err != nil {
+			return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
+		}
+		break
 	}
 	if row.ExpiresAt == nil {
 		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: errors.New("renew returned no expiry")}
@@ -640,14 +691,24 @@ func (l *Locker) renew(ctx context.Context, name, holder string, token int64, tt
 }
 
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
-	n, err := l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
-	if err != nil {
-		return &DBError{Op: "release", Name: name, Err: err}
+	for deadConns := 0; ; deadConns++ {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return &DBError{Op: "release", Name: name, Err: err}
+		}
+		n, err := l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
+		conn.Release()
+		switch {
+		case retry:
+			continue
+		case err != nil:
+			return &DBError{Op: "release", Name: name, Err: err}
+		case n == 0:
+			return &LeaseLostError{Name: name, Holder: holder, Token: token}
+		}
+		return nil
 	}
-	if n == 0 {
-		return &LeaseLostError{Name: name, Holder: holder, Token: token}
-	}
-	return nil
 }
 
 // LockInfo is a snapshot of one lock row, read with [Inspect].

@@ -255,9 +255,9 @@ func TestKilledRenewer(t *testing.T) {
 	var maxLate time.Duration
 	for round := range rounds {
 		name := fmt.Sprintf("renewer:%d", round)
-		// The previous round's killer may have left a dead connection in
-		// the holder's pool: its first use fails with a transient *DBError.
-		// A grant can also come back too late to use on a loaded machine
+		// pglock sends a grant again when the pool hands it a connection the
+		// previous round's killer ended, but a kill racing the grant still
+		// fails it with a transient *DBError. A grant can also come back too late to use on a loaded machine
 		// (pglock reports ErrSlowGrant, or this goroutine was descheduled
 		// past the deadline before registering): try again.
 		var lease *pglock.Lease
