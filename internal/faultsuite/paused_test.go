@@ -68,6 +68,9 @@ func workerMain() int {
 		return fail(err)
 	}
 	lease, err := locker.Acquire(ctx, os.Getenv(envLock), ttl)
+	for retry := 0; errors.Is(err, pglock.ErrSlowGrant) && retry < 5; retry++ {
+		lease, err = locker.Acquire(ctx, os.Getenv(envLock), ttl) // given back on a loaded machine
+	}
 	if err != nil {
 		return fail(err)
 	}
