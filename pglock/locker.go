@@ -285,7 +285,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		return nil, ErrClosed
 	}
 	start := time.Now()
-	lease, locked, _, err := l.grant(ctx, name, ttl, false)
+	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry)
 	if err == nil && locked != nil {
 		err = locked
 	}
@@ -363,17 +363,28 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			l.lis.unregister(w)
 		}
 	}()
-	var timer *time.Timer
+	var timer, backoff *time.Timer
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
+		if backoff != nil {
+			backoff.Stop()
+		}
 	}()
+	woken, losses := false, 0 // the last sleep ended with a wake-up; wake-ups lost in a row
 	for {
 		if l.isClosed() {
 			return nil, ErrClosed
 		}
-		lease, locked, wait, err := l.grant(ctx, name, ttl, w != nil)
+		kind := attemptTry
+		switch {
+		case w != nil:
+			kind = attemptWait
+		case l.lis != nil:
+			kind = attemptFirst // if refused, register and retry as a waiter at once
+		}
+		lease, locked, wait, err := l.grant(ctx, name, ttl, kind)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -413,6 +424,29 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		if w != nil {
 			wake = w.ch
 		}
+		if woken {
+			// Woken by a release and beaten to the grant: the lock is hot.
+			// Back off before answering the next wake-up, so that N waiters
+			// of one hot lock do not each run a statement on every release.
+			// A wake-up that arrives meanwhile stays in w.ch.
+			losses++
+			if backoff == nil {
+				backoff = time.NewTimer(hotBackoff(losses))
+			} else {
+				backoff.Reset(hotBackoff(losses))
+			}
+			select {
+			case <-ctx.Done():
+				locked.Err = context.Cause(ctx)
+				return nil, locked
+			case <-l.closedCh:
+				return nil, ErrClosed
+			case <-backoff.C:
+			case <-timer.C: // the holder's expiry, or the poll interval
+			}
+			backoff.Stop()
+		}
+		woken = false
 		select {
 		case <-ctx.Done():
 			locked.Err = context.Cause(ctx)
@@ -420,26 +454,58 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		case <-l.closedCh:
 			return nil, ErrClosed
 		case <-wake:
+			woken = true
 		case <-timer.C:
 		}
 		timer.Stop()
 	}
 }
 
+// hotBackoff is how long a waiter that lost the race after its n-th
+// consecutive wake-up waits before it answers the next one: 0.5 ms doubling
+// up to maxHotBackoff, with up to 50% jitter.
+func hotBackoff(n int) time.Duration {
+	d := min(maxHotBackoff, (time.Millisecond/2)<<min(n-1, 10))
+	return d/2 + mrand.N(d/2+1)
+}
+
+// maxHotBackoff caps hotBackoff: far below a polling interval, so that on a
+// hot lock a waiter still hears a release within a few milliseconds.
+const maxHotBackoff = 16 * time.Millisecond
+
 // maxWait bounds a single sleep of a waiter whose holder's expiry is far away,
 // so that a lost notification (for example after a failover that the listener
 // did not notice) costs at most this long.
 const maxWait = time.Minute
 
-// grant runs GrantLock once. It returns either a lease, or a LockedError with
+// attemptKind selects the statements of one grant attempt.
+type attemptKind uint8
+
+const (
+	// attemptTry: GrantLock, and when refused LockHolder for the holder and
+	// its expiry (TryAcquire; Acquire without a listener).
+	attemptTry attemptKind = iota
+	// attemptFirst: GrantLock alone; when refused the caller registers as a
+	// waiter and goes on with attemptWait, which reads the holder anyway.
+	attemptFirst
+	// attemptWait: WaitGrant, grant or mark-and-read in one statement.
+	attemptWait
+)
+
+// grant makes one attempt. It returns either a lease, or a LockedError with
 // how long to wait for the holder's expiry (database clock, plus jitter).
-// When the lock is held, a second statement reads the holder for the
-// diagnostics and the wait — and, with mark (a waiter whose listener is
-// registered), asks the next release to NOTIFY. Who gets the lock rests on
-// the grant statement alone.
-func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark bool) (*Lease, *LockedError, time.Duration, error) {
+// attemptTry and attemptFirst run GrantLock, the cheapest statement when
+// the lock is free; when the lock is held, attemptTry reads the holder with
+// a second statement for the diagnostics and the wait, and attemptFirst
+// returns a LockedError without one. attemptWait (a waiter whose listener is
+// registered) runs WaitGrant, which grants, or marks the lock so that the
+// next release sends a NOTIFY and returns the holder, in one round trip: a
+// woken waiter that loses the race costs one statement. Who gets the lock
+// rests on the grant alone.
+func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind) (*Lease, *LockedError, time.Duration, error) {
+	mark := kind == attemptWait
 	deadConns := 0
-	for attempt := 0; ; attempt++ {
+	for attempt := 0; ; {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
 			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
@@ -447,19 +513,37 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark
 		// The local deadline counts from here: after the pool wait, right
 		// before the statement is written to the connection.
 		sent := time.Now()
-		row, err := l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+		var (
+			granted   bool
+			token     int64
+			expiresAt *time.Time
+			holder    *string
+			dbNow     time.Time
+		)
+		if mark {
+			var r dbsqlc.WaitGrantRow
+			r, err = l.q.WaitGrant(ctx, conn, dbsqlc.WaitGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
+		} else {
+			var r dbsqlc.GrantLockRow
+			r, err = l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
+		}
 		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
 			// The pool handed out a connection whose backend was already
 			// gone (pgxpool only pings connections idle for over a
-			// second). Send the grant again on another connection.
+			// second). Send the statement again on another connection.
 			conn.Release()
 			deadConns++
-			attempt--
 			continue
 		}
-		if err == nil {
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			conn.Release()
-			if row.ExpiresAt == nil {
+			return nil, nil, 0, translateGrantError(name, err)
+		}
+		if granted {
+			conn.Release()
+			if expiresAt == nil {
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
 			}
 			if took := time.Since(sent); took >= ttl {
@@ -467,43 +551,35 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, mark
 				// lease would end the moment it was returned. Give the
 				// token back (best effort, conditional on it) and report.
 				if ctx.Err() == nil {
-					_, _ = l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: row.Token})
+					_, _ = l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: token})
 				}
-				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: row.Token, Took: took, TTL: ttl}}
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
 			}
-			return l.newLease(name, row.Token, ttl, *row.ExpiresAt, sent), nil, 0, nil
+			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if kind == attemptFirst {
 			conn.Release()
-			return nil, nil, 0, translateGrantError(name, err)
+			return nil, &LockedError{Name: name}, 0, nil
 		}
-		var (
-			holder    *string
-			expiresAt *time.Time
-			dbNow     time.Time
-			herr      error
-		)
-		if mark {
-			var m dbsqlc.MarkWaitingRow
-			m, herr = l.q.MarkWaiting(ctx, conn, name)
-			holder, expiresAt, dbNow = m.Holder, m.ExpiresAt, m.DbNow
-		} else {
+		if !mark { // GrantLock refused: read the holder.
 			var h dbsqlc.LockHolderRow
-			h, herr = l.q.LockHolder(ctx, conn, name)
+			h, err = l.q.LockHolder(ctx, conn, name)
 			if h.Held {
 				holder, expiresAt, dbNow = h.Holder, h.ExpiresAt, h.DbNow
 			}
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				conn.Release()
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
+			}
 		}
 		conn.Release()
-		if herr == nil && holder != nil && expiresAt != nil {
+		if holder != nil && expiresAt != nil {
 			return nil, &LockedError{Name: name, Holder: *holder, ExpiresAt: *expiresAt},
 				jitterWait(expiresAt.Sub(dbNow)), nil
 		}
-		if herr != nil && !errors.Is(herr, pgx.ErrNoRows) {
-			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: herr}
-		}
-		// Released or expired between the two statements: try again.
-		if attempt >= 3 {
+		// Released or expired between the snapshot and the statement (or
+		// between the two statements): try again.
+		if attempt++; attempt > 3 {
 			return nil, &LockedError{Name: name}, jitterWait(0), nil
 		}
 	}

@@ -3,7 +3,10 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -275,5 +278,60 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 	}
 	if info := inspect(t, pool, "m3"); info.Held || info.Token != 0 {
 		t.Errorf("m3 after failed AcquireMany: %+v; want never taken (sorted order stops at m2)", info)
+	}
+}
+
+// Six Lockers (as six processes would) each take one hot lock 25 times,
+// holding it briefly. Every waiter is woken by releases through its own
+// LISTEN connection and, after losing races, backs off: each must still
+// finish (no lost wake-up, no waiter left sleeping until the one-minute
+// TTL), never two at once, and tokens strictly increase.
+func TestHotLockManyWaiters(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 60*time.Second)
+	const lockers, rounds = 6, 25
+	var inside atomic.Int32
+	var mu sync.Mutex
+	var last int64
+	errs := make(chan error, lockers)
+	for i := range lockers {
+		l := newLocker(t, pool, &Config{Holder: fmt.Sprintf("hot-%d", i)})
+		go func() {
+			for range rounds {
+				s, err := l.Acquire(ctx, "hot", time.Minute)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n := inside.Add(1); n != 1 {
+					errs <- fmt.Errorf("%d holders at once", n)
+					return
+				}
+				mu.Lock()
+				if s.Token() <= last {
+					mu.Unlock()
+					errs <- fmt.Errorf("token %d after %d", s.Token(), last)
+					return
+				}
+				last = s.Token()
+				mu.Unlock()
+				time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond) // the critical section
+				inside.Add(-1)
+				if err := s.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range lockers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if last < lockers*rounds {
+		t.Errorf("last token %d, want at least %d grants", last, lockers*rounds)
 	}
 }

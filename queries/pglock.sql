@@ -62,7 +62,7 @@ RETURNING l.expires_at, now()::timestamptz AS db_now;
 -- name: ReleaseLock :execrows
 -- ReleaseLock frees a lease still held by (name, holder, token): holder and
 -- expiry become NULL, the row and its token stay. If a waiter marked the
--- lock (waiting_since, see MarkWaiting), it notifies channel
+-- lock (waiting_since, see WaitGrant), it notifies channel
 -- pgfence_lock_released with the lock name as payload (delivered at commit)
 -- so waiters wake. 0 rows = the lease was lost; nothing changed.
 WITH r AS (
@@ -78,18 +78,49 @@ SELECT r.name,
        CASE WHEN r.wanted THEN pg_notify('pgfence_lock_released', r.name)::text END AS notified
 FROM r;
 
--- name: MarkWaiting :one
--- MarkWaiting records that a waiter wants to be notified when the lock is
--- released, and returns the holder and expiry for the waiter's timer. It
--- marks only a lock that is held right now: no row = free or expired, so the
--- waiter retries the grant at once. Because the mark and the release lock
--- the same row, either the release sees the mark (and notifies) or the mark
--- sees the release (and returns no row): no wake-up is lost. A lock already
--- marked (in this statement's snapshot) is not written again: the mark
--- belongs to the current grant (a grant clears it) and was committed before
--- this snapshot, so the release will see it and notify every listener; only
--- the first waiter of a grant pays for a row lock and a commit.
-WITH cur AS (
+-- name: WaitGrant :one
+-- WaitGrant is the attempt of a waiter (one that will sleep until a release
+-- notification or the holder's expiry when refused): a grant and a wait
+-- mark in ONE statement, so a refused waiter costs one round trip. A free
+-- or expired lock is granted exactly as by GrantLock (granted = true, token
+-- and expiry). A held lock is marked (waiting_since: the release will
+-- NOTIFY) and the row comes back with granted = false, the holder and its
+-- expiry for the waiter's timer. A lock already marked in this statement's
+-- snapshot is not written again: the mark belongs to the current grant (a
+-- grant clears it) and was committed before this snapshot, so the release
+-- will see it and notify every listener; only the first waiter of a grant
+-- pays for a row lock. The two UPDATEs can never both
+-- change the row: in the statement's snapshot the lock is either free or
+-- expired (only the grant can match) or held (only the mark can), and a row
+-- changed concurrently is re-checked by each against its own condition. No
+-- row = the lock changed between the snapshot and the statement (released
+-- or re-granted): the waiter tries again at once instead of sleeping on a
+-- stale holder. As in MarkWaiting, the mark and a release lock the same row,
+-- so either the release sees the mark and notifies, or the mark sees the
+-- release and the statement returns no row.
+WITH sc AS (
+    SELECT set_config('synchronous_commit', 'on', true) AS sync
+), upd AS (
+    UPDATE pgfence.locks AS l
+    SET token         = l.token + 1,
+        holder        = sqlc.arg(holder)::text,
+        acquired_at   = now(),
+        renewed_at    = NULL,
+        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
+        waiting_since = NULL
+    FROM sc
+    WHERE l.name = sqlc.arg(name)::text
+      AND (l.holder IS NULL OR l.expires_at <= now())
+    RETURNING l.token, l.expires_at
+), ins AS (
+    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+    SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
+           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    FROM sc
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = sqlc.arg(name)::text)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING l.token, l.expires_at
+), cur AS (
     SELECT l.holder, l.expires_at, l.waiting_since
     FROM pgfence.locks AS l
     WHERE l.name = sqlc.arg(name)::text
@@ -98,19 +129,19 @@ WITH cur AS (
 ), m AS (
     UPDATE pgfence.locks AS l
     SET waiting_since = now()
+    FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
       AND l.waiting_since IS NULL
     RETURNING l.holder, l.expires_at
 )
-SELECT COALESCE(m.holder, cur.holder) AS holder,
-       COALESCE(m.expires_at, cur.expires_at) AS expires_at,
-       now()::timestamptz AS db_now
+SELECT true AS granted, upd.token, upd.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM upd
+UNION ALL
+SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+UNION ALL
+SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
 FROM cur LEFT JOIN m ON true
--- Unmarked in this statement's snapshot but not marked by it: the row
--- changed meanwhile (released or re-granted), so report nothing and let the
--- waiter retry rather than sleep on a stale holder.
 WHERE m.holder IS NOT NULL OR cur.waiting_since IS NOT NULL;
 
 -- name: LockHolder :one
