@@ -86,13 +86,17 @@
 // settings) that serves all its waiters: a release wakes the waiters of that
 // name, and a timer at the current holder's expiry (plus jitter) covers
 // holders that crashed without releasing. Before sleeping, a waiter marks
-// the held row (column waiting_since, in the same row-locked step that reads
-// the holder's expiry), and a release sends NOTIFY only when the row is
-// marked: uncontended acquire/release cycles then never take PostgreSQL's
+// the held row (column waiting_since), in the same statement that tries the
+// grant and reads the holder's expiry, so a waiter that loses costs one
+// round trip; a release sends NOTIFY only when the row is marked:
+// uncontended acquire/release cycles then never take PostgreSQL's
 // cluster-wide NOTIFY commit lock. The mark and the release lock the same
 // row, so either the release sees the mark or the waiter sees the release;
-// a grant clears the mark and waiters still waiting mark it again.
-// When the LISTEN connection fails,
+// a grant clears the mark and waiters still waiting mark it again. A release
+// wakes every waiter of the name; on a hot lock, a waiter that loses the
+// race after a wake-up waits a short backoff (0.5 ms doubling to 16 ms)
+// before it answers the next one, so N waiters do not each run a statement
+// on every release. When the LISTEN connection fails,
 // waiters keep their expiry timers and all of them retry once it is back, so
 // a release made meanwhile is not missed. [Config].NoListen and
 // [Config].PollInterval serve setups where LISTEN does not work (a
