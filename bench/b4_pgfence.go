@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -107,5 +108,65 @@ func (b *bench) pgfenceB4Variants(jobs int) []variant {
 	for _, batch := range b4Batches {
 		vs = append(vs, b.pgfenceB4Variant(batch, jobs))
 	}
-	return vs
+	return append(vs, b.pgfenceWorkerB4Variant(jobs))
+}
+
+// completions is an observe.Metrics that counts completed rows and signals
+// when want is reached.
+type completions struct {
+	n    atomic.Int64
+	want int64
+	done chan struct{}
+	once sync.Once
+}
+
+func (c *completions) Add(name string, delta float64, _ ...string) {
+	if name == observe.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
+		c.once.Do(func() { close(c.done) })
+	}
+}
+
+func (c *completions) Observe(string, float64, ...string) {}
+
+// pgfenceWorkerB4Variant burns the queue down with skiplocked.Worker, the
+// runtime that compares with River's client: b4Workers handlers, claims in
+// batches of b4Workers (the default), completions batched by the worker.
+// Timed from Run until the worker has recorded every completion.
+func (b *bench) pgfenceWorkerB4Variant(jobs int) variant {
+	return variant{name: fmt.Sprintf("pgfence skiplocked.Worker, %d handlers", b4Workers), clients: b4Workers,
+		run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+			jobs := b.burnDownJobs(jobs, dur)
+			if err := b.enqueueB4(ctx, jobs); err != nil {
+				return runResult{}, fmt.Errorf("enqueue: %w", err)
+			}
+			m := &completions{want: int64(jobs), done: make(chan struct{})}
+			w, err := skiplocked.NewWorker(b.pg.pool, b4Queue, func(context.Context, skiplocked.Job) error { return nil },
+				&skiplocked.Config{Concurrency: b4Workers, ClaimTTL: 5 * time.Minute, Metrics: m})
+			if err != nil {
+				return runResult{}, err
+			}
+			rctx, stop := context.WithCancel(ctx)
+			defer stop()
+			before := memStats()
+			start := time.Now()
+			runErr := make(chan error, 1)
+			go func() { runErr <- w.Run(rctx) }()
+			timeout := time.NewTimer(b.burnDownTimeout())
+			defer timeout.Stop()
+			select {
+			case <-m.done:
+			case err := <-runErr:
+				return runResult{}, fmt.Errorf("worker stopped early after %d of %d jobs: %v", m.n.Load(), jobs, err)
+			case <-timeout.C:
+				return runResult{}, fmt.Errorf("only %d of %d jobs completed in %s", m.n.Load(), jobs, b.burnDownTimeout())
+			}
+			elapsed := time.Since(start)
+			after := memStats()
+			stop()
+			if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+				return runResult{}, err
+			}
+			return runResult{ops: m.n.Load(), elapsed: elapsed,
+				mallocs: after.Mallocs - before.Mallocs, bytes: after.TotalAlloc - before.TotalAlloc}, nil
+		}}
 }

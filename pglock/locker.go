@@ -435,6 +435,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			} else {
 				backoff.Reset(hotBackoff(losses))
 			}
+			expired := false
 			select {
 			case <-ctx.Done():
 				locked.Err = context.Cause(ctx)
@@ -442,9 +443,14 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			case <-l.closedCh:
 				return nil, ErrClosed
 			case <-backoff.C:
-			case <-timer.C: // the holder's expiry, or the poll interval
+			case <-timer.C: // the holder's expiry, the poll interval or a retry: try at once
+				expired = true
 			}
 			backoff.Stop()
+			if expired {
+				woken = false
+				continue
+			}
 		}
 		woken = false
 		select {
@@ -475,7 +481,10 @@ const maxHotBackoff = 16 * time.Millisecond
 
 // maxWait bounds a single sleep of a waiter whose holder's expiry is far away,
 // so that a lost notification (for example after a failover that the listener
-// did not notice) costs at most this long.
+// did not notice) costs at most this long. The wait-mark windows of the
+// WaitGrant and ReleaseLock statements depend on it: a waiter sleeps on a
+// mark at most 30 s old, and releases notify while a mark is under 100 s
+// old, which covers 30 s + maxWait + jitter. Do not raise it alone.
 const maxWait = time.Minute
 
 // attemptKind selects the statements of one grant attempt.

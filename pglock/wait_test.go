@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -333,5 +334,82 @@ func TestHotLockManyWaiters(t *testing.T) {
 	}
 	if last < lockers*rounds {
 		t.Errorf("last token %d, want at least %d grants", last, lockers*rounds)
+	}
+}
+
+// The wait mark's windows: a mark under 30 s old is not written again (a
+// hot lock costs one mark write per 30 s), an older one is refreshed by the
+// next waiter, and a release notifies only while the mark is under 100 s
+// old.
+func TestWaitMarkWindows(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 30*time.Second)
+	a := newLocker(t, pool, &Config{Holder: "a"})
+	b := newLocker(t, pool, &Config{Holder: "b"})
+	waiting := waitSignal(b)
+	setMark := func(age string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, "UPDATE pgfence.locks SET waiting_since = now() - $1::interval WHERE name = 'win'", age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	markAge := func() time.Duration {
+		t.Helper()
+		var us int64
+		if err := pool.QueryRow(ctx, "SELECT (extract(epoch FROM now() - waiting_since) * 1e6)::bigint FROM pgfence.locks WHERE name = 'win'").Scan(&us); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(us) * time.Microsecond
+	}
+
+	// A stale mark (over 100 s): the release sends nothing.
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	s := mustAcquire(t, a, "win", time.Minute)
+	setMark("101 seconds")
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	n, err := conn.WaitForNotification(short)
+	cancel()
+	if err == nil {
+		t.Fatalf("release under a 101 s old mark sent %q", n.Payload)
+	}
+
+	for _, c := range []struct {
+		age       string
+		refreshed bool
+	}{{"40 seconds", true}, {"10 seconds", false}} {
+		s := mustAcquire(t, a, "win", time.Minute)
+		setMark(c.age)
+		res := acquireAsync(ctx, b, "win", time.Minute)
+		<-waiting
+		age := markAge()
+		if refreshed := age < 5*time.Second; refreshed != c.refreshed {
+			t.Errorf("mark %s old before a waiter came: now %v old, want refreshed = %v", c.age, age, c.refreshed)
+		}
+		start := time.Now()
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r := <-res
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if lat := r.at.Sub(start); lat > 5*time.Second {
+			t.Errorf("mark %s old: the waiter got the lock %v after the release (TTL 1m): not notified", c.age, lat)
+		}
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

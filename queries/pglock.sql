@@ -15,8 +15,8 @@
 -- it runs alone, in an implicit transaction of one statement, so now() is
 -- the time the statement started on the database's clock (see pglock/doc.go
 -- for why now() and not clock_timestamp()). token + 1 at the bigint maximum
--- fails with SQLSTATE 22003 and changes nothing. A grant clears
--- waiting_since: waiters that did not get the lock mark it again.
+-- fails with SQLSTATE 22003 and changes nothing. A grant leaves
+-- waiting_since alone (see WaitGrant).
 WITH sc AS (
     SELECT set_config('synchronous_commit', 'on', true) AS sync
 ), upd AS (
@@ -25,8 +25,7 @@ WITH sc AS (
         holder        = sqlc.arg(holder)::text,
         acquired_at   = now(),
         renewed_at    = NULL,
-        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
-        waiting_since = NULL
+        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
     FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND (l.holder IS NULL OR l.expires_at <= now())
@@ -62,9 +61,9 @@ RETURNING l.expires_at, now()::timestamptz AS db_now;
 -- name: ReleaseLock :execrows
 -- ReleaseLock frees a lease still held by (name, holder, token): holder and
 -- expiry become NULL, the row and its token stay. If a waiter marked the
--- lock (waiting_since, see WaitGrant), it notifies channel
--- pgfence_lock_released with the lock name as payload (delivered at commit)
--- so waiters wake. 0 rows = the lease was lost; nothing changed.
+-- lock in the last 100 seconds (waiting_since, see WaitGrant), it notifies
+-- channel pgfence_lock_released with the lock name as payload (delivered at
+-- commit) so waiters wake. 0 rows = the lease was lost; nothing changed.
 WITH r AS (
     UPDATE pgfence.locks AS l
     SET holder = NULL, expires_at = NULL, renewed_at = NULL
@@ -72,7 +71,7 @@ WITH r AS (
       AND l.holder = sqlc.arg(holder)::text
       AND l.token = sqlc.arg(token)::bigint
       AND l.expires_at > now()
-    RETURNING l.name, l.waiting_since IS NOT NULL AS wanted
+    RETURNING l.name, COALESCE(l.waiting_since > now() - interval '100 seconds', false) AS wanted
 )
 SELECT r.name,
        CASE WHEN r.wanted THEN pg_notify('pgfence_lock_released', r.name)::text END AS notified
@@ -83,21 +82,23 @@ FROM r;
 -- notification or the holder's expiry when refused): a grant and a wait
 -- mark in ONE statement, so a refused waiter costs one round trip. A free
 -- or expired lock is granted exactly as by GrantLock (granted = true, token
--- and expiry). A held lock is marked (waiting_since: the release will
--- NOTIFY) and the row comes back with granted = false, the holder and its
--- expiry for the waiter's timer. A lock already marked in this statement's
--- snapshot is not written again: the mark belongs to the current grant (a
--- grant clears it) and was committed before this snapshot, so the release
--- will see it and notify every listener; only the first waiter of a grant
--- pays for a row lock. The two UPDATEs can never both
--- change the row: in the statement's snapshot the lock is either free or
--- expired (only the grant can match) or held (only the mark can), and a row
--- changed concurrently is re-checked by each against its own condition. No
--- row = the lock changed between the snapshot and the statement (released
--- or re-granted): the waiter tries again at once instead of sleeping on a
--- stale holder. As in MarkWaiting, the mark and a release lock the same row,
--- so either the release sees the mark and notifies, or the mark sees the
--- release and the statement returns no row.
+-- and expiry). A held lock is marked (waiting_since = now(): releases in the
+-- next 100 seconds send a NOTIFY) and the row comes back with granted =
+-- false, the holder and its expiry for the waiter's timer. A mark less than
+-- 30 seconds old in this statement's snapshot is not written again, and
+-- grants leave it alone, so a hot lock costs one mark write per 30 seconds,
+-- not one per handoff. The windows fit the waiter's longest sleep (one
+-- minute plus jitter, then it tries again): a waiter that relied on a mark
+-- at most 30 seconds old when it went to sleep wakes up by itself before
+-- that mark is 100 seconds old, so every release while it sleeps notifies. The two UPDATEs
+-- can never both change the row: in the statement's snapshot the lock is
+-- either free or expired (only the grant can match) or held (only the mark
+-- can), and a row changed concurrently is re-checked by each against its
+-- own condition. No row = the lock changed between the snapshot and the
+-- statement (released or re-granted): the waiter tries again at once
+-- instead of sleeping on a stale holder. The mark and a release lock the
+-- same row, so either the release sees the mark and notifies, or the mark
+-- sees the release and the statement returns no row.
 WITH sc AS (
     SELECT set_config('synchronous_commit', 'on', true) AS sync
 ), upd AS (
@@ -106,8 +107,7 @@ WITH sc AS (
         holder        = sqlc.arg(holder)::text,
         acquired_at   = now(),
         renewed_at    = NULL,
-        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
-        waiting_since = NULL
+        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
     FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND (l.holder IS NULL OR l.expires_at <= now())
@@ -133,7 +133,7 @@ WITH sc AS (
     WHERE l.name = sqlc.arg(name)::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
-      AND l.waiting_since IS NULL
+      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
     RETURNING l.holder, l.expires_at
 )
 SELECT true AS granted, upd.token, upd.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM upd
@@ -142,7 +142,7 @@ SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
 UNION ALL
 SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
 FROM cur LEFT JOIN m ON true
-WHERE m.holder IS NOT NULL OR cur.waiting_since IS NOT NULL;
+WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds';
 
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now

@@ -112,7 +112,7 @@ type PgfenceLock struct {
 	ExpiresAt *time.Time
 	// Optional JSON set by the holder for operators (job id, version, ...). Never used for decisions.
 	Metadata []byte
-	// Database time at which a waiter last asked to be woken when this lock is released (set only while the lock is held); cleared by the next grant. A release sends NOTIFY pgfence_lock_released only when it is set. Never used to decide who holds the lock.
+	// Database time at which a waiter last asked to be woken when this lock is released (written only while the lock is held, at most every 30 seconds; grants and releases keep it). A release sends NOTIFY pgfence_lock_released only while it is less than 100 seconds old. Never used to decide who holds the lock.
 	WaitingSince *time.Time
 }
 
