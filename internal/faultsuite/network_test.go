@@ -183,11 +183,10 @@ func TestDelayedRenewals(t *testing.T) {
 	admin := appPool(t, dsn, appAdmin, 2)
 	// One connection, warmed in each iteration before the latency starts:
 	// a cold connection spends an extra round trip preparing each
-	// statement, and keep-alive's first renewal comes KeepAliveFraction ×
-	// TTL after the grant returned, not after it was sent (from which the
-	// local deadline counts), so with round trips this large a share of
-	// the TTL a cold first renewal can miss the local deadline and the lease
-	// ends early (safe, but not what this control phase measures).
+	// statement, and with round trips this large a share of the TTL that
+	// eats most of the first renewal's margin before the local deadline; a
+	// lease lost that way is safe, but not what this control phase measures
+	// (TestKeepAliveSlowRoundTrips covers cold renewals).
 	pool, px := proxiedPool(t, dsn, "faults-delayed", 1)
 	m := &counters{}
 	holder, err := pglock.New(pool, &pglock.Config{Holder: "delayed", KeepAlive: true, NoListen: true, Metrics: m})
