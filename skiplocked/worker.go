@@ -436,10 +436,39 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-ch
 	}
 }
 
+// connRetries is how many times the worker sends a completion, failure,
+// release or heartbeat again after a connection error (the pool may hand
+// out a connection whose backend was ended since its last use).
+const connRetries = 3
+
+// retryConn runs op, and runs it again up to connRetries times while it fails
+// with ErrConnection and ctx allows. Every statement it retries is
+// conditional on the claim tokens, so a retry never changes a job the worker
+// no longer holds; if a first attempt did commit before its connection
+// failed, the retry reports those claims as lost, which the worker logs.
+func retryConn(ctx context.Context, op func() error) error {
+	err := op()
+	for i := 1; i <= connRetries && errors.Is(err, ErrConnection) && ctx.Err() == nil; i++ {
+		t := time.NewTimer(time.Duration(i) * 10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		err = op()
+	}
+	return err
+}
+
 func (w *Worker) finish(ctx context.Context, op string, refs []ClaimRef, f func(context.Context, DB, []ClaimRef) ([]ClaimRef, error)) {
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
 	defer cancel()
-	lost, err := f(cctx, w.pool, refs)
+	var lost []ClaimRef
+	err := retryConn(cctx, func() (err error) {
+		lost, err = f(cctx, w.pool, refs)
+		return err
+	})
 	if err != nil {
 		w.cfg.Logger.Error("skiplocked: "+op+" failed; claims will expire", "jobs", len(refs), "err", err)
 		return
@@ -464,10 +493,14 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	if r.err != nil {
 		msg = r.err.Error()
 	}
-	job, err := Fail(cctx, w.pool, r.h.ref, FailParams{
-		Error:   msg,
-		RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), MaxRetryDelay),
-		GiveUp:  errors.As(r.err, &perm),
+	var job Job
+	err := retryConn(cctx, func() (err error) {
+		job, err = Fail(cctx, w.pool, r.h.ref, FailParams{
+			Error:   msg,
+			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), MaxRetryDelay),
+			GiveUp:  errors.As(r.err, &perm),
+		})
+		return err
 	})
 	m := observe.OrNop(w.cfg.Metrics)
 	switch {
@@ -506,7 +539,11 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			chunk := refs[:min(len(refs), MaxBatch)]
 			refs = refs[len(chunk):]
 			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later heartbeat is useless
-			_, lost, err := HeartbeatMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
+			var lost []ClaimRef
+			err := retryConn(hctx, func() (err error) {
+				_, lost, err = HeartbeatMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
+				return err
+			})
 			cancel()
 			if err != nil {
 				w.cfg.Logger.Warn("skiplocked: heartbeat failed", "claims", len(chunk), "err", err)

@@ -426,3 +426,61 @@ func TestWorkerConfigValidation(t *testing.T) {
 		t.Fatalf("second Run: %v", err)
 	}
 }
+
+// TestWorkerCompletesAfterTerminatedConnections: the worker's backends are
+// terminated while a handler runs; when the handler returns, the completion
+// meets a dead pooled connection and is sent again on a new one, so the job
+// is completed at once (not re-run after its claim expires) and was handled
+// exactly once.
+func TestWorkerCompletesAfterTerminatedConnections(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const app = "skiplocked-terminated"
+	cfg.MaxConns = 3
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ids := enqueueN(t, admin, "term", 1, 5)
+	started, finish := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	w := newWorker(t, pool, "term", func(ctx context.Context, j skiplocked.Job) error {
+		if calls.Add(1) == 1 {
+			close(started)
+		}
+		<-finish
+		return nil
+	}, &skiplocked.Config{ClaimTTL: time.Minute, PollInterval: time.Hour, Concurrency: 1})
+	stop := runWorker(t, w)
+	<-started
+	// End every backend of the worker's pool (and its LISTEN connection),
+	// and wait until they are gone.
+	var pids []int32
+	if err := admin.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') FROM pg_stat_activity
+		WHERE datname = current_database() AND application_name = $1`, app).Scan(&pids); err != nil || len(pids) == 0 {
+		t.Fatalf("terminated %v: %v", pids, err)
+	}
+	waitFor(t, "the terminated backends to exit", func() bool {
+		var alive bool
+		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY($1))`, pids).Scan(&alive)
+		return err == nil && !alive
+	})
+	close(finish)
+	waitFor(t, "the job to be completed", func() bool {
+		return mustJob(t, admin, ids[0]).State == skiplocked.StateCompleted
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if c := calls.Load(); c != 1 {
+		t.Errorf("handler ran %d times, want 1", c)
+	}
+}
