@@ -32,9 +32,9 @@
 // # One clock
 //
 // Expiry is decided only by the database's clock. The grant is one statement
-// (INSERT ... ON CONFLICT (name) DO UPDATE ... WHERE the lock is free or
-// expired ... RETURNING token, expires_at) that compares and sets expiry with
-// now(). Renewals and releases are conditional UPDATEs on (name, holder,
+// (UPDATE ... SET token = token + 1 ... WHERE the lock is free or expired
+// RETURNING token, expires_at; a name's first grant is an INSERT ... ON
+// CONFLICT DO NOTHING) that compares and sets expiry with now(). Renewals and releases are conditional UPDATEs on (name, holder,
 // token) that also require expires_at > now().
 //
 // now(), not clock_timestamp(), deliberately. Every statement of the package

@@ -514,6 +514,7 @@ const (
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind) (*Lease, *LockedError, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
+	insert := false // the next statement is InsertLock (attemptTry, no row yet)
 	for attempt := 0; ; {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -533,6 +534,11 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			var r dbsqlc.WaitGrantRow
 			r, err = l.q.WaitGrant(ctx, conn, dbsqlc.WaitGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
 			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
+		} else if insert {
+			var r dbsqlc.InsertLockRow
+			r, err = l.q.InsertLock(ctx, conn, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
+			insert = false
 		} else {
 			var r dbsqlc.GrantLockRow
 			r, err = l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
@@ -575,6 +581,13 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			h, err = l.q.LockHolder(ctx, conn, name)
 			if h.Held {
 				holder, expiresAt, dbNow = h.Holder, h.ExpiresAt, h.DbNow
+			}
+			if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
+				// The lock has no row yet: its first grant inserts it.
+				conn.Release()
+				insert = true
+				attempt++
+				continue
 			}
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				conn.Release()

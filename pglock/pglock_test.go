@@ -498,6 +498,23 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	first, err := q.InsertLock(ctx, tx, dbsqlc.InsertLockParams{Name: "sync", Holder: "h", TtlUs: 60e6})
+	if err != nil {
+		t.Fatalf("InsertLock = %+v, %v", first, err)
+	}
+	if v := show(tx); v != "on" {
+		t.Errorf("synchronous_commit inside the inserting transaction = %q, want on", v)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "sync", Holder: "h", Token: first.Token}); err != nil || n != 1 {
+		t.Fatalf("ReleaseLock = %d, %v", n, err)
+	}
+	tx, err = conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	row, err := q.GrantLock(ctx, tx, dbsqlc.GrantLockParams{Name: "sync", Holder: "h", TtlUs: 60e6})
 	if err != nil {
 		t.Fatalf("GrantLock = %+v, %v", row, err)

@@ -11,31 +11,16 @@ import (
 )
 
 const grantLock = `-- name: GrantLock :one
-WITH sc AS (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
-), upd AS (
-    UPDATE pgfence.locks AS l
-    SET token         = l.token + 1,
-        holder        = $1::text,
-        acquired_at   = now(),
-        renewed_at    = NULL,
-        expires_at    = now() + $2::bigint * interval '1 microsecond'
-    FROM sc
-    WHERE l.name = $3::text
-      AND (l.holder IS NULL OR l.expires_at <= now())
-    RETURNING l.token, l.expires_at
-), ins AS (
-    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT $3::text, 1, $1::text, now(), NULL,
-           now() + $2::bigint * interval '1 microsecond'
-    FROM sc
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $3::text)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING l.token, l.expires_at
-)
-SELECT upd.token, upd.expires_at FROM upd
-UNION ALL
-SELECT ins.token, ins.expires_at FROM ins
+UPDATE pgfence.locks AS l
+SET token       = l.token + 1,
+    holder      = $1::text,
+    acquired_at = now(),
+    renewed_at  = NULL,
+    expires_at  = now() + $2::bigint * interval '1 microsecond'
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE l.name = $3::text
+  AND (l.holder IS NULL OR l.expires_at <= now())
+RETURNING l.token, l.expires_at
 `
 
 type GrantLockParams struct {
@@ -51,25 +36,55 @@ type GrantLockRow struct {
 
 // GrantLock grants a free (holder NULL) or expired lock to holder in ONE
 // statement: token + 1, expiry now() + ttl_us microseconds; no row when the
-// lock is held. An existing row is granted by a plain UPDATE whose WHERE
-// tests free-or-expired: when the lock is held, that UPDATE matches nothing,
-// so a refused attempt takes no row lock, writes nothing and commits without
-// a WAL flush (INSERT ... ON CONFLICT DO UPDATE ... WHERE would lock the held
-// row and wait for its holder even when the WHERE is false). A lock that has
-// no row yet is created by the INSERT; of two first grants racing, one
-// inserts and the other gets no row (held). The set_config turns
-// synchronous_commit on for this statement's own transaction (is_local =
-// true; commit reads the setting before the transaction's settings are
-// reset), so an acknowledged token survives a crash even when the server
-// default is off, at no extra round trip. Like every statement of this file
-// it runs alone, in an implicit transaction of one statement, so now() is
-// the time the statement started on the database's clock (see pglock/doc.go
-// for why now() and not clock_timestamp()). token + 1 at the bigint maximum
-// fails with SQLSTATE 22003 and changes nothing. A grant leaves
-// waiting_since alone (see WaitGrant).
+// lock is held or has no row yet (then InsertLock creates it). It is a plain
+// UPDATE whose WHERE tests free-or-expired: when the lock is held it matches
+// nothing, so a refused attempt takes no row lock, writes nothing and
+// commits without a WAL flush (INSERT ... ON CONFLICT DO UPDATE ... WHERE
+// would lock the held row and wait for its holder even when the WHERE is
+// false). The set_config turns synchronous_commit on for this statement's
+// own transaction (is_local = true; commit reads the setting before the
+// transaction's settings are reset), so an acknowledged token survives a
+// crash even when the server default is off, at no extra round trip. Like
+// every statement of this file it runs alone, in an implicit transaction of
+// one statement, so now() is the time the statement started on the
+// database's clock (see pglock/doc.go for why now() and not
+// clock_timestamp()). token + 1 at the bigint maximum fails with SQLSTATE
+// 22003 and changes nothing. A grant leaves waiting_since alone (see
+// WaitGrant).
 func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (GrantLockRow, error) {
 	row := db.QueryRow(ctx, grantLock, arg.Holder, arg.TtlUs, arg.Name)
 	var i GrantLockRow
+	err := row.Scan(&i.Token, &i.ExpiresAt)
+	return i, err
+}
+
+const insertLock = `-- name: InsertLock :one
+INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+SELECT $1::text, 1, $2::text, now(), NULL,
+       now() + $3::bigint * interval '1 microsecond'
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+ON CONFLICT (name) DO NOTHING
+RETURNING l.token, l.expires_at
+`
+
+type InsertLockParams struct {
+	Name   string
+	Holder string
+	TtlUs  int64
+}
+
+type InsertLockRow struct {
+	Token     int64
+	ExpiresAt *time.Time
+}
+
+// InsertLock is the first grant of a lock name, which has no row yet: token
+// 1, expiry now() + ttl_us microseconds, synchronous_commit on as in
+// GrantLock. Of two first grants racing, one inserts and the other gets no
+// row and tries GrantLock again.
+func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams) (InsertLockRow, error) {
+	row := db.QueryRow(ctx, insertLock, arg.Name, arg.Holder, arg.TtlUs)
+	var i InsertLockRow
 	err := row.Scan(&i.Token, &i.ExpiresAt)
 	return i, err
 }
@@ -108,18 +123,14 @@ func (q *Queries) LockHolder(ctx context.Context, db DBTX, name string) (LockHol
 }
 
 const releaseLock = `-- name: ReleaseLock :execrows
-WITH r AS (
-    UPDATE pgfence.locks AS l
-    SET holder = NULL, expires_at = NULL, renewed_at = NULL
-    WHERE l.name = $1::text
-      AND l.holder = $2::text
-      AND l.token = $3::bigint
-      AND l.expires_at > now()
-    RETURNING l.name, COALESCE(l.waiting_since > now() - interval '100 seconds', false) AS wanted
-)
-SELECT r.name,
-       CASE WHEN r.wanted THEN pg_notify('pgfence_lock_released', r.name)::text END AS notified
-FROM r
+UPDATE pgfence.locks AS l
+SET holder = NULL, expires_at = NULL, renewed_at = NULL
+WHERE l.name = $1::text
+  AND l.holder = $2::text
+  AND l.token = $3::bigint
+  AND l.expires_at > now()
+RETURNING CASE WHEN l.waiting_since > now() - interval '100 seconds'
+               THEN pg_notify('pgfence_lock_released', l.name)::text END AS notified
 `
 
 type ReleaseLockParams struct {

@@ -339,6 +339,10 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			// as one write (the statement is already prepared).
 			px.Set(Pass, 0)
 			releaseOK(t, acquireRetry(t, locker, "warm", ttl))
+			// The lock's row exists (as for every name used before), so the
+			// grant is the one UPDATE statement whose reply is cut. A
+			// name's very first grant is a second statement (InsertLock).
+			releaseOK(t, acquireRetry(t, other, name, ttl))
 			prev, err := pglock.Inspect(ctx, admin, name)
 			if err != nil {
 				t.Fatal(err)
