@@ -529,20 +529,31 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 	ctx := ctxT(t)
 	dsn := pgtest.DSN(t)
 	// lock_timeout makes any wait for a row lock fail loudly: SKIP LOCKED
-	// claimers must never wait for each other.
+	// claimers must never wait for each other, nor for the blocker below,
+	// which holds 100 rows locked until every worker has finished. (2 s, not
+	// less: on a loaded machine a relation extension lock can be waited for
+	// a few hundred ms, and lock_timeout counts that too.)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms"
-	cfg.MaxConns = 8
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
+	cfg.MaxConns = 9
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	const rows, workers = 20000, 8
+	const rows, workers, blocked = 20000, 8, 100
 	ids := enqueueN(t, pool, "drain", rows, 5)
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	if tag, err := blocker.Exec(ctx, "SELECT 1 FROM pgfence.jobs WHERE queue = 'drain' ORDER BY id LIMIT $1 FOR UPDATE", blocked); err != nil || tag.RowsAffected() != blocked {
+		t.Fatalf("blocker locked %v rows: %v", tag, err)
+	}
 
 	var mu sync.Mutex
 	processedBy := make(map[int64]string, rows)
@@ -583,6 +594,34 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+	// The workers skipped the blocked rows and stopped; free them and drain
+	// the rest with one more worker.
+	if len(processedBy) != rows-blocked {
+		t.Fatalf("processed %d rows while %d were locked, want %d", len(processedBy), blocked, rows-blocked)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Worker: "worker-Z", Limit: 50, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(js) == 0 {
+			break
+		}
+		refs := make([]skiplocked.ClaimRef, len(js))
+		for i, j := range js {
+			if prev, dup := processedBy[j.ID]; dup {
+				t.Fatalf("job %d processed twice: by %s and worker-Z", j.ID, prev)
+			}
+			processedBy[j.ID] = "worker-Z"
+			refs[i] = j.Ref()
+		}
+		if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) > 0 {
+			t.Fatal(err, lost)
+		}
 	}
 	if len(processedBy) != rows {
 		t.Fatalf("processed %d rows, want %d", len(processedBy), rows)
