@@ -189,7 +189,10 @@ func TestTxClaimerRejectsBadSpecs(t *testing.T) {
 // TestTxClaimsDrainConcurrently: 8 workers drain 20,000 rows of an
 // application table with in-transaction claims; every row is processed
 // exactly once (times = 1, and by the worker the test recorded) and no worker
-// ever waits for a lock (lock_timeout would fail it).
+// ever waits for a lock: lock_timeout would fail it, and a blocker
+// transaction holds 100 rows locked until every worker has finished. (2 s,
+// not less: on a loaded machine a relation extension lock can be waited for
+// a few hundred ms, and lock_timeout counts that too.)
 func TestTxClaimsDrainConcurrently(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -198,58 +201,76 @@ func TestTxClaimsDrainConcurrently(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "200ms"
-	cfg.MaxConns = 8
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
+	cfg.MaxConns = 9
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	const rows, workers = 20000, 8
+	const rows, workers, blocked = 20000, 8, 100
 	importsTable(t, pool, rows)
 	claimer, err := skiplocked.NewTxClaimer(ctx, pool, pendingSpec(100))
 	if err != nil {
 		t.Fatal(err)
 	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	if tag, err := blocker.Exec(ctx, "SELECT 1 FROM import_rows ORDER BY id LIMIT $1 FOR UPDATE", blocked); err != nil || tag.RowsAffected() != blocked {
+		t.Fatalf("blocker locked %v rows: %v", tag, err)
+	}
 
 	var mu sync.Mutex
 	seen := make(map[int64]string, rows)
 	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	errs := make(chan error, workers+1)
+	drain := func(name string) {
+		for {
+			var ids []int64
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var err error
+				ids, err = skiplocked.ClaimTx(ctx, tx, claimer, pgx.RowTo[int64])
+				if err != nil || len(ids) == 0 {
+					return err
+				}
+				_, err = tx.Exec(ctx, `UPDATE import_rows SET status = 'done', processed_by = $1, times = times + 1,
+						imported_at = now() WHERE id = ANY($2)`, name, ids)
+				return err
+			})
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", name, err)
+				return
+			}
+			if len(ids) == 0 {
+				return
+			}
+			mu.Lock()
+			for _, id := range ids {
+				if prev, dup := seen[id]; dup {
+					errs <- fmt.Errorf("row %d claimed by %s and %s", id, prev, name)
+				}
+				seen[id] = name
+			}
+			mu.Unlock()
+		}
+	}
 	for w := range workers {
 		name := fmt.Sprintf("w%d", w)
-		wg.Go(func() {
-			for {
-				var ids []int64
-				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var err error
-					ids, err = skiplocked.ClaimTx(ctx, tx, claimer, pgx.RowTo[int64])
-					if err != nil || len(ids) == 0 {
-						return err
-					}
-					_, err = tx.Exec(ctx, `UPDATE import_rows SET status = 'done', processed_by = $1, times = times + 1,
-						imported_at = now() WHERE id = ANY($2)`, name, ids)
-					return err
-				})
-				if err != nil {
-					errs <- fmt.Errorf("%s: %w", name, err)
-					return
-				}
-				if len(ids) == 0 {
-					return
-				}
-				mu.Lock()
-				for _, id := range ids {
-					if prev, dup := seen[id]; dup {
-						errs <- fmt.Errorf("row %d claimed by %s and %s", id, prev, name)
-					}
-					seen[id] = name
-				}
-				mu.Unlock()
-			}
-		})
+		wg.Go(func() { drain(name) })
 	}
 	wg.Wait()
+	// The workers skipped the blocked rows and stopped; free them and drain
+	// the rest with one more worker.
+	if len(seen) != rows-blocked {
+		t.Errorf("claimed %d rows while %d were locked, want %d", len(seen), blocked, rows-blocked)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	drain("wz")
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
