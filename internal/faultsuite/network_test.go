@@ -168,16 +168,29 @@ func TestBlackholedHolder(t *testing.T) {
 // with a one-way latency of TTL/10 for three TTLs (the lease must survive:
 // renewals land in time), then with a latency longer than the TTL. Pass: the
 // lease ends (ErrLeaseLost) no later than its local deadline plus
-// scheduling slack, a contender gets the lock with the next token after that
-// deadline, and the renewals that arrive late are refused: the row still
-// belongs to the contender once they have all landed.
+// scheduling slack, that deadline is before the row's expiry, a contender
+// gets the lock with the next token after that deadline, and the renewals
+// that arrive late are refused: the row still belongs to the contender once
+// they have all landed.
+//
+// In the first phase a warm renewal goes out at TTL/3 ± 10% after the
+// previous send and is back two latencies (TTL/5) later, at most 0.57 TTL
+// after the send the deadline counts from: 0.43 TTL before the deadline. The
+// TTL is 1 s so that this margin (430 ms) absorbs a loaded machine's
+// scheduling delays; at 400 ms (40 ms latency) it was 170 ms. Latency and
+// TTL are scaled together, so a keep-alive that renews too late in the TTL
+// (from about 0.75 TTL, ±10%) loses the lease in this phase at either scale.
 func TestDelayedRenewals(t *testing.T) {
 	t.Parallel()
 	iterations := 2
 	if long() {
 		iterations = 10
 	}
-	const ttl = 400 * time.Millisecond
+	const (
+		ttl       = time.Second
+		latency   = ttl / 10                   // first phase: renewals land in time
+		lateDelay = ttl + 100*time.Millisecond // second phase: no renewal can
+	)
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	admin := appPool(t, dsn, appAdmin, 2)
@@ -202,6 +215,7 @@ func TestDelayedRenewals(t *testing.T) {
 
 	var survivedOK, after int
 	var maxLate time.Duration
+	minMargin := time.Duration(1 << 62)
 	for i := range iterations {
 		name := fmt.Sprintf("delayed:%d", i)
 		px.Set(Pass, 0)
@@ -210,13 +224,13 @@ func TestDelayedRenewals(t *testing.T) {
 			t.Fatal(err)
 		}
 		releaseOK(t, warm)
-		px.Set(Delay, ttl/10)
+		px.Set(Delay, latency)
 		lease := acquireRetry(t, holder, name, ttl)
 		doneAt := doneTime(lease)
 		before := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
 		time.Sleep(3 * ttl)
 		if err := lease.Err(); err != nil {
-			t.Fatalf("iteration %d: lease lost under a latency of TTL/10: %v", i, err)
+			t.Fatalf("iteration %d: lease lost under a latency of TTL/10 (%v): %v", i, latency, err)
 		}
 		survivedOK += m.get(observe.LeaseRenewalsTotal, observe.RenewOK) - before
 		info, err := pglock.Inspect(ctx, admin, name)
@@ -228,7 +242,7 @@ func TestDelayedRenewals(t *testing.T) {
 		}
 
 		okBefore := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
-		px.Set(Delay, ttl+100*time.Millisecond)
+		px.Set(Delay, lateDelay)
 		select {
 		case <-lease.Done():
 		case <-time.After(5 * time.Second):
@@ -243,13 +257,24 @@ func TestDelayedRenewals(t *testing.T) {
 		if !errors.Is(lease.Err(), pglock.ErrLeaseLost) {
 			t.Errorf("iteration %d: lease ended with %v, want ErrLeaseLost", i, lease.Err())
 		}
+		// The local deadline counts from the last renewal's send, before the
+		// database's now() of that renewal: it is before the row's expiry
+		// (which a renewal landing since could only push later).
+		var expiresAt time.Time
+		if err := admin.QueryRow(ctx, "SELECT expires_at FROM pgfence.locks WHERE name = $1 AND token = $2", name, lease.Token()).Scan(&expiresAt); err != nil {
+			t.Fatalf("iteration %d: the holder's row: %v", i, err)
+		}
+		if !dl.Before(expiresAt) {
+			t.Errorf("iteration %d: local deadline %v after the database's expiry", i, dl.Sub(expiresAt))
+		}
+		minMargin = min(minMargin, expiresAt.Sub(dl))
 		c := acquireRetry(t, contender, name, 10*ttl)
 		if !dl.Before(time.Now()) || c.Token() != lease.Token()+1 {
 			t.Errorf("iteration %d: contender token %d (holder %d) granted %v before the holder's local deadline",
 				i, c.Token(), lease.Token(), time.Until(dl))
 		}
 		// Let every delayed renewal reach the server: each must be refused.
-		time.Sleep(ttl + 200*time.Millisecond)
+		time.Sleep(lateDelay + 100*time.Millisecond)
 		info, err = pglock.Inspect(ctx, admin, name)
 		if err != nil {
 			t.Fatal(err)
@@ -264,10 +289,11 @@ func TestDelayedRenewals(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("delayed renewals: %d iterations (TTL %v): %d renewals succeeded with latency TTL/10 and no lease was lost; "+
-		"with latency TTL+100ms every lease ended (Done at most %v after the local deadline), %d renewals succeeded late, "+
+	t.Logf("delayed renewals: %d iterations (TTL %v): %d renewals succeeded with latency %v and no lease was lost; "+
+		"with latency %v every lease ended (Done at most %v after the local deadline, deadline at least %v before the row's expiry), %d renewals succeeded late, "+
 		"renewal errors %d, every late renewal refused, contenders got the next token",
-		iterations, ttl, survivedOK, maxLate.Round(time.Millisecond), after, m.get(observe.LeaseRenewalsTotal, observe.RenewError))
+		iterations, ttl, survivedOK, latency, lateDelay, maxLate.Round(time.Millisecond), minMargin.Round(time.Millisecond), after,
+		m.get(observe.LeaseRenewalsTotal, observe.RenewError))
 }
 
 // unknownVariant is one way of making an acquire's outcome unknown.
