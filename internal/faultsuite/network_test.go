@@ -92,8 +92,13 @@ func TestBlackholedHolder(t *testing.T) {
 	if long() {
 		iterations = 12
 	}
-	const ttl = 600 * time.Millisecond
-	const latency = 40 * time.Millisecond
+	// The database's expiry counts from when the last renewal reached the
+	// server, one latency after the send the local deadline counts from:
+	// Done must be observed within that latency of the deadline. At 40 ms
+	// (TTL 600 ms) a loaded machine's scheduling delay could use that up;
+	// latency and TTL are scaled together to 120 ms and 1.2 s.
+	const ttl = 1200 * time.Millisecond
+	const latency = ttl / 10
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	admin := appPool(t, dsn, appAdmin, 2)
