@@ -523,29 +523,32 @@ func releaseOK(t *testing.T, lease *pglock.Lease) {
 	}
 }
 
-// TestKeepAliveSlowRoundTrips: with 300 ms of latency each way and a cold
-// connection (statements prepared on first use), a keep-alive lease of 2.7 s
+// TestKeepAliveSlowRoundTrips: with 380 ms of latency each way and a cold
+// connection (statements prepared on first use), a keep-alive lease of 3.6 s
 // must survive: renewals are timed from the send time the local deadline
 // counts from, not from when the previous round trip returned.
 //
 // A cold grant or renewal takes two round trips (prepare, then execute): 4d
-// with d the one-way latency. Timed from the send, the first renewal goes out
-// at ttl/3 and is back at ttl/3 + 4d; timed from the grant's return it would
-// go out at 4d + ttl/3 and be back at ttl/3 + 8d. With d = ttl/9 the first
-// is 2ttl/9 (600 ms) before the local deadline and the second 2ttl/9 after
-// it, so the test tells the two apart by the same margin either way, and
-// that margin is wide enough for a loaded machine (scheduling delays of the
-// race-detector build, the proxy and the server all add to the round trip).
-// The margin is scaled up, not widened at the latency's expense: at 40 ms and
-// 450 ms the margin was about 140 ms and a busy CI machine used it up.
+// with d the one-way latency. Keep-alive starts when the grant returns, 4d
+// after the send the deadline counts from; with 4d above TTL/3 (+10% jitter)
+// the first renewal goes out at once and is back at 8d. Timed from the
+// grant's return instead, it would go out at 4d + TTL/3 (-10% at the
+// earliest) and be back at 8d + 0.3 TTL. With 8d = 0.85 TTL the first is
+// 0.15 TTL (560 ms) before the local deadline and the second at least
+// 0.15 TTL (520 ms) after it, so the test tells the two apart by about the
+// same margin either way, wide enough for a loaded machine (scheduling delays
+// of the race-detector build, the proxy and the server all add to the round
+// trips). At d = TTL/9 (300 ms, 2.7 s) the first renewal was back only 300 ms
+// before the deadline (and a test run under double load lost the lease);
+// at 40 ms and 450 ms the margin was about 140 ms.
 func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	pool, proxy := proxiedPool(t, dsn, "keepalive-slow", 2)
 	const (
-		ttl   = 2700 * time.Millisecond
-		delay = ttl / 9
+		ttl   = 3600 * time.Millisecond
+		delay = 380 * time.Millisecond // 8 × delay ≈ 0.85 ttl
 	)
 	proxy.Set(Delay, delay)
 	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, NoListen: true})
@@ -560,7 +563,7 @@ func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	select {
 	case <-lease.Done():
 		t.Fatalf("lease lost after %v: %v", time.Since(lease.Deadline().Add(-ttl)), lease.Err())
-	case <-time.After(3 * ttl): // the cold first renewal and a few warm ones
+	case <-time.After(ttl + ttl/2): // past the first two deadlines: the cold first renewal and warm ones
 	}
 	proxy.Set(Pass, 0)
 	if err := lease.Release(ctx); err != nil {
