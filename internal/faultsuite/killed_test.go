@@ -199,18 +199,25 @@ func (c *counters) get(name string, labels ...string) int {
 	return int(c.m[name+"|"+strings.Join(labels, ",")])
 }
 
-// doneTime records when a lease's Done fires.
+// doneTime records when a lease's Done fires. The returned function gives
+// that time, waiting for it to be recorded when Done is already closed (the
+// recording goroutine may not have run yet: a zero time would make every
+// "before" check on it pass), and the zero time while the lease is live.
 func doneTime(l *pglock.Lease) func() time.Time {
-	var at atomic.Pointer[time.Time]
+	var at time.Time
+	recorded := make(chan struct{})
 	context.AfterFunc(l.Context(), func() {
-		now := time.Now()
-		at.Store(&now)
+		at = time.Now()
+		close(recorded)
 	})
 	return func() time.Time {
-		if p := at.Load(); p != nil {
-			return *p
+		select {
+		case <-l.Done():
+			<-recorded
+			return at
+		default:
+			return time.Time{}
 		}
-		return time.Time{}
 	}
 }
 
