@@ -66,6 +66,30 @@ func ExampleLocker_TryAcquire() {
 	// ... fenced writes with lease.Token() ...
 }
 
+// An acquire whose outcome is unknown (the connection failed during the
+// grant): once the old connection is gone, look at the row, and adopt the
+// grant if it landed, or let the next attempt decide.
+func ExampleLocker_Adopt() {
+	ctx := context.Background()
+	pool, _ := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	locker, _ := pglock.New(pool, &pglock.Config{Holder: "billing-7f9c", KeepAlive: true})
+	defer locker.Close()
+
+	lease, err := locker.TryAcquire(ctx, "nightly-settlement", time.Minute)
+	var dbErr *pglock.DBError
+	if errors.As(err, &dbErr) && dbErr.Transient() {
+		info, ierr := pglock.Inspect(ctx, pool, "nightly-settlement")
+		if ierr == nil && info.Held && info.Holder == locker.Holder() {
+			lease, err = locker.Adopt(ctx, "nightly-settlement", info.Token, time.Minute)
+		}
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	// ... fenced writes with lease.Token() ...
+}
+
 // Keep-alive renews in the background; the work stops when the lease is lost.
 func ExampleConfig_keepAlive() {
 	ctx := context.Background()

@@ -750,6 +750,55 @@ func (l *Locker) ReleaseToken(ctx context.Context, name, holder string, token in
 	return l.release(ctx, name, holder, token)
 }
 
+// Adopt turns a grant of name to this Locker's holder, for which the caller
+// has no [Lease], into one: typically a grant found with [Inspect] after
+// TryAcquire or Acquire returned a transient [*DBError] (an unknown outcome
+// that did land), or one left by an earlier run of this process under the
+// same holder. It renews (name, holder, token) to ttl from now on the
+// database clock, conditionally, so a grant that expired, was released or
+// was granted to someone else is not adopted: the error is a
+// [*LeaseLostError] and nothing changes. The Lease's local deadline counts
+// from that renewal's send time, and Config.KeepAlive applies to it. Adopt
+// never creates a grant and never changes the token. A (name, token) that
+// already has a live Lease in this Locker is rejected with [ErrInvalidToken]
+// (use that Lease); a renewal answered after ttl is reported like a slow
+// grant ([ErrSlowGrant]), the grant left to expire.
+func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
+	if err := validateTriple(name, l.holder, token); err != nil {
+		return nil, err
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	closed := l.closed
+	dup := false
+	for s := range l.leases {
+		if s.name == name && s.token == token && s.Err() == nil {
+			dup = true
+			break
+		}
+	}
+	l.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if dup {
+		return nil, invalid(ErrInvalidToken, "lock %q token %d already has a live Lease in this Locker; use it", name, token)
+	}
+	exp, sent, err := l.renew(ctx, name, l.holder, token, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if took := time.Since(sent); took >= ttl {
+		return nil, &DBError{Op: "adopt", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
+	}
+	if l.log.Enabled(context.Background(), slog.LevelInfo) {
+		l.log.Info("pglock: adopted", "name", name, "token", token, "ttl", ttl, "expires_at", exp)
+	}
+	return l.newLease(name, token, ttl, exp, sent), nil
+}
+
 func validateTriple(name, holder string, token int64) error {
 	if err := ValidateName(name); err != nil {
 		return err

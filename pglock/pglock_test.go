@@ -760,3 +760,81 @@ func TestRetriesOnTerminatedConnection(t *testing.T) {
 		}
 	}
 }
+
+// Adopt turns a grant this holder has no Lease for (an earlier run's, or an
+// unknown outcome found with Inspect) into a Lease, only while the grant is
+// still this holder's, and never changes the token.
+func TestAdopt(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, 30*time.Second)
+	earlier := newLocker(t, pool, &Config{Holder: "adopter"})
+	orphan := mustAcquire(t, earlier, "adopt", time.Minute)
+	_ = earlier.Close() // the Lease ends locally; the grant stays in the row
+
+	l := newLocker(t, pool, &Config{Holder: "adopter", KeepAlive: true})
+	other := newLocker(t, pool, &Config{Holder: "someone-else"})
+
+	// Bad input and wrong grants: typed errors, the row unchanged.
+	before := rowJSON(t, pool, "adopt")
+	for _, c := range []struct {
+		name  string
+		token int64
+		ttl   time.Duration
+		want  error
+	}{
+		{"", orphan.Token(), time.Second, ErrInvalidName},
+		{"adopt", 0, time.Second, ErrInvalidToken},
+		{"adopt", -1, time.Second, ErrInvalidToken},
+		{"adopt", orphan.Token(), 0, ErrInvalidTTL},
+		{"adopt", orphan.Token() + 1, time.Second, ErrLeaseLost}, // a token never granted
+		{"never-granted", 1, time.Second, ErrLeaseLost},
+	} {
+		if s, err := l.Adopt(ctx, c.name, c.token, c.ttl); !errors.Is(err, c.want) || s != nil {
+			t.Errorf("Adopt(%q, %d, %v) = %v, %v; want %v", c.name, c.token, c.ttl, s, err, c.want)
+		}
+	}
+	if _, err := other.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("another holder's Adopt = %v, want ErrLeaseLost", err)
+	}
+	if after := rowJSON(t, pool, "adopt"); after != before {
+		t.Errorf("refused adoptions changed the row:\n%s\n%s", before, after)
+	}
+
+	// The real grant: adopted with a short TTL that keep-alive extends.
+	const ttl = 300 * time.Millisecond
+	lease, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Token() != orphan.Token() || lease.Holder() != "adopter" || lease.TTL() != ttl {
+		t.Fatalf("adopted lease %q %d %v", lease.Holder(), lease.Token(), lease.TTL())
+	}
+	if d := time.Until(lease.Deadline()); d > ttl || d <= 0 {
+		t.Errorf("adopted lease deadline in %v, want within the new TTL %v", d, ttl)
+	}
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrInvalidToken) {
+		t.Errorf("adopting a grant twice = %v, want ErrInvalidToken", err)
+	}
+	// Three TTLs later keep-alive still holds it.
+	time.Sleep(3 * ttl)
+	if err := lease.Err(); err != nil {
+		t.Fatalf("adopted lease ended: %v", err)
+	}
+	if _, err := other.TryAcquire(ctx, "adopt", time.Minute); !errors.Is(err, ErrLocked) {
+		t.Errorf("another holder got the adopted lock: %v", err)
+	}
+	if info := inspect(t, pool, "adopt"); info.Token != orphan.Token() || !info.Held {
+		t.Errorf("after adoption the row is %+v, want held with token %d", info, orphan.Token())
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("adopting a released grant = %v, want ErrLeaseLost", err)
+	}
+	_ = l.Close()
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrClosed) {
+		t.Errorf("Adopt on a closed Locker = %v, want ErrClosed", err)
+	}
+}
