@@ -78,5 +78,8 @@ func writeChart(path string, rows []Row, clients []int) error {
 		return fmt.Errorf("nothing to chart")
 	}
 	p.X.Min, p.X.Max = -0.2, float64(len(clients)-1)+0.2
+	// Headroom above the highest line (half a decade and more on the log
+	// scale) for the legend in the top left corner.
+	p.Y.Max *= 5
 	return p.Save(9*vg.Inch, 6*vg.Inch, path)
 }
