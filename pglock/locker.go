@@ -424,46 +424,68 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		if w != nil {
 			wake = w.ch
 		}
+		var backoffC <-chan time.Time
 		if woken {
 			// Woken by a release and beaten to the grant: the lock is hot.
 			// Back off before answering the next wake-up, so that N waiters
 			// of one hot lock do not each run a statement on every release.
-			// A wake-up that arrives meanwhile stays in w.ch.
 			losses++
 			if backoff == nil {
 				backoff = time.NewTimer(hotBackoff(losses))
 			} else {
 				backoff.Reset(hotBackoff(losses))
 			}
-			expired := false
-			select {
-			case <-ctx.Done():
-				locked.Err = context.Cause(ctx)
-				return nil, locked
-			case <-l.closedCh:
-				return nil, ErrClosed
-			case <-backoff.C:
-			case <-timer.C: // the holder's expiry, the poll interval or a retry: try at once
-				expired = true
-			}
-			backoff.Stop()
-			if expired {
-				woken = false
-				continue
-			}
+			backoffC = backoff.C
 		}
-		woken = false
-		select {
-		case <-ctx.Done():
+		var end turnEnd
+		end, woken = waitTurn(ctx, l.closedCh, wake, timer.C, backoffC)
+		timer.Stop()
+		if backoff != nil {
+			backoff.Stop()
+		}
+		switch end {
+		case turnCtxDone:
 			locked.Err = context.Cause(ctx)
 			return nil, locked
-		case <-l.closedCh:
+		case turnClosed:
 			return nil, ErrClosed
-		case <-wake:
-			woken = true
-		case <-timer.C:
 		}
-		timer.Stop()
+	}
+}
+
+// turnEnd says why waitTurn returned.
+type turnEnd uint8
+
+const (
+	turnNext    turnEnd = iota // try again: a wake-up, or the timer fired
+	turnCtxDone                // ctx ended
+	turnClosed                 // the Locker was closed
+)
+
+// waitTurn is a waiter's sleep between two attempts. It ends when ctx ends,
+// the Locker closes, timerC fires (the holder's expiry, the poll interval or
+// a retry delay: try at once, backoff or not), or a wake-up arrives on wake.
+// While backoffC is not nil and has not fired, wake-ups are held back (they
+// stay in the buffered channel, none is lost). woken reports whether a
+// wake-up ended it.
+func waitTurn(ctx context.Context, closed <-chan struct{}, wake <-chan struct{}, timerC, backoffC <-chan time.Time) (end turnEnd, woken bool) {
+	for {
+		w := wake
+		if backoffC != nil {
+			w = nil
+		}
+		select {
+		case <-ctx.Done():
+			return turnCtxDone, false
+		case <-closed:
+			return turnClosed, false
+		case <-timerC:
+			return turnNext, false
+		case <-backoffC:
+			backoffC = nil // now answer wake-ups
+		case <-w:
+			return turnNext, true
+		}
 	}
 }
 
