@@ -88,11 +88,14 @@
 // holders that crashed without releasing. Before sleeping, a waiter marks
 // the held row (column waiting_since), in the same statement that tries the
 // grant and reads the holder's expiry, so a waiter that loses costs one
-// round trip; a release sends NOTIFY only when the row is marked:
-// uncontended acquire/release cycles then never take PostgreSQL's
-// cluster-wide NOTIFY commit lock. The mark and the release lock the same
-// row, so either the release sees the mark or the waiter sees the release;
-// a grant clears the mark and waiters still waiting mark it again. A release
+// round trip; a release sends NOTIFY only when the row was marked in the
+// last 100 seconds: uncontended acquire/release cycles then never take
+// PostgreSQL's cluster-wide NOTIFY commit lock. The mark and the release
+// lock the same row, so either the release sees the mark or the waiter sees
+// the release. Grants keep the mark, and waiters rewrite it only when it is
+// over 30 seconds old, so a hot lock costs one mark write per 30 seconds;
+// a waiter sleeps at most a minute before it tries (and marks) again, so a
+// mark it relied on is always recent enough to make releases notify. A release
 // wakes every waiter of the name; on a hot lock, a waiter that loses the
 // race after a wake-up waits a short backoff (0.5 ms doubling to 16 ms)
 // before it answers the next one, so N waiters do not each run a statement
