@@ -180,3 +180,41 @@ func TestCloseEndsLeasesAndWaiters(t *testing.T) {
 	}
 	_ = held.Release(ctx)
 }
+
+// Renewals run in one round trip even on a connection that never ran one
+// (no prepared statement, so no prepare round trip to eat into the lease on
+// a slow network): after renewals, the pool's only connection has the grant
+// prepared but not the renewal.
+func TestRenewalIsNotPrepared(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 30*time.Second)
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l := newLocker(t, pool, &Config{Holder: "one-trip", NoListen: true})
+	s := mustAcquire(t, l, "one-trip", time.Minute)
+	for range 3 {
+		if err := s.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var grants, renewals int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE statement LIKE '%name: GrantLock%' OR statement LIKE '%name: InsertLock%'),
+		count(*) FILTER (WHERE statement LIKE '%name: RenewLock%') FROM pg_prepared_statements
+		WHERE statement NOT LIKE '%pg_prepared_statements%'`).Scan(&grants, &renewals); err != nil {
+		t.Fatal(err)
+	}
+	if grants == 0 || renewals != 0 {
+		t.Errorf("prepared on the connection: %d grant statements, %d renewal statements; want the grant prepared (cache) and the renewal not", grants, renewals)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

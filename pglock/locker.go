@@ -839,7 +839,7 @@ func (l *Locker) renew(ctx context.Context, name, holder string, token int64, tt
 			return time.Time{}, time.Time{}, &DBError{Op: "renew", Name: name, Err: err}
 		}
 		sent = time.Now()
-		row, err = l.q.RenewLock(ctx, conn, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+		row, err = l.q.RenewLock(ctx, oneRoundTrip{conn}, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
 		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
 		conn.Release()
 		if retry {
@@ -857,6 +857,28 @@ func (l *Locker) renew(ctx context.Context, name, holder string, token int64, tt
 		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: errors.New("renew returned no expiry")}
 	}
 	return *row.ExpiresAt, sent, nil
+}
+
+// oneRoundTrip runs statements with pgx.QueryExecModeExec: parse, bind and
+// execute in one round trip, never the extra prepare round trip that the
+// default mode spends the first time a statement runs on a connection.
+// Renewals use it: a keep-alive renewal is rare (once per TTL fraction), so
+// parsing it each time costs nothing that matters, while on a new pooled
+// connection over a slow network the prepare round trip would come out of
+// the lease's remaining time. The statements' parameters all carry casts,
+// so the server needs no type inference from the client.
+type oneRoundTrip struct{ db DBTX }
+
+func (o oneRoundTrip) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return o.db.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneRoundTrip) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return o.db.Query(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return o.db.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {

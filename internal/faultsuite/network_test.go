@@ -523,32 +523,32 @@ func releaseOK(t *testing.T, lease *pglock.Lease) {
 	}
 }
 
-// TestKeepAliveSlowRoundTrips: with 380 ms of latency each way and a cold
-// connection (statements prepared on first use), a keep-alive lease of 3.6 s
-// must survive: renewals are timed from the send time the local deadline
-// counts from, not from when the previous round trip returned.
+// TestKeepAliveSlowRoundTrips: with 750 ms of latency each way and a cold
+// connection, a keep-alive lease of 5.4 s must survive: renewals are timed
+// from the send time the local deadline counts from, not from when the
+// previous round trip returned.
 //
-// A cold grant or renewal takes two round trips (prepare, then execute): 4d
-// with d the one-way latency. Keep-alive starts when the grant returns, 4d
-// after the send the deadline counts from; with 4d above TTL/3 (+10% jitter)
-// the first renewal goes out at once and is back at 8d. Timed from the
-// grant's return instead, it would go out at 4d + TTL/3 (-10% at the
-// earliest) and be back at 8d + 0.3 TTL. With 8d = 0.85 TTL the first is
-// 0.15 TTL (560 ms) before the local deadline and the second at least
-// 0.15 TTL (520 ms) after it, so the test tells the two apart by about the
-// same margin either way, wide enough for a loaded machine (scheduling delays
-// of the race-detector build, the proxy and the server all add to the round
-// trips). At d = TTL/9 (300 ms, 2.7 s) the first renewal was back only 300 ms
-// before the deadline (and a test run under double load lost the lease);
-// at 40 ms and 450 ms the margin was about 140 ms.
+// A cold grant takes two round trips (prepare, then execute): 4d with d the
+// one-way latency. A renewal takes one (pglock runs it unprepared, in one
+// round trip): 2d. Keep-alive starts when the grant returns, 4d after the
+// send the deadline counts from; with 4d above TTL/3 (+10% jitter) the first
+// renewal goes out at once and is back at 6d = 4.5 s, 0.9 s before the local
+// deadline. Timed from the grant's return instead, it would go out at
+// 4d + TTL/3 (-10% at the earliest) and be back at 6d + 0.3 TTL = 6.1 s, at
+// least 0.7 s after the deadline: the test tells the two apart by about the
+// same margin either way, wide enough for a loaded machine (scheduling
+// delays of the race-detector build, the proxy and the server all add to the
+// round trips). Earlier settings: 380 ms and 3.6 s left 0.56 s with
+// prepared renewals, and a run of two whole suites at once lost the lease;
+// 40 ms and 450 ms left about 140 ms.
 func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	pool, proxy := proxiedPool(t, dsn, "keepalive-slow", 2)
 	const (
-		ttl   = 3600 * time.Millisecond
-		delay = 380 * time.Millisecond // 8 × delay ≈ 0.85 ttl
+		ttl   = 5400 * time.Millisecond
+		delay = 750 * time.Millisecond // 6 × delay ≈ 0.83 ttl
 	)
 	proxy.Set(Delay, delay)
 	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, NoListen: true})
