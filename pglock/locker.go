@@ -588,7 +588,7 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 				// lease would end the moment it was returned. Give the
 				// token back (best effort, conditional on it) and report.
 				if ctx.Err() == nil {
-					_, _ = l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: token})
+					_ = l.release(ctx, name, l.holder, token)
 				}
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
 			}
@@ -833,30 +833,38 @@ func validateTriple(name, holder string, token int64) error {
 
 func (l *Locker) renew(ctx context.Context, name, holder string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
 	var row dbsqlc.RenewLockRow
-	for deadConns := 0; ; deadConns++ {
-		conn, err := l.pool.Acquire(ctx)
-		if err != nil {
-			return time.Time{}, time.Time{}, &DBError{Op: "renew", Name: name, Err: err}
-		}
-		sent = time.Now()
+	err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		sent = time.Now() // a renewal applied twice only extends the lease again
 		row, err = l.q.RenewLock(ctx, oneRoundTrip{conn}, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
-		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
-		conn.Release()
-		if retry {
-			continue // a renewal applied twice only extends the lease again
-		}
-		if errors.Is(err, pgx.ErrNoRows) {
-			return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
-		}
-		if err != nil {
-			return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
-		}
-		break
-	}
-	if row.ExpiresAt == nil {
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
+	case err != nil:
+		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
+	case row.ExpiresAt == nil:
 		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: errors.New("renew returned no expiry")}
 	}
 	return *row.ExpiresAt, sent, nil
+}
+
+// onLiveConn runs f on a pooled connection, and runs it again on another one
+// (up to maxDeadConns times) when it failed because its connection was dead
+// (see deadConnection).
+func (l *Locker) onLiveConn(ctx context.Context, f func(*pgxpool.Conn) error) error {
+	for deadConns := 0; ; deadConns++ {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		err = f(conn)
+		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
+		conn.Release()
+		if !retry {
+			return err
+		}
+	}
 }
 
 // oneRoundTrip runs statements with pgx.QueryExecModeExec: parse, bind and
@@ -882,24 +890,18 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 }
 
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
-	for deadConns := 0; ; deadConns++ {
-		conn, err := l.pool.Acquire(ctx)
-		if err != nil {
-			return &DBError{Op: "release", Name: name, Err: err}
-		}
-		n, err := l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
-		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
-		conn.Release()
-		switch {
-		case retry:
-			continue
-		case err != nil:
-			return &DBError{Op: "release", Name: name, Err: err}
-		case n == 0:
-			return &LeaseLostError{Name: name, Holder: holder, Token: token}
-		}
-		return nil
+	var n int64
+	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		n, err = l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		return err
+	})
+	switch {
+	case err != nil:
+		return &DBError{Op: "release", Name: name, Err: err}
+	case n == 0:
+		return &LeaseLostError{Name: name, Holder: holder, Token: token}
 	}
+	return nil
 }
 
 // LockInfo is a snapshot of one lock row, read with [Inspect].

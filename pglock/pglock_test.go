@@ -716,20 +716,8 @@ func TestRetriesOnTerminatedConnection(t *testing.T) {
 	// kill ends the pool's only backend and waits until it is gone.
 	kill := func() {
 		t.Helper()
-		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = $1`, app).Scan(&n); err != nil || n != 1 {
-			t.Fatalf("terminate: %d backends, %v", n, err)
-		}
-		for {
-			var alive bool
-			if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1)`, app).Scan(&alive); err != nil {
-				t.Fatal(err)
-			}
-			if !alive {
-				return
-			}
-			time.Sleep(2 * time.Millisecond)
+		if n := pgtest.TerminateBackends(t, ctx, admin, app); n != 1 {
+			t.Fatalf("terminated %d backends, want the pool's one", n)
 		}
 	}
 	l := newLocker(t, pool, &Config{Holder: "survivor", NoListen: true})

@@ -529,31 +529,12 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 	ctx := ctxT(t)
 	dsn := pgtest.DSN(t)
 	// lock_timeout makes any wait for a row lock fail loudly: SKIP LOCKED
-	// claimers must never wait for each other, nor for the blocker below,
-	// which holds 100 rows locked until every worker has finished. (2 s, not
-	// less: on a loaded machine a relation extension lock can be waited for
-	// a few hundred ms, and lock_timeout counts that too.)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
-	cfg.MaxConns = 9
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	// claimers must never wait for each other, nor for the blocker, which
+	// holds 100 rows locked until every worker has finished.
+	pool := noWaitPool(t, ctx, dsn, 9)
 	const rows, workers, blocked = 20000, 8, 100
 	ids := enqueueN(t, pool, "drain", rows, 5)
-	blocker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = blocker.Rollback(context.Background()) }()
-	if tag, err := blocker.Exec(ctx, "SELECT 1 FROM pgfence.jobs WHERE queue = 'drain' ORDER BY id LIMIT $1 FOR UPDATE", blocked); err != nil || tag.RowsAffected() != blocked {
-		t.Fatalf("blocker locked %v rows: %v", tag, err)
-	}
+	unblock := holdRows(t, ctx, pool, "SELECT 1 FROM pgfence.jobs WHERE queue = 'drain' ORDER BY id LIMIT $1 FOR UPDATE", blocked)
 
 	var mu sync.Mutex
 	processedBy := make(map[int64]string, rows)
@@ -600,9 +581,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 	if len(processedBy) != rows-blocked {
 		t.Fatalf("processed %d rows while %d were locked, want %d", len(processedBy), blocked, rows-blocked)
 	}
-	if err := blocker.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	unblock()
 	for {
 		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Worker: "worker-Z", Limit: 50, TTL: time.Minute})
 		if err != nil {

@@ -41,6 +41,43 @@ func enqueueN(t testing.TB, pool *pgxpool.Pool, queue string, n int, maxAttempts
 	return ids
 }
 
+// noWaitPool opens a pool on dsn whose sessions fail any lock wait longer
+// than 2 s (lock_timeout), for tests that SKIP LOCKED claimers never wait.
+// 2 s, not less: on a loaded machine a relation extension lock can be
+// waited for a few hundred ms, and lock_timeout counts that too.
+func noWaitPool(t testing.TB, ctx context.Context, dsn string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// holdRows starts a transaction on pool that locks the n rows selected by
+// query (SELECT 1 ... LIMIT $1 FOR UPDATE) until the returned function
+// rolls it back (also done when t ends).
+func holdRows(t testing.TB, ctx context.Context, pool *pgxpool.Pool, query string, n int) (release func()) {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release = func() { _ = tx.Rollback(context.Background()) }
+	t.Cleanup(release)
+	if tag, err := tx.Exec(ctx, query, n); err != nil || tag.RowsAffected() != int64(n) {
+		t.Fatalf("blocker locked %v rows: %v", tag, err)
+	}
+	return release
+}
+
 func mustJob(t testing.TB, pool *pgxpool.Pool, id int64) skiplocked.Job {
 	t.Helper()
 	j, err := skiplocked.GetJob(context.Background(), pool, id)

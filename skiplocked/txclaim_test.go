@@ -190,38 +190,19 @@ func TestTxClaimerRejectsBadSpecs(t *testing.T) {
 // application table with in-transaction claims; every row is processed
 // exactly once (times = 1, and by the worker the test recorded) and no worker
 // ever waits for a lock: lock_timeout would fail it, and a blocker
-// transaction holds 100 rows locked until every worker has finished. (2 s,
-// not less: on a loaded machine a relation extension lock can be waited for
-// a few hundred ms, and lock_timeout counts that too.)
+// transaction holds 100 rows locked until every worker has finished.
 func TestTxClaimsDrainConcurrently(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	dsn := pgtest.DSN(t)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "2s"
-	cfg.MaxConns = 9
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := noWaitPool(t, ctx, dsn, 9)
 	const rows, workers, blocked = 20000, 8, 100
 	importsTable(t, pool, rows)
 	claimer, err := skiplocked.NewTxClaimer(ctx, pool, pendingSpec(100))
 	if err != nil {
 		t.Fatal(err)
 	}
-	blocker, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = blocker.Rollback(context.Background()) }()
-	if tag, err := blocker.Exec(ctx, "SELECT 1 FROM import_rows ORDER BY id LIMIT $1 FOR UPDATE", blocked); err != nil || tag.RowsAffected() != blocked {
-		t.Fatalf("blocker locked %v rows: %v", tag, err)
-	}
+	unblock := holdRows(t, ctx, pool, "SELECT 1 FROM import_rows ORDER BY id LIMIT $1 FOR UPDATE", blocked)
 
 	var mu sync.Mutex
 	seen := make(map[int64]string, rows)
@@ -267,9 +248,7 @@ func TestTxClaimsDrainConcurrently(t *testing.T) {
 	if len(seen) != rows-blocked {
 		t.Errorf("claimed %d rows while %d were locked, want %d", len(seen), blocked, rows-blocked)
 	}
-	if err := blocker.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
+	unblock()
 	drain("wz")
 	close(errs)
 	for err := range errs {

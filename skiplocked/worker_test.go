@@ -463,16 +463,9 @@ func TestWorkerCompletesAfterTerminatedConnections(t *testing.T) {
 	<-started
 	// End every backend of the worker's pool (and its LISTEN connection),
 	// and wait until they are gone.
-	var pids []int32
-	if err := admin.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}') FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = $1`, app).Scan(&pids); err != nil || len(pids) == 0 {
-		t.Fatalf("terminated %v: %v", pids, err)
+	if n := pgtest.TerminateBackends(t, ctx, admin, app); n == 0 {
+		t.Fatal("no backend of the worker to terminate")
 	}
-	waitFor(t, "the terminated backends to exit", func() bool {
-		var alive bool
-		err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY($1))`, pids).Scan(&alive)
-		return err == nil && !alive
-	})
 	close(finish)
 	waitFor(t, "the job to be completed", func() bool {
 		return mustJob(t, admin, ids[0]).State == skiplocked.StateCompleted

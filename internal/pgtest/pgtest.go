@@ -219,3 +219,29 @@ func withDatabase(dsn, db string) string {
 	// Keyword/value form: a later keyword overrides an earlier one.
 	return dsn + " dbname=" + db
 }
+
+// TerminateBackends ends, with pg_terminate_backend, every backend of the
+// current database whose application_name is app, waits until they have
+// exited, and returns how many it ended.
+func TerminateBackends(t testing.TB, ctx context.Context, admin *pgxpool.Pool, app string) int {
+	t.Helper()
+	var pids []int32
+	if err := admin.QueryRow(ctx, `SELECT coalesce(array_agg(pid) FILTER (WHERE pg_terminate_backend(pid)), '{}')
+		FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`, app).Scan(&pids); err != nil {
+		t.Fatalf("pgtest: terminate backends of %q: %v", app, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var alive bool
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = ANY($1))`, pids).Scan(&alive); err != nil {
+			t.Fatalf("pgtest: terminated backends of %q: %v", app, err)
+		}
+		if !alive {
+			return len(pids)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pgtest: backends %v of %q still there 10s after pg_terminate_backend", pids, app)
+		}
+		time.Sleep(2 * time.Millisecond) // no signal exists for a backend's exit
+	}
+}
