@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -36,8 +38,9 @@ var (
 	// pgfence.locks and start at 1. Checked before any SQL runs.
 	ErrInvalidToken = errors.New("fencedwrite: invalid token: must be > 0")
 
-	// ErrGuardRejected: the table's pgfence guard trigger refused the UPDATE
-	// (SQLSTATE PF001 or PF002). The error is a *[GuardError].
+	// ErrGuardRejected: the table's pgfence guard trigger refused an INSERT,
+	// UPDATE or DELETE (SQLSTATE PF001, PF002 or PF008). The error is a
+	// *[GuardError].
 	ErrGuardRejected = errors.New("fencedwrite: rejected by the pgfence guard")
 )
 
@@ -76,15 +79,63 @@ var (
 type StaleTokenError struct {
 	Token int64 // the token the caller sent
 	Fence int64 // the row's fence: the highest token it accepted
+	// Table and Key name the row when the refusal came from a generated
+	// statement (through [TranslateError]); empty otherwise.
+	Table, Key string
+	// Err is the server's error when the refusal came from a generated
+	// statement; nil otherwise.
+	Err *pgconn.PgError
 }
 
 // Error describes the refusal with both numbers.
 func (e *StaleTokenError) Error() string {
-	return fmt.Sprintf("fencedwrite: stale token %d: the row's fence is %d (a newer grant wrote it)", e.Token, e.Fence)
+	msg := fmt.Sprintf("fencedwrite: stale token %d: the row's fence is %d (a newer grant wrote it)", e.Token, e.Fence)
+	if e.Table != "" {
+		msg += " (table " + e.Table + ", key " + e.Key + ")"
+	}
+	return msg
 }
 
 // Is reports whether target is [ErrStaleToken].
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// Unwrap returns the server's error, if any.
+func (e *StaleTokenError) Unwrap() error {
+	if e.Err == nil {
+		return nil
+	}
+	return e.Err
+}
+
+// RefusedError is a refusal raised by a statement that fencegen generated
+// (SQLSTATE PF004..PF007), as returned by [TranslateError]. errors.Is(err,
+// Reason) reports true: Reason is [ErrAlreadyApplied], [ErrNotFound],
+// [ErrConcurrentChange] or [ErrInvalidToken]. A stale token is a
+// *[StaleTokenError] instead.
+type RefusedError struct {
+	Reason error
+	Table  string // the table, as the statement names it
+	Key    string // the key, as a JSON object of the key columns
+	Token  int64  // the token the caller sent
+	Fence  int64  // the row's fence as the statement saw it (0 if there was no row)
+	Err    *pgconn.PgError
+}
+
+// Error names the reason, table, key, token and fence.
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("%v (table %s, key %s, token %d, fence %d)", e.Reason, e.Table, e.Key, e.Token, e.Fence)
+}
+
+// Is reports whether target is the Reason.
+func (e *RefusedError) Is(target error) bool { return target == e.Reason }
+
+// Unwrap returns the server's error.
+func (e *RefusedError) Unwrap() error {
+	if e.Err == nil {
+		return nil
+	}
+	return e.Err
+}
 
 // GuardReason says which rule of the guard trigger refused an UPDATE.
 type GuardReason int
@@ -98,12 +149,28 @@ const (
 	// latest token pgfence.locks issued for the governing lock (a forged or
 	// mistyped token), or no lock governs the row.
 	GuardTokenNotIssued
+	// GuardTokenSuperseded (SQLSTATE PF008): the token is lower than the
+	// latest token of the row's lock: a newer grant exists, so the writer is
+	// a superseded holder. errors.Is(err, [ErrStaleToken]) also reports true.
+	GuardTokenSuperseded
 )
 
 // SQLSTATEs raised by the guard trigger (class PF).
 const (
-	SQLStateFenceNotRaised = "PF001"
-	SQLStateTokenNotIssued = "PF002"
+	SQLStateFenceNotRaised  = "PF001"
+	SQLStateTokenNotIssued  = "PF002"
+	SQLStateTokenSuperseded = "PF008"
+)
+
+// SQLSTATEs raised by the statements fencegen generates (through
+// pgfence.fence_refused) when their write changed no row. DETAIL carries
+// "token N, fence N, table T, key K".
+const (
+	SQLStateStaleToken       = "PF003"
+	SQLStateAlreadyApplied   = "PF004"
+	SQLStateNotFound         = "PF005"
+	SQLStateConcurrentChange = "PF006"
+	SQLStateInvalidToken     = "PF007"
 )
 
 // String returns a short description of the reason.
@@ -113,6 +180,8 @@ func (r GuardReason) String() string {
 		return "fence not raised"
 	case GuardTokenNotIssued:
 		return "token not issued"
+	case GuardTokenSuperseded:
+		return "token superseded"
 	}
 	return fmt.Sprintf("GuardReason(%d)", int(r))
 }
@@ -130,15 +199,18 @@ type GuardError struct {
 
 // Error returns the reason with the server's message and detail.
 func (e *GuardError) Error() string {
-	msg := "fencedwrite: guard rejected the update (" + e.Reason.String() + "): " + e.Message
+	msg := "fencedwrite: guard rejected the change (" + e.Reason.String() + "): " + e.Message
 	if e.Detail != "" {
 		msg += " (" + e.Detail + ")"
 	}
 	return msg
 }
 
-// Is reports whether target is [ErrGuardRejected].
-func (e *GuardError) Is(target error) bool { return target == ErrGuardRejected }
+// Is reports whether target is [ErrGuardRejected], or [ErrStaleToken] for a
+// superseded holder ([GuardTokenSuperseded]).
+func (e *GuardError) Is(target error) bool {
+	return target == ErrGuardRejected || (target == ErrStaleToken && e.Reason == GuardTokenSuperseded)
+}
 
 // Unwrap returns the underlying *pgconn.PgError, if any.
 func (e *GuardError) Unwrap() error {
@@ -187,32 +259,71 @@ func (e *ColumnError) Error() string {
 func (e *ColumnError) Unwrap() error { return e.Sentinel }
 
 // TranslateError turns errors from the database into this package's errors:
-// a guard refusal (SQLSTATE PF001/PF002) becomes a *[GuardError]; context
-// errors are returned as they are; anything else is wrapped with the package
-// prefix. Use it on errors from sqlc code generated by fencegen; the helpers
-// of this package already call it.
+// a guard refusal (SQLSTATE PF001/PF002/PF008) becomes a *[GuardError]; a
+// refusal raised by a statement fencegen generated becomes a
+// *[StaleTokenError] (PF003) or a *[RefusedError] (PF004..PF007), so
+// errors.Is(TranslateError(err), [ErrStaleToken]) and the like hold for the
+// error a generated sqlc method returns; context errors are returned as they
+// are; anything else is wrapped with the package prefix. The helpers of this
+// package already call it.
 func TranslateError(err error) error {
 	if err == nil {
 		return nil
 	}
-	var ge *GuardError
-	if errors.As(err, &ge) {
+	var (
+		ge *GuardError
+		se *StaleTokenError
+		re *RefusedError
+	)
+	if errors.As(err, &ge) || errors.As(err, &se) || errors.As(err, &re) {
 		return err
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case SQLStateFenceNotRaised, SQLStateTokenNotIssued:
-			r := GuardFenceNotRaised
-			if pgErr.Code == SQLStateTokenNotIssued {
-				r = GuardTokenNotIssued
-			}
+		if r, ok := guardReasons[pgErr.Code]; ok {
 			return &GuardError{Reason: r, Schema: pgErr.SchemaName, Table: pgErr.TableName,
 				Message: pgErr.Message, Detail: pgErr.Detail, Err: pgErr}
+		}
+		if pgErr.Code == SQLStateStaleToken {
+			token, fence, table, key := parseRefusal(pgErr.Detail)
+			return &StaleTokenError{Token: token, Fence: fence, Table: table, Key: key, Err: pgErr}
+		}
+		if reason, ok := refusalReasons[pgErr.Code]; ok {
+			token, fence, table, key := parseRefusal(pgErr.Detail)
+			return &RefusedError{Reason: reason, Table: table, Key: key, Token: token, Fence: fence, Err: pgErr}
 		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	return fmt.Errorf("fencedwrite: %w", err)
+}
+
+var (
+	guardReasons = map[string]GuardReason{
+		SQLStateFenceNotRaised:  GuardFenceNotRaised,
+		SQLStateTokenNotIssued:  GuardTokenNotIssued,
+		SQLStateTokenSuperseded: GuardTokenSuperseded,
+	}
+	refusalReasons = map[string]error{
+		SQLStateAlreadyApplied:   ErrAlreadyApplied,
+		SQLStateNotFound:         ErrNotFound,
+		SQLStateConcurrentChange: ErrConcurrentChange,
+		SQLStateInvalidToken:     ErrInvalidToken,
+	}
+)
+
+// parseRefusal reads the DETAIL of pgfence.fence_refused: "token N, fence N,
+// table T, key K" (fence may be NULL when there was no row).
+func parseRefusal(detail string) (token, fence int64, table, key string) {
+	rest, ok := strings.CutPrefix(detail, "token ")
+	if !ok {
+		return 0, 0, "", ""
+	}
+	tok, rest, _ := strings.Cut(rest, ", fence ")
+	fen, rest, _ := strings.Cut(rest, ", table ")
+	table, key, _ = strings.Cut(rest, ", key ")
+	token, _ = strconv.ParseInt(tok, 10, 64)
+	fence, _ = strconv.ParseInt(fen, 10, 64)
+	return token, fence, table, key
 }

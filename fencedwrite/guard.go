@@ -2,19 +2,35 @@ package fencedwrite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// GuardOptions configure [Guard]. Exactly one of LockName and LockNameColumn
-// must be set.
+// maxLockExprBytes bounds GuardOptions.LockNameExpression (pgfence.guard
+// enforces the same limit).
+const maxLockExprBytes = 4096
+
+// GuardOptions configure [Guard]. Exactly one of LockName, LockNameColumn
+// and LockNameExpression must be set.
 type GuardOptions struct {
 	// LockName is the pgfence.locks row that governs every row of the table.
 	LockName string
 	// LockNameColumn is a column of the table whose value (cast to text) is
-	// the name of the lock that governs that row, e.g. a generated column
-	// store_lock text GENERATED ALWAYS AS ('store:' || store_id) STORED.
+	// the name of the lock that governs that row: a plain column, or a
+	// generated one such as
+	// store_lock text GENERATED ALWAYS AS ('store:' || store_id) STORED
+	// (the trigger computes it from the row with the column's generation
+	// expression; re-attach the guard if that expression changes).
 	LockNameColumn string
+	// LockNameExpression is an SQL expression over the table's columns
+	// giving the lock name of a row, e.g. 'store:' || store_id. It is
+	// compiled into the trigger function as written, so it must come from
+	// the developer, never from user input; pgfence.guard checks that it is
+	// one expression that works on the table. Up to 4096 bytes.
+	LockNameExpression string
 	// FenceColumn defaults to "fence".
 	FenceColumn string
 	// Mode defaults to [Strict]: every UPDATE must raise the fence. With
@@ -24,12 +40,23 @@ type GuardOptions struct {
 }
 
 // Guard attaches the pgfence guard trigger to table by calling
-// pgfence.guard(). From then on an UPDATE of the table fails with a
-// *[GuardError] ([ErrGuardRejected]) when it does not raise the fence (a
-// writer without a token, a stale token; in strict mode also a second write
-// by the same grant) or when the new fence is higher than the latest token
-// pgfence.locks issued for the governing lock (a forged token). INSERT and
-// DELETE are not checked. Attaching again replaces the previous guard.
+// pgfence.guard(). From then on every change to the table needs the latest
+// token of the row's lock, or it fails with a *[GuardError]
+// ([ErrGuardRejected]):
+//   - an UPDATE must raise the fence to it (in strict mode; with [Reentrant]
+//     an UPDATE that assigns the fence may keep it equal), so a writer
+//     without a token or with a stale one is refused;
+//   - an INSERT must carry it in the fence column ([Table.Upsert] and the
+//     generated FencedUpsert do);
+//   - a DELETE must name it with pgfence.use_token(token) earlier in its
+//     transaction or statement ([Table.Delete] and the generated
+//     FencedDelete do).
+//
+// A token above the latest one of the lock (forged, or no lock row) is
+// [GuardTokenNotIssued]; one below it (a newer grant exists: a superseded
+// holder) is [GuardTokenSuperseded], which also satisfies
+// errors.Is(err, [ErrStaleToken]). Attaching again replaces the previous
+// guard.
 //
 // The table and columns are validated first (*[IdentifierError],
 // [ErrUnknownTable], *[ColumnError]). The caller needs to own the table and
@@ -42,8 +69,18 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 	if !opts.Mode.valid() {
 		return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, opts.Mode)
 	}
-	if (opts.LockName == "") == (opts.LockNameColumn == "") {
-		return fmt.Errorf("%w: set exactly one of LockName and LockNameColumn", ErrInvalidSpec)
+	set := 0
+	for _, s := range []string{opts.LockName, opts.LockNameColumn, opts.LockNameExpression} {
+		if s != "" {
+			set++
+		}
+	}
+	if set != 1 {
+		return fmt.Errorf("%w: set exactly one of LockName, LockNameColumn and LockNameExpression", ErrInvalidSpec)
+	}
+	if len(opts.LockNameExpression) > maxLockExprBytes {
+		return fmt.Errorf("%w: lock name expression is %d bytes, the limit is %d", ErrInvalidSpec,
+			len(opts.LockNameExpression), maxLockExprBytes)
 	}
 	if len(opts.LockName) > maxKeyBytes {
 		return fmt.Errorf("%w: lock name is %d bytes, the limit is %d", ErrInvalidSpec, len(opts.LockName), maxKeyBytes)
@@ -63,17 +100,24 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 	if err := ti.CheckFenceColumn(opts.FenceColumn); err != nil {
 		return err
 	}
-	var lockName, lockCol *string
-	if opts.LockName != "" {
+	var lockName, lockCol, lockExpr *string
+	switch {
+	case opts.LockName != "":
 		lockName = &opts.LockName
-	} else {
+	case opts.LockNameExpression != "":
+		lockExpr = &opts.LockNameExpression
+	default:
 		if err := checkColumns(ti, "lock name column", []string{opts.LockNameColumn}); err != nil {
 			return err
 		}
 		lockCol = &opts.LockNameColumn
 	}
 	_, err = db.Exec(ctx, `SELECT pgfence.guard($1::regclass, lock_name => $2, lock_name_column => $3,
-		fence_column => $4, mode => $5)`, ti.Qualified(), lockName, lockCol, opts.FenceColumn, opts.Mode.String())
+		fence_column => $4, mode => $5, lock_name_expression => $6)`,
+		ti.Qualified(), lockName, lockCol, opts.FenceColumn, opts.Mode.String(), lockExpr)
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22023" {
+		return fmt.Errorf("%w: %s", ErrInvalidSpec, pgErr.Message)
+	}
 	return TranslateError(err)
 }
 
@@ -97,6 +141,7 @@ type GuardedTable struct {
 	FenceColumn     string
 	LockName        string // set when one lock governs the table
 	LockNameColumn  string // set when a column names each row's lock
+	LockNameExpr    string // set when an expression over the row names its lock
 	Mode            Mode
 	TriggerFunction string // pgfence.<name>() generated by pgfence.guard
 	GuardedAt       time.Time
@@ -119,6 +164,9 @@ func ListGuarded(ctx context.Context, db DBTX) ([]GuardedTable, error) {
 		}
 		if r.LockNameColumn != nil {
 			g.LockNameColumn = *r.LockNameColumn
+		}
+		if r.LockNameExpression != nil {
+			g.LockNameExpr = *r.LockNameExpression
 		}
 		if r.Mode == "reentrant" {
 			g.Mode = Reentrant

@@ -65,9 +65,18 @@ func TestGuardStrict(t *testing.T) {
 	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != "sent:1,ok:1,new:0" {
 		t.Fatalf("rows = %s", got)
 	}
-	// Inserts and deletes are not checked.
-	mustExec(t, pool, "INSERT INTO invoices (id) VALUES (10)")
-	mustExec(t, pool, "DELETE FROM invoices WHERE id = 10")
+	// Inserts and deletes are checked too: without a token they fail, fenced
+	// ones pass.
+	_, err = pool.Exec(ctx, "INSERT INTO invoices (id) VALUES (10)")
+	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	_, err = pool.Exec(ctx, "DELETE FROM invoices WHERE id = 2")
+	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	if res, err := tbl.Upsert(ctx, pool, tok, []any{10}, []any{"new"}); err != nil || !res.Inserted {
+		t.Fatalf("fenced insert = %+v, %v", res, err)
+	}
+	if _, err := tbl.Delete(ctx, pool, tok, []any{10}); err != nil {
+		t.Fatal(err)
+	}
 
 	list, err := fencedwrite.ListGuarded(ctx, pool)
 	if err != nil || len(list) != 1 || list[0].Table != "invoices" || list[0].LockName != "invoices-lock" ||

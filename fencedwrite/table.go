@@ -189,8 +189,11 @@ func (t *Table) build() {
 		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax = 0) AS inserted)" +
 		"\nSELECT true, " + fence + ", inserted FROM pgfence_w" + refusedBranch(", false")
 
-	t.delete = "WITH pgfence_w AS (DELETE FROM " + t.name + " AS pgfence_t WHERE " + keyWhere +
-		" AND pgfence_t." + fence + " <= $1 RETURNING pgfence_t." + fence + ")" +
+	// The delete names its token with pgfence.use_token, which a guarded
+	// table's trigger reads (a DELETE has no new row to carry it).
+	t.delete = "WITH pgfence_tok AS MATERIALIZED (SELECT pgfence.use_token($1) AS token), pgfence_w AS (DELETE FROM " +
+		t.name + " AS pgfence_t USING pgfence_tok WHERE " + keyWhere +
+		" AND pgfence_t." + fence + " <= pgfence_tok.token RETURNING pgfence_t." + fence + ")" +
 		"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
 
 	var ret, retCur []string

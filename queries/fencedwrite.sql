@@ -100,7 +100,7 @@ SELECT fence FROM pgfence.fenced_values WHERE key = @key;
 
 -- name: ListGuardedTables :many
 -- ListGuardedTables lists the tables carrying a pgfence guard.
-SELECT relid::text AS table_name, fence_column, lock_name, lock_name_column, mode,
+SELECT relid::text AS table_name, fence_column, lock_name, lock_name_column, lock_name_expression, mode,
        trigger_function, guarded_at, guarded_by,
        EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = g.relid) AS table_exists
 FROM pgfence.guarded_tables g

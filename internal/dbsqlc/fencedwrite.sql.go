@@ -259,7 +259,7 @@ func (q *Queries) GetFencedValue(ctx context.Context, db DBTX, key string) (Pgfe
 }
 
 const listGuardedTables = `-- name: ListGuardedTables :many
-SELECT relid::text AS table_name, fence_column, lock_name, lock_name_column, mode,
+SELECT relid::text AS table_name, fence_column, lock_name, lock_name_column, lock_name_expression, mode,
        trigger_function, guarded_at, guarded_by,
        EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = g.relid) AS table_exists
 FROM pgfence.guarded_tables g
@@ -267,15 +267,16 @@ ORDER BY relid::text
 `
 
 type ListGuardedTablesRow struct {
-	TableName       string
-	FenceColumn     string
-	LockName        *string
-	LockNameColumn  *string
-	Mode            string
-	TriggerFunction string
-	GuardedAt       time.Time
-	GuardedBy       string
-	TableExists     bool
+	TableName          string
+	FenceColumn        string
+	LockName           *string
+	LockNameColumn     *string
+	LockNameExpression *string
+	Mode               string
+	TriggerFunction    string
+	GuardedAt          time.Time
+	GuardedBy          string
+	TableExists        bool
 }
 
 // ListGuardedTables lists the tables carrying a pgfence guard.
@@ -293,6 +294,7 @@ func (q *Queries) ListGuardedTables(ctx context.Context, db DBTX) ([]ListGuarded
 			&i.FenceColumn,
 			&i.LockName,
 			&i.LockNameColumn,
+			&i.LockNameExpression,
 			&i.Mode,
 			&i.TriggerFunction,
 			&i.GuardedAt,

@@ -37,7 +37,7 @@ type PgfenceGuardedTable struct {
 	LockName *string
 	// Column of the guarded table whose value is the name of the governing lock (NULL when lock_name is used).
 	LockNameColumn *string
-	// strict: every UPDATE must raise the fence; reentrant: an UPDATE that assigns the fence may keep it equal.
+	// strict: every UPDATE must raise the fence; reentrant: an UPDATE that assigns the fence column may keep it equal. INSERT and DELETE are checked in both modes.
 	Mode string
 	// Name of the trigger function in schema pgfence that pgfence.guard generated for this table.
 	TriggerFunction string
@@ -45,6 +45,8 @@ type PgfenceGuardedTable struct {
 	GuardedAt time.Time
 	// Role that attached the guard.
 	GuardedBy string
+	// SQL expression over the columns of the guarded table giving the name of the governing lock (NULL when lock_name or lock_name_column is used).
+	LockNameExpression *string
 }
 
 // Job queue. A row is available (waiting until run_at), running (claimed until claim_expires_at, database clock), completed or dead (failed max_attempts times, last_error kept). Leased claims give each claimed row a new claim_token; complete, fail, heartbeat and release are conditional on (id, claim_token), so a worker whose claim expired and was re-claimed changes nothing. Finished rows are kept until the application deletes them.
