@@ -100,6 +100,30 @@ func (e *ClaimLostError) Error() string {
 // Is reports whether target is [ErrClaimLost].
 func (e *ClaimLostError) Is(target error) bool { return target == ErrClaimLost }
 
+// ClaimsLostError is the error of [CompleteMany], [ReleaseMany] and
+// [HeartbeatMany] when some of the claims changed nothing (lost, or the job
+// does not exist): a batch with a refused claim is never a plain success.
+// The other claims of the batch were applied. errors.Is(err, [ErrClaimLost])
+// reports true.
+type ClaimsLostError struct {
+	Op    string     // "complete", "release" or "heartbeat"
+	Total int        // claims in the batch
+	Lost  []ClaimRef // the claims that changed nothing, in the caller's order
+}
+
+// Error says how many claims of the batch were refused and names the first.
+func (e *ClaimsLostError) Error() string {
+	first := ""
+	if len(e.Lost) > 0 {
+		first = fmt.Sprintf(" (first: job %d token %d)", e.Lost[0].JobID, e.Lost[0].Token)
+	}
+	return fmt.Sprintf("skiplocked: %s refused for %d of %d claims: claim lost%s; the others were applied",
+		e.Op, len(e.Lost), e.Total, first)
+}
+
+// Is reports whether target is [ErrClaimLost].
+func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost }
+
 // translate maps pgx and PostgreSQL errors to this package's sentinels,
 // keeping the original error in the chain.
 func translate(op string, err error) error {

@@ -305,20 +305,20 @@ func Claim(ctx context.Context, db DB, p ClaimParams) ([]Job, error) {
 // re-claimed by anyone can still be completed: the token, not the clock,
 // decides.
 func Complete(ctx context.Context, db DB, ref ClaimRef) error {
-	lost, err := CompleteMany(ctx, db, []ClaimRef{ref})
-	if err != nil {
-		return err
-	}
-	if len(lost) > 0 {
+	if lost, err := CompleteMany(ctx, db, []ClaimRef{ref}); len(lost) > 0 {
 		return lostError(ctx, db, ref)
+	} else if err != nil {
+		return err
 	}
 	return nil
 }
 
 // CompleteMany completes many claims in one statement. Each job changes only
-// if it is still running under its token; the refs that did not change are
-// returned in lost (their claims were lost, or the jobs do not exist). err is
-// for invalid input and database failures only.
+// if it is still running under its token. The refs that did not change
+// (their claims were lost, or the jobs do not exist) are returned in lost,
+// together with a *[ClaimsLostError] ([ErrClaimLost]): code that checks only
+// err never takes a refused completion for a success. The other claims of
+// the batch were completed.
 func CompleteMany(ctx context.Context, db DB, refs []ClaimRef) (lost []ClaimRef, err error) {
 	return conditional(ctx, db, "complete", refs, func(ids, tokens []int64) ([]int64, error) {
 		return queries.CompleteJobs(ctx, db, ids, tokens)
@@ -328,12 +328,10 @@ func CompleteMany(ctx context.Context, db DB, refs []ClaimRef) (lost []ClaimRef,
 // Release gives a claim back unfinished: the job is available again at once
 // and the attempt is not counted. Conditional on ref like [Complete].
 func Release(ctx context.Context, db DB, ref ClaimRef) error {
-	lost, err := ReleaseMany(ctx, db, []ClaimRef{ref})
-	if err != nil {
-		return err
-	}
-	if len(lost) > 0 {
+	if lost, err := ReleaseMany(ctx, db, []ClaimRef{ref}); len(lost) > 0 {
 		return lostError(ctx, db, ref)
+	} else if err != nil {
+		return err
 	}
 	return nil
 }
@@ -353,11 +351,11 @@ func ReleaseMany(ctx context.Context, db DB, refs []ClaimRef) (lost []ClaimRef, 
 // and only the conditional Complete/Fail decides.
 func Heartbeat(ctx context.Context, db DB, ref ClaimRef, ttl time.Duration) (time.Time, error) {
 	exp, lost, err := HeartbeatMany(ctx, db, []ClaimRef{ref}, ttl)
-	if err != nil {
-		return time.Time{}, err
-	}
 	if len(lost) > 0 {
 		return time.Time{}, lostError(ctx, db, ref)
+	}
+	if err != nil {
+		return time.Time{}, err
 	}
 	return exp[ref.JobID], nil
 }
@@ -380,10 +378,10 @@ func HeartbeatMany(ctx context.Context, db DB, refs []ClaimRef, ttl time.Duratio
 		}
 		return done, err
 	})
-	if err != nil {
+	if err != nil && len(lost) == 0 {
 		return nil, nil, err
 	}
-	return exp, lost, nil
+	return exp, lost, err
 }
 
 // FailParams describe a failed attempt.
@@ -545,7 +543,7 @@ func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, err
 }
 
 // conditional runs a batch update conditional on (id, token) and returns the
-// refs that did not change.
+// refs that did not change, with a *ClaimsLostError when there are any.
 func conditional(ctx context.Context, db DB, op string, refs []ClaimRef, run func(ids, tokens []int64) ([]int64, error)) ([]ClaimRef, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
@@ -581,7 +579,7 @@ func conditional(ctx context.Context, db DB, op string, refs []ClaimRef, run fun
 			lost = append(lost, r)
 		}
 	}
-	return lost, nil
+	return lost, &ClaimsLostError{Op: op, Total: len(refs), Lost: lost}
 }
 
 // lostError reads the job's claim columns to say why ref changed nothing.

@@ -132,8 +132,16 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	checkLost("heartbeat", err)
 	checkLost("release", skiplocked.Release(ctx, pool, a[0].Ref()))
 	lostRefs, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()})
-	if err != nil || len(lostRefs) != 1 {
-		t.Fatalf("CompleteMany by A = %v, %v", lostRefs, err)
+	var cl *skiplocked.ClaimsLostError
+	if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &cl) || len(lostRefs) != 1 ||
+		len(cl.Lost) != 1 || cl.Lost[0] != a[0].Ref() || cl.Total != 1 {
+		t.Fatalf("CompleteMany by A = %v, %v (a refused batch must be an error)", lostRefs, err)
+	}
+	if _, lostRefs, err = skiplocked.HeartbeatMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}, time.Minute); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
+		t.Fatalf("HeartbeatMany by A = %v, %v", lostRefs, err)
+	}
+	if lostRefs, err = skiplocked.ReleaseMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
+		t.Fatalf("ReleaseMany by A = %v, %v", lostRefs, err)
 	}
 	if after := mustJob(t, pool, a[0].ID); !reflect.DeepEqual(before, after) {
 		t.Fatalf("row changed by stale worker:\nbefore %+v\nafter  %+v", before, after)

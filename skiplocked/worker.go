@@ -469,6 +469,9 @@ func (w *Worker) finish(ctx context.Context, op string, refs []ClaimRef, f func(
 		lost, err = f(cctx, w.pool, refs)
 		return err
 	})
+	if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
+		err = nil // counted and logged per claim below
+	}
 	if err != nil {
 		w.cfg.Logger.Error("skiplocked: "+op+" failed; claims will expire", "jobs", len(refs), "err", err)
 		return
@@ -545,6 +548,9 @@ func (w *Worker) heartbeat(ctx context.Context) {
 				return err
 			})
 			cancel()
+			if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
+				err = nil // the lost claims are cancelled below
+			}
 			if err != nil {
 				w.cfg.Logger.Warn("skiplocked: heartbeat failed", "claims", len(chunk), "err", err)
 				continue
