@@ -166,7 +166,9 @@ BEGIN
               FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
              WHERE d.adrelid = tbl AND a.attname = lock_name_column;
         ELSE
-            lock_src := quote_ident(lock_name_column);
+            -- A plain column is read from the row directly (no subquery).
+            new_src := format('NEW.%I::text', lock_name_column);
+            old_src := format('OLD.%I::text', lock_name_column);
         END IF;
     ELSIF lock_name_expression IS NOT NULL THEN
         IF octet_length(lock_name_expression) NOT BETWEEN 1 AND 4096 THEN
@@ -185,7 +187,7 @@ BEGIN
         END;
         new_src := format('(SELECT (%s)::text FROM (SELECT (NEW).*) AS pgfence_row)', lock_src);
         old_src := format('(SELECT (%s)::text FROM (SELECT (OLD).*) AS pgfence_row)', lock_src);
-    ELSE
+    ELSIF lock_name IS NOT NULL THEN
         new_src := quote_literal(lock_name);
         old_src := new_src;
     END IF;
