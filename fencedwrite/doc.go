@@ -33,14 +33,18 @@
 //     columns), then [Table.Update], [Table.Upsert], [Table.Delete]. Names are
 //     validated against the catalog and quoted with pgx.Identifier.
 //   - Your own tables through sqlc: package fencegen writes a migration that
-//     adds the fence column and a query file; [Check] turns the generated
-//     row into this package's errors.
+//     adds the fence column and a query file. Every generated method fails
+//     closed: a refused write returns a non-nil error (SQLSTATE PF003..PF007
+//     raised by pgfence.fence_refused, with token, fence, table and key), and
+//     [TranslateError] maps it to *[StaleTokenError] or a *[RefusedError]
+//     ([ErrAlreadyApplied], [ErrNotFound], [ErrConcurrentChange],
+//     [ErrInvalidToken]). Code that checks only err never takes a refused
+//     write for a success.
 //
 // # Read-modify-write
 //
-// Fencing only the write of a read-modify-write still loses updates (seed
-// 002, scenario 3): an old holder's write can land between a new holder's
-// read and write. [Table.Read] and [ReadValue] are fenced reads: they raise
+// Fencing only the write of a read-modify-write still loses updates: an old
+// holder's write can land between a new holder's read and write. [Table.Read] and [ReadValue] are fenced reads: they raise
 // the row's fence to the token, so an older holder's later write is refused.
 // [Table.Modify] and [ModifyValue] do the read and the write in one
 // transaction under one check.
@@ -48,10 +52,13 @@
 // # The guard
 //
 // [Guard] (SQL: pgfence.guard) attaches a trigger that makes the table refuse
-// any UPDATE that does not raise the fence (a code path or script that sends
-// no token) and any fence higher than the latest token the governing lock
-// issued (a forged token), with SQLSTATE PF001/PF002, reported as a
-// *[GuardError] ([ErrGuardRejected]). [Unguard] detaches it; [ListGuarded]
+// any change without the latest token of the row's lock: an UPDATE that does
+// not raise the fence or an INSERT without a token (a code path or script
+// that sends none), a DELETE whose transaction did not name its token with
+// pgfence.use_token, a token higher than the lock's latest (forged) or lower
+// (a superseded holder), with SQLSTATE PF001/PF002/PF008, reported as a
+// *[GuardError] ([ErrGuardRejected]). The lock of a row comes from a fixed
+// name, a column (plain or generated) or an SQL expression over the row. [Unguard] detaches it; [ListGuarded]
 // lists guarded tables. Roll out in this order: add the fence column (default
 // 0), ship writers that send tokens, attach the guard last.
 //
