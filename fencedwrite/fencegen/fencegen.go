@@ -1,11 +1,12 @@
 package fencegen
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -21,8 +22,20 @@ import (
 // *fencedwrite.IdentifierError ([fencedwrite.ErrInvalidIdentifier]) instead.
 var ErrInvalidOptions = errors.New("fencegen: invalid options")
 
-// ErrFileExists is returned by [Files.Write] rather than overwrite a file.
+// ErrFileExists is returned by [Files.Plan] and [WritePlan.Apply] when a
+// file that fencegen did not generate is where it would write (a query file
+// without the generated header, a migration of the same name), or when such
+// a file appears between Plan and Apply. Nothing is overwritten.
 var ErrFileExists = errors.New("fencegen: file exists")
+
+// ErrConflict is returned by [Files.Plan] and [WritePlan.Apply] when files
+// generated earlier disagree with the options in a way a new file cannot
+// settle: a fence-column migration for the same table adding another column,
+// a query file of the same name generated for another table, a migration
+// version not newer than the newest migration in the directory, a migration
+// that looks generated but lacks the generated header, or a file that
+// changed between Plan and Apply.
+var ErrConflict = errors.New("fencegen: conflicts with existing files")
 
 // Options describe the table to fence.
 type Options struct {
@@ -34,64 +47,77 @@ type Options struct {
 	Set []string
 	// FenceColumn defaults to "fence".
 	FenceColumn string
-	// HasFenceColumn says the table already has the fence column: the
-	// migration then only attaches the guard (if any).
+	// HasFenceColumn says the table already has the fence column: no
+	// fence-column migration is generated. It is not needed on a re-run: a
+	// fence-column migration generated earlier is recognised by [Files.Plan].
 	HasFenceColumn bool
-	// Guard, when not nil, makes the migration attach the pgfence guard
+	// Guard, when not nil, adds a migration that attaches the pgfence guard
 	// (pgfence's own migrations must be applied first). Its FenceColumn is
 	// ignored: Options.FenceColumn is used.
 	Guard *fencedwrite.GuardOptions
 	// Name is the Go name used in the query names (FencedUpdate<Name>, ...).
 	// Defaults to the table name in CamelCase ("store_items" -> "StoreItems").
+	// A Name other than the default also names the query file, so several
+	// query sets for one table do not collide (see [Generate]).
 	Name string
-	// Version is the goose version prefix of the migration file name, digits
-	// only. Defaults to the current UTC time as YYYYMMDDhhmmss, like goose create.
+	// Version is the goose version prefix of the migration file names,
+	// digits only (a positive int64, as goose requires). Defaults to the
+	// current UTC time as YYYYMMDDhhmmss, like goose create. It is the
+	// version of the first migration written; the guard migration gets the
+	// next one when the fence-column migration is written in the same run.
 	Version string
 }
 
-// Files is the generator's output.
-type Files struct {
-	// MigrationName is "<version>_pgfence_fence_<table>.sql", or empty when
-	// there is nothing to migrate (HasFenceColumn without Guard).
-	MigrationName string
-	// Migration is a goose SQL migration: add the fence column (default 0, a
-	// metadata-only change on PostgreSQL 11+) and optionally attach the guard.
-	Migration []byte
-	// QueriesName is "fenced_<table>.sql".
-	QueriesName string
-	// Queries is a sqlc query file with the strict and re-entrant fenced
-	// updates and the fenced read, each answering why no row changed.
-	Queries []byte
+// FileKind tells the generated files apart.
+type FileKind int
+
+const (
+	// ColumnMigration is the goose migration adding the fence column:
+	// "<version>_pgfence_fence_<table>.sql".
+	ColumnMigration FileKind = iota + 1
+	// GuardMigration is the goose migration attaching the guard:
+	// "<version>_pgfence_guard_<table>.sql".
+	GuardMigration
+	// QueryFile is the sqlc query file: "fenced_<table>.sql", or
+	// "fenced_<table>.<name>.sql" for a non-default Options.Name.
+	QueryFile
+)
+
+func (k FileKind) String() string {
+	switch k {
+	case ColumnMigration:
+		return "fence-column migration"
+	case GuardMigration:
+		return "guard migration"
+	case QueryFile:
+		return "query file"
+	}
+	return fmt.Sprintf("FileKind(%d)", int(k))
 }
 
-// Write writes the migration into migrationsDir and the queries into
-// queriesDir (files with an empty name are skipped). It refuses to overwrite
-// an existing file ([ErrFileExists]).
-func (f *Files) Write(migrationsDir, queriesDir string) error {
-	for _, w := range []struct {
-		dir, name string
-		data      []byte
-	}{{migrationsDir, f.MigrationName, f.Migration}, {queriesDir, f.QueriesName, f.Queries}} {
-		if w.name == "" {
-			continue
-		}
-		path := filepath.Join(w.dir, w.name)
-		fh, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-		if errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("%w: %s", ErrFileExists, path)
-		}
-		if err != nil {
-			return fmt.Errorf("fencegen: %w", err)
-		}
-		_, err = fh.Write(w.data)
-		if cerr := fh.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("fencegen: %w", err)
-		}
-	}
-	return nil
+// File is one generated file.
+type File struct {
+	Kind FileKind
+	// Name is the file's base name; the directory comes from [Dirs].
+	Name string
+	Data []byte
+}
+
+// Files is the generator's output, from [Generate]. Write it with
+// [Files.Write], or look first with [Files.Plan].
+type Files struct {
+	// Migrations holds the goose migrations, in the order goose applies
+	// them: the fence-column migration (unless Options.HasFenceColumn), then
+	// the guard migration (with Options.Guard). It is empty when there is
+	// nothing to migrate. Each is a separate file so that a guard added later
+	// is a migration of its own and the guard can be rolled out after the
+	// writers that send tokens.
+	Migrations []File
+	// Queries is the sqlc query file of fenced statements for the table. It
+	// is wholly generated: a re-run with other options rewrites it.
+	Queries File
+
+	p *plan
 }
 
 type plan struct {
@@ -157,8 +183,10 @@ func check(opts Options) (*plan, error) {
 	if p.version == "" {
 		p.version = time.Now().UTC().Format("20060102150405")
 	}
-	if len(p.version) > 20 || strings.Trim(p.version, "0123456789") != "" {
-		return nil, fmt.Errorf("%w: version %q must be 1..20 digits", ErrInvalidOptions, p.version)
+	if v, err := strconv.ParseInt(p.version, 10, 64); err != nil || v <= 0 || v == math.MaxInt64 ||
+		strings.Trim(p.version, "0123456789") != "" {
+		return nil, fmt.Errorf("%w: version %q must be digits only, a positive number below 2^63-1 (goose versions are int64)",
+			ErrInvalidOptions, p.version)
 	}
 	if g := opts.Guard; g != nil {
 		if (g.LockName == "") == (g.LockNameColumn == "") {
@@ -238,6 +266,14 @@ func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
 	if err != nil {
 		return err
 	}
+	return p.validate(ctx, db, false)
+}
+
+// validate checks the plan against the catalog. migrated says a
+// fence-column migration generated earlier exists: the column may then be
+// absent (not applied yet) or present (applied) whatever HasFenceColumn says.
+func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool) error {
+	opts := p.opts
 	ti, err := fencedwrite.Inspect(ctx, db, opts.Table)
 	if err != nil {
 		return err
@@ -256,8 +292,10 @@ func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
 	}
 	_, has := ti.Column(p.fence)
 	switch {
-	case opts.HasFenceColumn:
+	case opts.HasFenceColumn, migrated && has:
 		return ti.CheckFenceColumn(p.fence)
+	case migrated:
+		return nil
 	case has:
 		return fmt.Errorf("%w: %s already has column %q; set HasFenceColumn to generate without adding it",
 			ErrInvalidOptions, ti.Qualified(), p.fence)
@@ -265,53 +303,174 @@ func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
 	return nil
 }
 
-// Generate writes the migration and the sqlc query file for opts. It does no
-// I/O; call [Validate] first to check the names against a live schema.
+// Generate returns the migrations and the sqlc query file for opts. It does
+// no I/O; call [Validate] first to check the names against a live schema,
+// then [Files.Write] (or [Files.Plan] and [WritePlan.Apply]).
+//
+// File names: the migrations are "<version>_pgfence_fence_<table>.sql" (adds
+// the fence column) and "<version>_pgfence_guard_<table>.sql" (attaches the
+// guard; its version is the next one when both are generated, and
+// [Files.Plan] gives it the version itself when the fence-column migration
+// exists already). The query file is "fenced_<table>.sql" for the default Go
+// name and "fenced_<table>.<name>.sql" for another Options.Name, with <name>
+// the Go name in snake_case (Name "InvoicePdf":
+// "fenced_invoices.invoice_pdf.sql").
+// The dot cannot occur in a table name, so a second query set for a table
+// never takes the file name of another table's query set. <table> is the
+// table name in lower case, prefixed with "<schema>_" when the table is
+// schema-qualified.
 func Generate(opts Options) (*Files, error) {
 	p, err := check(opts)
 	if err != nil {
 		return nil, err
 	}
-	fileBase := strings.ToLower(p.table.Name)
-	if p.table.Schema != "" {
-		fileBase = strings.ToLower(p.table.Schema) + "_" + fileBase
+	base := p.fileBase()
+	qname := "fenced_" + base + ".sql"
+	if p.name != camel(p.table.Name) {
+		qname = "fenced_" + base + "." + snake(p.name) + ".sql"
 	}
-	f := &Files{QueriesName: "fenced_" + fileBase + ".sql", Queries: []byte(p.queries())}
-	if !opts.HasFenceColumn || opts.Guard != nil {
-		f.MigrationName = p.version + "_pgfence_fence_" + fileBase + ".sql"
-		f.Migration = []byte(p.migration())
+	queries := p.queries()
+	if !isGenerated([]byte(queries)) {
+		// The header is what Plan recognises a generated query file by; the
+		// blank line keeps sqlc from taking it as a method's doc comment.
+		queries = generatedPrefix + ": fenced writes to " + p.table.String() + ".\n\n" + queries
+	}
+	f := &Files{Queries: File{Kind: QueryFile, Name: qname, Data: []byte(queries)}, p: p}
+	version := p.version
+	if !opts.HasFenceColumn {
+		f.Migrations = append(f.Migrations, File{Kind: ColumnMigration,
+			Name: version + columnSuffix + base + ".sql", Data: []byte(p.columnMigration())})
+		version = nextVersion(version)
+	}
+	if opts.Guard != nil {
+		f.Migrations = append(f.Migrations, File{Kind: GuardMigration,
+			Name: version + guardSuffix + base + ".sql", Data: []byte(p.guardMigration(""))})
 	}
 	return f, nil
 }
 
-func q(s string) string { return pgx.Identifier{s}.Sanitize() }
+// generatedPrefix starts the first line of the migrations fencegen writes;
+// the query file starts with it or with "-- Code generated by pgfence
+// (fencegen)". A file starting with neither is the user's own and is never
+// overwritten.
+const generatedPrefix = "-- Generated by pgfence (fencegen)"
 
-func (p *plan) migration() string {
-	tbl := p.table.String()
-	var b strings.Builder
-	fmt.Fprintf(&b, "-- Generated by pgfence (fencegen): fencing for %s.\n", tbl)
-	b.WriteString("-- The fence column holds the highest fencing token each row accepted; rows start at 0.\n")
-	b.WriteString("-- Rollout: apply this, ship writers that send tokens, then attach the guard last.\n\n")
-	b.WriteString("-- +goose Up\n")
-	if !p.opts.HasFenceColumn {
-		fmt.Fprintf(&b, "ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0;\n", tbl, q(p.fence))
-		fmt.Fprintf(&b, "COMMENT ON COLUMN %s.%s IS 'Highest fencing token (pgfence.locks) this row accepted; writes with a lower token are refused.';\n",
-			tbl, q(p.fence))
-	}
-	if g := p.opts.Guard; g != nil {
-		lock := "lock_name => '" + g.LockName + "'"
-		if g.LockNameColumn != "" {
-			lock = "lock_name_column => '" + g.LockNameColumn + "'"
+var generatedPrefixes = [][]byte{[]byte(generatedPrefix), []byte("-- Code generated by pgfence (fencegen)")}
+
+const (
+	columnSuffix = "_pgfence_fence_"
+	guardSuffix  = "_pgfence_guard_"
+)
+
+func isGenerated(data []byte) bool {
+	for _, p := range generatedPrefixes {
+		if bytes.HasPrefix(data, p) {
+			return true
 		}
-		fmt.Fprintf(&b, "SELECT pgfence.guard('%s'::regclass, %s, fence_column => '%s', mode => '%s');\n",
-			tbl, lock, p.fence, g.Mode)
 	}
-	b.WriteString("\n-- +goose Down\n")
-	if p.opts.Guard != nil {
-		fmt.Fprintf(&b, "SELECT pgfence.unguard('%s'::regclass);\n", tbl)
+	return false
+}
+
+// fileBase is the table part of the file names.
+func (p *plan) fileBase() string {
+	base := strings.ToLower(p.table.Name)
+	if p.table.Schema != "" {
+		base = strings.ToLower(p.table.Schema) + "_" + base
 	}
-	if !p.opts.HasFenceColumn {
-		fmt.Fprintf(&b, "ALTER TABLE %s DROP COLUMN %s;\n", tbl, q(p.fence))
+	return base
+}
+
+// nextVersion adds one to a decimal version, keeping its width.
+func nextVersion(v string) string {
+	b := []byte(v)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < '9' {
+			b[i]++
+			return string(b)
+		}
+		b[i] = '0'
+	}
+	return "1" + string(b)
+}
+
+// snake turns a Go name into snake_case: "InvoicePdf" -> "invoice_pdf",
+// "HTTPServer" -> "http_server", "V2Items" -> "v2_items".
+func snake(s string) string {
+	var b strings.Builder
+	isUpper := func(c byte) bool { return c >= 'A' && c <= 'Z' }
+	isLower := func(c byte) bool { return c >= 'a' && c <= 'z' }
+	isDigit := func(c byte) bool { return c >= '0' && c <= '9' }
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if i > 0 && isUpper(c) && (isLower(s[i-1]) || isDigit(s[i-1]) ||
+			isUpper(s[i-1]) && i+1 < len(s) && isLower(s[i+1])) {
+			b.WriteByte('_')
+		}
+		if isUpper(c) {
+			c += 'a' - 'A'
+		}
+		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+func q(s string) string { return pgx.Identifier{s}.Sanitize() }
+
+// addColumnSQL is the statement of the fence-column migration that Plan
+// recognises an earlier one by (without the ";").
+func (p *plan) addColumnSQL() string {
+	return "ALTER TABLE " + p.table.String() + " ADD COLUMN " + q(p.fence) + " bigint NOT NULL DEFAULT 0"
+}
+
+func (p *plan) columnMigration() string {
+	tbl := p.table.String()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: fence column for %s.\n", generatedPrefix, tbl)
+	b.WriteString("-- The fence column holds the highest fencing token each row accepted; rows start at 0.\n")
+	b.WriteString("-- Rollout: apply this, ship writers that send tokens, then apply the guard migration (if any) last.\n\n")
+	b.WriteString("-- +goose Up\n")
+	b.WriteString(p.addColumnSQL() + ";\n")
+	fmt.Fprintf(&b, "COMMENT ON COLUMN %s.%s IS 'Highest fencing token (pgfence.locks) this row accepted; writes with a lower token are refused.';\n",
+		tbl, q(p.fence))
+	b.WriteString("\n-- +goose Down\n")
+	fmt.Fprintf(&b, "ALTER TABLE %s DROP COLUMN %s;\n", tbl, q(p.fence))
+	return b.String()
+}
+
+// guardMigration attaches the guard. previous is the guard statement this
+// migration replaces (from an earlier generated migration), restored by the
+// Down section; "" means there was none, and Down removes the guard.
+func (p *plan) guardMigration(previous string) string {
+	tbl := p.table.String()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: guard for %s.\n", generatedPrefix, tbl)
+	fmt.Fprintf(&b, "-- From here on the database refuses changes to %s that do not carry a current fencing token.\n", tbl)
+	b.WriteString("-- Apply it after every writer of the table sends tokens. Attaching again replaces an earlier guard.\n\n")
+	b.WriteString("-- +goose Up\n")
+	b.WriteString(guardSQL(p.table, p.fence, p.opts.Guard) + ";\n")
+	b.WriteString("\n-- +goose Down\n")
+	if previous != "" {
+		b.WriteString("-- Restores the guard this migration replaced.\n")
+		b.WriteString(previous + ";\n")
+	} else {
+		b.WriteString(unguardSQL(p.table) + ";\n")
+	}
+	return b.String()
+}
+
+// guardSQL is the statement attaching the guard (without the ";"). Plan
+// compares it with the guard statement of the newest earlier migration to
+// decide whether a new guard migration is needed, so any change here (a new
+// lock source, a new argument) leads to a new guard migration on a re-run.
+func guardSQL(table fencedwrite.TableName, fence string, g *fencedwrite.GuardOptions) string {
+	lock := "lock_name => '" + g.LockName + "'"
+	if g.LockNameColumn != "" {
+		lock = "lock_name_column => '" + g.LockNameColumn + "'"
+	}
+	return fmt.Sprintf("SELECT pgfence.guard('%s'::regclass, %s, fence_column => '%s', mode => '%s')",
+		table, lock, fence, g.Mode)
+}
+
+func unguardSQL(table fencedwrite.TableName) string {
+	return fmt.Sprintf("SELECT pgfence.unguard('%s'::regclass)", table)
 }

@@ -3,6 +3,9 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -20,25 +23,44 @@ func (a *app) genCommand() *cobra.Command {
 		guardLock, guardLockCol     string
 		guardReentrant, checkSchema bool
 		migDir, queryDir            string
+		sqlcConfig, sqlcBlock       string
+		dryRun                      bool
 	)
 	fenced := &cobra.Command{
 		Use:   "fenced --table T --key COLS --set COLS",
-		Short: "Write a goose migration adding a fence column (and optionally the guard) and a sqlc query file of fenced updates",
-		Long: `Write two files for a table of yours:
+		Short: "Write goose migrations adding a fence column (and the guard) and a sqlc query file of fenced writes",
+		Long: `Write the files that fence a table of yours:
 
   <migrations-dir>/<version>_pgfence_fence_<table>.sql  goose migration: add
-      fence bigint NOT NULL DEFAULT 0 (and, with --guard-lock or
-      --guard-lock-column, attach pgfence.guard last)
-  <queries-dir>/fenced_<table>.sql  sqlc queries: FencedUpdate<T> (fence < token),
-      FencedUpdate<T>Reentrant (fence <= token) and FencedRead<T>, each
-      returning whether the row changed and its fence, so 0 rows can be
-      explained with fencedwrite.Check.
+      fence bigint NOT NULL DEFAULT 0 (not with --has-fence-column)
+  <migrations-dir>/<version>_pgfence_guard_<table>.sql  goose migration:
+      attach pgfence.guard (with --guard-lock or --guard-lock-column); a
+      file of its own, so it can be applied after the writers send tokens
+      (it takes the next version when the column migration is written too)
+  <queries-dir>/fenced_<table>.sql  sqlc queries of fenced writes and the
+      fenced read (fenced_<table>.<name>.sql with --name, so several query
+      sets for one table do not collide)
+
+Directories: --migrations-dir and --queries-dir, else the schema and queries
+paths of the postgresql block of sqlc.yaml (sqlc.yml, sqlc.json) in the
+current directory or --sqlc-config (--sqlc-block picks one of several
+blocks). With neither, the command refuses (exit 2) rather than guess.
+Missing directories are created.
+The pgfence module's own migrations/ and queries/ are refused.
+
+Re-running is safe: files that already do what this run would generate are
+"up to date" and nothing is written; an existing fence-column migration means
+the column is there (no --has-fence-column needed); a new guard (other lock,
+mode) is a new guard migration; existing migrations are never changed. The
+query file is regenerated ("updated") if its content differs; a file of that
+name that pgfence did not generate is never overwritten. Either every file is
+written or none (on failure the files of this run are removed again).
 
 Then run your own 'goose up' and 'sqlc generate'. Names are checked (and
 quoted in the output); with --check the table and columns are also looked up
-in the database given by --database-url / DATABASE_URL. Existing files are never
-overwritten.`,
-		Example: `  pgfence gen fenced --table invoices --key id --set pdf_url,status
+in the database given by --database-url / DATABASE_URL. --dry-run prints the
+files and writes nothing.`,
+		Example: `  pgfence gen fenced --table invoices --key id --set pdf_url,status   # dirs from ./sqlc.yaml
   pgfence gen fenced --table public.catalogue --key store_id,sku --set price \
       --guard-lock-column store_lock --migrations-dir db/migrations --queries-dir db/queries --check`,
 		Args: cobra.NoArgs,
@@ -53,6 +75,18 @@ overwritten.`,
 				}
 				opts.Guard = g
 			}
+			files, err := fencegen.Generate(opts)
+			if err != nil {
+				return genErr(err)
+			}
+			dirs, err := a.genDirs(migDir, queryDir, sqlcConfig, sqlcBlock)
+			if err != nil {
+				return err
+			}
+			plan, err := files.Plan(dirs)
+			if err != nil {
+				return genErr(err)
+			}
 			if checkSchema {
 				ctx := cmd.Context()
 				pool, err := a.connect(ctx)
@@ -60,21 +94,28 @@ overwritten.`,
 					return err
 				}
 				defer pool.Close()
-				if err := fencegen.Validate(ctx, pool, opts); err != nil {
+				if err := plan.Validate(ctx, pool); err != nil {
 					return genErr(err)
 				}
 			}
-			files, err := fencegen.Generate(opts)
-			if err != nil {
+			out := a.env.Stdout
+			if dryRun {
+				for _, s := range plan.Steps {
+					switch s.Action {
+					case fencegen.Create, fencegen.Update:
+						verb := map[fencegen.Action]string{fencegen.Create: "write", fencegen.Update: "update"}[s.Action]
+						fmt.Fprintf(out, "would %s %s (%d bytes):\n%s\n", verb, s.Path, len(s.Data), s.Data)
+					default:
+						fmt.Fprintf(out, "up to date %s\n", s.Path)
+					}
+				}
+				fmt.Fprintln(out, "dry run: nothing written")
+				return nil
+			}
+			if err := plan.Apply(); err != nil {
 				return genErr(err)
 			}
-			if err := files.Write(migDir, queryDir); err != nil {
-				return genErr(err)
-			}
-			if files.MigrationName != "" {
-				fmt.Fprintf(a.env.Stdout, "wrote %s/%s\n", migDir, files.MigrationName)
-			}
-			fmt.Fprintf(a.env.Stdout, "wrote %s/%s\nnext: apply the migration with goose, then run sqlc generate\n", queryDir, files.QueriesName)
+			printGenResult(out, plan, opts.Table)
 			return nil
 		},
 	}
@@ -83,17 +124,105 @@ overwritten.`,
 	f.StringSliceVar(&opts.Key, "key", nil, "key columns (primary key or a unique index), comma-separated")
 	f.StringSliceVar(&opts.Set, "set", nil, "columns the fenced updates change, comma-separated")
 	f.StringVar(&opts.FenceColumn, "fence-column", "fence", "name of the fence column")
-	f.BoolVar(&opts.HasFenceColumn, "has-fence-column", false, "the table already has the fence column (only attach the guard)")
-	f.StringVar(&opts.Name, "name", "", "Go name used in the query names (default: the table in CamelCase)")
-	f.StringVar(&opts.Version, "version", "", "goose version prefix of the migration (default: current UTC time)")
+	f.BoolVar(&opts.HasFenceColumn, "has-fence-column", false, "the table already has the fence column (not needed when an earlier run generated its migration)")
+	f.StringVar(&opts.Name, "name", "", "Go name used in the query names (default: the table in CamelCase); also names the query file")
+	f.StringVar(&opts.Version, "version", "", "goose version prefix of the migrations (default: current UTC time); must be newer than every migration in the directory")
 	f.StringVar(&guardLock, "guard-lock", "", "attach the guard, governed by this lock name")
 	f.StringVar(&guardLockCol, "guard-lock-column", "", "attach the guard, governed by the lock named in this column")
 	f.BoolVar(&guardReentrant, "guard-reentrant", false, "guard in re-entrant mode (needed with fenced reads)")
-	f.StringVar(&migDir, "migrations-dir", "migrations", "directory for the goose migration")
-	f.StringVar(&queryDir, "queries-dir", "queries", "directory for the sqlc query file")
+	f.StringVar(&migDir, "migrations-dir", "", "directory for the goose migrations (default: sqlc's schema directory)")
+	f.StringVar(&queryDir, "queries-dir", "", "directory for the sqlc query file (default: sqlc's queries directory)")
+	f.StringVar(&sqlcConfig, "sqlc-config", "", "sqlc configuration to take the directories from (default: sqlc.yaml, sqlc.yml or sqlc.json in the current directory)")
+	f.StringVar(&sqlcBlock, "sqlc-block", "", "the sql block of the sqlc configuration, by name or gen.go.package (when it has several postgresql blocks)")
+	f.BoolVar(&dryRun, "dry-run", false, "print what would be written, write nothing")
 	f.BoolVar(&checkSchema, "check", false, "check the table and columns against the database")
 	cmd.AddCommand(fenced)
 	return cmd
+}
+
+// genDirs decides the target directories: the flags, else the sqlc
+// configuration's schema and queries paths. No guess: with neither, it is a
+// usage error.
+func (a *app) genDirs(migDir, queryDir, sqlcConfig, sqlcBlock string) (fencegen.Dirs, error) {
+	dirs := fencegen.Dirs{Migrations: migDir, Queries: queryDir}
+	if migDir != "" && queryDir != "" && sqlcConfig == "" {
+		return dirs, nil
+	}
+	path := sqlcConfig
+	if path == "" {
+		var err error
+		if path, err = fencegen.FindSQLCConfig("."); err != nil {
+			return dirs, withCode(ExitUsage, err)
+		}
+	}
+	if path == "" {
+		var missing []string
+		if migDir == "" {
+			missing = append(missing, "--migrations-dir")
+		}
+		if queryDir == "" {
+			missing = append(missing, "--queries-dir")
+		}
+		where := "the current directory"
+		if wd, err := os.Getwd(); err == nil {
+			where = wd
+		}
+		return dirs, usageErr("where do the files go? give %s (there is no sqlc.yaml, sqlc.yml or sqlc.json in %s to take the directories from; or give --sqlc-config)",
+			strings.Join(missing, " and "), where)
+	}
+	cfg, err := fencegen.ReadSQLCConfig(path)
+	if err != nil {
+		return dirs, withCode(ExitUsage, err)
+	}
+	fromCfg, notes, err := cfg.Dirs(sqlcBlock)
+	if err != nil {
+		return dirs, usageErr("%v; choose with --sqlc-block or give --migrations-dir and --queries-dir", err)
+	}
+	if dirs.Migrations == "" {
+		dirs.Migrations = fromCfg.Migrations
+	}
+	if dirs.Queries == "" {
+		dirs.Queries = fromCfg.Queries
+	}
+	for _, n := range notes {
+		fmt.Fprintf(a.env.Stderr, "pgfence: note: %s\n", n)
+	}
+	return dirs, nil
+}
+
+// printGenResult prints one line per file, then the next steps.
+func printGenResult(out io.Writer, plan *fencegen.WritePlan, table string) {
+	var migrations, guard, queries bool
+	for _, s := range plan.Steps {
+		switch s.Action {
+		case fencegen.Create:
+			fmt.Fprintf(out, "wrote %s\n", s.Path)
+		case fencegen.Update:
+			fmt.Fprintf(out, "updated %s\n", s.Path)
+		default:
+			fmt.Fprintf(out, "up to date %s\n", s.Path)
+			continue
+		}
+		switch s.Kind {
+		case fencegen.ColumnMigration:
+			migrations = true
+		case fencegen.GuardMigration:
+			migrations, guard = true, true
+		case fencegen.QueryFile:
+			queries = true
+		}
+	}
+	switch {
+	case migrations:
+		fmt.Fprintln(out, "next: apply the migrations with goose, then run sqlc generate")
+		if guard {
+			fmt.Fprintf(out, "      (apply the guard migration once every writer of %s sends fencing tokens: from then on unfenced changes are refused)\n", table)
+		}
+	case queries:
+		fmt.Fprintln(out, "next: run sqlc generate")
+	default:
+		fmt.Fprintln(out, "the files are up to date: nothing written")
+	}
 }
 
 // genErr maps generator errors to exit codes: bad names and options are usage
@@ -104,8 +233,11 @@ func genErr(err error) error {
 		errors.Is(err, fencedwrite.ErrNoFenceColumn):
 		return withCode(ExitNotFound, err)
 	case errors.Is(err, fencedwrite.ErrInvalidIdentifier), errors.Is(err, fencegen.ErrInvalidOptions),
-		errors.Is(err, fencedwrite.ErrInvalidSpec), errors.Is(err, fencedwrite.ErrKeyNotUnique):
+		errors.Is(err, fencedwrite.ErrInvalidSpec), errors.Is(err, fencedwrite.ErrKeyNotUnique),
+		errors.Is(err, fencegen.ErrSQLCConfig):
 		return withCode(ExitUsage, err)
+	case errors.Is(err, fencegen.ErrPgfenceModule):
+		return withCode(ExitUsage, fmt.Errorf("%w: give your application's directories with --migrations-dir and --queries-dir", err))
 	}
 	return err
 }
