@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -72,17 +73,22 @@ func NewProvider(ctx context.Context, db *sql.DB, opts ...goose.ProviderOption) 
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	if err := bootstrap(ctx, db, locker, p); err != nil {
+	if err := bootstrap(ctx, db, locker); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-// bootstrap creates the schema and, through the provider, the version table,
-// while holding the migration lock: goose creates its version table from
-// methods that take no lock (HasPending, GetDBVersion), and concurrent first
-// runs would otherwise race on CREATE SCHEMA and CREATE TABLE.
-func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker, p *goose.Provider) (err error) {
+// bootstrap creates the schema and the version table while holding the
+// migration lock: goose creates its version table from methods that take no
+// lock (HasPending, GetDBVersion), and concurrent first runs would otherwise
+// race on CREATE SCHEMA and CREATE TABLE.
+//
+// Everything runs on the one connection that holds the lock. Asking the
+// provider to create the table (it takes a connection of its own) would need a
+// second connection while the first is held: on a *sql.DB or pool limited to
+// one connection that waits for ever.
+func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
@@ -99,14 +105,45 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker, p *goose.Provid
 	if _, err := conn.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
 		return fmt.Errorf("migrations: create schema %s: %w", Schema, err)
 	}
-	if _, err := p.HasPending(ctx); err != nil { // takes no lock; creates the table
-		return fmt.Errorf("migrations: create version table: %w", err)
+	if err := createVersionTable(ctx, conn); err != nil {
+		return fmt.Errorf("migrations: create version table %s: %w", VersionTable, err)
 	}
 	return nil
 }
 
+// createVersionTable creates [VersionTable] with its version-0 row, as goose
+// does (same store, same statements), unless it exists. The caller holds the
+// migration lock on conn.
+func createVersionTable(ctx context.Context, conn *sql.Conn) error {
+	store, err := database.NewStore(database.DialectPostgres, VersionTable)
+	if err != nil {
+		return err
+	}
+	ext, ok := store.(database.StoreExtender)
+	if !ok {
+		return fmt.Errorf("goose store %T cannot check for the table", store)
+	}
+	exists, err := ext.TableExists(ctx, conn)
+	if err != nil || exists {
+		return err
+	}
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit: sql.ErrTxDone, nothing to undo
+	if err := store.CreateVersionTable(ctx, tx); err != nil {
+		return err
+	}
+	if err := store.Insert(ctx, tx, database.InsertRequest{Version: 0}); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 // Up applies every pending migration to db. It is safe to call from many
-// processes at once.
+// processes at once. It uses one connection of db at a time, so a *sql.DB
+// limited to one open connection works.
 func Up(ctx context.Context, db *sql.DB) error {
 	p, err := NewProvider(ctx, db)
 	if err != nil {
@@ -118,13 +155,20 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// UpPool is [Up] for a pgx pool.
+// UpPool is [Up] for a pgx pool. It uses one connection of pool, so it works
+// on any pool, one with MaxConns = 1 included; the connection goes back to the
+// pool when UpPool returns. Like any use of the pool, it waits for a
+// connection while all of them are in use (by the caller, too).
 func UpPool(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return errors.New("migrations: nil *pgxpool.Pool")
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
+	// The migration lock, the version table and goose's SQL migrations all
+	// run on one connection, so one is all UpPool takes from the caller's
+	// pool, whatever its size (TestUpPoolOneConnection holds it to that).
+	db.SetMaxOpenConns(1)
 	return Up(ctx, db)
 }
 
