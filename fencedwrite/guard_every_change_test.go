@@ -90,8 +90,8 @@ func TestGuardEveryChange(t *testing.T) {
 			wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
 			_, err = pool.Exec(ctx, "DELETE FROM catalogue WHERE store_id = 1")
 			ge = wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
-			if ge.Detail == "" {
-				t.Fatal("guard error without detail")
+			if !strings.Contains(ge.Detail, `key {"sku": `) || !strings.Contains(ge.Detail, "lock store:1") {
+				t.Fatalf("guard error does not name key and lock: %q", ge.Detail)
 			}
 			_, err = pool.Exec(ctx, "UPDATE catalogue SET price = 0")
 			wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)

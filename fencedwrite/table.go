@@ -362,7 +362,7 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 
 // Read is the fenced read of a read-modify-write: it raises the row's fence
 // to token (fence <= token) and scans the Spec.Read columns into dest, so a
-// write by an older grant is refused from then on (seed scenario 4). Write
+// write by an older grant is refused from then on. Write
 // back with a [Reentrant] table and the same token, or use [Table.Modify].
 // It returns *[StaleTokenError] when a newer grant read or wrote the row and
 // [ErrNotFound] when there is none; dest is only filled on success.

@@ -130,7 +130,7 @@ func DeleteValue(ctx context.Context, db DBTX, key string, token int64) (Result,
 
 // ReadValue is the fenced read of a read-modify-write: it returns the row
 // and raises its fence to token (fence <= token), so a write by an older
-// grant that read earlier is refused from now on (seed scenario 4). Write the
+// grant that read earlier is refused from now on. Write the
 // new value back with mode [Reentrant] and the same token: the fence already
 // equals it. It returns *[StaleTokenError] if a newer grant read or wrote the
 // row, [ErrNotFound] if there is no such key.

@@ -64,7 +64,7 @@ CREATE FUNCTION pgfence.fence_refused(
     mode       text,
     token      bigint,
     fence      bigint,
-    found      boolean
+    row_found  boolean
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -76,7 +76,7 @@ BEGIN
     IF token IS NULL OR token <= 0 THEN
         RAISE EXCEPTION 'pgfence: write to % refused: invalid token %', table_name, coalesce(token::text, 'NULL')
             USING ERRCODE = 'PF007', DETAIL = detail;
-    ELSIF NOT found THEN
+    ELSIF NOT row_found THEN
         RAISE EXCEPTION 'pgfence: write to % refused: no row with key %', table_name, key
             USING ERRCODE = 'PF005', DETAIL = detail;
     ELSIF fence > token THEN
@@ -120,6 +120,8 @@ DECLARE
     lock_src   text;  -- an expression over the table's columns
     new_src    text;  -- the lock name of NEW / OLD in the trigger: a subquery or a literal
     old_src    text;
+    new_key    text;  -- the row's primary key as JSON text, from NEW / OLD
+    old_key    text;
     assigned   text;
     body       text;
 BEGIN
@@ -192,6 +194,21 @@ BEGIN
         old_src := new_src;
     END IF;
 
+    -- The row's primary key, for the errors (evaluated only when raising).
+    SELECT 'pg_catalog.jsonb_build_object(' || string_agg(quote_literal(a.attname) || ', NEW.' || quote_ident(a.attname),
+                                                          ', ' ORDER BY k.ord) || ')::text'
+      INTO new_key
+      FROM pg_index i
+      CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+     WHERE i.indrelid = tbl AND i.indisprimary;
+    IF new_key IS NULL THEN
+        new_key := quote_literal('(no primary key)');
+        old_key := new_key;
+    ELSE
+        old_key := replace(new_key, ', NEW.', ', OLD.');
+    END IF;
+
     PERFORM pgfence.unguard(tbl);
     fn_name := 'guard_' || tbl::oid;
 
@@ -238,7 +255,7 @@ BEGIN
         IF pgf_token IS NULL THEN
             RAISE EXCEPTION 'pgfence guard: DELETE from %%.%% carries no fencing token', TG_TABLE_SCHEMA, TG_TABLE_NAME
                 USING ERRCODE = 'PF001', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                      DETAIL = format('op DELETE, row fence %%s, token none, lock %%s', pgf_old_fence,
+                      DETAIL = format('op DELETE, key %%s, row fence %%s, token none, lock %%s', %8$s, pgf_old_fence,
                                       coalesce(pgf_lock, 'NULL')),
                       HINT = 'Delete through a fenced statement, or call pgfence.use_token(<token>) earlier in the transaction.';
         END IF;
@@ -246,8 +263,8 @@ BEGIN
             RAISE EXCEPTION 'pgfence guard: DELETE from %%.%% with stale token %% (row fence %%)',
                     TG_TABLE_SCHEMA, TG_TABLE_NAME, pgf_token, pgf_old_fence
                 USING ERRCODE = 'PF001', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                      DETAIL = format('op DELETE, row fence %%s, token %%s, lock %%s', pgf_old_fence, pgf_token,
-                                      coalesce(pgf_lock, 'NULL'));
+                      DETAIL = format('op DELETE, key %%s, row fence %%s, token %%s, lock %%s', %8$s, pgf_old_fence,
+                                      pgf_token, coalesce(pgf_lock, 'NULL'));
         END IF;
     ELSE
         IF TG_OP = 'INSERT' THEN
@@ -260,16 +277,16 @@ BEGIN
                 RAISE EXCEPTION 'pgfence guard: %% of %%.%% does not raise %% (still %%): no fencing token?',
                         TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, quote_ident(%3$L), pgf_old_fence
                     USING ERRCODE = 'PF001', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                          DETAIL = format('op %%s, row fence %%s, new fence %%s, mode %%s', TG_OP, pgf_old_fence,
-                                          coalesce(NEW.%1$I::text, 'NULL'), %4$L),
+                          DETAIL = format('op %%s, key %%s, row fence %%s, new fence %%s, mode %%s', TG_OP, %7$s,
+                                          pgf_old_fence, coalesce(NEW.%1$I::text, 'NULL'), %4$L),
                           HINT = 'Write through a fenced statement: SET ' || quote_ident(%3$L)
                                  || ' = <token> ... WHERE <key> AND ' || quote_ident(%3$L) || ' < <token>';
             END IF;
             RAISE EXCEPTION 'pgfence guard: UPDATE of %%.%% would lower %% from %% to %% (stale token)',
                     TG_TABLE_SCHEMA, TG_TABLE_NAME, quote_ident(%3$L), pgf_old_fence, coalesce(NEW.%1$I::text, 'NULL')
                 USING ERRCODE = 'PF001', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                      DETAIL = format('op UPDATE, row fence %%s, new fence %%s, mode %%s', pgf_old_fence,
-                                      coalesce(NEW.%1$I::text, 'NULL'), %4$L);
+                      DETAIL = format('op UPDATE, key %%s, row fence %%s, new fence %%s, mode %%s', %7$s,
+                                      pgf_old_fence, coalesce(NEW.%1$I::text, 'NULL'), %4$L);
         END IF;
         pgf_lock := %5$s;
         pgf_token := NEW.%1$I;
@@ -280,7 +297,8 @@ BEGIN
                 TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, pgf_token, coalesce(quote_literal(pgf_lock), 'NULL'),
                 coalesce(pgf_issued::text, 'none')
             USING ERRCODE = 'PF002', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                  DETAIL = format('op %%s, token %%s, lock %%s, latest token %%s', TG_OP, pgf_token,
+                  DETAIL = format('op %%s, key %%s, row fence %%s, token %%s, lock %%s, latest token %%s', TG_OP,
+                                  CASE TG_OP WHEN 'DELETE' THEN %8$s ELSE %7$s END, pgf_old_fence, pgf_token,
                                   coalesce(pgf_lock, 'NULL'), coalesce(pgf_issued::text, 'none')),
                   HINT = 'Tokens come from pgfence.locks; a fence may not exceed the latest token of its lock.';
     END IF;
@@ -288,7 +306,9 @@ BEGIN
         RAISE EXCEPTION 'pgfence guard: %% of %%.%% carries token %% but lock %% has granted %% since (superseded holder)',
                 TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME, pgf_token, quote_literal(pgf_lock), pgf_issued
             USING ERRCODE = 'PF008', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME, COLUMN = %3$L,
-                  DETAIL = format('op %%s, token %%s, lock %%s, latest token %%s', TG_OP, pgf_token, pgf_lock, pgf_issued),
+                  DETAIL = format('op %%s, key %%s, row fence %%s, token %%s, lock %%s, latest token %%s', TG_OP,
+                                  CASE TG_OP WHEN 'DELETE' THEN %8$s ELSE %7$s END, pgf_old_fence, pgf_token,
+                                  pgf_lock, pgf_issued),
                   HINT = 'The lease was granted to someone else: stop and re-acquire.';
     END IF;
     IF TG_OP = 'DELETE' THEN
@@ -297,7 +317,7 @@ BEGIN
     RETURN NEW;
 END
 $b$, fence_column, assigned, fence_column, mode,
-      new_src, old_src);
+      new_src, old_src, new_key, old_key);
 
     EXECUTE format('CREATE FUNCTION pgfence.%I() RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS %L',
                    fn_name, body);

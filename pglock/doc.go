@@ -71,7 +71,7 @@
 // TTL (with jitter). A refused renewal ends the lease at once; connection
 // errors are retried while the local deadline allows, then the lease ends.
 //
-// The trap (seed 001): a renewer that keeps running while the worker is
+// The trap: a renewer that keeps running while the worker is
 // paused or stuck renews a lease nobody is using. Renewal success proves that
 // the process can reach the database, not that the work is making progress,
 // and a worker paused between its last check and its write still writes

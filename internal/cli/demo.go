@@ -25,7 +25,7 @@ import (
 	"github.com/pgfence/pgfence/pglock"
 )
 
-// The demo replays the seed articles' story with two real worker processes:
+// The demo replays the paused-holder story with two real worker processes:
 // A takes the lease and reads the balance, is frozen with SIGSTOP past its
 // lease, B takes the lease and adds its amount, then A resumes and writes the
 // balance it computed before the pause.
@@ -423,7 +423,7 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 	var balance int
 	if w.fenced {
 		// Fenced read: raise the row's fence to our token, so an older holder's
-		// later write is refused (seed 002, scenario 4).
+		// later write is refused.
 		_, err = w.fw.Read(ctx, w.pool, tok, []any{1}, &balance)
 	} else {
 		err = w.pool.QueryRow(ctx, "SELECT balance FROM "+w.table+" WHERE id = 1").Scan(&balance)
