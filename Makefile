@@ -13,7 +13,7 @@ help: ## list the targets
 demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_URL is unset)
 	go run ./cmd/pgfence demo
 
-test: test-deps ## run the whole test suite with the race detector
+test: test-deps $(SQLC) ## run the whole test suite with the race detector (installs sqlc into .bin for the end-to-end tests)
 	go test -race ./...
 
 test-deps: ## install the Debian packages some tests need (pgbouncer, faketime) when missing
