@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -81,9 +82,15 @@ type Spec struct {
 	Where []Cond
 	// TrustedFilterSQL is an extra condition written by the programmer, for
 	// what [Cond] cannot say (column-to-column comparisons, functions). It is
-	// pasted into the statement: it must NEVER contain input from users.
-	// Fragments containing ";", "--", "/*", "$" or unbalanced parentheses are
-	// refused with [ErrInvalidSpec]. Defaults to none.
+	// pasted into the statement, in parentheses, ANDed with the conditions:
+	// it must NEVER contain input from users. It is refused with
+	// [ErrInvalidSpec] when it contains ";", "--", "/*", "*/", "$" or a
+	// backslash anywhere (even inside a string: a backslash can end a string
+	// early in an E'...' literal, or in any literal when
+	// standard_conforming_strings is off), a NUL byte or invalid UTF-8, an
+	// unterminated '...' string or "..." identifier, or parentheses that do
+	// not balance outside them. Write a quote in a string by doubling it
+	// ('it''s'). Defaults to none.
 	TrustedFilterSQL string
 	// OrderBy gives the claim order. Defaults to none (whatever order the
 	// plan yields).
@@ -321,32 +328,79 @@ func checkIdent(what, name string) error {
 	return nil
 }
 
+// trustedFilterBanned are refused anywhere in a trusted filter, inside
+// string literals too: checking them everywhere keeps the check independent
+// of how PostgreSQL would lex the fragment.
+var trustedFilterBanned = []struct{ text, what string }{
+	{";", "a statement separator"},
+	{"--", "a comment"},
+	{"/*", "a comment"},
+	{"*/", "a comment end"},
+	{"$", "a dollar quote or placeholder"},
+	{`\`, "a backslash (an escape in E'...' strings, and in every string when standard_conforming_strings is off)"},
+	{"\x00", "a NUL byte"},
+}
+
 // checkTrustedSQL refuses fragments that could end the statement, hide text
 // in a comment, open a dollar-quoted string or placeholder, or escape the
 // parentheses the fragment is wrapped in.
+//
+// With backslashes refused, every PostgreSQL string literal form ('...',
+// E'...', B'...', X'...', N'...', U&'...') ends at the first single quote
+// that is not doubled, and every quoted identifier ("...", U&"...") at the
+// first double quote that is not doubled; one kind of quote is an ordinary
+// character inside the other. checkTrustedSQL follows those rules and
+// counts parentheses outside literals and identifiers only.
 func checkTrustedSQL(s string) error {
-	for _, bad := range []string{";", "--", "/*", "*/", "$", "\x00"} {
-		if strings.Contains(s, bad) {
-			return fmt.Errorf("%w: trusted filter contains %q", ErrInvalidSpec, bad)
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: trusted filter is not valid UTF-8", ErrInvalidSpec)
+	}
+	for _, bad := range trustedFilterBanned {
+		if i := strings.Index(s, bad.text); i >= 0 {
+			return fmt.Errorf("%w: trusted filter contains %s (%q at byte %d)", ErrInvalidSpec, bad.what, bad.text, i)
 		}
 	}
-	depth, inQuote := 0, false
-	for _, r := range s {
-		switch {
-		case r == '\'':
-			inQuote = !inQuote
-		case inQuote:
-		case r == '(':
+	depth := 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; c {
+		case '\'', '"':
+			end := closingQuote(s, i)
+			if end < 0 {
+				what := "string literal"
+				if c == '"' {
+					what = "quoted identifier"
+				}
+				return fmt.Errorf("%w: trusted filter has an unterminated %s (from byte %d)", ErrInvalidSpec, what, i)
+			}
+			i = end
+		case '(':
 			depth++
-		case r == ')':
+		case ')':
 			depth--
 			if depth < 0 {
-				return fmt.Errorf("%w: trusted filter has unbalanced parentheses", ErrInvalidSpec)
+				return fmt.Errorf("%w: trusted filter closes a parenthesis it did not open (byte %d)", ErrInvalidSpec, i)
 			}
 		}
 	}
-	if depth != 0 || inQuote {
-		return fmt.Errorf("%w: trusted filter has unbalanced parentheses or quotes", ErrInvalidSpec)
+	if depth != 0 {
+		return fmt.Errorf("%w: trusted filter leaves %d parentheses open", ErrInvalidSpec, depth)
 	}
 	return nil
+}
+
+// closingQuote returns the index of the quote that ends the literal or
+// identifier opened by the quote at s[open], skipping doubled quotes, or -1.
+func closingQuote(s string, open int) int {
+	q := s[open]
+	for i := open + 1; i < len(s); i++ {
+		if s[i] != q {
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == q {
+			i++ // a doubled quote stands for one
+			continue
+		}
+		return i
+	}
+	return -1
 }
