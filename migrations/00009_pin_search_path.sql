@@ -22,9 +22,10 @@
 --     names relative to the reader's search_path, as before (the pinned
 --     pgfence.guarded_fence_status() sees every table schema-qualified);
 --   * refuses to finish if a view, constraint or column default of schema
---     pgfence calls a function or operator outside pg_catalog and pgfence:
---     it was bound to a planted function when an earlier migration ran with
---     a search_path that put a writable schema first.
+--     pgfence calls a function or operator outside pg_catalog and pgfence
+--     that another role (not the table's owner, not a superuser) owns: it
+--     was bound to a planted function when an earlier migration ran with a
+--     search_path that put a writable schema first.
 --
 -- Nothing on the lease path calls a pgfence function: pglock's statements and
 -- the fenced writes are plain SQL on the tables. Pinning adds one
@@ -113,28 +114,30 @@ DO $check$
 DECLARE
     bad text;
 BEGIN
+    -- A function another role owns (and can replace) that a view, constraint
+    -- or default of the schema calls. Functions of the tables' owner or of a
+    -- superuser are the owner's own business.
     SELECT string_agg(u.use, '; ' ORDER BY u.use) INTO bad
-      FROM (SELECT format('%s uses %s', pg_describe_object(d.classid, d.objid, d.objsubid),
-                          pg_describe_object(d.refclassid, d.refobjid, 0)) AS use
+      FROM (SELECT format('%s uses %s (owner %s)', pg_describe_object(d.classid, d.objid, d.objsubid),
+                          pg_describe_object(d.refclassid, d.refobjid, 0), fo.rolname) AS use
               FROM pg_depend d
               LEFT JOIN pg_proc p ON d.refclassid = 'pg_proc'::regclass AND p.oid = d.refobjid
               LEFT JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND o.oid = d.refobjid
+              JOIN pg_roles fo ON fo.oid = coalesce(p.proowner, o.oprowner)
+              JOIN pg_class c ON c.relnamespace = 'pgfence'::regnamespace AND c.oid = CASE d.classid
+                       WHEN 'pg_rewrite'::regclass THEN (SELECT r.ev_class FROM pg_rewrite r WHERE r.oid = d.objid)
+                       WHEN 'pg_constraint'::regclass THEN (SELECT k.conrelid FROM pg_constraint k WHERE k.oid = d.objid)
+                       WHEN 'pg_attrdef'::regclass THEN (SELECT a.adrelid FROM pg_attrdef a WHERE a.oid = d.objid)
+                   END
              WHERE coalesce(p.pronamespace, o.oprnamespace) NOT IN ('pg_catalog'::regnamespace, 'pgfence'::regnamespace)
-               AND (   (d.classid = 'pg_rewrite'::regclass AND EXISTS (
-                            SELECT 1 FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class
-                             WHERE r.oid = d.objid AND c.relnamespace = 'pgfence'::regnamespace))
-                    OR (d.classid = 'pg_constraint'::regclass AND EXISTS (
-                            SELECT 1 FROM pg_constraint k
-                             WHERE k.oid = d.objid AND k.connamespace = 'pgfence'::regnamespace))
-                    OR (d.classid = 'pg_attrdef'::regclass AND EXISTS (
-                            SELECT 1 FROM pg_attrdef a JOIN pg_class c ON c.oid = a.adrelid
-                             WHERE a.oid = d.objid AND c.relnamespace = 'pgfence'::regnamespace)))) u;
+               AND fo.oid <> c.relowner
+               AND NOT fo.rolsuper) u;
     IF bad IS NOT NULL THEN
-        RAISE EXCEPTION 'pgfence: objects of schema pgfence call functions or operators outside pg_catalog: %', bad
+        RAISE EXCEPTION 'pgfence: objects of schema pgfence call functions or operators that another role owns: %', bad
             USING ERRCODE = '42501',
-                  DETAIL = 'They were bound to these functions when an earlier pgfence migration ran with a search_path '
-                           'that put a schema writable by other roles ahead of pg_catalog; the functions run with the '
-                           'rights of every role that writes to the table or reads the view.',
+                  DETAIL = 'Their owner can change what they do, and they run with the rights of every role that '
+                           'writes to the table or reads the view. Usually an earlier pgfence migration ran with a '
+                           'search_path that put a schema writable by other roles ahead of pg_catalog.',
                   HINT = 'Give the migrating role a search_path without schemas other roles can write (pg_catalog '
                          'first), then recreate each object listed from its definition in the pgfence migrations '
                          '(ALTER TABLE ... DROP CONSTRAINT, ADD CONSTRAINT; ALTER COLUMN ... SET DEFAULT) and drop the '
