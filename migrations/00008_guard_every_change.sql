@@ -27,10 +27,11 @@
 --   PF008  guard: the token is not the latest grant of the row's lock (a superseded holder)
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 ALTER TABLE pgfence.guarded_tables ADD COLUMN lock_name_expression text;
 ALTER TABLE pgfence.guarded_tables DROP CONSTRAINT guarded_tables_one_lock_source;
 ALTER TABLE pgfence.guarded_tables ADD CONSTRAINT guarded_tables_one_lock_source
-    CHECK (num_nonnulls(lock_name, lock_name_column, lock_name_expression) = 1);
+    CHECK (pg_catalog.num_nonnulls(lock_name, lock_name_column, lock_name_expression) = 1);
 COMMENT ON COLUMN pgfence.guarded_tables.lock_name_expression IS
   'SQL expression over the columns of the guarded table giving the name of the governing lock (NULL when lock_name '
   'or lock_name_column is used).';
@@ -393,6 +394,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 -- Back to the UPDATE-only guard of migration 00003. Tables guarded by a lock
 -- name expression cannot be expressed there: the Down fails for them (unguard
 -- them first).
@@ -423,6 +425,31 @@ $unguard$;
 DROP FUNCTION pgfence.guard(regclass, text, text, text, text, text);
 DROP FUNCTION pgfence.fence_refused(text, text, text, bigint, bigint, boolean);
 DROP FUNCTION pgfence.use_token(bigint);
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgfence.guarded_fence_status()
+RETURNS TABLE (table_name text, lock_name text, rows bigint, max_fence bigint, lock_token bigint, forged_rows bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT relid, fence_column, guarded_tables.lock_name AS ln, lock_name_column FROM pgfence.guarded_tables LOOP
+        IF g.lock_name_column IS NULL THEN
+            RETURN QUERY EXECUTE format(
+                'SELECT %L::text, %L::text, count(*), max(t.%I), max(l.token), count(*) FILTER (WHERE t.%I > COALESCE(l.token, 0))
+                 FROM %s t LEFT JOIN pgfence.locks l ON l.name = %L',
+                g.relid::text, g.ln, g.fence_column, g.fence_column, g.relid, g.ln);
+        ELSE
+            RETURN QUERY EXECUTE format(
+                'SELECT %L::text, t.%I::text, count(*), max(t.%I), max(l.token), count(*) FILTER (WHERE t.%I > COALESCE(l.token, 0))
+                 FROM %s t LEFT JOIN pgfence.locks l ON l.name = t.%I::text GROUP BY t.%I',
+                g.relid::text, g.lock_name_column, g.fence_column, g.fence_column, g.relid, g.lock_name_column, g.lock_name_column);
+        END IF;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
 ALTER TABLE pgfence.guarded_tables DROP CONSTRAINT guarded_tables_one_lock_source;
 ALTER TABLE pgfence.guarded_tables DROP COLUMN lock_name_expression;
 ALTER TABLE pgfence.guarded_tables ADD CONSTRAINT guarded_tables_one_lock_source

@@ -100,6 +100,13 @@ GROUP BY queue, state;
 -- table_name comes back schema-qualified from the pinned function; printed
 -- through regclass here, it is qualified only when the reader's search_path
 -- does not already find it (as psql's \d does).
+-- (Created through EXECUTE: sqlc, which reads these migrations as the schema,
+-- cannot see the columns of a function's RETURNS TABLE; the view keeps the
+-- columns of migration 00006, which is what sqlc knows.)
+-- +goose StatementBegin
+DO $view$
+BEGIN
+    EXECUTE $v$
 CREATE OR REPLACE VIEW pgfence.guarded_fences AS
 SELECT coalesce(to_regclass(s.table_name)::text, s.table_name) AS table_name,
        s.lock_name,
@@ -107,7 +114,10 @@ SELECT coalesce(to_regclass(s.table_name)::text, s.table_name) AS table_name,
        s.max_fence,
        s.lock_token,
        s.forged_rows
-FROM pgfence.guarded_fence_status() s;
+FROM pgfence.guarded_fence_status() s$v$;
+END
+$view$;
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 DO $check$

@@ -83,17 +83,13 @@ type PgfenceJob struct {
 	FinishedAt *time.Time
 }
 
-// pgfence.jobs per queue and state, on the database clock: how many, the oldest job ready to run, claims that expired without completion (a dead or stuck worker) and how long ago the oldest expired.
 type PgfenceJobSummary struct {
-	Queue       string
-	State       string
-	Jobs        int64
-	OldestRunAt interface{}
-	// Seconds the oldest available job has been ready to run without being claimed (queue latency).
-	OldestReadySeconds pgtype.Numeric
-	// Running jobs whose claim expired: they become claimable again; many of them mean workers die or stall.
-	ExpiredClaims int64
-	// Seconds since the oldest expired claim ran out (NULL if none).
+	Queue                     string
+	State                     string
+	Jobs                      int64
+	OldestRunAt               interface{}
+	OldestReadySeconds        pgtype.Numeric
+	ExpiredClaims             int64
 	OldestExpiredClaimSeconds pgtype.Numeric
 	MaxAttemptsSeen           interface{}
 }
@@ -118,20 +114,15 @@ type PgfenceLock struct {
 	WaitingSince *time.Time
 }
 
-// pgfence.locks with the state computed on the database clock: held (holder set, not expired), expired (holder set, lease ran out without a release), free (released or never granted).
 type PgfenceLockStatus struct {
-	Name string
-	// held, expired or free, decided by now() on this server.
-	State  string
-	Holder *string
-	// Fencing token of the latest grant (never decreases).
-	Token      int64
-	AcquiredAt *time.Time
-	RenewedAt  *time.Time
-	ExpiresAt  *time.Time
-	// Seconds until the lease expires (negative: expired that long ago; NULL: free).
-	SecondsLeft pgtype.Numeric
-	// Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.
+	Name              string
+	State             string
+	Holder            *string
+	Token             int64
+	AcquiredAt        *time.Time
+	RenewedAt         *time.Time
+	ExpiresAt         *time.Time
+	SecondsLeft       pgtype.Numeric
 	SecondsSinceGrant pgtype.Numeric
 	Metadata          []byte
 }
