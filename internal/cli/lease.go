@@ -5,11 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -76,109 +72,71 @@ func (a *app) takeLease(ctx context.Context, f *leaseFlags, keepAlive bool) (*pg
 func (a *app) runCommand() *cobra.Command {
 	var f leaseFlags
 	var grace time.Duration
+	var passEnv bool
 	cmd := &cobra.Command{
-		Use:   "run --lock NAME [--ttl 30s] [--no-wait] -- COMMAND [ARGS...]",
+		Use:   "run --lock NAME [--ttl 30s] [--no-wait] [--grace 10s] [--pass-env] -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lease, like flock(1) across machines",
 		Long: `Acquire the lease NAME (waiting, or failing at once with --no-wait), run COMMAND
 with PGFENCE_LOCK, PGFENCE_TOKEN and PGFENCE_HOLDER in its environment, renew the
-lease while it runs, and release it when it exits. pgfence exits with the
-command's exit status.
+lease while it runs, and release it once the command and every process it
+started are gone. pgfence exits with the command's exit status. COMMAND is
+looked up in PATH before the lease is taken: if it is not found (or is empty)
+pgfence exits 127, if it cannot be executed 126, and no token is used up.
 
-If the lease is lost while the command runs (a renewal is refused, or the
-database cannot be reached before the lease's local deadline), the command gets
-SIGTERM, then SIGKILL after --grace, and pgfence exits with code 76. A lost
+Stopping. The command runs in a process group of its own. If the lease is lost
+(a renewal is refused, or the database cannot be reached before the lease's
+local deadline), or pgfence gets SIGINT, SIGTERM, SIGHUP or SIGQUIT, the whole
+tree gets SIGTERM, then SIGKILL after --grace; a second signal sends SIGKILL at
+once. pgfence exits 76 (lease lost) or 128+signal once the tree is gone, and
+releases the lease only then. If the command exits while processes it started
+still run, they are stopped the same way before the lease is released. A lost
 lease is only a signal: the command must pass PGFENCE_TOKEN to fenced writes,
-because it may still write between the loss and its termination.
+because it may still write between the loss and its end.
 
-Exit codes: the command's status; 75 lock busy (--no-wait); 76 lease lost;
-1 error; 2 usage.`,
+If pgfence dies (Linux). pgfence starts the command through a supervisor, itself
+re-executed as "pgfence __run-supervise" (an internal helper that takes no
+user input), which is the child subreaper of the whole tree: a process that
+leaves the command's process group or session is still found. When pgfence
+dies, even by SIGKILL or the OOM killer, the supervisor reads end-of-file on a
+pipe from pgfence and sends SIGKILL to every process of the tree at once; the
+lease, no longer renewed, expires on the database clock within --ttl. If the
+supervisor itself is killed, the command dies with it (parent-death signal),
+and pgfence kills the command's process group and leaves the lease to expire.
+
+Other platforms. On other Unix systems (macOS, the BSDs) the command's process
+group is stopped as above, but processes that leave the group are not, and if
+pgfence is killed with SIGKILL the command keeps running without a lease. On
+Windows pgfence run refuses to start.
+
+Terminal. The command is not in the terminal's foreground process group: Ctrl-C
+reaches pgfence, which stops the tree; Ctrl-Z (SIGTSTP) stops the command's
+process group and pgfence together, and fg or bg (SIGCONT) continues both; a
+command that reads from the terminal is stopped by the kernel (SIGTTIN), so
+give it input from a file or a pipe.
+
+Environment. DATABASE_URL, PGPASSWORD and PGSSLPASSWORD are removed from the
+command's environment, so a job that logs its environment does not print the
+lock database's password; --pass-env keeps them (use it when the command
+writes to the same database with fenced writes). Variables that only name a
+file (PGPASSFILE, PGSERVICEFILE, PGSSLKEY) and the other PG* variables are
+kept. This is hygiene, not a boundary: the command runs as the same user.
+
+Exit codes: the command's status (128+N if signal N killed it); 75 lock busy
+(--no-wait); 76 lease lost; 126 command not executable; 127 command not found;
+128+N pgfence got signal N; 1 error (also: the tree could not be stopped, the
+lease is then left to expire); 2 usage.`,
 		Example: `  pgfence run --lock nightly-settlement --ttl 60s -- ./settle --date today
-  pgfence run --lock report --no-wait -- sh -c 'echo token $PGFENCE_TOKEN'`,
+  pgfence run --lock report --no-wait -- sh -c 'echo token $PGFENCE_TOKEN'
+  DATABASE_URL=... pgfence run --lock import --pass-env -- ./import --fence-token-env PGFENCE_TOKEN`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if grace <= 0 {
-				return usageErr("--grace must be > 0")
-			}
-			ctx := cmd.Context()
-			_, lease, cleanup, err := a.takeLease(ctx, &f, true)
-			if err != nil {
-				return err
-			}
-			defer cleanup()
-
-			child := exec.Command(args[0], args[1:]...)
-			child.Env = append(os.Environ(),
-				"PGFENCE_LOCK="+lease.Name(),
-				"PGFENCE_TOKEN="+strconv.FormatInt(lease.Token(), 10),
-				"PGFENCE_HOLDER="+lease.Holder(),
-			)
-			// The child's output is copied by exec's goroutines while pgfence
-			// writes its own notes: serialise both on one lock.
-			var outMu sync.Mutex
-			stdout := &lockedWriter{mu: &outMu, w: a.env.Stdout}
-			stderr := &lockedWriter{mu: &outMu, w: a.env.Stderr}
-			child.Stdin, child.Stdout, child.Stderr = a.env.Stdin, stdout, stderr
-			if err := child.Start(); err != nil {
-				_ = lease.Release(context.WithoutCancel(ctx))
-				return fmt.Errorf("start %s: %w", args[0], err)
-			}
-			fmt.Fprintf(stderr, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], child.Process.Pid)
-			waited := make(chan error, 1)
-			go func() { waited <- child.Wait() }()
-
-			terminate := func() error {
-				_ = child.Process.Signal(syscall.SIGTERM)
-				select {
-				case err := <-waited:
-					return err
-				case <-time.After(grace):
-					_ = child.Process.Kill()
-					return <-waited
-				}
-			}
-
-			var werr error
-			lost := false
-			select {
-			case werr = <-waited:
-			case <-lease.Done():
-				lost = true
-				fmt.Fprintf(stderr, "pgfence: lease on %q lost (%v); sending SIGTERM to %s\n", lease.Name(), lease.Err(), args[0])
-				werr = terminate()
-			case <-ctx.Done():
-				fmt.Fprintf(stderr, "pgfence: interrupted; sending SIGTERM to %s\n", args[0])
-				werr = terminate()
-			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if rerr := lease.Release(rctx); rerr != nil && !lost {
-				fmt.Fprintf(stderr, "pgfence: release %q: %v\n", lease.Name(), rerr)
-			}
-			if lost {
-				return withCode(ExitLeaseLost, fmt.Errorf("lease on %q lost while %s ran", lease.Name(), args[0]))
-			}
-			return childExit(werr)
+			return a.runLeased(cmd.Context(), &f, grace, passEnv, args)
 		},
 	}
 	f.register(cmd, 30*time.Second)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the lease is lost")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the command's tree is stopped")
+	cmd.Flags().BoolVar(&passEnv, "pass-env", false, "keep DATABASE_URL, PGPASSWORD and PGSSLPASSWORD in the command's environment")
 	return cmd
-}
-
-// childExit maps a child's wait error to pgfence's own exit: the child's status,
-// or 128+signal when it was killed by a signal.
-func childExit(err error) error {
-	if err == nil {
-		return nil
-	}
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return withCode(128+int(ws.Signal()), fmt.Errorf("command killed by %v", ws.Signal()))
-		}
-		return withCode(ee.ExitCode(), fmt.Errorf("command exited with status %d", ee.ExitCode()))
-	}
-	return err
 }
 
 func (a *app) acquireCommand() *cobra.Command {

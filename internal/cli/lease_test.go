@@ -43,7 +43,7 @@ func TestRunPassesTokenAndExitStatus(t *testing.T) {
 		t.Fatalf("exit status: %+v", r)
 	}
 	r = run(t, dsn, "run", "--lock", "job", "--", "/nonexistent/command")
-	if r.code != ExitError {
+	if r.code != ExitCommandNotFound {
 		t.Fatalf("missing command: %+v", r)
 	}
 	if v := lockState(t, dsn, "job"); v.State != "free" {

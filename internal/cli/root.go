@@ -58,8 +58,9 @@ type Env struct {
 }
 
 type app struct {
-	env         Env
-	databaseURL string
+	env             Env
+	databaseURL     string
+	databaseURLFile string
 }
 
 // Main runs the pgfence command with args (without the program name) and
@@ -108,15 +109,22 @@ func (a *app) rootCommand() *cobra.Command {
 		Short: "Lease locks with fencing tokens on PostgreSQL: inspect, run commands under a lock, demo",
 		Long: `pgfence inspects and uses pgfence's lock table and fenced tables.
 
-Connection: --database-url, else DATABASE_URL, else the standard PG* variables
-(PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...).
+Connection: --database-url-file (or --database-url), else DATABASE_URL, else
+the standard PG* variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE, ...).
+--database-url is discouraged: a command line is visible to every user of the
+machine (ps, /proc/PID/cmdline), so a password in it leaks; use the
+environment or --database-url-file.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run).`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			return a.loadDatabaseURLFile()
+		},
 	}
-	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string (default: DATABASE_URL, then PG* variables)")
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string; discouraged, the command line is visible to other users: prefer DATABASE_URL or --database-url-file (default: DATABASE_URL, then PG* variables)")
+	root.PersistentFlags().StringVar(&a.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL connection string (surrounding white space ignored)")
 	root.AddCommand(
 		a.migrateCommand(),
 		a.locksCommand(),
@@ -130,8 +138,29 @@ Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 	return root
 }
 
-// dsn returns the connection string from the flag or DATABASE_URL; "" means
-// the PG* variables and libpq defaults.
+// loadDatabaseURLFile reads --database-url-file into databaseURL, before any
+// command runs (root's PersistentPreRunE).
+func (a *app) loadDatabaseURLFile() error {
+	if a.databaseURLFile == "" {
+		return nil
+	}
+	if a.databaseURL != "" {
+		return usageErr("--database-url and --database-url-file cannot be used together")
+	}
+	b, err := os.ReadFile(a.databaseURLFile)
+	if err != nil {
+		return withCode(ExitUsage, fmt.Errorf("--database-url-file: %w", err))
+	}
+	a.databaseURL = strings.TrimSpace(string(b))
+	if a.databaseURL == "" {
+		return usageErr("--database-url-file: %s is empty", a.databaseURLFile)
+	}
+	return nil
+}
+
+// dsn returns the connection string from --database-url (or the file of
+// --database-url-file) or DATABASE_URL; "" means the PG* variables and
+// libpq defaults.
 func (a *app) dsn() string {
 	if a.databaseURL != "" {
 		return a.databaseURL

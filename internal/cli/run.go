@@ -1,0 +1,357 @@
+package cli
+
+// `pgfence run`: the part shared by all platforms. The process tree itself
+// (starting the command, stopping it, knowing when it is gone) is in
+// run_linux.go (a supervisor process), run_unix.go (other Unix systems: a
+// process group) and run_other.go (no support).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// Exit codes of `pgfence run` when COMMAND cannot be started. They are the
+// numbers POSIX shells use, and no lease is taken when the command is not
+// found or not executable before the lease is acquired.
+const (
+	ExitCannotExecute   = 126 // `pgfence run`: COMMAND was found but cannot be executed
+	ExitCommandNotFound = 127 // `pgfence run`: COMMAND was not found (or is empty)
+)
+
+// secretEnv lists the environment variables that `pgfence run` removes from
+// the command's environment unless --pass-env is given: the variables that
+// can carry the lock database's password. Variables that only name a file
+// (PGPASSFILE, PGSSLKEY, PGSERVICEFILE) or carry no secret (PGHOST, PGUSER,
+// ...) are kept.
+var secretEnv = []string{"DATABASE_URL", "PGPASSWORD", "PGSSLPASSWORD"}
+
+// runSignals are the signals that make `pgfence run` stop the command's tree
+// and exit with 128+signal.
+var runSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+
+// treeSpec describes the command `pgfence run` starts.
+type treeSpec struct {
+	path           string   // the resolved executable
+	args           []string // argv; args[0] as the user typed it
+	env            []string
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	notes          io.Writer // pgfence's own messages
+	grace          time.Duration
+}
+
+// procTree is a started command with every process it starts. Stop and kill
+// are idempotent and never block.
+type procTree interface {
+	// pid is the command's process id (also its process group id).
+	pid() int
+	// stop sends SIGTERM to the tree, then SIGKILL after the grace period.
+	stop()
+	// kill sends SIGKILL to the tree now.
+	kill()
+	// done is closed when the tree is gone or cannot be stopped.
+	done() <-chan struct{}
+	// result is valid once done is closed.
+	result() treeResult
+}
+
+// treeResult is how a tree ended.
+type treeResult struct {
+	status cmdStatus // how the command itself ended
+	gone   bool      // every process of the tree is known to be gone
+	err    error     // when !gone: why pgfence cannot tell
+}
+
+// cmdStatus is how a command ended: an exit status, or the signal that
+// killed it.
+type cmdStatus struct {
+	code   int
+	signal syscall.Signal // 0 when the command exited
+}
+
+// exitCode is the shell's convention: the status, or 128+signal.
+func (s cmdStatus) exitCode() int {
+	if s.signal != 0 {
+		return 128 + int(s.signal)
+	}
+	return s.code
+}
+
+// err is nil for status 0, else an error carrying exitCode.
+func (s cmdStatus) err() error {
+	switch {
+	case s.signal != 0:
+		return withCode(s.exitCode(), fmt.Errorf("command killed by signal %d (%v)", int(s.signal), s.signal))
+	case s.code != 0:
+		return withCode(s.code, fmt.Errorf("command exited with status %d", s.code))
+	}
+	return nil
+}
+
+// resolveCommand finds name like a shell would (exec.LookPath) before any
+// lease is taken: 127 if it does not exist, 126 if it is not executable.
+func resolveCommand(name string) (string, error) {
+	if name == "" {
+		return "", withCode(ExitCommandNotFound, errors.New("command not found: empty command name"))
+	}
+	p, err := exec.LookPath(name)
+	switch {
+	case err == nil:
+		return p, nil
+	case errors.Is(err, exec.ErrDot):
+		return "", withCode(ExitCommandNotFound, fmt.Errorf("command not found: %s is %s in the current directory, which is refused when found through PATH; run ./%s", name, p, name))
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		return "", withCode(ExitCommandNotFound, fmt.Errorf("command not found: %s", name))
+	}
+	return "", withCode(ExitCannotExecute, fmt.Errorf("cannot execute %s: %v", name, unwrapPathErr(err)))
+}
+
+// startErrCode maps the error of an exec to 127 (not found) or 126.
+func startErrCode(err error) int {
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
+		return ExitCommandNotFound
+	}
+	return ExitCannotExecute
+}
+
+func unwrapPathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return ee.Err
+	}
+	return err
+}
+
+// childEnv is the command's environment: environ without the PGFENCE_*
+// variables it sets and, unless passEnv, without secretEnv.
+func childEnv(environ []string, passEnv bool, lease *pglock.Lease) []string {
+	drop := map[string]bool{"PGFENCE_LOCK": true, "PGFENCE_TOKEN": true, "PGFENCE_HOLDER": true}
+	if !passEnv {
+		for _, k := range secretEnv {
+			drop[k] = true
+		}
+	}
+	env := make([]string, 0, len(environ)+3)
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if !drop[k] {
+			env = append(env, kv)
+		}
+	}
+	return append(env,
+		"PGFENCE_LOCK="+lease.Name(),
+		"PGFENCE_TOKEN="+strconv.FormatInt(lease.Token(), 10),
+		"PGFENCE_HOLDER="+lease.Holder(),
+	)
+}
+
+// notifyRunSignals delivers runSignals to ch, except those pgfence was
+// started with ignored (nohup, a background job of a non-interactive shell):
+// catching them would undo the ignore.
+func notifyRunSignals(ch chan<- os.Signal) {
+	var sigs []os.Signal
+	for _, s := range runSignals {
+		if !signal.Ignored(s) {
+			sigs = append(sigs, s)
+		}
+	}
+	signal.Notify(ch, sigs...)
+}
+
+// runLeased is `pgfence run`: resolve the command, take the lease, run the
+// command's tree, stop it on loss or signal, release the lease once the tree
+// is gone.
+func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration, passEnv bool, args []string) error {
+	if grace <= 0 {
+		return usageErr("--grace must be > 0")
+	}
+	if f.lock == "" {
+		return usageErr("--lock is required")
+	}
+	path, err := resolveCommand(args[0])
+	if err != nil {
+		return err
+	}
+	if err := runSupported(); err != nil {
+		return err
+	}
+
+	// pgfence's notes and (when they are not files) the command's output,
+	// copied by os/exec's goroutines, are serialised on one lock.
+	var outMu sync.Mutex
+	notes := &lockedWriter{mu: &outMu, w: a.env.Stderr}
+	stdout, stderr := passWriter(a.env.Stdout, &outMu), passWriter(a.env.Stderr, &outMu)
+
+	sigs := make(chan os.Signal, 8)
+	notifyRunSignals(sigs)
+	defer signal.Stop(sigs)
+
+	// Acquire, unless a signal comes first (Acquire may wait for a long time).
+	type taken struct {
+		lease   *pglock.Lease
+		cleanup func()
+		err     error
+	}
+	actx, acancel := context.WithCancel(ctx)
+	defer acancel()
+	tc := make(chan taken, 1)
+	go func() {
+		_, lease, cleanup, err := a.takeLease(actx, f, true)
+		tc <- taken{lease, cleanup, err}
+	}()
+	var tk taken
+	select {
+	case tk = <-tc:
+	case s := <-sigs:
+		acancel()
+		tk = <-tc
+		if tk.err == nil {
+			a.releaseLease(ctx, tk.lease, notes)
+			tk.cleanup()
+		}
+		return withCode(128+sigNum(s), fmt.Errorf("got %v before the lease was taken; %s was not started", s, args[0]))
+	}
+	if tk.err != nil {
+		return tk.err
+	}
+	lease := tk.lease
+	defer tk.cleanup()
+
+	tree, err := startTree(treeSpec{
+		path: path, args: args, env: childEnv(os.Environ(), passEnv, lease),
+		stdin: a.env.Stdin, stdout: stdout, stderr: stderr, notes: notes, grace: grace,
+	})
+	if err != nil {
+		a.releaseLease(ctx, lease, notes)
+		return err
+	}
+	fmt.Fprintf(notes, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], tree.pid())
+	jc := make(chan os.Signal, 2)
+	notifyJobControl(jc)
+	defer signal.Stop(jc)
+
+	var (
+		lost        bool
+		got         os.Signal
+		interrupted bool
+		leaseDone   = lease.Done()
+		ctxDone     = ctx.Done()
+	)
+	for waiting := true; waiting; {
+		select {
+		case <-tree.done():
+			waiting = false
+		case <-leaseDone:
+			leaseDone = nil
+			lost = true
+			fmt.Fprintf(notes, "pgfence: lease on %q lost (%v); stopping %s and every process it started (SIGTERM, SIGKILL after %v)\n", lease.Name(), lease.Err(), args[0], grace)
+			tree.stop()
+		case s := <-sigs:
+			if got == nil {
+				got = s
+				fmt.Fprintf(notes, "pgfence: got %v; stopping %s and every process it started (SIGTERM, SIGKILL after %v)\n", s, args[0], grace)
+				tree.stop()
+			} else {
+				fmt.Fprintf(notes, "pgfence: got %v again; sending SIGKILL to %s and every process it started\n", s, args[0])
+				tree.kill()
+			}
+		case s := <-jc:
+			jobControl(tree, s)
+		case <-ctxDone:
+			// The in-process caller's context; with cmd/pgfence also SIGINT
+			// and SIGTERM, which arrive on sigs as well.
+			ctxDone = nil
+			interrupted = true
+			tree.stop()
+		}
+	}
+	if interrupted && got == nil {
+		// cmd/pgfence cancels ctx on SIGINT and SIGTERM; the same signal
+		// reaches sigs in the same instant, but may be read after the tree
+		// is gone. Wait briefly for it so the exit code names it.
+		select {
+		case got = <-sigs:
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	res := tree.result()
+	if !lost && lease.Err() != nil {
+		// Lost while the command ended: it may have run without the lease.
+		lost = true
+		fmt.Fprintf(notes, "pgfence: lease on %q lost (%v) as %s ended\n", lease.Name(), lease.Err(), args[0])
+	}
+	if !res.gone {
+		// Fail closed: the lease is not handed on while something may still
+		// run under it; it expires on the database clock instead.
+		fmt.Fprintf(notes, "pgfence: not releasing %q: processes of %s may still run (%v); the lease expires at %s (database clock)\n",
+			lease.Name(), args[0], res.err, lease.ExpiresAt().UTC().Format(time.RFC3339))
+	} else if !lost {
+		if rerr := a.releaseLease(ctx, lease, notes); errors.Is(rerr, pglock.ErrLeaseLost) {
+			lost = true
+		}
+	}
+	switch {
+	case lost:
+		return withCode(ExitLeaseLost, fmt.Errorf("lease on %q lost while %s ran", lease.Name(), args[0]))
+	case !res.gone:
+		return withCode(ExitError, fmt.Errorf("%s could not be stopped: %w", args[0], res.err))
+	case got != nil:
+		return withCode(128+sigNum(got), fmt.Errorf("got %v; %s stopped (%s)", got, args[0], describeStatus(res.status)))
+	case interrupted:
+		return withCode(ExitError, fmt.Errorf("interrupted; %s stopped (%s)", args[0], describeStatus(res.status)))
+	}
+	return res.status.err()
+}
+
+// releaseLease releases lease, even when ctx is cancelled, and reports
+// failures on notes.
+func (a *app) releaseLease(ctx context.Context, lease *pglock.Lease, notes io.Writer) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := lease.Release(rctx)
+	if err != nil {
+		fmt.Fprintf(notes, "pgfence: release %q: %v\n", lease.Name(), err)
+	}
+	return err
+}
+
+func describeStatus(s cmdStatus) string {
+	if s.signal != 0 {
+		return fmt.Sprintf("killed by signal %d (%v)", int(s.signal), s.signal)
+	}
+	return fmt.Sprintf("exit status %d", s.code)
+}
+
+func sigNum(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return int(n)
+	}
+	return 0
+}
+
+// passWriter returns w itself when it is a file, so the command writes to it
+// directly (no copying goroutine for a grandchild to hold open), else w
+// serialised on mu.
+func passWriter(w io.Writer, mu *sync.Mutex) io.Writer {
+	if f, ok := w.(*os.File); ok {
+		return f
+	}
+	return &lockedWriter{mu: mu, w: w}
+}
