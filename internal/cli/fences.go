@@ -99,7 +99,11 @@ FORGED.`,
 					if r.LockToken != nil {
 						tok = fmt.Sprint(*r.LockToken)
 					}
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", strings.Join(r.Key, ","), r.Fence, strOr(r.LockName, "-"), tok, r.Status)
+					key := make([]string, len(r.Key))
+					for i, k := range r.Key {
+						key[i] = termSafe(k) // values from the table: no terminal escapes, no forged rows
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", strings.Join(key, ","), r.Fence, termSafeOr(r.LockName, "-"), tok, r.Status)
 				}
 				if err := tw.Flush(); err != nil {
 					return err

@@ -202,13 +202,6 @@ func termSafeOr(s *string, def string) string {
 	return termSafe(*s)
 }
 
-func strOr(s *string, def string) string {
-	if s == nil {
-		return def
-	}
-	return *s
-}
-
 func timeOr(t *time.Time) string {
 	if t == nil {
 		return "-"

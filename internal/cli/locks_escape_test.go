@@ -214,3 +214,33 @@ func TestEscapeLocksOutput(t *testing.T) {
 		t.Errorf("show missing: stderr contains %s: %q", bad, r.stderr)
 	}
 }
+
+// TestEscapeFencesOutput: keys and lock names read from a fenced table are
+// printed quoted, so they cannot drive the terminal or forge table rows.
+func TestEscapeFencesOutput(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `CREATE TABLE hostile (k text PRIMARY KEY, lock text NOT NULL, fence bigint NOT NULL DEFAULT 0)`); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for i, s := range terminalHostile {
+		if !utf8.ValidString(s) {
+			continue
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO hostile VALUES ($1, $2, 0)`, "k"+strconv.Itoa(i)+s, "l"+s); err != nil {
+			t.Fatal(err)
+		}
+		rows++
+	}
+	r := run(t, dsn, "fences", "--table", "hostile", "--key", "k", "--lock-column", "lock")
+	if bad, ok := termClean(r.stdout); !ok {
+		t.Fatalf("fences output contains %s:\n%q", bad, r.stdout)
+	}
+	if lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n"); len(lines) != rows+1 {
+		t.Fatalf("fences printed %d lines for %d rows:\n%s", len(lines), rows, r.stdout)
+	}
+}

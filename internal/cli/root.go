@@ -116,7 +116,8 @@ machine (ps, /proc/PID/cmdline), so a password in it leaks; use the
 environment or --database-url-file.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
-5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run).`,
+5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run);
+run: 126 command not executable, 127 command not found, else the command's status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {

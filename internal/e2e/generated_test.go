@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -49,31 +48,16 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-var (
-	cliOnce sync.Once
-	cliPath string
-	cliErr  error
-	cliOut  []byte
-)
-
-// pgfenceBinary builds the CLI once per test binary.
+// pgfenceBinary builds the CLI into the test's temporary directory.
 func pgfenceBinary(t testing.TB) string {
 	t.Helper()
-	cliOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "pgfence-e2e-bin-")
-		if err != nil {
-			cliErr = err
-			return
-		}
-		cliPath = filepath.Join(dir, "pgfence")
-		cmd := exec.Command("go", "build", "-o", cliPath, "./cmd/pgfence")
-		cmd.Dir = repoRoot(t)
-		cliOut, cliErr = cmd.CombinedOutput()
-	})
-	if cliErr != nil {
-		t.Fatalf("build pgfence: %v\n%s", cliErr, cliOut)
+	path := filepath.Join(t.TempDir(), "pgfence")
+	cmd := exec.Command("go", "build", "-o", path, "./cmd/pgfence")
+	cmd.Dir = repoRoot(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build pgfence: %v\n%s", err, out)
 	}
-	return cliPath
+	return path
 }
 
 // run runs a command in dir and fails the test with its output if it fails.
