@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -171,9 +173,10 @@ func (a *app) dsn() string {
 
 // connect opens a pool and checks the server answers. Errors are one line.
 func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(a.dsn())
+	dsn := a.dsn()
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", oneLine(err)))
+		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", redactSecrets(dsn, oneLine(err))))
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -216,4 +219,43 @@ func describe(c pgconn.Config) string {
 
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// kvPassword finds the password of a key/value connection string, with or
+// without spaces around '=' and quoted or not (libpq syntax).
+var kvPassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
+
+// redactSecrets removes from msg every password found in the connection
+// string dsn (key/value or URL form), and the connection string itself: an
+// error about a malformed connection string must not print its password,
+// whatever the parser's own redaction missed.
+func redactSecrets(dsn, msg string) string {
+	var secrets []string
+	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
+		v := m[1]
+		secrets = append(secrets, v, strings.Trim(v, "'"))
+	}
+	if _, rest, ok := strings.Cut(dsn, "://"); ok {
+		userinfo := rest
+		if i := strings.IndexAny(userinfo, "/?"); i >= 0 {
+			userinfo = userinfo[:i]
+		}
+		if i := strings.LastIndex(userinfo, "@"); i >= 0 {
+			if _, pw, ok := strings.Cut(userinfo[:i], ":"); ok {
+				secrets = append(secrets, pw)
+				if u, err := url.PathUnescape(pw); err == nil {
+					secrets = append(secrets, u)
+				}
+			}
+		}
+	}
+	if strings.TrimSpace(dsn) != "" {
+		msg = strings.ReplaceAll(msg, dsn, "<connection string>")
+	}
+	for _, sec := range secrets {
+		if sec != "" {
+			msg = strings.ReplaceAll(msg, sec, "xxxxx")
+		}
+	}
+	return msg
 }
