@@ -36,8 +36,9 @@ var (
 	ErrInvalidTTL = errors.New("skiplocked: invalid claim TTL")
 	// ErrInvalidToken means a claim token or job id is <= 0.
 	ErrInvalidToken = errors.New("skiplocked: invalid claim token or job id")
-	// ErrInvalidPayload means a job payload is not valid JSON.
-	ErrInvalidPayload = errors.New("skiplocked: payload is not valid JSON")
+	// ErrInvalidPayload means a job payload is not valid JSON or is larger
+	// than its limit (EnqueueParams.MaxPayloadBytes).
+	ErrInvalidPayload = errors.New("skiplocked: invalid payload")
 	// ErrInvalidJob means an enqueue option is out of range (max attempts,
 	// retry delay, batch length).
 	ErrInvalidJob = errors.New("skiplocked: invalid job")

@@ -158,11 +158,30 @@ type EnqueueParams struct {
 	// MaxAttempts is the number of attempts before the job goes dead.
 	// Defaults to [DefaultMaxAttempts] when 0; at most [MaxMaxAttempts].
 	MaxAttempts int
+	// MaxPayloadBytes bounds len(Payload): a larger payload is refused with
+	// [ErrInvalidPayload] before any SQL runs. 0 means
+	// [DefaultMaxPayloadBytes]; a negative value means no limit (PostgreSQL's
+	// own jsonb limit of about 255 MB still applies, after the client has
+	// encoded the whole payload).
+	MaxPayloadBytes int
 }
+
+// DefaultMaxPayloadBytes is the payload limit of [EnqueueParams] when
+// MaxPayloadBytes is 0: 1 MiB. Jobs carry references to large data (a file
+// name, an object key), not the data.
+const DefaultMaxPayloadBytes = 1 << 20
 
 func (p EnqueueParams) normalize() (EnqueueParams, error) {
 	if err := checkQueue(p.Queue); err != nil {
 		return p, err
+	}
+	limit := p.MaxPayloadBytes
+	if limit == 0 {
+		limit = DefaultMaxPayloadBytes
+	}
+	if limit > 0 && len(p.Payload) > limit {
+		return p, fmt.Errorf("%w: %d bytes (queue %q), the limit is %d (EnqueueParams.MaxPayloadBytes)",
+			ErrInvalidPayload, len(p.Payload), p.Queue, limit)
 	}
 	if len(p.Payload) == 0 {
 		p.Payload = json.RawMessage("{}")

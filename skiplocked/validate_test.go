@@ -1,6 +1,7 @@
 package skiplocked_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -63,6 +64,15 @@ func TestBadInputChangesNothing(t *testing.T) {
 		}(), skiplocked.ErrNilDB},
 		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), skiplocked.ErrInvalidQueue},
 		{"enqueue: payload not JSON", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":`)}), skiplocked.ErrInvalidPayload},
+		{"enqueue: payload over the default limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
+			Payload: bigPayload(skiplocked.DefaultMaxPayloadBytes + 1)}), skiplocked.ErrInvalidPayload},
+		{"enqueue: payload over a set limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
+			Payload: bigPayload(101), MaxPayloadBytes: 100}), skiplocked.ErrInvalidPayload},
+		{"enqueue many: one payload over the limit", func() error {
+			_, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"},
+				{Queue: "v", Payload: bigPayload(skiplocked.DefaultMaxPayloadBytes + 1)}})
+			return err
+		}(), skiplocked.ErrInvalidPayload},
 		{"enqueue: negative max attempts", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: -1}), skiplocked.ErrInvalidJob},
 		{"enqueue: nil pool", func() error {
 			_, err := skiplocked.Enqueue(ctx, nilPool, skiplocked.EnqueueParams{Queue: "v"})
@@ -243,5 +253,31 @@ func TestClaimTokenExhausted(t *testing.T) {
 		if j := mustJob(t, pool, id); j.State != skiplocked.StateAvailable || j.ClaimToken != 0 {
 			t.Fatalf("job %d changed: %+v", id, j)
 		}
+	}
+}
+
+// bigPayload is a valid JSON string of n bytes.
+func bigPayload(n int) json.RawMessage {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = 'x'
+	}
+	b[0], b[n-1] = '"', '"'
+	return b
+}
+
+// TestPayloadLimitCanBeLifted: a payload above the default limit is stored
+// when the caller lifts the limit.
+func TestPayloadLimitCanBeLifted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	p := bigPayload(skiplocked.DefaultMaxPayloadBytes + 10)
+	job, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := skiplocked.GetJob(ctx, pool, job.ID); err != nil || len(got.Payload) != len(p) {
+		t.Fatalf("GetJob = %d bytes, %v; want %d", len(got.Payload), err, len(p))
 	}
 }
