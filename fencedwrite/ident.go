@@ -38,10 +38,9 @@ func CheckIdentifier(what, name string) error {
 	case name[0] >= '0' && name[0] <= '9':
 		return bad("starts with a digit")
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			return bad(fmt.Sprintf("character %q is not allowed (letters, digits and _ only)", c))
+	for _, r := range name { // by rune, so the error names the letter, not one of its bytes
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return bad(fmt.Sprintf("character %q is not allowed (ASCII letters, digits and _ only)", r))
 		}
 	}
 	return nil
