@@ -83,6 +83,18 @@ type PgfenceJob struct {
 	FinishedAt *time.Time
 }
 
+// Jobs that went dead, per queue, counted by trigger since migration 00011 (starting from the dead rows present then). Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.
+type PgfenceJobDeadCount struct {
+	// Queue name, as in pgfence.jobs.queue.
+	Queue string
+	// Number of times a job of this queue went to state dead (a job revived by hand and dead again counts twice).
+	Dead int64
+	// Database time at which this queue's first counted job went dead.
+	FirstAt time.Time
+	// Database time of the latest job of this queue that went dead.
+	UpdatedAt time.Time
+}
+
 type PgfenceJobSummary struct {
 	Queue                     string
 	State                     string

@@ -1,43 +1,393 @@
 // Package exporter reports pgfence's database-side state as Prometheus metrics:
-// what the lock table and the job queue look like right now, read on each
-// scrape with the database's clock. It is served by `pgfence exporter`.
+// what the lock table and the job queue look like, read with the database's
+// clock. It is served by `pgfence exporter`.
+//
+// A scrape costs the database a bounded amount, whoever chooses the queue
+// names and however many finished jobs are kept:
+//
+//   - Concurrent scrapes share one collection (one read-only transaction of
+//     four queries); at most [Options.MaxWaiting] scrapes wait for it, later
+//     ones get 503 at once.
+//   - A collection's result serves every scrape for [Options.CacheTTL]
+//     (default 5s), failures included, so a down database is not hammered.
+//   - A collection has a deadline ([Options.Timeout]), also set as the
+//     transaction's statement_timeout and lock_timeout.
+//   - Jobs are counted from the partial indexes on unfinished states
+//     (available, running): the backlog is read, never the finished history.
+//     Dead jobs come from a counter table kept by a trigger (migration 00011),
+//     a counter that deleting old jobs does not lower; completed jobs are not
+//     counted (completion rates are the workers' pgfence_rows_completed_total).
+//   - Per-queue series are limited to the [Options.TopQueues] queues with the
+//     most unfinished jobs, plus one series labelled [OtherQueue] that sums up
+//     the rest; dead counters per queue to the TopQueues queues with the most
+//     dead jobs, plus a total over all queues.
+//
+// The response is rendered once per collection and the same bytes (gzipped
+// when the client accepts it) go to every scrape it serves.
 package exporter
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
-// Collector queries pgfence's tables on every scrape.
-type Collector struct {
-	pool    *pgxpool.Pool
-	timeout time.Duration
+// Defaults and limits of [Options].
+const (
+	// DefaultTimeout bounds one collection: its queries, and the wait for a
+	// connection.
+	DefaultTimeout = 5 * time.Second
+	// DefaultCacheTTL is how long one collection serves scrapes.
+	DefaultCacheTTL = 5 * time.Second
+	// DefaultTopQueues is the number of queues reported by name.
+	DefaultTopQueues = 50
+	// DefaultMaxWaiting is the number of scrapes that may wait for a
+	// collection at once.
+	DefaultMaxWaiting = 64
 
-	up             *prometheus.Desc
-	locks          *prometheus.Desc
-	expiredMax     *prometheus.Desc
-	heldSinceGrant *prometheus.Desc
-	maxToken       *prometheus.Desc
-	jobs           *prometheus.Desc
-	oldestClaim    *prometheus.Desc
-	expiredClaims  *prometheus.Desc
-	oldestReady    *prometheus.Desc
+	// MaxTimeout, MaxCacheTTL, MaxTopQueues and MaxWaitingLimit are the
+	// largest values [New] accepts.
+	MaxTimeout      = 10 * time.Minute
+	MaxCacheTTL     = time.Hour
+	MaxTopQueues    = 10000
+	MaxWaitingLimit = 10000
+)
+
+// OtherQueue is the queue label of the series that sum up every queue outside
+// the top [Options.TopQueues]. A queue that is really named so is counted in
+// it. Queue names can be any string, so no label value is safe from a clash;
+// this one is at least unlikely to be chosen for a real queue.
+const OtherQueue = "__other__"
+
+// ErrBusy is returned (and served as 503 Service Unavailable) when
+// [Options.MaxWaiting] scrapes already wait for a collection.
+var ErrBusy = errors.New("exporter: too many scrapes waiting for the current collection")
+
+// Options configure an [Exporter]. Zero fields take the defaults above.
+type Options struct {
+	// Timeout bounds one collection (DefaultTimeout if 0). It is the
+	// context deadline of the queries and the transaction's
+	// statement_timeout and lock_timeout.
+	Timeout time.Duration
+	// CacheTTL is how long a collection's result, success or failure,
+	// serves later scrapes (DefaultCacheTTL if 0). A negative value turns
+	// the cache off: every scrape that finds no collection running starts
+	// one, and scrapes that overlap still share it.
+	CacheTTL time.Duration
+	// TopQueues is the number of queues reported by name
+	// (DefaultTopQueues if 0, at most MaxTopQueues).
+	TopQueues int
+	// MaxWaiting is the number of scrapes that may wait for a running
+	// collection (DefaultMaxWaiting if 0); more get ErrBusy, served as 503.
+	// Scrapes served from the cache never wait.
+	MaxWaiting int
+	// Logger receives collection errors (one line per failed collection).
+	// Nil discards them.
+	Logger *slog.Logger
 }
 
-// New returns a collector over pool. Each scrape runs a few aggregate queries
-// bounded by timeout (default 5s when timeout <= 0).
-func New(pool *pgxpool.Pool, timeout time.Duration) *Collector {
-	if timeout <= 0 {
-		timeout = 5 * time.Second
+// Exporter serves pgfence's metrics over HTTP ([Exporter.ServeHTTP]).
+// Create it with [New] and stop it with [Exporter.Close].
+type Exporter struct {
+	pool *pgxpool.Pool
+	opts Options
+	log  *slog.Logger
+	q    *dbsqlc.Queries
+
+	ctx    context.Context // parent of every collection, canceled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu          sync.Mutex
+	cur         *result // latest finished collection
+	flight      *flight // collection running, nil if none
+	waiting     int     // scrapes waiting for flight
+	collections int64   // collections started
+	rejected    int64   // scrapes answered ErrBusy
+	closed      bool
+
+	descs descs
+}
+
+// result is one rendered collection.
+type result struct {
+	body []byte    // text exposition format
+	gz   []byte    // body gzipped, nil if compression failed
+	done time.Time // when the collection ended (monotonic)
+	err  error     // collection error, if any (body then says pgfence_up 0)
+}
+
+type flight struct {
+	done chan struct{}
+	res  *result
+}
+
+// New returns an exporter over pool. It checks opts and fills in defaults; it
+// does not touch the database.
+func New(pool *pgxpool.Pool, opts Options) (*Exporter, error) {
+	if pool == nil {
+		return nil, errors.New("exporter: nil pool")
 	}
-	return &Collector{
-		pool:    pool,
-		timeout: timeout,
+	switch {
+	case opts.Timeout < 0 || opts.Timeout > MaxTimeout:
+		return nil, fmt.Errorf("exporter: timeout %v out of range (0, %v]", opts.Timeout, MaxTimeout)
+	case opts.CacheTTL > MaxCacheTTL:
+		return nil, fmt.Errorf("exporter: cache TTL %v above %v", opts.CacheTTL, MaxCacheTTL)
+	case opts.TopQueues < 0 || opts.TopQueues > MaxTopQueues:
+		return nil, fmt.Errorf("exporter: top queues %d out of range [1, %d]", opts.TopQueues, MaxTopQueues)
+	case opts.MaxWaiting < 0 || opts.MaxWaiting > MaxWaitingLimit:
+		return nil, fmt.Errorf("exporter: max waiting %d out of range [1, %d]", opts.MaxWaiting, MaxWaitingLimit)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.CacheTTL == 0 {
+		opts.CacheTTL = DefaultCacheTTL
+	}
+	if opts.TopQueues == 0 {
+		opts.TopQueues = DefaultTopQueues
+	}
+	if opts.MaxWaiting == 0 {
+		opts.MaxWaiting = DefaultMaxWaiting
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Exporter{
+		pool:   pool,
+		opts:   opts,
+		log:    log,
+		q:      dbsqlc.New(),
+		ctx:    ctx,
+		cancel: cancel,
+		descs:  newDescs(),
+	}, nil
+}
+
+// Options returns the options in force, defaults filled in.
+func (e *Exporter) Options() Options { return e.opts }
+
+// Close cancels a running collection and waits for it to end. Scrapes after
+// Close get 503.
+func (e *Exporter) Close() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel()
+	e.wg.Wait()
+}
+
+// Stats are counters of an [Exporter] since [New].
+type Stats struct {
+	Collections int64 // collections started (each is one database transaction)
+	Rejected    int64 // scrapes answered 503 because MaxWaiting scrapes waited
+	Waiting     int   // scrapes waiting for the running collection now
+}
+
+// Stats returns the exporter's counters.
+func (e *Exporter) Stats() Stats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return Stats{Collections: e.collections, Rejected: e.rejected, Waiting: e.waiting}
+}
+
+// ServeHTTP answers GET and HEAD with the metrics in the Prometheus text
+// format: from the cache, from the running collection, or from a new one.
+// It answers 503 when MaxWaiting scrapes already wait.
+func (e *Exporter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	res, err := e.result(r.Context())
+	if err != nil {
+		if errors.Is(err, ErrBusy) {
+			w.Header().Set("Retry-After", "1")
+		}
+		// When the client has gone, nobody reads this.
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	body := res.body
+	h := w.Header()
+	h.Set("Content-Type", string(expfmt.FmtText))
+	h.Set("Vary", "Accept-Encoding")
+	if res.gz != nil && acceptsGzip(r) {
+		h.Set("Content-Encoding", "gzip")
+		body = res.gz
+	}
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write(body)
+}
+
+func acceptsGzip(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept-Encoding") {
+		for part := range strings.SplitSeq(v, ",") {
+			name, params, _ := strings.Cut(part, ";")
+			if !strings.EqualFold(strings.TrimSpace(name), "gzip") {
+				continue
+			}
+			q := 1.0
+			for p := range strings.SplitSeq(params, ";") {
+				if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.EqualFold(strings.TrimSpace(k), "q") {
+					if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+						q = f
+					}
+				}
+			}
+			return q > 0
+		}
+	}
+	return false
+}
+
+// result returns the cached result if it is younger than CacheTTL, else the
+// result of the running collection or of a new one. It returns ErrBusy when
+// MaxWaiting callers already wait, and ctx's error if ctx ends first (the
+// collection goes on for the others).
+func (e *Exporter) result(ctx context.Context) (*result, error) {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, errors.New("exporter: closed")
+	}
+	if r := e.cur; r != nil && e.opts.CacheTTL > 0 && time.Since(r.done) < e.opts.CacheTTL {
+		e.mu.Unlock()
+		return r, nil
+	}
+	if e.waiting >= e.opts.MaxWaiting {
+		e.rejected++
+		e.mu.Unlock()
+		return nil, ErrBusy
+	}
+	f := e.flight
+	if f == nil {
+		f = &flight{done: make(chan struct{})}
+		e.flight = f
+		e.collections++
+		n := e.collections
+		e.wg.Add(1)
+		go e.run(f, n)
+	}
+	e.waiting++
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.waiting--
+		e.mu.Unlock()
+	}()
+	select {
+	case <-f.done:
+		return f.res, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// run is one collection. Its context is the exporter's, not a scrape's: a
+// scrape that gives up does not cancel it for the others.
+func (e *Exporter) run(f *flight, n int64) {
+	defer e.wg.Done()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(e.ctx, e.opts.Timeout)
+	snap, err := e.collect(ctx)
+	cancel()
+	took := time.Since(start)
+	if err != nil {
+		e.log.Error("pgfence exporter: collection failed", "err", err, "seconds", took.Seconds())
+	}
+	res := e.render(snap, err, took, n)
+	e.mu.Lock()
+	e.cur = res
+	e.flight = nil
+	e.mu.Unlock()
+	f.res = res
+	close(f.done)
+}
+
+// snapshot is what one collection read, in one transaction.
+type snapshot struct {
+	locks   dbsqlc.ExporterLockStatsRow
+	hasJobs bool
+	queues  []dbsqlc.ExporterQueueStatsRow
+	hasDead bool
+	dead    []dbsqlc.ExporterDeadCountsRow
+}
+
+func (e *Exporter) collect(ctx context.Context) (*snapshot, error) {
+	// One read-only REPEATABLE READ transaction: every number comes from the
+	// same snapshot, and SET LOCAL-style settings end with it.
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx)
+	}()
+	limit := e.opts.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		limit = time.Until(dl)
+	}
+	ms := strconv.FormatInt(max(limit.Milliseconds(), 1), 10)
+	if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)", ms); err != nil {
+		return nil, fmt.Errorf("set timeouts: %w", err)
+	}
+	tables, err := e.q.ExporterTables(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("tables: %w", err)
+	}
+	s := &snapshot{hasJobs: tables.Jobs, hasDead: tables.DeadCounts}
+	if s.locks, err = e.q.ExporterLockStats(ctx, tx); err != nil {
+		return nil, fmt.Errorf("pgfence.locks: %w", err)
+	}
+	top := int64(e.opts.TopQueues)
+	if s.hasJobs {
+		if s.queues, err = e.q.ExporterQueueStats(ctx, tx, OtherQueue, top); err != nil {
+			return nil, fmt.Errorf("pgfence.jobs: %w", err)
+		}
+	}
+	if s.hasDead {
+		if s.dead, err = e.q.ExporterDeadCounts(ctx, tx, top); err != nil {
+			return nil, fmt.Errorf("pgfence.job_dead_counts: %w", err)
+		}
+	}
+	return s, nil
+}
+
+type descs struct {
+	up, locks, expiredMax, heldSinceGrant, maxToken                  *prometheus.Desc
+	jobs, queues, oldestClaim, expiredClaims, oldestReady            *prometheus.Desc
+	deadTotal, deadByQueue, collectSeconds, collections, rejectedTot *prometheus.Desc
+}
+
+func newDescs() descs {
+	return descs{
 		up: prometheus.NewDesc("pgfence_up",
-			"1 if the last scrape could read pgfence's tables, else 0.", nil, nil),
+			"1 if the collection served could read pgfence's tables, else 0 (the exporter's log says why).", nil, nil),
 		locks: prometheus.NewDesc("pgfence_locks",
 			"Lock rows by state on the database clock: held, expired (lease ran out without release), free.", []string{"state"}, nil),
 		expiredMax: prometheus.NewDesc("pgfence_lock_expired_seconds_max",
@@ -47,111 +397,165 @@ func New(pool *pgxpool.Pool, timeout time.Duration) *Collector {
 		maxToken: prometheus.NewDesc("pgfence_lock_token_max",
 			"Highest fencing token in the lock table (tokens never go down; overflow is at 9223372036854775807).", nil, nil),
 		jobs: prometheus.NewDesc("pgfence_jobs",
-			"Rows of pgfence.jobs by queue and state.", []string{"queue", "state"}, nil),
+			"Unfinished jobs by queue and state (available, running). Only the queues with the most unfinished jobs are named; queue=\""+OtherQueue+"\" sums up the rest.", []string{"queue", "state"}, nil),
+		queues: prometheus.NewDesc("pgfence_jobs_queues",
+			"Queues that have unfinished jobs (named ones and those summed up in queue=\""+OtherQueue+"\").", nil, nil),
 		oldestClaim: prometheus.NewDesc("pgfence_jobs_claim_expired_seconds_max",
 			"Per queue, seconds since the oldest expired claim ran out (a stuck or dead worker); 0 if none.", []string{"queue"}, nil),
 		expiredClaims: prometheus.NewDesc("pgfence_jobs_expired_claims",
 			"Per queue, running jobs whose claim expired without completion (claimable again).", []string{"queue"}, nil),
 		oldestReady: prometheus.NewDesc("pgfence_jobs_ready_age_seconds_max",
 			"Per queue, age in seconds of the oldest job that is ready to run but not claimed (queue latency).", []string{"queue"}, nil),
+		deadTotal: prometheus.NewDesc("pgfence_jobs_dead_total",
+			"Jobs that went dead (out of attempts or given up), all queues, since migration 00011; deleting jobs does not lower it.", nil, nil),
+		deadByQueue: prometheus.NewDesc("pgfence_jobs_dead_by_queue_total",
+			"Jobs that went dead, for the queues with the most of them (others have no series; see pgfence_jobs_dead_total).", []string{"queue"}, nil),
+		collectSeconds: prometheus.NewDesc("pgfence_exporter_collect_seconds",
+			"Time the collection served took (its database transaction).", nil, nil),
+		collections: prometheus.NewDesc("pgfence_exporter_collections_total",
+			"Collections run since the exporter started; scrapes in between were served from the cache or shared a collection.", nil, nil),
+		rejectedTot: prometheus.NewDesc("pgfence_exporter_scrapes_rejected_total",
+			"Scrapes answered 503 because too many waited for a collection, up to the collection served.", nil, nil),
 	}
 }
 
-// Describe implements prometheus.Collector.
-func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.locks, c.expiredMax, c.heldSinceGrant, c.maxToken, c.jobs, c.oldestClaim, c.expiredClaims, c.oldestReady} {
-		ch <- d
-	}
+// queueRow is one queue label's numbers; rows whose labels clash once made
+// valid UTF-8 are merged.
+type queueRow struct {
+	label                             string
+	available, running, expired       float64
+	readyAgeSeconds, claimExpiredSecs float64
 }
 
-// Collect implements prometheus.Collector.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
-	defer cancel()
-	if err := c.collectLocks(ctx, ch); err != nil {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
+func (e *Exporter) render(s *snapshot, collectErr error, took time.Duration, n int64) *result {
+	d := e.descs
+	var ms []prometheus.Metric
+	gauge := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ms = append(ms, prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...))
 	}
-	if err := c.collectJobs(ctx, ch); err != nil {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
+	counter := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ms = append(ms, prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v, labels...))
 	}
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
-}
-
-func (c *Collector) collectLocks(ctx context.Context, ch chan<- prometheus.Metric) error {
-	var held, expired, free int64
-	var expiredMax, heldMax float64
-	var maxToken int64
-	err := c.pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE holder IS NOT NULL AND expires_at > now()),
-		       count(*) FILTER (WHERE holder IS NOT NULL AND expires_at <= now()),
-		       count(*) FILTER (WHERE holder IS NULL),
-		       COALESCE(max(extract(epoch FROM now() - expires_at)) FILTER (WHERE holder IS NOT NULL AND expires_at <= now()), 0)::float8,
-		       COALESCE(max(extract(epoch FROM now() - acquired_at)) FILTER (WHERE holder IS NOT NULL AND expires_at > now()), 0)::float8,
-		       COALESCE(max(token), 0)
-		FROM pgfence.locks`).Scan(&held, &expired, &free, &expiredMax, &heldMax, &maxToken)
-	if err != nil {
-		return err
-	}
-	ch <- prometheus.MustNewConstMetric(c.locks, prometheus.GaugeValue, float64(held), "held")
-	ch <- prometheus.MustNewConstMetric(c.locks, prometheus.GaugeValue, float64(expired), "expired")
-	ch <- prometheus.MustNewConstMetric(c.locks, prometheus.GaugeValue, float64(free), "free")
-	ch <- prometheus.MustNewConstMetric(c.expiredMax, prometheus.GaugeValue, expiredMax)
-	ch <- prometheus.MustNewConstMetric(c.heldSinceGrant, prometheus.GaugeValue, heldMax)
-	ch <- prometheus.MustNewConstMetric(c.maxToken, prometheus.GaugeValue, float64(maxToken))
-	return nil
-}
-
-// collectJobs reports pgfence.jobs when the table exists (its migration may
-// not be applied on every database).
-func (c *Collector) collectJobs(ctx context.Context, ch chan<- prometheus.Metric) error {
-	var present bool
-	if err := c.pool.QueryRow(ctx, "SELECT to_regclass('pgfence.jobs') IS NOT NULL").Scan(&present); err != nil {
-		return err
-	}
-	if !present {
-		return nil
-	}
-	rows, err := c.pool.Query(ctx, `
-		SELECT queue, state, count(*)::float8,
-		       COALESCE(max(extract(epoch FROM now() - claim_expires_at))
-		                FILTER (WHERE state = 'running' AND claim_expires_at <= now()), 0)::float8,
-		       COALESCE(max(extract(epoch FROM now() - run_at))
-		                FILTER (WHERE state = 'available' AND run_at <= now()), 0)::float8,
-		       (count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now()))::float8
-		FROM pgfence.jobs
-		GROUP BY queue, state
-		ORDER BY queue, state`)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	claim := map[string]float64{}
-	ready := map[string]float64{}
-	expired := map[string]float64{}
-	for rows.Next() {
-		var queue, state string
-		var n, expiredFor, age, nExpired float64
-		if err := rows.Scan(&queue, &state, &n, &expiredFor, &age, &nExpired); err != nil {
-			return err
+	e.mu.Lock()
+	rejected := e.rejected
+	e.mu.Unlock()
+	counter(d.collections, float64(n))
+	counter(d.rejectedTot, float64(rejected))
+	gauge(d.collectSeconds, took.Seconds())
+	if collectErr != nil {
+		gauge(d.up, 0)
+	} else {
+		gauge(d.up, 1)
+		l := s.locks
+		gauge(d.locks, float64(l.Held), "held")
+		gauge(d.locks, float64(l.Expired), "expired")
+		gauge(d.locks, float64(l.Free), "free")
+		gauge(d.expiredMax, l.ExpiredSecondsMax)
+		gauge(d.heldSinceGrant, l.HeldSecondsMax)
+		gauge(d.maxToken, float64(l.TokenMax))
+		if s.hasJobs {
+			var nq int64
+			var rows []*queueRow
+			byLabel := map[string]*queueRow{}
+			for _, q := range s.queues {
+				nq += q.Queues
+				label := labelValue(q.Label)
+				r := byLabel[label]
+				if r == nil {
+					r = &queueRow{label: label}
+					byLabel[label] = r
+					rows = append(rows, r)
+				}
+				r.available += float64(q.Available)
+				r.running += float64(q.Running)
+				r.expired += float64(q.ExpiredClaims)
+				r.readyAgeSeconds = max(r.readyAgeSeconds, q.ReadyAgeSeconds)
+				r.claimExpiredSecs = max(r.claimExpiredSecs, q.ClaimExpiredSeconds)
+			}
+			gauge(d.queues, float64(nq))
+			for _, r := range rows {
+				gauge(d.jobs, r.available, r.label, "available")
+				gauge(d.jobs, r.running, r.label, "running")
+				gauge(d.expiredClaims, r.expired, r.label)
+				gauge(d.oldestClaim, r.claimExpiredSecs, r.label)
+				gauge(d.oldestReady, r.readyAgeSeconds, r.label)
+			}
 		}
-		ch <- prometheus.MustNewConstMetric(c.jobs, prometheus.GaugeValue, n, queue, state)
-		claim[queue] = max(claim[queue], expiredFor)
-		ready[queue] = max(ready[queue], age)
-		expired[queue] += nExpired
+		if s.hasDead {
+			var total int64
+			byLabel := map[string]int64{}
+			var labels []string
+			for _, r := range s.dead {
+				total = r.Total
+				label := labelValue(r.Queue)
+				if _, ok := byLabel[label]; !ok {
+					labels = append(labels, label)
+				}
+				byLabel[label] += r.Dead
+			}
+			counter(d.deadTotal, float64(total))
+			for _, label := range labels {
+				counter(d.deadByQueue, float64(byLabel[label]), label)
+			}
+		}
 	}
-	if err := rows.Err(); err != nil {
-		return err
+	body, err := encode(ms)
+	if err != nil {
+		// Cannot happen with the label sets above; report it rather than
+		// serve a partial page.
+		e.log.Error("pgfence exporter: rendering failed", "err", err)
+		body, _ = encode([]prometheus.Metric{prometheus.MustNewConstMetric(d.up, prometheus.GaugeValue, 0)})
+		if collectErr == nil {
+			collectErr = err
+		}
 	}
-	for q, v := range claim {
-		ch <- prometheus.MustNewConstMetric(c.oldestClaim, prometheus.GaugeValue, v, q)
+	res := &result{body: body, done: time.Now(), err: collectErr}
+	var gz bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&gz, gzip.BestSpeed)
+	if _, err := zw.Write(body); err == nil && zw.Close() == nil {
+		res.gz = slices.Clip(gz.Bytes())
 	}
-	for q, v := range expired {
-		ch <- prometheus.MustNewConstMetric(c.expiredClaims, prometheus.GaugeValue, v, q)
+	return res
+}
+
+// labelValue makes a queue name a valid label value (UTF-8). Queue names are
+// text in a UTF-8 database, so this only matters for SQL_ASCII databases.
+func labelValue(s string) string { return strings.ToValidUTF8(s, "\uFFFD") }
+
+// constCollector hands fixed metrics to a registry, which checks them
+// (consistent label names, no duplicate series) and sorts them.
+type constCollector []prometheus.Metric
+
+func (c constCollector) Describe(ch chan<- *prometheus.Desc) {
+	seen := map[*prometheus.Desc]bool{}
+	for _, m := range c {
+		if d := m.Desc(); !seen[d] {
+			seen[d] = true
+			ch <- d
+		}
 	}
-	for q, v := range ready {
-		ch <- prometheus.MustNewConstMetric(c.oldestReady, prometheus.GaugeValue, v, q)
+}
+
+func (c constCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, m := range c {
+		ch <- m
 	}
-	return nil
+}
+
+func encode(ms []prometheus.Metric) ([]byte, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(constCollector(ms)); err != nil {
+		return nil, err
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	for _, f := range fams {
+		if _, err := expfmt.MetricFamilyToText(&buf, f); err != nil {
+			return nil, err
+		}
+	}
+	return slices.Clip(buf.Bytes()), nil
 }
