@@ -83,6 +83,7 @@ const (
 	QueryFile
 )
 
+// String names the kind of file, as the CLI prints it.
 func (k FileKind) String() string {
 	switch k {
 	case ColumnMigration:

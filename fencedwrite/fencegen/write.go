@@ -47,6 +47,7 @@ const (
 	UpToDate
 )
 
+// String names the action, as the CLI prints it.
 func (a Action) String() string {
 	switch a {
 	case Create:
