@@ -1,0 +1,242 @@
+-- Token integrity of pgfence.locks, enforced by the database.
+--
+-- The run-time role needs INSERT and UPDATE on pgfence.locks for pglock's
+-- statements, and table privileges cannot say which values an UPDATE may
+-- write: without this trigger such a role could forge a token (SET token =
+-- 1000000, after which a fenced write with that token passes the guard's
+-- "token was issued" check), lower one (the next grant re-issues a used
+-- token), take a held lease (SET holder = ..., expires_at = now() + 100
+-- years) or insert a row at the bigint maximum (every later grant of the name
+-- fails with an overflow). A BEFORE trigger now admits only the changes
+-- pglock's own statements make (queries/pglock.sql); everything else fails
+-- and changes nothing. Times are compared with now(), the clock pglock's
+-- statements use in their WHERE and SET (each runs alone in its own
+-- transaction, so the trigger sees the same now() as its statement).
+--
+-- Permitted, OLD -> NEW (held = holder set and expires_at > now()):
+--   first grant   INSERT: token 1, holder set, acquired_at = now(),
+--                 renewed_at NULL, now() < expires_at <= now() + 24 hours,
+--                 waiting_since NULL (InsertLock, WaitGrant).
+--   grant         token = OLD.token + 1 of a free or expired lease: holder
+--                 set, acquired_at = now(), renewed_at NULL, now() <
+--                 expires_at <= now() + 24 hours, waiting_since kept
+--                 (GrantLock, WaitGrant).
+--   renewal       held, token, holder and acquired_at kept: renewed_at =
+--                 now(), now() < expires_at <= now() + 24 hours,
+--                 waiting_since kept (RenewLock; Adopt and keep-alive use it).
+--   release       held, token and acquired_at kept: holder, expires_at and
+--                 renewed_at NULL, waiting_since kept (ReleaseLock; the slow
+--                 grant's give-back uses it).
+--   wait mark     held, nothing but waiting_since changes, to now()
+--                 (WaitGrant).
+--   metadata      may change with any of the above, or alone while held.
+--   no change     an UPDATE that writes the row as it was.
+-- The name never changes, the token never changes otherwise, rows are never
+-- deleted and the table is never truncated. 24 hours is pglock.MaxTTL.
+--
+-- The table's owner (the role that ran the migrations), roles that have its
+-- privileges (members of it) and superusers may make any change: maintenance
+-- such as the epoch bump after a failover (UPDATE pgfence.locks SET token =
+-- token + 4294967296). Their changes go through the same checks first, so
+-- the ownership lookup costs nothing on pglock's path.
+--
+-- The trigger is ENABLE ALWAYS: it also fires with session_replication_role
+-- = replica (which a role may be allowed to set on PostgreSQL 15 and later).
+--
+-- SQLSTATEs (class PF):
+--   PF009  the change would forge, lower, skip or reset a fencing token: a
+--          token changed other than by +1, a new row not at token 1, a
+--          renamed, deleted or truncated lock row
+--   PF010  the change is not a grant, renewal, release or wait mark that the
+--          lease's state allows: a grant of a held lease, a holder or expiry
+--          changed without a grant, a renewal or release of a free or expired
+--          lease, an expiry more than 24 hours ahead
+
+-- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.locks_integrity() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    t       timestamptz := now();  -- the clock of pglock's statements
+    max_ttl CONSTANT interval := interval '24 hours';  -- pglock.MaxTTL
+    code    text := 'PF010';
+    reason  text;
+    owner   oid;
+BEGIN
+    -- pglock's changes, tested first: they never reach the ownership lookup.
+    IF TG_OP = 'UPDATE' THEN
+        IF NEW.name = OLD.name THEN
+            IF NEW.token IS DISTINCT FROM OLD.token THEN
+                -- A grant (GrantLock, WaitGrant). NEW.token > OLD.token >= 0,
+                -- so the difference cannot overflow.
+                IF NEW.token > OLD.token AND NEW.token - OLD.token = 1
+                   AND (OLD.holder IS NULL OR OLD.expires_at <= t)
+                   AND NEW.holder IS NOT NULL
+                   AND NEW.acquired_at = t
+                   AND NEW.renewed_at IS NULL
+                   AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
+                   AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
+                    RETURN NEW;
+                END IF;
+            ELSIF OLD.holder IS NOT NULL AND OLD.expires_at > t
+                  AND NEW.acquired_at IS NOT DISTINCT FROM OLD.acquired_at THEN
+                -- A held lease, same token.
+                IF NEW.holder IS NULL THEN
+                    -- A release (ReleaseLock).
+                    IF NEW.expires_at IS NULL AND NEW.renewed_at IS NULL
+                       AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
+                        RETURN NEW;
+                    END IF;
+                ELSIF NEW.holder = OLD.holder THEN
+                    IF NEW.expires_at = OLD.expires_at
+                       AND NEW.renewed_at IS NOT DISTINCT FROM OLD.renewed_at THEN
+                        -- A wait mark (WaitGrant), or metadata alone.
+                        IF NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since
+                           OR NEW.waiting_since = t THEN
+                            RETURN NEW;
+                        END IF;
+                    ELSIF NEW.renewed_at = t
+                          AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
+                          AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
+                        -- A renewal (RenewLock).
+                        RETURN NEW;
+                    END IF;
+                END IF;
+            ELSIF NEW IS NOT DISTINCT FROM OLD THEN
+                RETURN NEW;  -- writes the row as it was
+            END IF;
+        END IF;
+    ELSIF TG_OP = 'INSERT' THEN
+        -- A first grant (InsertLock, WaitGrant).
+        IF NEW.token = 1
+           AND NEW.holder IS NOT NULL
+           AND NEW.acquired_at = t
+           AND NEW.renewed_at IS NULL
+           AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
+           AND NEW.waiting_since IS NULL THEN
+            RETURN NEW;
+        END IF;
+    END IF;
+
+    -- Not one of pglock's changes: allowed for the table's owner, roles with
+    -- its privileges and superusers (maintenance), refused for everyone else.
+    SELECT c.relowner INTO owner FROM pg_class c WHERE c.oid = TG_RELID;
+    IF pg_has_role(current_user, owner, 'USAGE') THEN
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+        RETURN NEW;  -- NULL for TRUNCATE: the statement goes on
+    END IF;
+
+    IF TG_OP = 'TRUNCATE' THEN
+        RAISE EXCEPTION 'pgfence: refused TRUNCATE of %.%: lock rows are never deleted', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'PF009', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                  DETAIL = 'A lock name whose row is gone would be granted again from token 1, below tokens already '
+                           'issued and recorded in fence columns.',
+                  HINT = format('Maintenance of pgfence.locks runs as its owner (role %s) or a superuser.', owner::regrole);
+    ELSIF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION 'pgfence: refused DELETE of lock %: lock rows are never deleted', quote_literal(OLD.name)
+            USING ERRCODE = 'PF009', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                  DETAIL = format('lock %s token %s holder %s. A lock name whose row is gone would be granted again '
+                                  'from token 1, below tokens already issued.',
+                                  quote_literal(OLD.name), OLD.token, quote_nullable(OLD.holder)),
+                  HINT = format('Release a lease with pglock; maintenance of pgfence.locks runs as its owner '
+                                '(role %s) or a superuser.', owner::regrole);
+    ELSIF TG_OP = 'INSERT' THEN
+        IF NEW.token IS DISTINCT FROM 1 THEN
+            code := 'PF009';
+            reason := 'a new lock row is the first grant of its name and starts at token 1';
+        ELSE
+            reason := 'a new lock row is a first grant: holder set, acquired_at = now(), renewed_at and waiting_since '
+                      'NULL, expires_at after now() and at most 24 hours later';
+        END IF;
+        RAISE EXCEPTION 'pgfence: refused INSERT of lock %: token %, holder %: %', quote_literal(NEW.name),
+                coalesce(NEW.token::text, 'NULL'), quote_nullable(NEW.holder), reason
+            USING ERRCODE = code, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                  DETAIL = format('new row: token %s, holder %s, acquired_at %s, expires_at %s; database time %s',
+                                  coalesce(NEW.token::text, 'NULL'), quote_nullable(NEW.holder),
+                                  coalesce(NEW.acquired_at::text, 'NULL'), coalesce(NEW.expires_at::text, 'NULL'), t),
+                  HINT = format('Locks are granted by pglock (Acquire, TryAcquire); maintenance of pgfence.locks runs '
+                                'as its owner (role %s) or a superuser.', owner::regrole);
+    END IF;
+
+    -- UPDATE: say which rule the change breaks.
+    IF NEW.name IS DISTINCT FROM OLD.name THEN
+        code := 'PF009';
+        reason := format('a lock row keeps its name (renamed to %s, it would take its token history with it)',
+                         quote_nullable(NEW.name));
+    ELSIF NEW.token IS NULL OR NEW.token < OLD.token THEN
+        code := 'PF009';
+        reason := 'tokens never go down';
+    ELSIF NEW.token - OLD.token > 1 THEN
+        code := 'PF009';
+        reason := 'a grant raises the token by exactly 1';
+    ELSIF NEW.token > OLD.token THEN
+        IF OLD.holder IS NOT NULL AND OLD.expires_at > t THEN
+            reason := format('the lease is held by %s until %s (database clock): only a free or expired lease can '
+                             'be granted', quote_literal(OLD.holder), OLD.expires_at);
+        ELSE
+            reason := 'a grant sets holder, acquired_at = now(), renewed_at NULL and expires_at after now() and at '
+                      'most 24 hours later, and keeps waiting_since';
+        END IF;
+    ELSIF OLD.holder IS NULL OR OLD.expires_at <= t THEN
+        reason := format('the lease is %s: only a grant (token + 1) changes it',
+                         CASE WHEN OLD.holder IS NULL THEN 'free' ELSE 'expired since ' || OLD.expires_at END);
+    ELSIF NEW.holder IS DISTINCT FROM OLD.holder AND NEW.holder IS NOT NULL THEN
+        reason := format('the lease is held by %s: the holder changes only with a grant (token + 1) of a free or '
+                         'expired lease', quote_literal(OLD.holder));
+    ELSIF NEW.acquired_at IS DISTINCT FROM OLD.acquired_at THEN
+        reason := 'acquired_at changes only with a grant';
+    ELSIF NEW.holder IS NULL THEN
+        reason := 'a release sets holder, expires_at and renewed_at to NULL and keeps token, acquired_at and '
+                  'waiting_since';
+    ELSIF NEW.expires_at IS DISTINCT FROM OLD.expires_at OR NEW.renewed_at IS DISTINCT FROM OLD.renewed_at THEN
+        reason := 'a renewal sets renewed_at = now() and expires_at after now() and at most 24 hours later, and '
+                  'keeps waiting_since';
+    ELSE
+        reason := 'a wait mark sets waiting_since to now()';
+    END IF;
+    RAISE EXCEPTION 'pgfence: refused UPDATE of lock %: token % -> %, holder % -> %: %', quote_literal(OLD.name),
+            OLD.token, coalesce(NEW.token::text, 'NULL'), quote_nullable(OLD.holder), quote_nullable(NEW.holder), reason
+        USING ERRCODE = code, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+              DETAIL = format('expires_at %s -> %s, acquired_at %s -> %s, renewed_at %s -> %s, waiting_since %s -> %s; '
+                              'database time %s',
+                              coalesce(OLD.expires_at::text, 'NULL'), coalesce(NEW.expires_at::text, 'NULL'),
+                              coalesce(OLD.acquired_at::text, 'NULL'), coalesce(NEW.acquired_at::text, 'NULL'),
+                              coalesce(OLD.renewed_at::text, 'NULL'), coalesce(NEW.renewed_at::text, 'NULL'),
+                              coalesce(OLD.waiting_since::text, 'NULL'), coalesce(NEW.waiting_since::text, 'NULL'), t),
+              HINT = format('Leases change only through pglock (grant, renewal, release, wait mark); maintenance of '
+                            'pgfence.locks, such as an epoch bump after a failover, runs as its owner (role %s) or a '
+                            'superuser.', owner::regrole);
+END
+$fn$;
+-- +goose StatementEnd
+
+COMMENT ON FUNCTION pgfence.locks_integrity() IS
+  'Trigger of pgfence.locks: admits only the changes pglock makes (first grant at token 1, grant = token + 1 of a '
+  'free or expired lease, renewal and release of a held lease by (holder, token), wait mark; expiry at most 24 hours '
+  'ahead on the database clock) and refuses everything else with SQLSTATE PF009 (token forged, lowered, skipped or '
+  'reset; row renamed, deleted or truncated) or PF010 (lease rule). The table owner, its members and superusers may '
+  'make any change (maintenance, epoch bump).';
+
+CREATE TRIGGER locks_integrity BEFORE INSERT OR UPDATE OR DELETE ON pgfence.locks
+    FOR EACH ROW EXECUTE FUNCTION pgfence.locks_integrity();
+CREATE TRIGGER locks_integrity_truncate BEFORE TRUNCATE ON pgfence.locks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgfence.locks_integrity();
+ALTER TABLE pgfence.locks ENABLE ALWAYS TRIGGER locks_integrity;
+ALTER TABLE pgfence.locks ENABLE ALWAYS TRIGGER locks_integrity_truncate;
+
+COMMENT ON TRIGGER locks_integrity ON pgfence.locks IS
+  'Token integrity: only pglock''s grant, renewal, release and wait mark change a lock row (see function '
+  'pgfence.locks_integrity); the owner and superusers are exempt.';
+COMMENT ON TRIGGER locks_integrity_truncate ON pgfence.locks IS
+  'Lock rows are never deleted: TRUNCATE is refused except for the owner and superusers.';
+
+-- +goose Down
+DROP TRIGGER IF EXISTS locks_integrity_truncate ON pgfence.locks;
+DROP TRIGGER IF EXISTS locks_integrity ON pgfence.locks;
+DROP FUNCTION IF EXISTS pgfence.locks_integrity();
