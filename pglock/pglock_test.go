@@ -789,8 +789,10 @@ func TestAdopt(t *testing.T) {
 		t.Errorf("refused adoptions changed the row:\n%s\n%s", before, after)
 	}
 
-	// The real grant: adopted with a short TTL that keep-alive extends.
-	const ttl = 300 * time.Millisecond
+	// The real grant: adopted with a short TTL that keep-alive extends
+	// (1.5 s: renewals every 0.5 s keep it even when a loaded machine delays
+	// one by a second).
+	const ttl = 1500 * time.Millisecond
 	lease, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl)
 	if err != nil {
 		t.Fatal(err)

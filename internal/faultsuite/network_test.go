@@ -446,6 +446,14 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		switch {
 		case ours && v.reconcile:
 			if err := locker.ReleaseToken(ctx, name, locker.Holder(), info.Token); err != nil {
+				// On a loaded machine the grant's TTL can run out between
+				// the look and the release: then the release is refused
+				// (correctly) and this run missed its window.
+				after, ierr := pglock.Inspect(ctx, admin, name)
+				if ierr == nil && errors.Is(err, pglock.ErrLeaseLost) && !after.Held && after.Token == info.Token &&
+					!after.DBNow.Before(info.ExpiresAt) {
+					return false
+				}
 				t.Fatalf("%s: ReleaseToken: %v", v.name, err)
 			}
 			released++
@@ -503,7 +511,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 				if attempt == 2 {
 					t.Fatalf("%s: in 3 attempts the unknown grant always expired before another client could see it held (a loaded machine, or the grant is shorter than its TTL)", v.name)
 				}
-				t.Logf("%s: the unknown grant expired before another client looked; running the scenario again", v.name)
+				t.Logf("%s: the unknown grant expired before another client looked or it was released; running the scenario again", v.name)
 			}
 		}
 	}
