@@ -2,6 +2,7 @@ package faultsuite
 
 import (
 	"context"
+	"net/url"
 	"os"
 	"strconv"
 	"testing"
@@ -33,4 +34,20 @@ func bigPool(t *testing.T, dsn string, n int32) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// withParams adds query parameters (key, value pairs) to a URL-form DSN,
+// whether or not it already has a query string.
+func withParams(t testing.TB, dsn string, kv ...string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("DSN %q: %v", dsn, err)
+	}
+	q := u.Query()
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }

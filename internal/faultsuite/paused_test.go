@@ -210,7 +210,7 @@ func TestPausedProcess(t *testing.T) {
 	// server ends such a session after 1s so the next holder is not blocked
 	// for as long as the pause lasts (see the README's advice on
 	// idle_in_transaction_session_timeout).
-	workerDSN := dsn + "&idle_in_transaction_session_timeout=1000"
+	workerDSN := withParams(t, dsn, "idle_in_transaction_session_timeout", "1000")
 	if _, err := pool.Exec(ctx, `
 		CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0);
 		CREATE TABLE ledger (id bigserial PRIMARY KEY, account int NOT NULL, token bigint NOT NULL, worker text NOT NULL,

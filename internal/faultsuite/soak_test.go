@@ -234,7 +234,7 @@ func TestSoak(t *testing.T) {
 	// A worker frozen inside its transaction would hold the row lock for the
 	// whole pause; the server ends such sessions after 1s. Pauses last 0.2-2s,
 	// so about half of them outlive the 1s lease.
-	workerDSN := srv.DSN + "&idle_in_transaction_session_timeout=1000&application_name=pgfence-soak"
+	workerDSN := withParams(t, srv.DSN, "idle_in_transaction_session_timeout", "1000", "application_name", "pgfence-soak")
 	procs := make([]*soakProc, workers)
 	for i := range procs {
 		procs[i] = startSoakWorker(t, workerDSN, fmt.Sprintf("w%d", i), keys, dur)
