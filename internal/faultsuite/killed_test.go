@@ -834,6 +834,15 @@ func TestKilledClaimer(t *testing.T) {
 	}
 	stop()
 	wg.Wait()
+	// A statement a cancelled worker sent may still run on its backend after
+	// the worker returned (a claim that would take the next job). Close the
+	// workers' pool and wait for their backends to exit before going on.
+	clients.Close()
+	waitFor(t, 30*time.Second, "claimer backends gone", func() (bool, error) {
+		var n int
+		err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'faults-claimer'").Scan(&n)
+		return n == 0, err
+	})
 
 	// The deterministic stale completion.
 	staleRefused := staleAfterKill(t, admin, dsn, queue)
