@@ -220,6 +220,7 @@ func TestDelayedRenewals(t *testing.T) {
 
 	var survivedOK, after int
 	var maxLate time.Duration
+	probe := startSchedProbe(t)
 	minMargin := time.Duration(1 << 62)
 	for i := range iterations {
 		name := fmt.Sprintf("delayed:%d", i)
@@ -256,8 +257,9 @@ func TestDelayedRenewals(t *testing.T) {
 		dl := lease.Deadline()
 		late := doneAt().Sub(dl)
 		maxLate = max(maxLate, late)
-		if late > timerSlack {
-			t.Errorf("iteration %d: Done fired %v after the local deadline", i, late)
+		if slack := probe.slack(dl.Add(-time.Second)); late > slack {
+			t.Errorf("iteration %d: Done fired %v after the local deadline (allowed %v: %v + the worst timer overrun measured meanwhile)",
+				i, late, slack, timerSlack)
 		}
 		if !errors.Is(lease.Err(), pglock.ErrLeaseLost) {
 			t.Errorf("iteration %d: lease ended with %v, want ErrLeaseLost", i, lease.Err())
