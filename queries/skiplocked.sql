@@ -6,7 +6,7 @@
 -- EnqueueJob inserts one job. A NULL run_at means now() on the database clock.
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
 VALUES (@queue, @payload, @priority, coalesce(sqlc.narg('run_at')::timestamptz, now()), @max_attempts)
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: EnqueueJobs :many
 -- EnqueueJobs inserts many jobs in one statement (one NOTIFY per queue).
@@ -58,20 +58,22 @@ WITH due AS (
                                 THEN 'claim ' || j.claim_token || ' of ' || j.claimed_by || ' expired at ' || j.claim_expires_at
                                 ELSE j.last_error END,
         finished_at      = CASE WHEN p.expired_dead THEN now() END,
+        claim_outcome    = CASE WHEN p.expired_dead THEN 'expired' END,
         updated_at       = now()
     FROM picked p
     WHERE j.id = p.id
-    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at
+    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM claimed
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
 WHERE claimed.state = 'running'
 ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
 -- name: CompleteJobs :many
 -- CompleteJobs marks jobs completed, each only if it is still running under
--- the given claim token. It returns the ids that changed.
+-- the given claim token, and records the claim's outcome. It returns the ids
+-- that changed.
 UPDATE pgfence.jobs j
-SET state = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
+SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
 WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id;
@@ -87,42 +89,57 @@ SET state            = CASE WHEN attempts >= max_attempts OR @give_up::boolean T
     finished_at      = CASE WHEN attempts >= max_attempts OR @give_up::boolean THEN now() END,
     last_error       = @last_error::text,
     claim_expires_at = NULL,
+    claim_outcome    = 'failed',
     updated_at       = now()
 WHERE id = @id AND claim_token = @claim_token::bigint AND state = 'running'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: HeartbeatJobs :many
 -- HeartbeatJobs extends the claims that are still held under the given tokens
--- to now() + ttl_ms and returns them with their new expiry.
+-- to now() + ttl_ms and returns them with their new expiry. It never waits: a
+-- row locked by another transaction at that moment (typically the worker's
+-- own completion, not committed yet) is skipped, neither extended nor
+-- changed, so that a heartbeat never holds the locks of the other rows of its
+-- batch while it waits.
+WITH c AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token
+), held AS (
+    SELECT h.id
+    FROM pgfence.jobs h JOIN c ON c.id = h.id AND c.claim_token = h.claim_token
+    WHERE h.state = 'running'
+    FOR UPDATE OF h SKIP LOCKED
+)
 UPDATE pgfence.jobs j
 SET claim_expires_at = now() + interval '1 millisecond' * @ttl_ms::bigint, updated_at = now()
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
-WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+FROM held, c
+WHERE j.id = held.id AND c.id = j.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id, j.claim_expires_at;
 
 -- name: ReleaseJobs :many
 -- ReleaseJobs gives claims back unfinished: the jobs become available at once
 -- and the attempt is not counted. Only claims still held under the token change.
 UPDATE pgfence.jobs j
-SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, updated_at = now()
+SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, claim_outcome = 'released',
+    updated_at = now()
 FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token) AS c
 WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id;
 
 -- name: GetJob :one
 -- GetJob returns one job.
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs WHERE id = @id;
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = @id;
 
 -- name: GetJobClaims :many
 -- GetJobClaims returns the claim columns of some jobs, to say why a
--- conditional update changed nothing.
-SELECT id, state, claim_token, claimed_by FROM pgfence.jobs WHERE id = ANY(@ids::bigint[]);
+-- conditional update changed nothing: the claim was taken over, or it already
+-- ended with the outcome the caller is retrying.
+SELECT id, state, claim_token, claimed_by, claim_outcome FROM pgfence.jobs WHERE id = ANY(@ids::bigint[]);
 
 -- name: ClaimJobsTx :many
 -- ClaimJobsTx locks up to max_jobs available, due jobs of a queue with FOR
 -- UPDATE SKIP LOCKED, for the transaction that runs it. Nothing is written:
 -- the row lock is the claim, and it ends with the transaction.
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
 WHERE queue = @queue AND state = 'available' AND run_at <= now()
 ORDER BY priority, run_at, id
 LIMIT @max_jobs
@@ -147,7 +164,7 @@ SET attempts    = attempts + 1,
     last_error  = @last_error::text,
     updated_at  = now()
 WHERE id = @id AND state = 'available'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: DeleteFinishedJobs :execrows
 -- DeleteFinishedJobs deletes up to max_jobs completed or dead jobs that
@@ -157,3 +174,39 @@ WHERE id IN (SELECT f.id FROM pgfence.jobs f
              WHERE f.state IN ('completed', 'dead') AND f.finished_at < @finished_before::timestamptz
              ORDER BY f.finished_at
              LIMIT @max_jobs);
+
+-- name: QueueHasUnfinished :one
+-- QueueHasUnfinished reports whether a queue has a job that is available
+-- (due or not) or running (claim expired or not). It reads only the partial
+-- indexes of unfinished jobs.
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs a WHERE a.queue = @queue AND a.state = 'available')
+    OR EXISTS (SELECT 1 FROM pgfence.jobs r WHERE r.queue = @queue AND r.state = 'running') AS unfinished;
+
+-- name: QueueHasJobs :one
+-- QueueHasJobs reports whether a queue has any job, finished or not (a
+-- misspelt queue has none).
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE queue = @queue) AS found;
+
+-- name: QueueDepth :one
+-- QueueDepth counts the jobs of one queue per state, on the database clock.
+SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
+       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
+       count(*) FILTER (WHERE state = 'completed')                              AS completed,
+       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+FROM pgfence.jobs
+WHERE queue = @queue;
+
+-- name: QueueDepths :many
+-- QueueDepths counts the jobs of every queue per state, on the database clock.
+SELECT queue,
+       count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
+       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
+       count(*) FILTER (WHERE state = 'completed')                              AS completed,
+       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+FROM pgfence.jobs
+GROUP BY queue
+ORDER BY queue;

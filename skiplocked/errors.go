@@ -65,8 +65,34 @@ var (
 	// ErrConnection means the connection to PostgreSQL failed or was closed
 	// (for example by pg_terminate_backend) during the call. Whether a write
 	// landed is unknown unless the call documents otherwise; in-transaction
-	// claims of that connection are released by the server.
+	// claims of that connection are released by the server. [Complete],
+	// [Fail], [Release] and their batch forms may simply be called again:
+	// they are idempotent.
 	ErrConnection = errors.New("skiplocked: connection lost")
+	// ErrNotDrained is the error of [Worker.Drain] when it stopped (its
+	// context was cancelled) while the queue still had available or running
+	// jobs. The [Summary] it returns counts what was done until then.
+	ErrNotDrained = errors.New("skiplocked: queue not drained")
+	// ErrNoJobs means a queue has no job at all, in any state: it was never
+	// used, its name is misspelt, or its finished jobs were deleted.
+	// [QueueDepth] and [Worker.Drain] return it rather than report an empty
+	// queue as a finished one.
+	ErrNoJobs = errors.New("skiplocked: queue has no jobs")
+)
+
+// Outcomes of a leased claim, as kept in pgfence.jobs.claim_outcome and
+// reported in [ClaimLostError.Outcome].
+const (
+	// OutcomeCompleted: the claim ended with [Complete].
+	OutcomeCompleted = "completed"
+	// OutcomeFailed: the claim ended with [Fail] (the job is available for a
+	// retry, or dead).
+	OutcomeFailed = "failed"
+	// OutcomeReleased: the claim ended with [Release].
+	OutcomeReleased = "released"
+	// OutcomeExpired: the claim ran out on the job's last attempt and a
+	// later claim sent the job to dead.
+	OutcomeExpired = "expired"
 )
 
 // ClaimLostError reports that a conditional Complete, Fail, Heartbeat or
@@ -82,7 +108,17 @@ type ClaimLostError struct {
 	State State
 	// ClaimedBy is the worker of the job's latest claim ("" when unknown).
 	ClaimedBy string
+	// Outcome is how the claim under CurrentToken ended: [OutcomeCompleted],
+	// [OutcomeFailed], [OutcomeReleased] or [OutcomeExpired]; "" while that
+	// claim runs, or when unknown. When CurrentToken == Token it says how
+	// your own claim ended, by a call other than the one refused (a Complete
+	// after your Release, for example).
+	Outcome string
 }
+
+// Reclaimed reports whether the job was claimed again after the claim of
+// Token: another worker holds it now or finished it.
+func (e *ClaimLostError) Reclaimed() bool { return e.CurrentToken > e.Token }
 
 // Error describes why the claim is lost.
 func (e *ClaimLostError) Error() string {
@@ -90,6 +126,8 @@ func (e *ClaimLostError) Error() string {
 	case e.CurrentToken > e.Token:
 		return fmt.Sprintf("skiplocked: claim lost: job %d was re-claimed with token %d by %q (yours: %d), state %s",
 			e.JobID, e.CurrentToken, e.ClaimedBy, e.Token, e.State)
+	case e.CurrentToken == e.Token && e.Outcome != "":
+		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d already ended (%s), state %s", e.JobID, e.Token, e.Outcome, e.State)
 	case e.CurrentToken == e.Token:
 		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d already ended, state %s", e.JobID, e.Token, e.State)
 	default:
@@ -104,12 +142,17 @@ func (e *ClaimLostError) Is(target error) bool { return target == ErrClaimLost }
 // ClaimsLostError is the error of [CompleteMany], [ReleaseMany] and
 // [HeartbeatMany] when some of the claims changed nothing (lost, or the job
 // does not exist): a batch with a refused claim is never a plain success.
-// The other claims of the batch were applied. errors.Is(err, [ErrClaimLost])
-// reports true.
+// The other claims of the batch were applied (or had already been applied
+// under the same tokens: a retried batch is not a loss). errors.Is(err,
+// [ErrClaimLost]) reports true.
 type ClaimsLostError struct {
 	Op    string     // "complete", "release" or "heartbeat"
 	Total int        // claims in the batch
 	Lost  []ClaimRef // the claims that changed nothing, in the caller's order
+	// Details says, for each claim of Lost (same order), what the job looks
+	// like now: current token, state, holder and outcome. An entry is nil
+	// when the job does not exist (deleted, or a wrong id).
+	Details []*ClaimLostError
 }
 
 // Error says how many claims of the batch were refused and names the first.
@@ -145,19 +188,87 @@ func translate(op string, err error) error {
 			return fmt.Errorf("%w: %s: %w", ErrTokenExhausted, op, err)
 		case pgErr.Code == "22P02" || pgErr.Code == "22032":
 			return fmt.Errorf("%w: %s: %w", ErrInvalidPayload, op, err)
-		case strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03":
+		case connectionSQLState(pgErr.Code):
 			return fmt.Errorf("%w: %s: %w", ErrConnection, op, err)
 		}
 		return fmt.Errorf("skiplocked: %s: %w", op, err)
 	}
-	var netErr net.Error
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) ||
-		errors.Is(err, pgx.ErrTxClosed) || isClosedConn(err) {
+	if IsConnectionError(err) || errors.Is(err, pgx.ErrTxClosed) {
 		return fmt.Errorf("%w: %s: %w", ErrConnection, op, err)
 	}
 	return fmt.Errorf("skiplocked: %s: %w", op, err)
+}
+
+// IsConnectionError reports whether err, returned by a statement you ran
+// through pgx (your own, in a handler, or one of this package's calls),
+// means that the connection to PostgreSQL failed or was closed, so that the
+// session and any transaction open on it are gone:
+//
+//   - the server's SQLSTATE class 08 (connection exception) and 57P01
+//     (admin_shutdown: pg_terminate_backend or a server shutdown), 57P02
+//     (crash_shutdown), 57P03 (cannot_connect_now: the server is starting);
+//   - a failure to connect (*pgconn.ConnectError), a network error
+//     (net.Error, net.ErrClosed), io.EOF and io.ErrUnexpectedEOF (the server
+//     went away mid-message), pgx's "conn closed" and pgxpool's "closed pool",
+//     and any error for which pgconn.SafeToRetry reports true;
+//   - this package's [ErrConnection].
+//
+// It reports false for a context's cancellation or deadline (the caller's own
+// decision, even when pgx closed the connection to enforce it: retrying is not
+// a reaction to that) and for nil.
+//
+// What a true answer does not say: whether the statement took effect. If the
+// failure came before anything was sent (pgconn.SafeToRetry), nothing
+// happened; otherwise a write, and above all a COMMIT, may have landed before
+// the connection broke. Retry a connection error only when running the work
+// twice is harmless: a conditional or keyed write, an effect in the same
+// transaction as the job's completion ([NewTxWorker]), or this package's
+// idempotent [Complete], [Fail] and [Release].
+func IsConnectionError(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, ErrConnection) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return connectionSQLState(pgErr.Code)
+	}
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) ||
+		isClosedConn(err)
+}
+
+// IsRetryable reports whether err says that the transaction it ended did not
+// take effect for a transient reason, so that running the whole transaction
+// again (from BEGIN, in a new transaction) is the right reaction:
+//
+//   - SQLSTATE 40001 (serialization_failure) and 40P01 (deadlock_detected):
+//     the server rolled the transaction back;
+//   - every error for which [IsConnectionError] is true, with its caveat: a
+//     COMMIT whose connection broke may have committed, so the transaction
+//     must be safe to run twice (see [IsConnectionError]).
+//
+// It reports false for a context's cancellation or deadline, for lock and
+// statement timeouts (55P03, 57014: limits the caller set), for constraint
+// violations and every other error, and for nil.
+func IsRetryable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
+		return true
+	}
+	return IsConnectionError(err)
+}
+
+// connectionSQLState reports whether a SQLSTATE means the session is gone.
+func connectionSQLState(code string) bool {
+	return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
 }
 
 // isClosedConn recognises pgx's "conn closed" error, which has no exported type.

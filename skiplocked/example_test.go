@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/skiplocked"
@@ -114,6 +115,51 @@ func ExampleWorker() {
 	if err := w.Run(ctx); err != nil { // returns after a graceful stop
 		log.Fatal(err)
 	}
+}
+
+// Exactly-once effects: the handler writes through tx, and the Worker
+// completes the job in the same transaction. Drain returns when the batch's
+// queue is empty.
+func ExampleNewTxWorker() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // pool_max_conns >= Concurrency + 2
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	w, err := skiplocked.NewTxWorker(pool, "catalogue/2024-06-01", func(ctx context.Context, tx pgx.Tx, j skiplocked.Job) error {
+		// The effect: commits with the job's completion, or not at all.
+		_, err := tx.Exec(ctx, "INSERT INTO applied_files (job_id, payload) VALUES ($1, $2)", j.ID, j.Payload)
+		return err
+	}, &skiplocked.Config{
+		Concurrency: 4,
+		OnClaimLost: func(ctx context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
+			log.Printf("job %d taken over by %s: %v", j.ID, err.ClaimedBy, err)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sum, err := w.Drain(ctx)
+	if err != nil {
+		log.Fatal(err) // ErrNotDrained or ErrNoJobs: the batch is not known to be done
+	}
+	d, err := skiplocked.QueueDepth(ctx, pool, "catalogue/2024-06-01")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("this worker completed %d; the batch: %d completed, %d dead\n", sum.Completed, d.Completed, d.Dead)
+}
+
+func ExampleIsRetryable() {
+	fmt.Println(skiplocked.IsRetryable(&pgconn.PgError{Code: "40001"}))        // serialization failure
+	fmt.Println(skiplocked.IsConnectionError(&pgconn.PgError{Code: "57P01"}))  // terminated backend
+	fmt.Println(skiplocked.IsRetryable(fmt.Errorf("x: %w", context.Canceled))) // the caller's own decision
+	// Output:
+	// true
+	// true
+	// false
 }
 
 func ExampleDefaultBackoff() {

@@ -74,11 +74,16 @@ func TestEnqueueAndClaim(t *testing.T) {
 	if done.State != skiplocked.StateCompleted || done.FinishedAt.IsZero() || !done.ClaimExpiresAt.IsZero() {
 		t.Fatalf("completed job = %+v", done)
 	}
-	// Completing twice is refused: the claim already ended.
-	err = skiplocked.Complete(ctx, pool, jobs[0].Ref())
+	// Completing twice succeeds (a retry after a lost reply), but any other
+	// outcome of the ended claim is refused: the claim already ended.
+	if err := skiplocked.Complete(ctx, pool, jobs[0].Ref()); err != nil {
+		t.Fatalf("second complete err = %v, want nil (idempotent)", err)
+	}
+	err = skiplocked.Release(ctx, pool, jobs[0].Ref())
 	var lost *skiplocked.ClaimLostError
-	if !errors.As(err, &lost) || lost.State != skiplocked.StateCompleted || lost.CurrentToken != jobs[0].ClaimToken {
-		t.Fatalf("second complete err = %v", err)
+	if !errors.As(err, &lost) || lost.State != skiplocked.StateCompleted || lost.CurrentToken != jobs[0].ClaimToken ||
+		lost.Outcome != skiplocked.OutcomeCompleted {
+		t.Fatalf("release after complete err = %v", err)
 	}
 	if got := mustJob(t, pool, later.ID); got.State != skiplocked.StateAvailable {
 		t.Fatalf("future job = %+v", got)

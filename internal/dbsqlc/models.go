@@ -81,6 +81,8 @@ type PgfenceJob struct {
 	UpdatedAt time.Time
 	// Database time at which the job was completed or went dead; NULL otherwise.
 	FinishedAt *time.Time
+	// How the latest leased claim (claim_token) ended: completed (Complete), failed (Fail: available for a retry, or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while the claim runs, before the first claim, and for claims that ended before migration 00012. A retried Complete, Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.
+	ClaimOutcome *string
 }
 
 // Jobs that went dead, per queue, counted by trigger since migration 00011 (starting from the dead rows present then). Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.

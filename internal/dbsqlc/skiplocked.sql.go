@@ -47,12 +47,13 @@ WITH due AS (
                                 THEN 'claim ' || j.claim_token || ' of ' || j.claimed_by || ' expired at ' || j.claim_expires_at
                                 ELSE j.last_error END,
         finished_at      = CASE WHEN p.expired_dead THEN now() END,
+        claim_outcome    = CASE WHEN p.expired_dead THEN 'expired' END,
         updated_at       = now()
     FROM picked p
     WHERE j.id = p.id
-    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at
+    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM claimed
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
 WHERE claimed.state = 'running'
 ORDER BY claimed.priority, claimed.run_at, claimed.id
 `
@@ -80,6 +81,7 @@ type ClaimJobsRow struct {
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
 	FinishedAt     *time.Time
+	ClaimOutcome   *string
 }
 
 // ClaimJobs is the leased claim: it takes up to max_jobs claimable rows of a
@@ -117,6 +119,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.ClaimOutcome,
 		); err != nil {
 			return nil, err
 		}
@@ -129,7 +132,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 }
 
 const claimJobsTx = `-- name: ClaimJobsTx :many
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
 WHERE queue = $1 AND state = 'available' AND run_at <= now()
 ORDER BY priority, run_at, id
 LIMIT $2
@@ -164,6 +167,7 @@ func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJob
 			&i.CreatedAt,
 			&i.UpdatedAt,
 			&i.FinishedAt,
+			&i.ClaimOutcome,
 		); err != nil {
 			return nil, err
 		}
@@ -193,14 +197,15 @@ func (q *Queries) CompleteJobTx(ctx context.Context, db DBTX, id int64) (int64, 
 
 const completeJobs = `-- name: CompleteJobs :many
 UPDATE pgfence.jobs j
-SET state = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
+SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::bigint[]) AS claim_token) AS c
 WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id
 `
 
 // CompleteJobs marks jobs completed, each only if it is still running under
-// the given claim token. It returns the ids that changed.
+// the given claim token, and records the claim's outcome. It returns the ids
+// that changed.
 func (q *Queries) CompleteJobs(ctx context.Context, db DBTX, ids []int64, claimTokens []int64) ([]int64, error) {
 	rows, err := db.Query(ctx, completeJobs, ids, claimTokens)
 	if err != nil {
@@ -243,7 +248,7 @@ const enqueueJob = `-- name: EnqueueJob :one
 
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
 VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type EnqueueJobParams struct {
@@ -283,6 +288,7 @@ func (q *Queries) EnqueueJob(ctx context.Context, db DBTX, arg EnqueueJobParams)
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.ClaimOutcome,
 	)
 	return i, err
 }
@@ -342,9 +348,10 @@ SET state            = CASE WHEN attempts >= max_attempts OR $1::boolean THEN 'd
     finished_at      = CASE WHEN attempts >= max_attempts OR $1::boolean THEN now() END,
     last_error       = $3::text,
     claim_expires_at = NULL,
+    claim_outcome    = 'failed',
     updated_at       = now()
 WHERE id = $4 AND claim_token = $5::bigint AND state = 'running'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type FailJobParams struct {
@@ -383,6 +390,7 @@ func (q *Queries) FailJob(ctx context.Context, db DBTX, arg FailJobParams) (Pgfe
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.ClaimOutcome,
 	)
 	return i, err
 }
@@ -397,7 +405,7 @@ SET attempts    = attempts + 1,
     last_error  = $3::text,
     updated_at  = now()
 WHERE id = $4 AND state = 'available'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type FailJobTxParams struct {
@@ -433,12 +441,13 @@ func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.ClaimOutcome,
 	)
 	return i, err
 }
 
 const getJob = `-- name: GetJob :one
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at FROM pgfence.jobs WHERE id = $1
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = $1
 `
 
 // GetJob returns one job.
@@ -461,23 +470,26 @@ func (q *Queries) GetJob(ctx context.Context, db DBTX, id int64) (PgfenceJob, er
 		&i.CreatedAt,
 		&i.UpdatedAt,
 		&i.FinishedAt,
+		&i.ClaimOutcome,
 	)
 	return i, err
 }
 
 const getJobClaims = `-- name: GetJobClaims :many
-SELECT id, state, claim_token, claimed_by FROM pgfence.jobs WHERE id = ANY($1::bigint[])
+SELECT id, state, claim_token, claimed_by, claim_outcome FROM pgfence.jobs WHERE id = ANY($1::bigint[])
 `
 
 type GetJobClaimsRow struct {
-	ID         int64
-	State      string
-	ClaimToken pgtype.Int8
-	ClaimedBy  *string
+	ID           int64
+	State        string
+	ClaimToken   pgtype.Int8
+	ClaimedBy    *string
+	ClaimOutcome *string
 }
 
 // GetJobClaims returns the claim columns of some jobs, to say why a
-// conditional update changed nothing.
+// conditional update changed nothing: the claim was taken over, or it already
+// ended with the outcome the caller is retrying.
 func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]GetJobClaimsRow, error) {
 	rows, err := db.Query(ctx, getJobClaims, ids)
 	if err != nil {
@@ -492,6 +504,7 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 			&i.State,
 			&i.ClaimToken,
 			&i.ClaimedBy,
+			&i.ClaimOutcome,
 		); err != nil {
 			return nil, err
 		}
@@ -504,10 +517,18 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 }
 
 const heartbeatJobs = `-- name: HeartbeatJobs :many
+WITH c AS (
+    SELECT unnest($2::bigint[]) AS id, unnest($3::bigint[]) AS claim_token
+), held AS (
+    SELECT h.id
+    FROM pgfence.jobs h JOIN c ON c.id = h.id AND c.claim_token = h.claim_token
+    WHERE h.state = 'running'
+    FOR UPDATE OF h SKIP LOCKED
+)
 UPDATE pgfence.jobs j
 SET claim_expires_at = now() + interval '1 millisecond' * $1::bigint, updated_at = now()
-FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::bigint[]) AS claim_token) AS c
-WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+FROM held, c
+WHERE j.id = held.id AND c.id = j.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id, j.claim_expires_at
 `
 
@@ -523,7 +544,11 @@ type HeartbeatJobsRow struct {
 }
 
 // HeartbeatJobs extends the claims that are still held under the given tokens
-// to now() + ttl_ms and returns them with their new expiry.
+// to now() + ttl_ms and returns them with their new expiry. It never waits: a
+// row locked by another transaction at that moment (typically the worker's
+// own completion, not committed yet) is skipped, neither extended nor
+// changed, so that a heartbeat never holds the locks of the other rows of its
+// batch while it waits.
 func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsParams) ([]HeartbeatJobsRow, error) {
 	rows, err := db.Query(ctx, heartbeatJobs, arg.TtlMs, arg.Ids, arg.ClaimTokens)
 	if err != nil {
@@ -544,9 +569,125 @@ func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsP
 	return items, nil
 }
 
+const queueDepth = `-- name: QueueDepth :one
+SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
+       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
+       count(*) FILTER (WHERE state = 'completed')                              AS completed,
+       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+FROM pgfence.jobs
+WHERE queue = $1
+`
+
+type QueueDepthRow struct {
+	Available int64
+	Scheduled int64
+	Running   int64
+	Expired   int64
+	Completed int64
+	Dead      int64
+}
+
+// QueueDepth counts the jobs of one queue per state, on the database clock.
+func (q *Queries) QueueDepth(ctx context.Context, db DBTX, queue string) (QueueDepthRow, error) {
+	row := db.QueryRow(ctx, queueDepth, queue)
+	var i QueueDepthRow
+	err := row.Scan(
+		&i.Available,
+		&i.Scheduled,
+		&i.Running,
+		&i.Expired,
+		&i.Completed,
+		&i.Dead,
+	)
+	return i, err
+}
+
+const queueDepths = `-- name: QueueDepths :many
+SELECT queue,
+       count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
+       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
+       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
+       count(*) FILTER (WHERE state = 'completed')                              AS completed,
+       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+FROM pgfence.jobs
+GROUP BY queue
+ORDER BY queue
+`
+
+type QueueDepthsRow struct {
+	Queue     string
+	Available int64
+	Scheduled int64
+	Running   int64
+	Expired   int64
+	Completed int64
+	Dead      int64
+}
+
+// QueueDepths counts the jobs of every queue per state, on the database clock.
+func (q *Queries) QueueDepths(ctx context.Context, db DBTX) ([]QueueDepthsRow, error) {
+	rows, err := db.Query(ctx, queueDepths)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []QueueDepthsRow
+	for rows.Next() {
+		var i QueueDepthsRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Available,
+			&i.Scheduled,
+			&i.Running,
+			&i.Expired,
+			&i.Completed,
+			&i.Dead,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const queueHasJobs = `-- name: QueueHasJobs :one
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE queue = $1) AS found
+`
+
+// QueueHasJobs reports whether a queue has any job, finished or not (a
+// misspelt queue has none).
+func (q *Queries) QueueHasJobs(ctx context.Context, db DBTX, queue string) (bool, error) {
+	row := db.QueryRow(ctx, queueHasJobs, queue)
+	var found bool
+	err := row.Scan(&found)
+	return found, err
+}
+
+const queueHasUnfinished = `-- name: QueueHasUnfinished :one
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs a WHERE a.queue = $1 AND a.state = 'available')
+    OR EXISTS (SELECT 1 FROM pgfence.jobs r WHERE r.queue = $1 AND r.state = 'running') AS unfinished
+`
+
+// QueueHasUnfinished reports whether a queue has a job that is available
+// (due or not) or running (claim expired or not). It reads only the partial
+// indexes of unfinished jobs.
+func (q *Queries) QueueHasUnfinished(ctx context.Context, db DBTX, queue string) (pgtype.Bool, error) {
+	row := db.QueryRow(ctx, queueHasUnfinished, queue)
+	var unfinished pgtype.Bool
+	err := row.Scan(&unfinished)
+	return unfinished, err
+}
+
 const releaseJobs = `-- name: ReleaseJobs :many
 UPDATE pgfence.jobs j
-SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, updated_at = now()
+SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, claim_outcome = 'released',
+    updated_at = now()
 FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::bigint[]) AS claim_token) AS c
 WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
 RETURNING j.id

@@ -1,0 +1,97 @@
+package skiplocked
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
+)
+
+// Depth counts the jobs of one queue per state, on the database clock, at
+// the moment of one statement.
+type Depth struct {
+	// Queue is the queue counted.
+	Queue string
+	// Available jobs are due (run_at has passed) and waiting for a worker.
+	Available int64
+	// Scheduled jobs are available but not due yet: enqueued with a future
+	// RunAt, or failed and waiting for their retry backoff.
+	Scheduled int64
+	// Running jobs are held by a claim that has not expired.
+	Running int64
+	// Expired jobs are running with a claim that expired: their worker died
+	// or stalled, and the next claim takes them over.
+	Expired int64
+	// Completed jobs are done (until deleted with [DeleteFinished]).
+	Completed int64
+	// Dead jobs failed their last attempt or were given up (until deleted).
+	Dead int64
+}
+
+// Unfinished is the number of jobs that still need a worker: available,
+// scheduled, running or expired.
+func (d Depth) Unfinished() int64 { return d.Available + d.Scheduled + d.Running + d.Expired }
+
+// Total is the number of jobs of the queue in every state.
+func (d Depth) Total() int64 { return d.Unfinished() + d.Completed + d.Dead }
+
+// Drained reports whether the queue has jobs and none of them is
+// unfinished: every job is completed or dead. This is the condition
+// [Worker.Drain] waits for.
+func (d Depth) Drained() bool { return d.Total() > 0 && d.Unfinished() == 0 }
+
+// QueueDepth counts the jobs of queue per state in one statement. A queue
+// with no job at all (never used, misspelt, or every job deleted) gives
+// [ErrNoJobs] with the zero counts, so that a wrong name is never reported as
+// a finished import.
+//
+// It reads every row of the queue, finished ones included: on a queue with
+// millions of finished rows prune them with [DeleteFinished]. Run it on a
+// pool, or in your own transaction to count together with your writes.
+func QueueDepth(ctx context.Context, db DB, queue string) (Depth, error) {
+	if nilcheck.IsNil(db) {
+		return Depth{}, ErrNilDB
+	}
+	if err := checkQueue(queue); err != nil {
+		return Depth{}, err
+	}
+	r, err := queries.QueueDepth(ctx, db, queue)
+	if err != nil {
+		return Depth{}, translate("queue depth", err)
+	}
+	d := Depth{Queue: queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
+		Expired: r.Expired, Completed: r.Completed, Dead: r.Dead}
+	if d.Total() == 0 {
+		return d, fmt.Errorf("%w: %q", ErrNoJobs, queue)
+	}
+	return d, nil
+}
+
+// QueueDepths counts the jobs of every queue that has any, per state, in one
+// statement, ordered by queue name. It reads the whole of pgfence.jobs.
+func QueueDepths(ctx context.Context, db DB) ([]Depth, error) {
+	if nilcheck.IsNil(db) {
+		return nil, ErrNilDB
+	}
+	rows, err := queries.QueueDepths(ctx, db)
+	if err != nil {
+		return nil, translate("queue depths", err)
+	}
+	ds := make([]Depth, len(rows))
+	for i, r := range rows {
+		ds[i] = Depth{Queue: r.Queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
+			Expired: r.Expired, Completed: r.Completed, Dead: r.Dead}
+	}
+	return ds, nil
+}
+
+// queueUnfinished reports whether queue has an available or running job,
+// reading only the partial indexes of unfinished jobs. An unknown answer is
+// reported as unfinished.
+func queueUnfinished(ctx context.Context, db DB, queue string) (bool, error) {
+	v, err := queries.QueueHasUnfinished(ctx, db, queue)
+	if err != nil {
+		return true, translate("drain check", err)
+	}
+	return !v.Valid || v.Bool, nil
+}
