@@ -135,6 +135,7 @@ run: 126 command not executable, 127 command not found, else the command's statu
 		a.exporterCommand(),
 		a.genCommand(),
 		a.advisoryCommand(),
+		a.jobsCommand(),
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)
