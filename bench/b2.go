@@ -65,7 +65,7 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries) variant {
 		for w := range clients {
 			cfg := &pglock.Config{Holder: fmt.Sprintf("bench-b2-%d", w)}
 			if poll {
-				cfg.NoListen = true
+				cfg.PollOnly = true
 				cfg.PollInterval = b2PollInterval
 			}
 			l, err := pglock.New(b.pg.pool, cfg)

@@ -62,7 +62,7 @@ func (b *bench) pgfenceB4Variant(batch, jobs int) variant {
 					worker := fmt.Sprintf("bench-b4-%d", w)
 					for {
 						claimed, err := skiplocked.Claim(ctx, b.pg.pool, skiplocked.ClaimParams{
-							Queue: b4Queue, Worker: worker, Limit: batch, TTL: 5 * time.Minute})
+							Queue: b4Queue, Holder: worker, Limit: batch, TTL: 5 * time.Minute})
 						if err == nil && len(claimed) == 0 {
 							return // drained: what is left is claimed by others
 						}

@@ -62,7 +62,7 @@ func TestRefusalAfterConcurrentCommit(t *testing.T) {
 		{"fenced_values upsert", func(tx fencedwrite.DBTX) {
 			mustExec(t, tx, `INSERT INTO pgfence.fenced_values (key, value, fence) VALUES ('k', '"newer"', $1)`, newer)
 		}, func() error {
-			_, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`"older"`), old)
+			_, err := fencedwrite.UpsertValue(ctx, pool, old, fencedwrite.Strict, "k", json.RawMessage(`"older"`))
 			return err
 		}},
 	}

@@ -71,6 +71,8 @@ var (
 	// columns, a column listed twice, the fence column among the set columns,
 	// wrong number of values).
 	ErrInvalidSpec = errors.New("fencedwrite: invalid spec")
+	// ErrNilDB: a nil pool, connection or transaction was passed.
+	ErrNilDB = errors.New("fencedwrite: nil database handle")
 )
 
 // StaleTokenError is returned when a newer grant already wrote the row: the
@@ -327,3 +329,6 @@ func parseRefusal(detail string) (token, fence int64, table, key string) {
 	fence, _ = strconv.ParseInt(fen, 10, 64)
 	return token, fence, table, key
 }
+
+// errNilDB is the error for a nil database handle.
+var errNilDB = fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", ErrNilDB)

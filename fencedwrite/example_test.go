@@ -76,8 +76,7 @@ func ExampleUpsertValue() {
 	}
 	defer pool.Close()
 	var token int64 = 9
-	res, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "importer:cursor",
-		json.RawMessage(`{"file": "prices-2026-11-29.csv", "line": 1200}`), token)
+	res, err := fencedwrite.UpsertValue(ctx, pool, token, fencedwrite.Strict, "importer:cursor", json.RawMessage(`{"file": "prices-2026-11-29.csv", "line": 1200}`))
 	fmt.Println(res.Inserted, err)
 }
 

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // maxLockExprBytes bounds GuardOptions.LockNameExpression (pgfence.guard
@@ -63,6 +65,9 @@ type GuardOptions struct {
 // have CREATE on schema pgfence. Guard runs DDL: it takes a SHARE ROW
 // EXCLUSIVE lock on the table while it creates the trigger.
 func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error {
+	if nilcheck.IsNil(db) {
+		return errNilDB
+	}
 	if opts.FenceColumn == "" {
 		opts.FenceColumn = DefaultFenceColumn
 	}
@@ -151,6 +156,9 @@ type GuardedTable struct {
 
 // ListGuarded lists the guarded tables, by name.
 func ListGuarded(ctx context.Context, db DBTX) ([]GuardedTable, error) {
+	if nilcheck.IsNil(db) {
+		return nil, errNilDB
+	}
 	rows, err := queries.ListGuardedTables(ctx, db)
 	if err != nil {
 		return nil, TranslateError(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
 )
 
@@ -325,8 +326,8 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 }
 
 func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, upsert bool) (Result, error) {
-	if db == nil {
-		return Result{}, fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	if nilcheck.IsNil(db) {
+		return Result{}, errNilDB
 	}
 	var (
 		applied, inserted bool
@@ -379,8 +380,8 @@ func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest 
 	if len(dest) != len(t.spec.Read) {
 		return Result{}, fmt.Errorf("%w: %d destinations for %d read columns", ErrInvalidSpec, len(dest), len(t.spec.Read))
 	}
-	if db == nil {
-		return Result{}, fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	if nilcheck.IsNil(db) {
+		return Result{}, errNilDB
 	}
 	rows, err := db.Query(ctx, t.read, args...)
 	if err != nil {

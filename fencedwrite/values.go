@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // Value is a row of pgfence.fenced_values, the small fenced key/value table
@@ -26,7 +27,10 @@ const maxKeyBytes = 512
 
 var queries = dbsqlc.New()
 
-func checkValueArgs(key string, value json.RawMessage, token int64, needValue bool) error {
+func checkValueArgs(db any, key string, value json.RawMessage, token int64, needValue bool) error {
+	if nilcheck.IsNil(db) {
+		return errNilDB
+	}
 	if err := checkToken(token); err != nil {
 		return err
 	}
@@ -62,8 +66,8 @@ type valueRereader struct {
 // ctx bounds the statement; if it is cancelled while the statement runs, the
 // write may or may not have been applied: repeat it with the same token
 // (in strict mode a repeat that finds its own write returns [ErrAlreadyApplied]).
-func UpdateValue(ctx context.Context, db DBTX, mode Mode, key string, value json.RawMessage, token int64) (Result, error) {
-	if err := checkValueArgs(key, value, token, true); err != nil {
+func UpdateValue(ctx context.Context, db DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
+	if err := checkValueArgs(db, key, value, token, true); err != nil {
 		return Result{}, err
 	}
 	var (
@@ -93,8 +97,8 @@ func UpdateValue(ctx context.Context, db DBTX, mode Mode, key string, value json
 // A deleted key carries no fence: after [DeleteValue], an older grant may
 // insert the key again. Use a tombstone value instead of deleting keys that
 // older holders might still write.
-func UpsertValue(ctx context.Context, db DBTX, mode Mode, key string, value json.RawMessage, token int64) (Result, error) {
-	if err := checkValueArgs(key, value, token, true); err != nil {
+func UpsertValue(ctx context.Context, db DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
+	if err := checkValueArgs(db, key, value, token, true); err != nil {
 		return Result{}, err
 	}
 	var (
@@ -120,8 +124,8 @@ func UpsertValue(ctx context.Context, db DBTX, mode Mode, key string, value json
 // DeleteValue deletes key unless a newer grant wrote it (fence <= token: a
 // grant may delete a row it wrote itself). It returns *[StaleTokenError] or
 // [ErrNotFound] when nothing was deleted.
-func DeleteValue(ctx context.Context, db DBTX, key string, token int64) (Result, error) {
-	if err := checkValueArgs(key, nil, token, false); err != nil {
+func DeleteValue(ctx context.Context, db DBTX, token int64, key string) (Result, error) {
+	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Result{}, err
 	}
 	row, err := queries.FencedValueDelete(ctx, db, key, token)
@@ -137,8 +141,8 @@ func DeleteValue(ctx context.Context, db DBTX, key string, token int64) (Result,
 //
 // The fenced read is an UPDATE: it takes the row lock until the surrounding
 // transaction ends and writes a new row version.
-func ReadValue(ctx context.Context, db DBTX, key string, token int64) (Value, error) {
-	if err := checkValueArgs(key, nil, token, false); err != nil {
+func ReadValue(ctx context.Context, db DBTX, token int64, key string) (Value, error) {
+	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Value{}, err
 	}
 	row, err := queries.FencedValueRead(ctx, db, token, key)
@@ -151,6 +155,9 @@ func ReadValue(ctx context.Context, db DBTX, key string, token int64) (Value, er
 // GetValue reads key without a fence: for display and inspection only. A
 // read-modify-write must use [ReadValue] or [ModifyValue].
 func GetValue(ctx context.Context, db DBTX, key string) (Value, error) {
+	if nilcheck.IsNil(db) {
+		return Value{}, errNilDB
+	}
 	if key == "" || len(key) > maxKeyBytes {
 		return Value{}, fmt.Errorf("%w: key must be 1..%d bytes (got %d)", ErrInvalidSpec, maxKeyBytes, len(key))
 	}
@@ -172,9 +179,9 @@ func GetValue(ctx context.Context, db DBTX, key string) (Value, error) {
 //
 // db may be a pool, a connection or a transaction (then a savepoint is used).
 // ctx bounds the whole transaction; on cancellation it is rolled back.
-func ModifyValue(ctx context.Context, db Beginner, key string, token int64,
+func ModifyValue(ctx context.Context, db Beginner, token int64, key string,
 	fn func(current json.RawMessage) (json.RawMessage, error)) (Result, error) {
-	if err := checkValueArgs(key, nil, token, false); err != nil {
+	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Result{}, err
 	}
 	if fn == nil {
@@ -182,7 +189,7 @@ func ModifyValue(ctx context.Context, db Beginner, key string, token int64,
 	}
 	var res Result
 	err := inTx(ctx, db, func(tx pgx.Tx) error {
-		cur, err := ReadValue(ctx, tx, key, token)
+		cur, err := ReadValue(ctx, tx, token, key)
 		if err != nil {
 			return err
 		}
@@ -190,7 +197,7 @@ func ModifyValue(ctx context.Context, db Beginner, key string, token int64,
 		if err != nil {
 			return err
 		}
-		res, err = UpdateValue(ctx, tx, Reentrant, key, next, token)
+		res, err = UpdateValue(ctx, tx, token, Reentrant, key, next)
 		return err
 	})
 	if err != nil {
@@ -228,8 +235,8 @@ func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int6
 // inTx runs fn in a transaction begun on db and commits it; it rolls back on
 // any error, including a panic in fn.
 func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error) {
-	if db == nil {
-		return fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	if nilcheck.IsNil(db) {
+		return errNilDB
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {

@@ -18,27 +18,27 @@ func TestValuesStrict(t *testing.T) {
 	pool := pgtest.Pool(t)
 
 	t1 := grant(t, pool, "cfg")
-	res, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":1}`), t1)
+	res, err := fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":1}`))
 	if err != nil || !res.Inserted || res.Fence != t1 {
 		t.Fatalf("first upsert = %+v, %v", res, err)
 	}
 	// Replay by the same grant: refused as already applied, row unchanged.
-	_, err = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`), t1)
+	_, err = fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`))
 	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
-	_, err = fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`), t1)
+	_, err = fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`))
 	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
 
 	t2 := grant(t, pool, "cfg")
-	res, err = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":2}`), t2)
+	res, err = fencedwrite.UpdateValue(ctx, pool, t2, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":2}`))
 	if err != nil || res.Fence != t2 || res.Inserted {
 		t.Fatalf("update with newer token = %+v, %v", res, err)
 	}
 	// The older grant wakes up: stale, with both numbers, row unchanged.
-	_, err = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"old"}`), t1)
+	_, err = fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"old"}`))
 	wantStale(t, err, t1, t2)
-	_, err = fencedwrite.UpsertValue(ctx, pool, fencedwrite.Reentrant, "cfg", json.RawMessage(`{"v":"old"}`), t1)
+	_, err = fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Reentrant, "cfg", json.RawMessage(`{"v":"old"}`))
 	wantStale(t, err, t1, t2)
-	_, err = fencedwrite.DeleteValue(ctx, pool, "cfg", t1)
+	_, err = fencedwrite.DeleteValue(ctx, pool, t1, "cfg")
 	wantStale(t, err, t1, t2)
 	v, err := fencedwrite.GetValue(ctx, pool, "cfg")
 	if err != nil || string(v.Value) != `{"v": 2}` || v.Fence != t2 {
@@ -46,17 +46,17 @@ func TestValuesStrict(t *testing.T) {
 	}
 
 	// Missing rows.
-	_, err = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "nope", json.RawMessage(`1`), t2)
+	_, err = fencedwrite.UpdateValue(ctx, pool, t2, fencedwrite.Strict, "nope", json.RawMessage(`1`))
 	wantIs(t, err, fencedwrite.ErrNotFound)
-	_, err = fencedwrite.DeleteValue(ctx, pool, "nope", t2)
+	_, err = fencedwrite.DeleteValue(ctx, pool, t2, "nope")
 	wantIs(t, err, fencedwrite.ErrNotFound)
-	_, err = fencedwrite.ReadValue(ctx, pool, "nope", t2)
+	_, err = fencedwrite.ReadValue(ctx, pool, t2, "nope")
 	wantIs(t, err, fencedwrite.ErrNotFound)
 	_, err = fencedwrite.GetValue(ctx, pool, "nope")
 	wantIs(t, err, fencedwrite.ErrNotFound)
 
 	// Delete by the grant that wrote it is allowed (fence <= token).
-	if _, err := fencedwrite.DeleteValue(ctx, pool, "cfg", t2); err != nil {
+	if _, err := fencedwrite.DeleteValue(ctx, pool, t2, "cfg"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = fencedwrite.GetValue(ctx, pool, "cfg")
@@ -68,19 +68,19 @@ func TestValuesReentrant(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	t1 := grant(t, pool, "k")
-	if _, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Reentrant, "k", json.RawMessage(`1`), t1); err != nil {
+	if _, err := fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Reentrant, "k", json.RawMessage(`1`)); err != nil {
 		t.Fatal(err)
 	}
 	// Equal token: accepted under <=, refused under <.
-	res, err := fencedwrite.UpdateValue(ctx, pool, fencedwrite.Reentrant, "k", json.RawMessage(`2`), t1)
+	res, err := fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Reentrant, "k", json.RawMessage(`2`))
 	if err != nil || res.Fence != t1 {
 		t.Fatalf("re-entrant rewrite = %+v, %v", res, err)
 	}
-	res, err = fencedwrite.UpsertValue(ctx, pool, fencedwrite.Reentrant, "k", json.RawMessage(`3`), t1)
+	res, err = fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Reentrant, "k", json.RawMessage(`3`))
 	if err != nil || res.Inserted {
 		t.Fatalf("re-entrant upsert = %+v, %v", res, err)
 	}
-	_, err = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`4`), t1)
+	_, err = fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Strict, "k", json.RawMessage(`4`))
 	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
 	if v, _ := fencedwrite.GetValue(ctx, pool, "k"); string(v.Value) != "3" {
 		t.Fatalf("value = %s, want 3", v.Value)
@@ -92,7 +92,7 @@ func TestValuesBadInputChangesNothing(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	tok := grant(t, pool, "k")
-	if _, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`1`), tok); err != nil {
+	if _, err := fencedwrite.UpsertValue(ctx, pool, tok, fencedwrite.Strict, "k", json.RawMessage(`1`)); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -101,33 +101,33 @@ func TestValuesBadInputChangesNothing(t *testing.T) {
 		want error
 	}{
 		{"zero token", func() error {
-			_, err := fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`2`), 0)
+			_, err := fencedwrite.UpdateValue(ctx, pool, 0, fencedwrite.Strict, "k", json.RawMessage(`2`))
 			return err
 		}, fencedwrite.ErrInvalidToken},
 		{"negative token", func() error {
-			_, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`2`), -5)
+			_, err := fencedwrite.UpsertValue(ctx, pool, -5, fencedwrite.Strict, "k", json.RawMessage(`2`))
 			return err
 		}, fencedwrite.ErrInvalidToken},
-		{"negative token delete", func() error { _, err := fencedwrite.DeleteValue(ctx, pool, "k", -1); return err }, fencedwrite.ErrInvalidToken},
-		{"negative token read", func() error { _, err := fencedwrite.ReadValue(ctx, pool, "k", -1); return err }, fencedwrite.ErrInvalidToken},
+		{"negative token delete", func() error { _, err := fencedwrite.DeleteValue(ctx, pool, -1, "k"); return err }, fencedwrite.ErrInvalidToken},
+		{"negative token read", func() error { _, err := fencedwrite.ReadValue(ctx, pool, -1, "k"); return err }, fencedwrite.ErrInvalidToken},
 		{"empty key", func() error {
-			_, err := fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "", json.RawMessage(`2`), tok+1)
+			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Strict, "", json.RawMessage(`2`))
 			return err
 		}, fencedwrite.ErrInvalidSpec},
 		{"huge key", func() error {
-			_, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, strings.Repeat("k", 513), json.RawMessage(`2`), tok+1)
+			_, err := fencedwrite.UpsertValue(ctx, pool, tok+1, fencedwrite.Strict, strings.Repeat("k", 513), json.RawMessage(`2`))
 			return err
 		}, fencedwrite.ErrInvalidSpec},
 		{"bad json", func() error {
-			_, err := fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`{`), tok+1)
+			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Strict, "k", json.RawMessage(`{`))
 			return err
 		}, fencedwrite.ErrInvalidSpec},
 		{"bad mode", func() error {
-			_, err := fencedwrite.UpdateValue(ctx, pool, fencedwrite.Mode(7), "k", json.RawMessage(`2`), tok+1)
+			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Mode(7), "k", json.RawMessage(`2`))
 			return err
 		}, fencedwrite.ErrInvalidSpec},
 		{"nil modify func", func() error {
-			_, err := fencedwrite.ModifyValue(ctx, pool, "k", tok+1, nil)
+			_, err := fencedwrite.ModifyValue(ctx, pool, tok+1, "k", nil)
 			return err
 		}, fencedwrite.ErrInvalidSpec},
 	}
@@ -147,7 +147,7 @@ func TestModifyValue(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	t1 := grant(t, pool, "n")
-	if _, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "n", json.RawMessage(`10`), t1); err != nil {
+	if _, err := fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Strict, "n", json.RawMessage(`10`)); err != nil {
 		t.Fatal(err)
 	}
 	add := func(d int) func(json.RawMessage) (json.RawMessage, error) {
@@ -160,16 +160,16 @@ func TestModifyValue(t *testing.T) {
 		}
 	}
 	t2 := grant(t, pool, "n")
-	if _, err := fencedwrite.ModifyValue(ctx, pool, "n", t2, add(5)); err != nil {
+	if _, err := fencedwrite.ModifyValue(ctx, pool, t2, "n", add(5)); err != nil {
 		t.Fatal(err)
 	}
 	// Same grant again (re-entrant write after the fenced read).
-	if _, err := fencedwrite.ModifyValue(ctx, pool, "n", t2, add(1)); err != nil {
+	if _, err := fencedwrite.ModifyValue(ctx, pool, t2, "n", add(1)); err != nil {
 		t.Fatal(err)
 	}
 	// An older grant is refused before fn runs.
 	called := false
-	_, err := fencedwrite.ModifyValue(ctx, pool, "n", t1, func(json.RawMessage) (json.RawMessage, error) {
+	_, err := fencedwrite.ModifyValue(ctx, pool, t1, "n", func(json.RawMessage) (json.RawMessage, error) {
 		called = true
 		return json.RawMessage(`0`), nil
 	})
@@ -180,7 +180,7 @@ func TestModifyValue(t *testing.T) {
 	// fn failing rolls everything back, including the fence raise.
 	t3 := grant(t, pool, "n")
 	boom := errors.New("boom")
-	if _, err := fencedwrite.ModifyValue(ctx, pool, "n", t3, func(json.RawMessage) (json.RawMessage, error) { return nil, boom }); !errors.Is(err, boom) {
+	if _, err := fencedwrite.ModifyValue(ctx, pool, t3, "n", func(json.RawMessage) (json.RawMessage, error) { return nil, boom }); !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want boom", err)
 	}
 	v, _ := fencedwrite.GetValue(ctx, pool, "n")
@@ -201,7 +201,7 @@ func TestValuesConcurrentWriters(t *testing.T) {
 	for i := range toks {
 		toks[i] = grant(t, pool, "race")
 	}
-	if _, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "race", json.RawMessage(`0`), toks[0]); err != nil {
+	if _, err := fencedwrite.UpsertValue(ctx, pool, toks[0], fencedwrite.Strict, "race", json.RawMessage(`0`)); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -210,7 +210,7 @@ func TestValuesConcurrentWriters(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = fencedwrite.UpdateValue(ctx, pool, fencedwrite.Strict, "race", json.RawMessage(`1`), toks[i])
+			_, errs[i] = fencedwrite.UpdateValue(ctx, pool, toks[i], fencedwrite.Strict, "race", json.RawMessage(`1`))
 		}()
 	}
 	wg.Wait()
@@ -236,13 +236,13 @@ func TestDroppedConnection(t *testing.T) {
 	pool := pgtest.PoolFor(t, pgtest.DSN(t))
 	tok := grant(t, pool, "k")
 	pool.Close()
-	_, err := fencedwrite.UpsertValue(ctx, pool, fencedwrite.Strict, "k", json.RawMessage(`1`), tok)
+	_, err := fencedwrite.UpsertValue(ctx, pool, tok, fencedwrite.Strict, "k", json.RawMessage(`1`))
 	if err == nil || !strings.HasPrefix(err.Error(), "fencedwrite: ") {
 		t.Fatalf("err = %v, want a fencedwrite error", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	live := pgtest.Pool(t)
-	_, err = fencedwrite.UpsertValue(cctx, live, fencedwrite.Strict, "k", json.RawMessage(`1`), 1)
+	_, err = fencedwrite.UpsertValue(cctx, live, 1, fencedwrite.Strict, "k", json.RawMessage(`1`))
 	wantIs(t, err, context.Canceled)
 }

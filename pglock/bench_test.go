@@ -149,14 +149,14 @@ func BenchmarkCycleVsUpdate(b *testing.B) {
 
 // BenchmarkHandoff measures the latency from the holder's Release call to
 // the waiter's grant: woken by LISTEN/NOTIFY, and by polling every 100ms
-// (NoListen) for comparison.
+// (PollOnly) for comparison.
 func BenchmarkHandoff(b *testing.B) {
 	for _, mode := range []struct {
 		name string
 		cfg  Config
 	}{
 		{"listen", Config{}},
-		{"poll-100ms", Config{NoListen: true, PollInterval: 100 * time.Millisecond}},
+		{"poll-100ms", Config{PollOnly: true, PollInterval: 100 * time.Millisecond}},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
 			pool := pgtest.Pool(b)

@@ -101,7 +101,7 @@
 // before it answers the next one, so N waiters do not each run a statement
 // on every release. When the LISTEN connection fails,
 // waiters keep their expiry timers and all of them retry once it is back, so
-// a release made meanwhile is not missed. [Config].NoListen and
+// a release made meanwhile is not missed. [Config].PollOnly and
 // [Config].PollInterval serve setups where LISTEN does not work (a
 // transaction-pooling PgBouncer).
 //

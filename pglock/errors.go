@@ -34,6 +34,8 @@ var (
 	ErrInvalidHolder = errors.New("pglock: invalid holder")
 	// ErrInvalidToken: a fencing token is <= 0 (grants start at 1).
 	ErrInvalidToken = errors.New("pglock: invalid token")
+	// ErrNilDB: a nil pool, connection or transaction was passed.
+	ErrNilDB = errors.New("pglock: nil database handle")
 	// ErrInvalidConfig: a Config or ElectionConfig field is out of range.
 	ErrInvalidConfig = errors.New("pglock: invalid config")
 	// ErrTokenOverflow: the lock's token is already 9223372036854775807, so no

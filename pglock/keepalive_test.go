@@ -198,7 +198,7 @@ func TestRenewalIsNotPrepared(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	l := newLocker(t, pool, &Config{Holder: "one-trip", NoListen: true})
+	l := newLocker(t, pool, &Config{Holder: "one-trip", PollOnly: true})
 	s := mustAcquire(t, l, "one-trip", time.Minute)
 	for range 3 {
 		if err := s.Renew(ctx); err != nil {

@@ -103,13 +103,18 @@ func TestValidationBeforeSQL(t *testing.T) {
 		{KeepAliveFraction: 0.9},
 		{KeepAliveFraction: -1},
 		{PollInterval: -time.Second},
+		{PollInterval: 5 * time.Millisecond},
 	} {
 		if _, err := New(pool, cfg); err == nil {
 			t.Errorf("New(%+v) accepted", *cfg)
 		}
 	}
-	if _, err := New(nil, nil); !errors.Is(err, ErrInvalidConfig) {
-		t.Errorf("New(nil pool) = %v", err)
+	if _, err := New(nil, nil); !errors.Is(err, ErrNilDB) {
+		t.Errorf("New(nil pool) = %v, want ErrNilDB", err)
+	}
+	var nilPool *pgxpool.Pool
+	if _, err := Inspect(ctx, nilPool, "x"); !errors.Is(err, ErrNilDB) {
+		t.Errorf("Inspect(typed nil pool) = %v, want ErrNilDB", err)
 	}
 	if _, err := l.NewElector("e", &ElectionConfig{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second}); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("NewElector(renew deadline > lease) = %v", err)
@@ -628,7 +633,7 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 func TestSlowGrantIsGivenBack(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
-	l := newLocker(t, pool, &Config{Holder: "slow", NoListen: true})
+	l := newLocker(t, pool, &Config{Holder: "slow", PollOnly: true})
 	ctx := testCtx(t, 30*time.Second)
 	first := mustAcquire(t, l, "slow-grant", time.Minute)
 	if err := first.Release(ctx); err != nil {
@@ -720,7 +725,7 @@ func TestRetriesOnTerminatedConnection(t *testing.T) {
 			t.Fatalf("terminated %d backends, want the pool's one", n)
 		}
 	}
-	l := newLocker(t, pool, &Config{Holder: "survivor", NoListen: true})
+	l := newLocker(t, pool, &Config{Holder: "survivor", PollOnly: true})
 	for round := range 3 {
 		name := "terminated-" + string(rune('a'+round))
 		warm := mustAcquire(t, l, name, time.Minute)

@@ -175,13 +175,13 @@ func TestListenerReconnectNoLostWakeup(t *testing.T) {
 	}
 }
 
-// A waiter that polls (NoListen + PollInterval) also gets the lock.
+// A waiter that polls (PollOnly + PollInterval) also gets the lock.
 func TestPollingWaiter(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := testCtx(t, 30*time.Second)
 	a := newLocker(t, pool, nil)
-	b := newLocker(t, pool, &Config{NoListen: true, PollInterval: 50 * time.Millisecond})
+	b := newLocker(t, pool, &Config{PollOnly: true, PollInterval: 50 * time.Millisecond})
 	held := mustAcquire(t, a, "poll", time.Minute)
 	waiting := waitSignal(b)
 	res := acquireAsync(ctx, b, "poll", time.Minute)
@@ -193,7 +193,7 @@ func TestPollingWaiter(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	if b.lis != nil {
-		t.Error("NoListen Locker has a listener")
+		t.Error("PollOnly Locker has a listener")
 	}
 }
 

@@ -6,7 +6,7 @@
 -- EnqueueJob inserts one job. A NULL run_at means now() on the database clock.
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
 VALUES (@queue, @payload, @priority, coalesce(sqlc.narg('run_at')::timestamptz, now()), @max_attempts)
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: EnqueueJobs :many
 -- EnqueueJobs inserts many jobs in one statement (one NOTIFY per queue).
@@ -49,22 +49,22 @@ WITH due AS (
     UPDATE pgfence.jobs j
     SET state            = CASE WHEN p.expired_dead THEN 'dead' ELSE 'running' END,
         attempts         = CASE WHEN p.expired_dead THEN j.attempts ELSE j.attempts + 1 END,
-        claimed_by       = CASE WHEN p.expired_dead THEN j.claimed_by ELSE @worker::text END,
+        holder       = CASE WHEN p.expired_dead THEN j.holder ELSE @holder::text END,
         claim_token      = CASE WHEN p.expired_dead THEN j.claim_token
                                 ELSE nextval('pgfence.jobs_claim_token_seq') END,
         claim_expires_at = CASE WHEN p.expired_dead THEN NULL
                                 ELSE now() + interval '1 millisecond' * @ttl_ms::bigint END,
         last_error       = CASE WHEN j.state = 'running'
-                                THEN 'claim ' || j.claim_token || ' of ' || j.claimed_by || ' expired at ' || j.claim_expires_at
+                                THEN 'claim ' || j.claim_token || ' of ' || j.holder || ' expired at ' || j.claim_expires_at
                                 ELSE j.last_error END,
         finished_at      = CASE WHEN p.expired_dead THEN now() END,
         claim_outcome    = CASE WHEN p.expired_dead THEN 'expired' END,
         updated_at       = now()
     FROM picked p
     WHERE j.id = p.id
-    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
+    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
 WHERE claimed.state = 'running'
 ORDER BY claimed.priority, claimed.run_at, claimed.id;
 
@@ -92,7 +92,7 @@ SET state            = CASE WHEN attempts >= max_attempts OR @give_up::boolean T
     claim_outcome    = 'failed',
     updated_at       = now()
 WHERE id = @id AND claim_token = @claim_token::bigint AND state = 'running'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: HeartbeatJobs :many
 -- HeartbeatJobs extends the claims that are still held under the given tokens
@@ -127,19 +127,19 @@ RETURNING j.id;
 
 -- name: GetJob :one
 -- GetJob returns one job.
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = @id;
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = @id;
 
 -- name: GetJobClaims :many
 -- GetJobClaims returns the claim columns of some jobs, to say why a
 -- conditional update changed nothing: the claim was taken over, or it already
 -- ended with the outcome the caller is retrying.
-SELECT id, state, claim_token, claimed_by, claim_outcome FROM pgfence.jobs WHERE id = ANY(@ids::bigint[]);
+SELECT id, state, claim_token, holder, claim_outcome FROM pgfence.jobs WHERE id = ANY(@ids::bigint[]);
 
 -- name: ClaimJobsTx :many
 -- ClaimJobsTx locks up to max_jobs available, due jobs of a queue with FOR
 -- UPDATE SKIP LOCKED, for the transaction that runs it. Nothing is written:
 -- the row lock is the claim, and it ends with the transaction.
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
 WHERE queue = @queue AND state = 'available' AND run_at <= now()
 ORDER BY priority, run_at, id
 LIMIT @max_jobs
@@ -164,7 +164,7 @@ SET attempts    = attempts + 1,
     last_error  = @last_error::text,
     updated_at  = now()
 WHERE id = @id AND state = 'available'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: DeleteFinishedJobs :execrows
 -- DeleteFinishedJobs deletes up to max_jobs completed or dead jobs that

@@ -51,7 +51,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 			for w := range benchWorkers {
 				wg.Go(func() {
 					for {
-						js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: queue, Worker: fmt.Sprint(w), Limit: batch, TTL: time.Minute})
+						js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: queue, Holder: fmt.Sprint(w), Limit: batch, TTL: time.Minute})
 						if err != nil {
 							b.Error(err)
 							return
@@ -142,7 +142,7 @@ func BenchmarkClaimWithFinishedRows(b *testing.B) {
 			}
 			b.ResetTimer()
 			for range b.N {
-				js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "big", Worker: "w", Limit: 10, TTL: time.Minute})
+				js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "big", Holder: "w", Limit: 10, TTL: time.Minute})
 				if err != nil || len(js) != 10 {
 					b.Fatal(len(js), err)
 				}

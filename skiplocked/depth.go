@@ -48,7 +48,7 @@ func (d Depth) Drained() bool { return d.Total() > 0 && d.Unfinished() == 0 }
 // It reads every row of the queue, finished ones included: on a queue with
 // millions of finished rows prune them with [DeleteFinished]. Run it on a
 // pool, or in your own transaction to count together with your writes.
-func QueueDepth(ctx context.Context, db DB, queue string) (Depth, error) {
+func QueueDepth(ctx context.Context, db DBTX, queue string) (Depth, error) {
 	if nilcheck.IsNil(db) {
 		return Depth{}, ErrNilDB
 	}
@@ -69,7 +69,7 @@ func QueueDepth(ctx context.Context, db DB, queue string) (Depth, error) {
 
 // QueueDepths counts the jobs of every queue that has any, per state, in one
 // statement, ordered by queue name. It reads the whole of pgfence.jobs.
-func QueueDepths(ctx context.Context, db DB) ([]Depth, error) {
+func QueueDepths(ctx context.Context, db DBTX) ([]Depth, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
@@ -88,7 +88,7 @@ func QueueDepths(ctx context.Context, db DB) ([]Depth, error) {
 // queueUnfinished reports whether queue has an available or running job,
 // reading only the partial indexes of unfinished jobs. An unknown answer is
 // reported as unfinished.
-func queueUnfinished(ctx context.Context, db DB, queue string) (bool, error) {
+func queueUnfinished(ctx context.Context, db DBTX, queue string) (bool, error) {
 	v, err := queries.QueueHasUnfinished(ctx, db, queue)
 	if err != nil {
 		return true, translate("drain check", err)

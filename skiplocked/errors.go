@@ -23,12 +23,12 @@ var (
 	// ErrJobNotFound means no job has the given id.
 	ErrJobNotFound = errors.New("skiplocked: job not found")
 
-	// ErrInvalidQueue means a queue name is empty, longer than [MaxQueueLen]
+	// ErrInvalidQueue means a queue name is empty, longer than [MaxQueueBytes]
 	// bytes or contains control characters.
 	ErrInvalidQueue = errors.New("skiplocked: invalid queue name")
-	// ErrInvalidWorker means a worker identity is empty, longer than
-	// [MaxWorkerLen] bytes or contains control characters.
-	ErrInvalidWorker = errors.New("skiplocked: invalid worker identity")
+	// ErrInvalidHolder means a worker identity is empty, longer than
+	// [MaxHolderBytes] bytes or contains control characters.
+	ErrInvalidHolder = errors.New("skiplocked: invalid worker identity")
 	// ErrInvalidLimit means a batch size (rows per claim) is <= 0 or larger
 	// than [MaxBatch].
 	ErrInvalidLimit = errors.New("skiplocked: invalid batch size")
@@ -106,8 +106,8 @@ type ClaimLostError struct {
 	CurrentToken int64
 	// State is the job's state now ("" when unknown).
 	State State
-	// ClaimedBy is the worker of the job's latest claim ("" when unknown).
-	ClaimedBy string
+	// Holder is the worker of the job's latest claim ("" when unknown).
+	Holder string
 	// Outcome is how the claim under CurrentToken ended: [OutcomeCompleted],
 	// [OutcomeFailed], [OutcomeReleased] or [OutcomeExpired]; "" while that
 	// claim runs, or when unknown. When CurrentToken == Token it says how
@@ -125,7 +125,7 @@ func (e *ClaimLostError) Error() string {
 	switch {
 	case e.CurrentToken > e.Token:
 		return fmt.Sprintf("skiplocked: claim lost: job %d was re-claimed with token %d by %q (yours: %d), state %s",
-			e.JobID, e.CurrentToken, e.ClaimedBy, e.Token, e.State)
+			e.JobID, e.CurrentToken, e.Holder, e.Token, e.State)
 	case e.CurrentToken == e.Token && e.Outcome != "":
 		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d already ended (%s), state %s", e.JobID, e.Token, e.Outcome, e.State)
 	case e.CurrentToken == e.Token:
@@ -280,3 +280,7 @@ func isClosedConn(err error) bool {
 	}
 	return false
 }
+
+// ErrShutdown is the cause of a handler's context cancellation when the
+// [Worker] stops and [Config.ShutdownTimeout] has passed.
+var ErrShutdown = errors.New("skiplocked: worker shutting down")

@@ -26,10 +26,10 @@ import (
 
 // lossyDB runs every statement for real and then reports the connection
 // lost, as when the reply of a committed statement never reaches the client.
-type lossyDB struct{ skiplocked.DB }
+type lossyDB struct{ skiplocked.DBTX }
 
 func (d lossyDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	rows, err := d.DB.Query(ctx, sql, args...)
+	rows, err := d.DBTX.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -41,7 +41,7 @@ func (d lossyDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 }
 
 func (d lossyDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return lossyRow{d.DB.QueryRow(ctx, sql, args...)}
+	return lossyRow{d.DBTX.QueryRow(ctx, sql, args...)}
 }
 
 type lossyRow struct{ pgx.Row }
@@ -92,9 +92,9 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func claimOne(t *testing.T, ctx context.Context, db skiplocked.DB, queue, worker string, ttl time.Duration) skiplocked.Job {
+func claimOne(t *testing.T, ctx context.Context, db skiplocked.DBTX, queue, worker string, ttl time.Duration) skiplocked.Job {
 	t.Helper()
-	js, err := skiplocked.Claim(ctx, db, skiplocked.ClaimParams{Queue: queue, Worker: worker, Limit: 1, TTL: ttl})
+	js, err := skiplocked.Claim(ctx, db, skiplocked.ClaimParams{Queue: queue, Holder: worker, Limit: 1, TTL: ttl})
 	if err != nil || len(js) != 1 {
 		t.Fatalf("%s: claim = %v, %v", worker, js, err)
 	}
@@ -199,13 +199,13 @@ func TestIdempotentOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := skiplocked.Complete(ctx, pool, e1.Ref()); !errors.As(err, &lost) || !lost.Reclaimed() ||
-		lost.CurrentToken != e2.ClaimToken || lost.ClaimedBy != "w2" || lost.State != skiplocked.StateCompleted {
+		lost.CurrentToken != e2.ClaimToken || lost.Holder != "w2" || lost.State != skiplocked.StateCompleted {
 		t.Fatalf("stale completion: %v (%+v)", err, lost)
 	}
 	refs, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{e1.Ref(), e2.Ref()})
 	var cl *skiplocked.ClaimsLostError
 	if !errors.As(err, &cl) || len(refs) != 1 || refs[0] != e1.Ref() || len(cl.Details) != 1 ||
-		cl.Details[0].CurrentToken != e2.ClaimToken || cl.Details[0].ClaimedBy != "w2" {
+		cl.Details[0].CurrentToken != e2.ClaimToken || cl.Details[0].Holder != "w2" {
 		t.Fatalf("CompleteMany(stale, retried) = %v, %v", refs, err)
 	}
 	if err := skiplocked.Release(ctx, pool, e1.Ref()); !errors.Is(err, skiplocked.ErrClaimLost) {
@@ -221,7 +221,7 @@ func TestIdempotentOutcomes(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", f.ID); err != nil {
 		t.Fatal(err)
 	}
-	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: q + "3", Worker: "w2", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
+	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: q + "3", Holder: "w2", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
 		t.Fatalf("claim of an expired last attempt = %v, %v (want it dead, not returned)", js, err)
 	}
 	if _, err := skiplocked.Fail(ctx, pool, f.Ref(), skiplocked.FailParams{Error: "late"}); !errors.As(err, &lost) ||
@@ -281,14 +281,14 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	}
 	ids := enqueueN(t, pool, queue, 1, 5)
 	paused, resume := make(chan skiplocked.Job, 1), make(chan struct{})
-	effect := func(ctx context.Context, db skiplocked.DB, j skiplocked.Job, worker string) error {
+	effect := func(ctx context.Context, db skiplocked.DBTX, j skiplocked.Job, worker string) error {
 		_, err := db.Exec(ctx, "INSERT INTO effects VALUES ($1, $2, $3)", j.ID, j.ClaimToken, worker)
 		return err
 	}
 	var mu sync.Mutex
 	var calls int
 	cfg := &skiplocked.Config{
-		Worker: "A", ClaimTTL: time.Hour, HeartbeatInterval: 50 * time.Minute, PollInterval: 20 * time.Millisecond,
+		Holder: "A", ClaimTTL: time.Hour, HeartbeatInterval: 50 * time.Minute, PollInterval: 20 * time.Millisecond,
 		OnClaimLost: func(_ context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -350,7 +350,7 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	mu.Lock()
 	defer mu.Unlock()
 	if calls != 1 || reported == nil || reported.Token != a.ClaimToken || reported.CurrentToken != b.ClaimToken ||
-		reported.ClaimedBy != "B" || reported.State != skiplocked.StateCompleted {
+		reported.Holder != "B" || reported.State != skiplocked.StateCompleted {
 		t.Fatalf("OnClaimLost called %d times, last with %+v; want once, naming B's token %d", calls, reported, b.ClaimToken)
 	}
 	return effects, reported, sum
@@ -504,7 +504,7 @@ func TestDrainImport5000(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range workers {
 		w, err := skiplocked.NewTxWorker(pool, queue, handler, &skiplocked.Config{
-			Worker: fmt.Sprintf("importer-%d", i), Concurrency: 4, BatchSize: 20,
+			Holder: fmt.Sprintf("importer-%d", i), Concurrency: 4, BatchSize: 20,
 			PollInterval: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
 		})
 		if err != nil {
@@ -678,7 +678,7 @@ func TestLostClaimReachesHandler(t *testing.T) {
 		t.Fatal("handler not cancelled after its claim was lost")
 	}
 	var lost *skiplocked.ClaimLostError
-	if !errors.As(c, &lost) || lost.Token != a.ClaimToken || lost.CurrentToken != b.ClaimToken || lost.ClaimedBy != "B" ||
+	if !errors.As(c, &lost) || lost.Token != a.ClaimToken || lost.CurrentToken != b.ClaimToken || lost.Holder != "B" ||
 		lost.State != skiplocked.StateRunning {
 		t.Fatalf("cause = %v (%+v), want a *ClaimLostError naming B's claim %d", c, lost, b.ClaimToken)
 	}

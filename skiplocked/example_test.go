@@ -72,7 +72,7 @@ func ExampleClaim() {
 		log.Fatal(err)
 	}
 	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{
-		Queue: "imports", Worker: "importer-1", Limit: 10, TTL: time.Minute,
+		Queue: "imports", Holder: "importer-1", Limit: 10, TTL: time.Minute,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -135,7 +135,7 @@ func ExampleNewTxWorker() {
 	}, &skiplocked.Config{
 		Concurrency: 4,
 		OnClaimLost: func(ctx context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
-			log.Printf("job %d taken over by %s: %v", j.ID, err.ClaimedBy, err)
+			log.Printf("job %d taken over by %s: %v", j.ID, err.Holder, err)
 		},
 	})
 	if err != nil {
@@ -175,7 +175,7 @@ func ExampleDefaultBackoff() {
 }
 
 func ExampleClaimLostError() {
-	var err error = &skiplocked.ClaimLostError{JobID: 7, Token: 41, CurrentToken: 42, ClaimedBy: "importer-2", State: skiplocked.StateRunning}
+	var err error = &skiplocked.ClaimLostError{JobID: 7, Token: 41, CurrentToken: 42, Holder: "importer-2", State: skiplocked.StateRunning}
 	fmt.Println(errors.Is(err, skiplocked.ErrClaimLost))
 	fmt.Println(err)
 	// Output:

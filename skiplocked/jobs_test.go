@@ -44,7 +44,7 @@ func TestEnqueueAndClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Worker: "w1", Limit: 10, TTL: time.Minute})
+	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w1", Limit: 10, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestEnqueueAndClaim(t *testing.T) {
 		t.Fatalf("claimed %+v, want [high, low] and not the future or other-queue job", jobs)
 	}
 	for _, j := range jobs {
-		if j.State != skiplocked.StateRunning || j.ClaimedBy != "w1" || j.ClaimToken <= 0 || j.Attempts != 1 ||
+		if j.State != skiplocked.StateRunning || j.Holder != "w1" || j.ClaimToken <= 0 || j.Attempts != 1 ||
 			!j.ClaimExpiresAt.After(j.UpdatedAt.Add(59*time.Second)) {
 			t.Fatalf("claimed job = %+v", j)
 		}
@@ -63,7 +63,7 @@ func TestEnqueueAndClaim(t *testing.T) {
 	if string(jobs[1].Payload) != `{"a": 1}` {
 		t.Fatalf("payload = %s", jobs[1].Payload)
 	}
-	again, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Worker: "w2", Limit: 10, TTL: time.Minute})
+	again, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w2", Limit: 10, TTL: time.Minute})
 	if err != nil || len(again) != 0 {
 		t.Fatalf("second claim = %v, %v; want nothing (claims held, future job not due)", again, err)
 	}
@@ -102,16 +102,16 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	pool := pgtest.Pool(t)
 	enqueueN(t, pool, "stale", 1, 3)
 
-	a, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Worker: "A", Limit: 1, TTL: 300 * time.Millisecond})
+	a, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Holder: "A", Limit: 1, TTL: 300 * time.Millisecond})
 	if err != nil || len(a) != 1 {
 		t.Fatalf("A claim = %v, %v", a, err)
 	}
 	// Before expiry B gets nothing.
-	if b, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Worker: "B", Limit: 1, TTL: time.Minute}); err != nil || len(b) != 0 {
+	if b, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Holder: "B", Limit: 1, TTL: time.Minute}); err != nil || len(b) != 0 {
 		t.Fatalf("B claim before expiry = %v, %v", b, err)
 	}
 	time.Sleep(400 * time.Millisecond) // let A's claim expire on the database clock
-	b, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Worker: "B", Limit: 1, TTL: time.Minute})
+	b, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "stale", Holder: "B", Limit: 1, TTL: time.Minute})
 	if err != nil || len(b) != 1 || b[0].ID != a[0].ID {
 		t.Fatalf("B claim after expiry = %v, %v", b, err)
 	}
@@ -126,7 +126,7 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 		if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &lost) {
 			t.Fatalf("%s by stale A: err = %v, want ErrClaimLost", op, err)
 		}
-		if lost.CurrentToken != b[0].ClaimToken || lost.ClaimedBy != "B" || lost.Token != a[0].ClaimToken {
+		if lost.CurrentToken != b[0].ClaimToken || lost.Holder != "B" || lost.Token != a[0].ClaimToken {
 			t.Fatalf("%s: ClaimLostError = %+v", op, lost)
 		}
 	}
@@ -154,7 +154,7 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	if err := skiplocked.Complete(ctx, pool, b[0].Ref()); err != nil {
 		t.Fatalf("B complete: %v", err)
 	}
-	if got := mustJob(t, pool, a[0].ID); got.State != skiplocked.StateCompleted || got.ClaimedBy != "B" {
+	if got := mustJob(t, pool, a[0].ID); got.State != skiplocked.StateCompleted || got.Holder != "B" {
 		t.Fatalf("final row %+v", got)
 	}
 }
@@ -166,7 +166,7 @@ func TestExpiredButNotReclaimedCompletes(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	enqueueN(t, pool, "late", 1, 3)
-	a, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "late", Worker: "A", Limit: 1, TTL: 100 * time.Millisecond})
+	a, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "late", Holder: "A", Limit: 1, TTL: 100 * time.Millisecond})
 	if err != nil || len(a) != 1 {
 		t.Fatal(a, err)
 	}
@@ -183,7 +183,7 @@ func TestFailRetryBackoffAndDead(t *testing.T) {
 	ids := enqueueN(t, pool, "dl", 1, 2)
 	claim := func() skiplocked.Job {
 		t.Helper()
-		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Worker: "w", Limit: 5, TTL: time.Minute})
+		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Holder: "w", Limit: 5, TTL: time.Minute})
 		if err != nil || len(js) != 1 {
 			t.Fatalf("claim = %v, %v", js, err)
 		}
@@ -205,7 +205,7 @@ func TestFailRetryBackoffAndDead(t *testing.T) {
 		t.Fatalf("run_at pushed by %s, want ~1h", d)
 	}
 	// Not claimable until run_at.
-	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Worker: "w", Limit: 5, TTL: time.Minute}); err != nil || len(js) != 0 {
+	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Holder: "w", Limit: 5, TTL: time.Minute}); err != nil || len(js) != 0 {
 		t.Fatalf("claim during backoff = %v, %v", js, err)
 	}
 	if _, err := pool.Exec(ctx, "UPDATE pgfence.jobs SET run_at = now() WHERE id = $1", ids[0]); err != nil {
@@ -222,7 +222,7 @@ func TestFailRetryBackoffAndDead(t *testing.T) {
 	if got.State != skiplocked.StateDead || got.LastError != "second and last" || got.FinishedAt.IsZero() {
 		t.Fatalf("after max attempts: %+v", got)
 	}
-	if js, _ := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Worker: "w", Limit: 5, TTL: time.Minute}); len(js) != 0 {
+	if js, _ := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "dl", Holder: "w", Limit: 5, TTL: time.Minute}); len(js) != 0 {
 		t.Fatalf("dead job claimed again: %+v", js)
 	}
 
@@ -242,11 +242,11 @@ func TestExpiredClaimOnLastAttemptGoesDead(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	ids := enqueueN(t, pool, "exp", 1, 1)
-	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "exp", Worker: "crashy", Limit: 1, TTL: 100 * time.Millisecond}); err != nil || len(js) != 1 {
+	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "exp", Holder: "crashy", Limit: 1, TTL: 100 * time.Millisecond}); err != nil || len(js) != 1 {
 		t.Fatal(js, err)
 	}
 	time.Sleep(150 * time.Millisecond)
-	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "exp", Worker: "w", Limit: 1, TTL: time.Minute})
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "exp", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(js) != 0 {
 		t.Fatalf("claim = %v, %v; want nothing", js, err)
 	}
@@ -261,7 +261,7 @@ func TestHeartbeatAndRelease(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	enqueueN(t, pool, "hb", 2, 5)
-	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Worker: "w", Limit: 2, TTL: 200 * time.Millisecond})
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Holder: "w", Limit: 2, TTL: 200 * time.Millisecond})
 	if err != nil || len(js) != 2 {
 		t.Fatal(js, err)
 	}
@@ -271,7 +271,7 @@ func TestHeartbeatAndRelease(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	// js[1] expired and is claimable; js[0] was extended and is not.
-	other, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Worker: "w2", Limit: 2, TTL: time.Minute})
+	other, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Holder: "w2", Limit: 2, TTL: time.Minute})
 	if err != nil || len(other) != 1 || other[0].ID != js[1].ID {
 		t.Fatalf("claim after heartbeat = %+v, %v", other, err)
 	}
@@ -282,7 +282,7 @@ func TestHeartbeatAndRelease(t *testing.T) {
 	if j.State != skiplocked.StateAvailable || j.Attempts != 0 || !j.ClaimExpiresAt.IsZero() {
 		t.Fatalf("released job = %+v", j)
 	}
-	again, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Worker: "w3", Limit: 2, TTL: time.Minute})
+	again, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hb", Holder: "w3", Limit: 2, TTL: time.Minute})
 	if err != nil || len(again) != 1 || again[0].ID != js[0].ID || again[0].ClaimToken <= other[0].ClaimToken {
 		t.Fatalf("claim after release = %+v, %v", again, err)
 	}
@@ -342,18 +342,18 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer victim2.Close(context.Background())
-	leased, err := skiplocked.Claim(ctx, victim2, skiplocked.ClaimParams{Queue: "lease", Worker: "victim", Limit: 10, TTL: 500 * time.Millisecond})
+	leased, err := skiplocked.Claim(ctx, victim2, skiplocked.ClaimParams{Queue: "lease", Holder: "victim", Limit: 10, TTL: 500 * time.Millisecond})
 	if err != nil || len(leased) != 10 {
 		t.Fatal(leased, err)
 	}
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", victim2.PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
-	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "lease", Worker: "rescuer", Limit: 10, TTL: time.Minute}); err != nil || len(js) != 0 {
+	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "lease", Holder: "rescuer", Limit: 10, TTL: time.Minute}); err != nil || len(js) != 0 {
 		t.Fatalf("before expiry rescuer claims %d (%v), want 0", len(js), err)
 	}
 	time.Sleep(600 * time.Millisecond)
-	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "lease", Worker: "rescuer", Limit: 10, TTL: time.Minute})
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "lease", Holder: "rescuer", Limit: 10, TTL: time.Minute})
 	if err != nil || len(js) != 10 {
 		t.Fatalf("after expiry rescuer claims %d (%v), want 10", len(js), err)
 	}
@@ -503,7 +503,7 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	start := time.Now()
-	js, err := skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "idx", Worker: "w", Limit: 10, TTL: time.Minute})
+	js, err := skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "idx", Holder: "w", Limit: 10, TTL: time.Minute})
 	if err != nil || len(js) != 10 {
 		t.Fatal(js, err)
 	}
@@ -557,7 +557,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 		name := "worker-" + string(rune('A'+w))
 		wg.Go(func() {
 			for {
-				js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Worker: name, Limit: 50, TTL: time.Minute})
+				js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Holder: name, Limit: 50, TTL: time.Minute})
 				if err != nil {
 					errs <- err
 					return
@@ -596,7 +596,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 	}
 	unblock()
 	for {
-		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Worker: "worker-Z", Limit: 50, TTL: time.Minute})
+		js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "drain", Holder: "worker-Z", Limit: 50, TTL: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -619,7 +619,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 		t.Fatalf("processed %d rows, want %d", len(processedBy), rows)
 	}
 	// Per row: completed once, by the worker the test recorded.
-	dbRows, err := pool.Query(ctx, "SELECT id, claimed_by, attempts, state FROM pgfence.jobs WHERE queue = 'drain'")
+	dbRows, err := pool.Query(ctx, "SELECT id, holder, attempts, state FROM pgfence.jobs WHERE queue = 'drain'")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -633,7 +633,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 			t.Fatal(err)
 		}
 		if state != "completed" || attempts != 1 || processedBy[id] != by {
-			t.Fatalf("job %d: state %s attempts %d claimed_by %s, test saw %s", id, state, attempts, by, processedBy[id])
+			t.Fatalf("job %d: state %s attempts %d holder %s, test saw %s", id, state, attempts, by, processedBy[id])
 		}
 		perWorker[by]++
 		n++

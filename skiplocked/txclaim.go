@@ -15,9 +15,9 @@ import (
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
-// MaxIdentifierLen is the longest table or column name a [Spec] accepts, in
+// MaxIdentifierBytes is the longest table or column name a [Spec] accepts, in
 // bytes (PostgreSQL's NAMEDATALEN - 1).
-const MaxIdentifierLen = 63
+const MaxIdentifierBytes = 63
 
 // identRe is what a [Spec] accepts as a name: letters, digits, _ and $, not
 // starting with a digit or $. Names that would need quoting to be valid SQL
@@ -114,7 +114,7 @@ type TxClaimer struct {
 // here with [ErrUnknownTable] or [ErrUnknownColumn] instead of aborting a
 // transaction later. Malformed names get [ErrInvalidIdentifier]; other
 // mistakes [ErrInvalidSpec] or [ErrInvalidLimit].
-func NewTxClaimer(ctx context.Context, db DB, spec Spec) (*TxClaimer, error) {
+func NewTxClaimer(ctx context.Context, db DBTX, spec Spec) (*TxClaimer, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
@@ -222,7 +222,7 @@ func buildTxClaimer(spec Spec) (*TxClaimer, error) {
 	return c, nil
 }
 
-func (c *TxClaimer) checkCatalog(ctx context.Context, db DB) error {
+func (c *TxClaimer) checkCatalog(ctx context.Context, db DBTX) error {
 	name := pgx.Identifier{c.spec.Table}.Sanitize()
 	if c.spec.Schema != "" {
 		name = pgx.Identifier{c.spec.Schema, c.spec.Table}.Sanitize()
@@ -319,8 +319,8 @@ func checkIdent(what, name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: empty %s name", ErrInvalidIdentifier, what)
 	}
-	if len(name) > MaxIdentifierLen {
-		return fmt.Errorf("%w: %s name of %d bytes, at most %d", ErrInvalidIdentifier, what, len(name), MaxIdentifierLen)
+	if len(name) > MaxIdentifierBytes {
+		return fmt.Errorf("%w: %s name of %d bytes, at most %d", ErrInvalidIdentifier, what, len(name), MaxIdentifierBytes)
 	}
 	if !identRe.MatchString(name) {
 		return fmt.Errorf("%w: %s name %q is not a plain identifier", ErrInvalidIdentifier, what, name)

@@ -20,7 +20,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	enqueueN(t, pool, "v", 3, 5)
-	held, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+	held, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(held) != 1 {
 		t.Fatal(held, err)
 	}
@@ -34,7 +34,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	before := snapshot()
 	var nilPool *pgxpool.Pool
 	claim := func(mut func(*skiplocked.ClaimParams)) error {
-		p := skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 10, TTL: time.Minute}
+		p := skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 10, TTL: time.Minute}
 		mut(&p)
 		_, err := skiplocked.Claim(ctx, pool, p)
 		return err
@@ -51,7 +51,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"claim: empty queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "" }), skiplocked.ErrInvalidQueue},
 		{"claim: 129-byte queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = strings.Repeat("q", 129) }), skiplocked.ErrInvalidQueue},
 		{"claim: control char queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "a\x00b" }), skiplocked.ErrInvalidQueue},
-		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Worker = "" }), skiplocked.ErrInvalidWorker},
+		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Holder = "" }), skiplocked.ErrInvalidHolder},
 		{"claim: zero batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 0 }), skiplocked.ErrInvalidLimit},
 		{"claim: negative batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = -5 }), skiplocked.ErrInvalidLimit},
 		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = skiplocked.MaxBatch + 1 }), skiplocked.ErrInvalidLimit},
@@ -59,7 +59,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"claim: negative TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = -time.Second }), skiplocked.ErrInvalidTTL},
 		{"claim: absurd TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 1000 * time.Hour }), skiplocked.ErrInvalidTTL},
 		{"claim: nil pool", func() error {
-			_, err := skiplocked.Claim(ctx, nilPool, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+			_, err := skiplocked.Claim(ctx, nilPool, skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 1, TTL: time.Minute})
 			return err
 		}(), skiplocked.ErrNilDB},
 		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), skiplocked.ErrInvalidQueue},
@@ -126,7 +126,7 @@ func TestDroppedConnectionIsTyped(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", conn.Conn().PgConn().PID()); err != nil {
 		t.Fatal(err)
 	}
-	_, err = skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "v", Worker: "w", Limit: 1, TTL: time.Minute})
+	_, err = skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 1, TTL: time.Minute})
 	if !errors.Is(err, skiplocked.ErrConnection) {
 		t.Fatalf("claim on a terminated connection: %v, want ErrConnection", err)
 	}
@@ -159,7 +159,7 @@ func TestEnqueueManyAndDeleteFinished(t *testing.T) {
 	if string(j0.Payload) != "[1, 2]" || j0.Priority != 3 || j0.MaxAttempts != 7 || !j1.RunAt.Equal(at) {
 		t.Fatalf("jobs %+v %+v", j0, j1)
 	}
-	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "m", Worker: "w", Limit: 5, TTL: time.Minute})
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "m", Holder: "w", Limit: 5, TTL: time.Minute})
 	if err != nil || len(js) != 1 {
 		t.Fatal(js, err)
 	}
@@ -178,7 +178,7 @@ func TestEnqueueManyAndDeleteFinished(t *testing.T) {
 func TestClaimLostErrorMessages(t *testing.T) {
 	t.Parallel()
 	for _, e := range []*skiplocked.ClaimLostError{
-		{JobID: 1, Token: 2, CurrentToken: 3, ClaimedBy: "B", State: skiplocked.StateRunning},
+		{JobID: 1, Token: 2, CurrentToken: 3, Holder: "B", State: skiplocked.StateRunning},
 		{JobID: 1, Token: 2, CurrentToken: 2, State: skiplocked.StateCompleted},
 		{JobID: 1, Token: 2},
 	} {
@@ -245,7 +245,7 @@ func TestClaimTokenExhausted(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT setval('pgfence.jobs_claim_token_seq', 9223372036854775806)"); err != nil {
 		t.Fatal(err)
 	}
-	_, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "max", Worker: "w", Limit: 2, TTL: time.Minute})
+	_, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "max", Holder: "w", Limit: 2, TTL: time.Minute})
 	if !errors.Is(err, skiplocked.ErrTokenExhausted) {
 		t.Fatalf("claim past the last token: %v, want ErrTokenExhausted", err)
 	}

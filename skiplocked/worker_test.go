@@ -79,7 +79,7 @@ func TestWorkersDrainExactlyOnce(t *testing.T) {
 	var handled, dups atomic.Int64
 	allDone := make(chan struct{})
 	h := func(_ context.Context, j skiplocked.Job) error {
-		if _, dup := seen.LoadOrStore(j.ID, j.ClaimedBy); dup {
+		if _, dup := seen.LoadOrStore(j.ID, j.Holder); dup {
 			dups.Add(1)
 		}
 		if handled.Add(1) == int64(rows) {
@@ -90,7 +90,7 @@ func TestWorkersDrainExactlyOnce(t *testing.T) {
 	var stops []func() error
 	for i := range workers {
 		w := newWorker(t, pool, "drainw", h, &skiplocked.Config{
-			Worker: fmt.Sprintf("w%d", i), Concurrency: 4, BatchSize: 50, PollInterval: 50 * time.Millisecond,
+			Holder: fmt.Sprintf("w%d", i), Concurrency: 4, BatchSize: 50, PollInterval: 50 * time.Millisecond,
 		})
 		stops = append(stops, runWorker(t, w))
 	}
@@ -114,7 +114,7 @@ func TestWorkersDrainExactlyOnce(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.jobs WHERE queue = 'drainw' AND attempts <> 1`).Scan(&mismatch); err != nil || mismatch != 0 {
 		t.Fatalf("%d jobs with attempts <> 1 (%v)", mismatch, err)
 	}
-	rs, err := pool.Query(context.Background(), "SELECT id, claimed_by FROM pgfence.jobs WHERE queue = 'drainw'")
+	rs, err := pool.Query(context.Background(), "SELECT id, holder FROM pgfence.jobs WHERE queue = 'drainw'")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestWorkersDrainExactlyOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		if v, ok := seen.Load(id); !ok || v.(string) != by {
-			t.Fatalf("job %d handled by %v but claimed_by %s", id, v, by)
+			t.Fatalf("job %d handled by %v but holder %s", id, v, by)
 		}
 	}
 	if err := rs.Err(); err != nil {
@@ -339,7 +339,7 @@ func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 	stop := runWorker(t, w)
 	a := <-started
 	time.Sleep(600 * time.Millisecond) // two TTLs: only heartbeats keep the claim
-	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hbw", Worker: "B", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
+	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hbw", Holder: "B", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
 		t.Fatalf("B claimed %v (%v) while heartbeats run", js, err)
 	}
 	// Simulate a pause longer than the TTL: expire the claim and re-claim as B
@@ -351,7 +351,7 @@ func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 	if _, err := tx.Exec(ctx, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	b, err := skiplocked.Claim(ctx, tx, skiplocked.ClaimParams{Queue: "hbw", Worker: "B", Limit: 1, TTL: time.Minute})
+	b, err := skiplocked.Claim(ctx, tx, skiplocked.ClaimParams{Queue: "hbw", Holder: "B", Limit: 1, TTL: time.Minute})
 	if err != nil || len(b) != 1 {
 		t.Fatal(b, err)
 	}
@@ -370,7 +370,7 @@ func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	j := mustJob(t, pool, ids[0])
-	if j.State != skiplocked.StateRunning || j.ClaimToken != b[0].ClaimToken || j.ClaimedBy != "B" || j.ClaimToken <= a.ClaimToken {
+	if j.State != skiplocked.StateRunning || j.ClaimToken != b[0].ClaimToken || j.Holder != "B" || j.ClaimToken <= a.ClaimToken {
 		t.Fatalf("job after stale worker = %+v", j)
 	}
 	if err := skiplocked.Complete(ctx, pool, b[0].Ref()); err != nil {
@@ -403,7 +403,7 @@ func TestWorkerConfigValidation(t *testing.T) {
 		"negative heartbeat":   {HeartbeatInterval: -time.Second},
 		"tiny poll":            {PollInterval: time.Millisecond},
 		"negative shutdown":    {ShutdownTimeout: -time.Second},
-		"control in worker id": {Worker: "a\nb"},
+		"control in worker id": {Holder: "a\nb"},
 	}
 	for name, cfg := range bad {
 		if _, err := skiplocked.NewWorker(pool, "q", h, &cfg); !errors.Is(err, skiplocked.ErrInvalidConfig) {
@@ -414,8 +414,8 @@ func TestWorkerConfigValidation(t *testing.T) {
 		t.Errorf("defaults refused: %v", err)
 	}
 	w, err := skiplocked.NewWorker(pool, "q", h, nil)
-	if err != nil || w.ID() == "" {
-		t.Fatalf("nil config: %v, id %q", err, w.ID())
+	if err != nil || w.Holder() == "" {
+		t.Fatalf("nil config: %v, id %q", err, w.Holder())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -159,7 +159,7 @@ func TestExporterScrape(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.jobs(queue, state, run_at) VALUES
 		('mail', 'available', now() - interval '30 seconds'), ('mail', 'available', now() + interval '1 hour');
-		INSERT INTO pgfence.jobs(queue, state, claimed_by, claim_token, claim_expires_at, attempts)
+		INSERT INTO pgfence.jobs(queue, state, holder, claim_token, claim_expires_at, attempts)
 		VALUES ('mail', 'running', 'w1', 1, now() - interval '5 seconds', 1);
 		INSERT INTO pgfence.jobs(queue, state, finished_at) VALUES ('mail', 'dead', now()), ('mail', 'completed', now())`); err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ func TestJobsCommand(t *testing.T) {
 	if _, err := skiplocked.EnqueueMany(ctx, pool, ps); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "catalogue/2024-06-01", Worker: "w", Limit: 3, TTL: time.Minute})
+	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "catalogue/2024-06-01", Holder: "w", Limit: 3, TTL: time.Minute})
 	if err != nil || len(jobs) != 3 {
 		t.Fatal(jobs, err)
 	}

@@ -67,8 +67,8 @@ type PgfenceJob struct {
 	MaxAttempts int32
 	// available | running | completed | dead. Only available rows whose run_at has passed, and running rows whose claim expired, can be claimed.
 	State string
-	// Worker identity of the latest leased claim (kept after the claim ends, for operators).
-	ClaimedBy *string
+	// Holder identity of the latest leased claim (kept after the claim ends, for operators).
+	Holder *string
 	// Claim token of the latest leased claim, from pgfence.jobs_claim_token_seq: a new, larger token on every claim, never reset. Complete, fail, heartbeat and release must present it; a stale worker's token no longer matches.
 	ClaimToken pgtype.Int8
 	// Database time at which the current leased claim ends and the row becomes claimable again; set only while state = running.

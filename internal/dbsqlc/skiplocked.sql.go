@@ -38,22 +38,22 @@ WITH due AS (
     UPDATE pgfence.jobs j
     SET state            = CASE WHEN p.expired_dead THEN 'dead' ELSE 'running' END,
         attempts         = CASE WHEN p.expired_dead THEN j.attempts ELSE j.attempts + 1 END,
-        claimed_by       = CASE WHEN p.expired_dead THEN j.claimed_by ELSE $3::text END,
+        holder       = CASE WHEN p.expired_dead THEN j.holder ELSE $3::text END,
         claim_token      = CASE WHEN p.expired_dead THEN j.claim_token
                                 ELSE nextval('pgfence.jobs_claim_token_seq') END,
         claim_expires_at = CASE WHEN p.expired_dead THEN NULL
                                 ELSE now() + interval '1 millisecond' * $4::bigint END,
         last_error       = CASE WHEN j.state = 'running'
-                                THEN 'claim ' || j.claim_token || ' of ' || j.claimed_by || ' expired at ' || j.claim_expires_at
+                                THEN 'claim ' || j.claim_token || ' of ' || j.holder || ' expired at ' || j.claim_expires_at
                                 ELSE j.last_error END,
         finished_at      = CASE WHEN p.expired_dead THEN now() END,
         claim_outcome    = CASE WHEN p.expired_dead THEN 'expired' END,
         updated_at       = now()
     FROM picked p
     WHERE j.id = p.id
-    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.claimed_by, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
+    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
 WHERE claimed.state = 'running'
 ORDER BY claimed.priority, claimed.run_at, claimed.id
 `
@@ -61,7 +61,7 @@ ORDER BY claimed.priority, claimed.run_at, claimed.id
 type ClaimJobsParams struct {
 	Queue   string
 	MaxJobs int32
-	Worker  string
+	Holder  string
 	TtlMs   int64
 }
 
@@ -74,7 +74,7 @@ type ClaimJobsRow struct {
 	Attempts       int32
 	MaxAttempts    int32
 	State          string
-	ClaimedBy      *string
+	Holder         *string
 	ClaimToken     pgtype.Int8
 	ClaimExpiresAt *time.Time
 	LastError      *string
@@ -93,7 +93,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 	rows, err := db.Query(ctx, claimJobs,
 		arg.Queue,
 		arg.MaxJobs,
-		arg.Worker,
+		arg.Holder,
 		arg.TtlMs,
 	)
 	if err != nil {
@@ -112,7 +112,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 			&i.Attempts,
 			&i.MaxAttempts,
 			&i.State,
-			&i.ClaimedBy,
+			&i.Holder,
 			&i.ClaimToken,
 			&i.ClaimExpiresAt,
 			&i.LastError,
@@ -132,7 +132,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 }
 
 const claimJobsTx = `-- name: ClaimJobsTx :many
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
 WHERE queue = $1 AND state = 'available' AND run_at <= now()
 ORDER BY priority, run_at, id
 LIMIT $2
@@ -160,7 +160,7 @@ func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJob
 			&i.Attempts,
 			&i.MaxAttempts,
 			&i.State,
-			&i.ClaimedBy,
+			&i.Holder,
 			&i.ClaimToken,
 			&i.ClaimExpiresAt,
 			&i.LastError,
@@ -248,7 +248,7 @@ const enqueueJob = `-- name: EnqueueJob :one
 
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
 VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type EnqueueJobParams struct {
@@ -281,7 +281,7 @@ func (q *Queries) EnqueueJob(ctx context.Context, db DBTX, arg EnqueueJobParams)
 		&i.Attempts,
 		&i.MaxAttempts,
 		&i.State,
-		&i.ClaimedBy,
+		&i.Holder,
 		&i.ClaimToken,
 		&i.ClaimExpiresAt,
 		&i.LastError,
@@ -351,7 +351,7 @@ SET state            = CASE WHEN attempts >= max_attempts OR $1::boolean THEN 'd
     claim_outcome    = 'failed',
     updated_at       = now()
 WHERE id = $4 AND claim_token = $5::bigint AND state = 'running'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type FailJobParams struct {
@@ -383,7 +383,7 @@ func (q *Queries) FailJob(ctx context.Context, db DBTX, arg FailJobParams) (Pgfe
 		&i.Attempts,
 		&i.MaxAttempts,
 		&i.State,
-		&i.ClaimedBy,
+		&i.Holder,
 		&i.ClaimToken,
 		&i.ClaimExpiresAt,
 		&i.LastError,
@@ -405,7 +405,7 @@ SET attempts    = attempts + 1,
     last_error  = $3::text,
     updated_at  = now()
 WHERE id = $4 AND state = 'available'
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
+RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
 type FailJobTxParams struct {
@@ -434,7 +434,7 @@ func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (
 		&i.Attempts,
 		&i.MaxAttempts,
 		&i.State,
-		&i.ClaimedBy,
+		&i.Holder,
 		&i.ClaimToken,
 		&i.ClaimExpiresAt,
 		&i.LastError,
@@ -447,7 +447,7 @@ func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (
 }
 
 const getJob = `-- name: GetJob :one
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, claimed_by, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = $1
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = $1
 `
 
 // GetJob returns one job.
@@ -463,7 +463,7 @@ func (q *Queries) GetJob(ctx context.Context, db DBTX, id int64) (PgfenceJob, er
 		&i.Attempts,
 		&i.MaxAttempts,
 		&i.State,
-		&i.ClaimedBy,
+		&i.Holder,
 		&i.ClaimToken,
 		&i.ClaimExpiresAt,
 		&i.LastError,
@@ -476,14 +476,14 @@ func (q *Queries) GetJob(ctx context.Context, db DBTX, id int64) (PgfenceJob, er
 }
 
 const getJobClaims = `-- name: GetJobClaims :many
-SELECT id, state, claim_token, claimed_by, claim_outcome FROM pgfence.jobs WHERE id = ANY($1::bigint[])
+SELECT id, state, claim_token, holder, claim_outcome FROM pgfence.jobs WHERE id = ANY($1::bigint[])
 `
 
 type GetJobClaimsRow struct {
 	ID           int64
 	State        string
 	ClaimToken   pgtype.Int8
-	ClaimedBy    *string
+	Holder       *string
 	ClaimOutcome *string
 }
 
@@ -503,7 +503,7 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 			&i.ID,
 			&i.State,
 			&i.ClaimToken,
-			&i.ClaimedBy,
+			&i.Holder,
 			&i.ClaimOutcome,
 		); err != nil {
 			return nil, err

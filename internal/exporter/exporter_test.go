@@ -183,7 +183,7 @@ func TestExportLocksAndJobs(t *testing.T) {
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, run_at) VALUES
 		('mail', 'available', now() - interval '30 seconds'), ('mail', 'available', now() + interval '1 hour'),
 		($1, 'available', now())`, odd)
-	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, claimed_by, claim_token, claim_expires_at, attempts) VALUES
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, holder, claim_token, claim_expires_at, attempts) VALUES
 		('mail', 'running', 'w1', 1, now() - interval '5 seconds', 1),
 		('mail', 'running', 'w2', 2, now() + interval '1 minute', 1)`)
 	// Finished jobs: completed ones are not reported, dead ones are counted
@@ -194,7 +194,7 @@ func TestExportLocksAndJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "push", Worker: "w", Limit: 1, TTL: time.Minute})
+	claimed, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "push", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(claimed) != 1 || claimed[0].ID != j.ID {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
@@ -277,7 +277,7 @@ func TestExportDeadCounterNeverGoesDown(t *testing.T) {
 		}
 	}
 	claim := func(n int, ttl time.Duration) []skiplocked.Job {
-		jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Worker: "w", Limit: n, TTL: ttl})
+		jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: n, TTL: ttl})
 		if err != nil || len(jobs) != n {
 			t.Fatalf("claim %d: %d %v", n, len(jobs), err)
 		}
@@ -309,7 +309,7 @@ func TestExportDeadCounterNeverGoesDown(t *testing.T) {
 	}
 	expiring := claim(1, skiplocked.MinClaimTTL)
 	exec(t, pool, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", expiring[0].ID)
-	if got, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Worker: "w", Limit: 1, TTL: time.Minute}); err != nil || len(got) != 0 {
+	if got, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute}); err != nil || len(got) != 0 {
 		t.Fatalf("claim after expiry: %v %v", got, err)
 	}
 	var states string
@@ -353,7 +353,7 @@ func TestExportTopQueues(t *testing.T) {
 	// job whose claim expired N seconds ago.
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, run_at)
 		SELECT 'q' || n, now() - make_interval(secs => n) FROM generate_series(1, 40) n, generate_series(1, n) k WHERE k <= n`)
-	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, claimed_by, claim_token, claim_expires_at, attempts)
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, holder, claim_token, claim_expires_at, attempts)
 		SELECT 'q' || n, 'running', 'w', n, now() - make_interval(secs => n), 1 FROM generate_series(2, 40, 2) n`)
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue) SELECT $1 FROM generate_series(1, 1000)`, OtherQueue)
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, finished_at) SELECT 'd' || n, 'dead', now() FROM generate_series(1, 10) n, generate_series(1, n) k`)
@@ -699,7 +699,7 @@ func TestExportReadsNoFinishedJobs(t *testing.T) {
 		SELECT 'q' || (n % 500), CASE WHEN n % 7 = 0 THEN 'dead' ELSE 'completed' END, now()
 		FROM generate_series(1, 50000) n`)
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue) SELECT 'q' || n FROM generate_series(1, 20) n`)
-	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, claimed_by, claim_token, claim_expires_at, attempts)
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, holder, claim_token, claim_expires_at, attempts)
 		SELECT 'q' || n, 'running', 'w', n, now(), 1 FROM generate_series(1, 5) n`)
 	exec(t, pool, "VACUUM ANALYZE pgfence.jobs")
 	e := newExporter(t, pool, Options{})
@@ -812,7 +812,7 @@ func TestExportLeastPrivilege(t *testing.T) {
 	if _, err := skiplocked.Enqueue(ctx, app, skiplocked.EnqueueParams{Queue: "q", MaxAttempts: 1}); err != nil {
 		t.Fatal(err)
 	}
-	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Worker: "w", Limit: 1, TTL: time.Minute})
+	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v %v", jobs, err)
 	}

@@ -71,7 +71,7 @@ func TestServerCrash(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		locker, err := pglock.New(pool, &pglock.Config{Holder: fmt.Sprintf("crash-round-%d", round), NoListen: true})
+		locker, err := pglock.New(pool, &pglock.Config{Holder: fmt.Sprintf("crash-round-%d", round), PollOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}

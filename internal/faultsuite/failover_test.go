@@ -185,7 +185,7 @@ func TestFailover(t *testing.T) {
 
 	// Load on the primary: grant, fenced write of the token, release.
 	pool := bigPool(t, primary.DSN, 16)
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "old-primary-client", NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "old-primary-client", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +296,7 @@ func TestFailover(t *testing.T) {
 		t.Errorf("no acknowledged grant was lost although the standby lagged for the last %d grants: the lag was not injected", lagGrants)
 	}
 
-	nl, err := pglock.New(np, &pglock.Config{Holder: "new-primary-client", NoListen: true})
+	nl, err := pglock.New(np, &pglock.Config{Holder: "new-primary-client", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestHostileInput(t *testing.T) {
 		INSERT INTO things VALUES (1, 'keep', 3)`); err != nil {
 		t.Fatal(err)
 	}
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "hostile-test", NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "hostile-test", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,12 +125,12 @@ func importerMain(name string) int {
 		goMu.Unlock()
 		return nil
 	}
-	effect := func(ctx context.Context, db skiplocked.DB, j skiplocked.Job) error {
+	effect := func(ctx context.Context, db skiplocked.DBTX, j skiplocked.Job) error {
 		_, err := db.Exec(ctx, "INSERT INTO imported (job_id, token, worker) VALUES ($1, $2, $3)", j.ID, j.ClaimToken, worker)
 		return err
 	}
 	wcfg := &skiplocked.Config{
-		Worker: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, HeartbeatInterval: ttl / 4,
+		Holder: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, HeartbeatInterval: ttl / 4,
 		PollInterval: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
 		OnClaimLost: func(_ context.Context, j skiplocked.Job, e *skiplocked.ClaimLostError) {
 			state := string(e.State)

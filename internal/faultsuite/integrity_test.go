@@ -496,7 +496,7 @@ func TestLockIntegrityAppPaths(t *testing.T) {
 	if _, err := skiplocked.Enqueue(ctx, app, skiplocked.EnqueueParams{Queue: "q", Payload: []byte(`{}`)}); err != nil {
 		t.Fatalf("enqueue: %v", err)
 	}
-	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Worker: "w", Limit: 1, TTL: time.Minute})
+	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v %d", err, len(jobs))
 	}
@@ -840,7 +840,7 @@ func BenchmarkLockIntegrity(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		l, err := pglock.New(pool, &pglock.Config{Holder: "bench", NoListen: true})
+		l, err := pglock.New(pool, &pglock.Config{Holder: "bench", PollOnly: true})
 		if err != nil {
 			b.Fatal(err)
 		}

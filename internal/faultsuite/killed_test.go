@@ -300,12 +300,12 @@ func TestKilledRenewer(t *testing.T) {
 	holderPool := appPool(t, dsn, appRenewer, 2)
 	contenderPool := appPool(t, dsn, "faults-contender", 2)
 	holderMetrics := &counters{}
-	holder, err := pglock.New(holderPool, &pglock.Config{Holder: "renewer", KeepAlive: true, NoListen: true, Metrics: holderMetrics})
+	holder, err := pglock.New(holderPool, &pglock.Config{Holder: "renewer", KeepAlive: true, PollOnly: true, Metrics: holderMetrics})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	contender, err := pglock.New(contenderPool, &pglock.Config{Holder: "contender", NoListen: true})
+	contender, err := pglock.New(contenderPool, &pglock.Config{Holder: "contender", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -491,7 +491,7 @@ func TestKilledListener(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	admin := appPool(t, dsn, appAdmin, 2)
 	const appWaiter = "faults-waiter"
-	holder, err := pglock.New(appPool(t, dsn, "faults-listen-holder", 2), &pglock.Config{Holder: "holder", NoListen: true})
+	holder, err := pglock.New(appPool(t, dsn, "faults-listen-holder", 2), &pglock.Config{Holder: "holder", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -837,7 +837,7 @@ func TestKilledClaimer(t *testing.T) {
 			worker := fmt.Sprintf("claimer-%d", w)
 			for wctx.Err() == nil {
 				cctx, cancel := context.WithTimeout(wctx, 2*time.Second)
-				got, err := skiplocked.Claim(cctx, clients, skiplocked.ClaimParams{Queue: queue, Worker: worker, Limit: 3, TTL: claimTTL})
+				got, err := skiplocked.Claim(cctx, clients, skiplocked.ClaimParams{Queue: queue, Holder: worker, Limit: 3, TTL: claimTTL})
 				cancel()
 				if err != nil {
 					claimErrs.Add(1)
@@ -963,7 +963,7 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	const appA = "faults-claimer-a"
 	poolA := appPool(t, dsn, appA, 1)
 	poolB := appPool(t, dsn, "faults-claimer-b", 1)
-	a, err := skiplocked.Claim(ctx, poolA, skiplocked.ClaimParams{Queue: queue, Worker: "A", Limit: 1, TTL: ttl})
+	a, err := skiplocked.Claim(ctx, poolA, skiplocked.ClaimParams{Queue: queue, Holder: "A", Limit: 1, TTL: ttl})
 	if err != nil || len(a) != 1 || a[0].ID != j.ID {
 		t.Fatalf("A's claim: %v %v", a, err)
 	}
@@ -971,7 +971,7 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 		t.Fatalf("terminate A's backend: %d %v", n, err)
 	}
 	time.Sleep(ttl + 50*time.Millisecond)
-	b, err := skiplocked.Claim(ctx, poolB, skiplocked.ClaimParams{Queue: queue, Worker: "B", Limit: 1, TTL: time.Minute})
+	b, err := skiplocked.Claim(ctx, poolB, skiplocked.ClaimParams{Queue: queue, Holder: "B", Limit: 1, TTL: time.Minute})
 	if err != nil || len(b) != 1 || b[0].ID != j.ID {
 		t.Fatalf("B's claim: %v %v", b, err)
 	}
@@ -989,7 +989,7 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	}
 	err = completeA()
 	var lost *skiplocked.ClaimLostError
-	if !errors.As(err, &lost) || !errors.Is(err, skiplocked.ErrClaimLost) || lost.CurrentToken != b[0].ClaimToken || lost.ClaimedBy != "B" {
+	if !errors.As(err, &lost) || !errors.Is(err, skiplocked.ErrClaimLost) || lost.CurrentToken != b[0].ClaimToken || lost.Holder != "B" {
 		t.Fatalf("A's stale completion: %v (%+v), want ErrClaimLost naming B's token %d", err, lost, b[0].ClaimToken)
 	}
 	refused++
@@ -1012,12 +1012,12 @@ func TestHoldRegistryCatchesDoubleGrant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
-	a, err := pglock.New(pool, &pglock.Config{Holder: "a", NoListen: true})
+	a, err := pglock.New(pool, &pglock.Config{Holder: "a", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := pglock.New(pool, &pglock.Config{Holder: "b", NoListen: true})
+	b, err := pglock.New(pool, &pglock.Config{Holder: "b", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

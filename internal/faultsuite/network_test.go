@@ -104,12 +104,12 @@ func TestBlackholedHolder(t *testing.T) {
 	admin := appPool(t, dsn, appAdmin, 2)
 	pool, px := proxiedPool(t, dsn, "faults-bh-holder", 2)
 	m := &counters{}
-	holder, err := pglock.New(pool, &pglock.Config{Holder: "cut-off", KeepAlive: true, NoListen: true, Metrics: m})
+	holder, err := pglock.New(pool, &pglock.Config{Holder: "cut-off", KeepAlive: true, PollOnly: true, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	contender, err := pglock.New(appPool(t, dsn, "faults-bh-contender", 2), &pglock.Config{Holder: "contender", NoListen: true})
+	contender, err := pglock.New(appPool(t, dsn, "faults-bh-contender", 2), &pglock.Config{Holder: "contender", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,12 +207,12 @@ func TestDelayedRenewals(t *testing.T) {
 	// (TestKeepAliveSlowRoundTrips covers cold renewals).
 	pool, px := proxiedPool(t, dsn, "faults-delayed", 1)
 	m := &counters{}
-	holder, err := pglock.New(pool, &pglock.Config{Holder: "delayed", KeepAlive: true, NoListen: true, Metrics: m})
+	holder, err := pglock.New(pool, &pglock.Config{Holder: "delayed", KeepAlive: true, PollOnly: true, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holder.Close()
-	contender, err := pglock.New(appPool(t, dsn, "faults-delayed-contender", 2), &pglock.Config{Holder: "contender", NoListen: true})
+	contender, err := pglock.New(appPool(t, dsn, "faults-delayed-contender", 2), &pglock.Config{Holder: "contender", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,12 +349,12 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 	admin := appPool(t, dsn, appAdmin, 2)
 	const app = "faults-unknown"
 	pool, px := proxiedPool(t, dsn, app, 1)
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "unsure", NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "unsure", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer locker.Close()
-	other, err := pglock.New(admin, &pglock.Config{Holder: "other", NoListen: true})
+	other, err := pglock.New(admin, &pglock.Config{Holder: "other", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -561,7 +561,7 @@ func TestKeepAliveSlowRoundTrips(t *testing.T) {
 		delay = 750 * time.Millisecond // 6 × delay ≈ 0.83 ttl
 	)
 	proxy.Set(Delay, delay)
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

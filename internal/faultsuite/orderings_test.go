@@ -170,7 +170,7 @@ func TestEveryOrdering(t *testing.T) {
 	}
 	lockers := map[byte]*pglock.Locker{}
 	for _, who := range []byte("AB") {
-		l, err := pglock.New(pool, &pglock.Config{Holder: "client-" + string(who), NoListen: true})
+		l, err := pglock.New(pool, &pglock.Config{Holder: "client-" + string(who), PollOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -80,7 +80,7 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := skiplocked.Enqueue(ctx, app, skiplocked.EnqueueParams{Queue: "q", Payload: []byte(`{}`)}); err != nil {
 		t.Fatalf("enqueue: %v", err)
 	}
-	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Worker: "w", Limit: 1, TTL: time.Minute})
+	jobs, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute})
 	if err != nil || len(jobs) != 1 {
 		t.Fatalf("claim: %v %d", err, len(jobs))
 	}

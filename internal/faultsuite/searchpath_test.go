@@ -406,7 +406,7 @@ func TestSearchPathHijack(t *testing.T) {
 	// The app takes leases on the default path (pglock's own statements are
 	// not what is tested here).
 	appPool := pgtest.PoolFor(t, asRole(t, dsn, app))
-	locker, err := pglock.New(appPool, &pglock.Config{Holder: "searchpath-test", NoListen: true})
+	locker, err := pglock.New(appPool, &pglock.Config{Holder: "searchpath-test", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func skewWorkerMain(offset string) int {
 	fmt.Printf("clock go=%s libc-child=%s simulated=%s effective=%s\n",
 		goSkew.Round(time.Second), libcSkew, simulated, wall().Sub(dbNow).Round(time.Second))
 
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "skewed" + offset, NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "skewed" + offset, PollOnly: true})
 	if err != nil {
 		return fail(err)
 	}
@@ -249,7 +249,7 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		INSERT INTO skew_rows VALUES (1, 'start', 0)`); err != nil {
 		t.Fatal(err)
 	}
-	locker, err := pglock.New(pool, &pglock.Config{Holder: "correct-clock", NoListen: true})
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "correct-clock", PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,12 +58,12 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := pglock.New(pool, &pglock.Config{Holder: "a", Metrics: m, NoListen: true})
+	a, err := pglock.New(pool, &pglock.Config{Holder: "a", Metrics: m, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := pglock.New(pool, &pglock.Config{Holder: "b", Metrics: m, NoListen: true})
+	b, err := pglock.New(pool, &pglock.Config{Holder: "b", Metrics: m, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@
 //
 // Bad input is refused before any I/O with errors matching the package's
 // sentinels: [ErrEmptyName], [ErrNameTooLong], [ErrInvalidName] (as a
-// [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilPool], [ErrNilFunc],
+// [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilDB], [ErrNilFunc],
 // [ErrInvalidConfig]. A key held by someone else gives a [*LockedError]
 // ([ErrLocked]) from the Try variants; a lost session lock a [*LostError]
 // ([ErrLost]); use after Unlock [ErrUnlocked].

@@ -14,7 +14,7 @@ import (
 var (
 	// ErrEmptyName is returned for a key name of zero length.
 	ErrEmptyName = errors.New("advisory: empty lock name")
-	// ErrNameTooLong is returned for a key name longer than [MaxNameLen] bytes.
+	// ErrNameTooLong is returned for a key name longer than [MaxNameBytes] bytes.
 	ErrNameTooLong = errors.New("advisory: lock name too long")
 	// ErrInvalidName is returned for a key name that is not valid UTF-8 or
 	// contains a NUL byte (PostgreSQL text cannot hold either, so the name could
@@ -27,9 +27,9 @@ var (
 	ErrInvalidKey = errors.New("advisory: invalid key syntax (want \"123\" or \"7,-5\")")
 	// ErrInvalidMode is returned for a [Mode] other than [Exclusive] or [Shared].
 	ErrInvalidMode = errors.New("advisory: invalid lock mode")
-	// ErrNilPool is returned when the pool, connection or transaction starter
+	// ErrNilDB is returned when the pool, connection or transaction starter
 	// passed in is nil.
-	ErrNilPool = errors.New("advisory: nil pool")
+	ErrNilDB = errors.New("advisory: nil pool")
 	// ErrNilFunc is returned by [Xact] and [TryXact] when fn is nil.
 	ErrNilFunc = errors.New("advisory: nil function")
 	// ErrInvalidConfig is returned for a [SessionConfig] field out of range.

@@ -9,9 +9,9 @@ import (
 	"unicode/utf8"
 )
 
-// MaxNameLen is the longest key name accepted, in bytes. It matches the limit
+// MaxNameBytes is the longest key name accepted, in bytes. It matches the limit
 // on lease names in pgfence.locks, so one name can be used for both.
-const MaxNameLen = 512
+const MaxNameBytes = 512
 
 // NameKeySQL is the SQL expression that computes the key [Name] derives from
 // the text parameter $1, for use from psql in a UTF8 database:
@@ -86,7 +86,7 @@ type Key struct {
 // The bytes are hashed as given: names are case-sensitive and not
 // Unicode-normalised ("é" precomposed and decomposed are different names).
 //
-// The name must be 1 to [MaxNameLen] bytes of valid UTF-8 without NUL bytes;
+// The name must be 1 to [MaxNameBytes] bytes of valid UTF-8 without NUL bytes;
 // otherwise the error is a [*KeyError] matching [ErrEmptyName],
 // [ErrNameTooLong] or [ErrInvalidName].
 //
@@ -212,7 +212,7 @@ func checkName(name string) error {
 	switch {
 	case name == "":
 		return &KeyError{Name: name, Err: ErrEmptyName}
-	case len(name) > MaxNameLen:
+	case len(name) > MaxNameBytes:
 		return &KeyError{Name: name, Err: ErrNameTooLong}
 	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
 		return &KeyError{Name: name, Err: ErrInvalidName}

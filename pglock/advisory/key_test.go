@@ -28,7 +28,7 @@ var nameVectors = []struct {
 	{"invoice:42", 6688477336110245193, 1557282483},
 	{"payout:2026-11-29", -1800805367609006347, -419282673},
 	{"naïve-日本語", 6269504329506329047, 1459732728},
-	{strings.Repeat("a", advisory.MaxNameLen), 5123942256149421647, 1193010773},
+	{strings.Repeat("a", advisory.MaxNameBytes), 5123942256149421647, 1193010773},
 }
 
 func TestNameStabilityVectors(t *testing.T) {
@@ -178,7 +178,7 @@ func TestKeyProperties(t *testing.T) {
 	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		name := rapid.StringMatching(`[^\x00]{1,100}`).Draw(t, "name")
-		if len(name) > advisory.MaxNameLen {
+		if len(name) > advisory.MaxNameBytes {
 			t.Skip("too long")
 		}
 		k1, err := advisory.Name(name)
@@ -256,7 +256,7 @@ func TestNameValidation(t *testing.T) {
 		want error
 	}{
 		{"", advisory.ErrEmptyName},
-		{strings.Repeat("x", advisory.MaxNameLen+1), advisory.ErrNameTooLong},
+		{strings.Repeat("x", advisory.MaxNameBytes+1), advisory.ErrNameTooLong},
 		{"bad\xffutf8", advisory.ErrInvalidName},
 		{"nul\x00byte", advisory.ErrInvalidName},
 	}

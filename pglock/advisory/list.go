@@ -9,8 +9,8 @@ import (
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
-// Querier runs a query. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
+// DBTX runs a query. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type DBTX interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
@@ -69,9 +69,9 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAS
 //
 // A name-based key can be recognised by computing [Name] (or [NameKeySQL])
 // for the candidate name; the hash cannot be reversed.
-func List(ctx context.Context, db Querier) ([]LockInfo, error) {
+func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 	if nilcheck.IsNil(db) {
-		return nil, ErrNilPool
+		return nil, ErrNilDB
 	}
 	rows, err := db.Query(ctx, listSQL, execMode)
 	if err != nil {

@@ -151,7 +151,7 @@ func TryAcquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg
 
 func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig, try bool) (*SessionLock, error) {
 	if pool == nil {
-		return nil, ErrNilPool
+		return nil, ErrNilDB
 	}
 	if err := key.valid(); err != nil {
 		return nil, err
@@ -304,7 +304,7 @@ func (l *SessionLock) Err() error {
 // matches both ErrUnlockFailed and ctx.Err().
 func (l *SessionLock) Unlock(ctx context.Context) error {
 	if l == nil {
-		return ErrNilPool
+		return ErrNilDB
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("advisory: unlock key %v: %w", l.key, err)

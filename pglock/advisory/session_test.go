@@ -306,7 +306,7 @@ func TestSessionValidation(t *testing.T) {
 		cfg  *advisory.SessionConfig
 		want error
 	}{
-		{"nil pool", nil, key, advisory.Exclusive, nil, advisory.ErrNilPool},
+		{"nil pool", nil, key, advisory.Exclusive, nil, advisory.ErrNilDB},
 		{"zero key", pool, advisory.Key{}, advisory.Exclusive, nil, advisory.ErrZeroKey},
 		{"bad mode", pool, key, advisory.Mode(2), nil, advisory.ErrInvalidMode},
 		{"negative interval", pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: -time.Second}, advisory.ErrInvalidConfig},
@@ -332,7 +332,7 @@ func TestSessionValidation(t *testing.T) {
 	if err := nilLock.Unlock(ctx); err == nil {
 		t.Error("Unlock on a nil *SessionLock returned nil")
 	}
-	if _, err := advisory.List(ctx, nil); !errors.Is(err, advisory.ErrNilPool) {
+	if _, err := advisory.List(ctx, nil); !errors.Is(err, advisory.ErrNilDB) {
 		t.Errorf("List(nil) = %v", err)
 	}
 }

@@ -66,7 +66,7 @@ func TryXact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pg
 
 func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn func(pgx.Tx) error) (err error) {
 	if nilcheck.IsNil(db) {
-		return ErrNilPool
+		return ErrNilDB
 	}
 	if fn == nil {
 		return ErrNilFunc
@@ -158,7 +158,7 @@ func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
 
 func checkTx(tx pgx.Tx, key Key, mode Mode) error {
 	if nilcheck.IsNil(tx) {
-		return ErrNilPool
+		return ErrNilDB
 	}
 	if err := key.valid(); err != nil {
 		return err

@@ -247,8 +247,8 @@ func TestXactValidation(t *testing.T) {
 		err  error
 		want error
 	}{
-		{"nil db", advisory.Xact(ctx, nil, key, advisory.Exclusive, ok), advisory.ErrNilPool},
-		{"typed nil db", advisory.Xact(ctx, nilPool, key, advisory.Exclusive, ok), advisory.ErrNilPool},
+		{"nil db", advisory.Xact(ctx, nil, key, advisory.Exclusive, ok), advisory.ErrNilDB},
+		{"typed nil db", advisory.Xact(ctx, nilPool, key, advisory.Exclusive, ok), advisory.ErrNilDB},
 		{"nil fn", advisory.Xact(ctx, pool, key, advisory.Exclusive, nil), advisory.ErrNilFunc},
 		{"zero key", advisory.Xact(ctx, pool, advisory.Key{}, advisory.Exclusive, ok), advisory.ErrZeroKey},
 		{"bad mode", advisory.TryXact(ctx, pool, key, advisory.Mode(7), ok), advisory.ErrInvalidMode},
@@ -331,10 +331,10 @@ func TestLockTx(t *testing.T) {
 		requireFree(t, pool, key)
 	}
 	requireNoLocks(t, pool)
-	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !errors.Is(err, advisory.ErrNilDB) {
 		t.Errorf("LockTx(nil tx) = %v", err)
 	}
-	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilPool) {
+	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilDB) {
 		t.Errorf("TryLockTx(nil tx) = %v", err)
 	}
 }

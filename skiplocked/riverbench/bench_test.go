@@ -182,7 +182,7 @@ func BenchmarkPgfenceClaimComplete(b *testing.B) {
 			for i := range workers {
 				wg.Go(func() {
 					for {
-						js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "bench", Worker: fmt.Sprint(i), Limit: batch, TTL: time.Minute})
+						js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "bench", Holder: fmt.Sprint(i), Limit: batch, TTL: time.Minute})
 						if err != nil {
 							b.Error(err)
 							return

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
 // MaxIdentifierBytes is PostgreSQL's identifier limit (NAMEDATALEN - 1).
@@ -136,8 +138,8 @@ func Inspect(ctx context.Context, db DBTX, table string) (*TableInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	if db == nil {
-		return nil, fmt.Errorf("%w: nil database handle", ErrInvalidSpec)
+	if nilcheck.IsNil(db) {
+		return nil, errNilDB
 	}
 	ti := &TableInfo{}
 	var oid uint32

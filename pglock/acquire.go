@@ -1,0 +1,332 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	mrand "math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/pgfence/pgfence/observe"
+)
+
+// TryAcquire makes one attempt to take the lock name for ttl. It returns the
+// lease, or a [*LockedError] (errors.Is(err, [ErrLocked])) naming the current
+// holder when the lock is held — including by this same Locker. The grant is
+// one statement that commits with synchronous_commit on. Cancelling ctx
+// abandons the round trip (pgx closes that connection); the grant may or may
+// not have committed, in which case the lock stays held by this Locker's
+// holder until ttl passes. A grant whose answer arrives after ttl has
+// passed since it was sent is given back and reported as a transient
+// [*DBError] wrapping a [*SlowGrantError] ([ErrSlowGrant]): a lease is never
+// returned already past its local deadline.
+func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return nil, err
+	}
+	if l.isClosed() {
+		return nil, ErrClosed
+	}
+	start := time.Now()
+	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry)
+	if err == nil && locked != nil {
+		err = locked
+	}
+	l.recordAcquire(name, start, false, lease, err)
+	if err != nil {
+		return nil, err
+	}
+	return lease, nil
+}
+
+// recordAcquire reports one TryAcquire/Acquire call to the metrics and log.
+func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease *Lease, err error) {
+	elapsed := time.Since(start).Seconds()
+	switch {
+	case err == nil:
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeGranted)
+		if waited {
+			l.m.Observe(observe.LeaseWaitSeconds, elapsed)
+		}
+		if l.log.Enabled(context.Background(), slog.LevelInfo) { // no argument boxing on the hot path when silent
+			l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
+		}
+	case errors.Is(err, ErrLocked):
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
+	default:
+		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeError)
+	}
+}
+
+// Acquire takes the lock name for ttl, waiting while someone else holds it,
+// until it gets the lease or ctx ends. While waiting it sleeps: a release
+// wakes it through the Locker's single LISTEN connection, and a timer at the
+// current holder's expiry (plus a little jitter) covers holders that crashed.
+// If the LISTEN connection is down, the expiry timer still works and every
+// waiter retries when the connection is back, so no release is missed.
+//
+// When ctx ends while waiting, the error is a [*LockedError] that also
+// matches ctx's error (errors.Is(err, context.DeadlineExceeded)); when it
+// ends during a round trip, a [*DBError] that matches it too. Database
+// errors end the wait and are returned as [*DBError], and so does a grant
+// that arrived too late to be used ([ErrSlowGrant], see [Locker.TryAcquire]).
+func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{})
+	l.recordAcquire(name, start, waited, lease, err)
+	return lease, err
+}
+
+// acquireWaited is acquire, also reporting whether it had to wait.
+func (l *Locker) acquireWaited(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, bool, error) {
+	waited := false
+	o.onWait = func() { waited = true }
+	lease, err := l.acquire(ctx, name, ttl, o)
+	return lease, waited, err
+}
+
+// waitOpts adjust acquire for the election campaign.
+type waitOpts struct {
+	cap      time.Duration // longest single sleep; 0 = Config.PollInterval
+	retryErr time.Duration // > 0: retry database errors after this long instead of returning them
+	onErr    func(error)
+	onWait   func() // called before each sleep
+}
+
+func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
+	var w *waiter
+	defer func() {
+		if w != nil {
+			l.lis.unregister(w)
+		}
+	}()
+	var timer, backoff *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		if backoff != nil {
+			backoff.Stop()
+		}
+	}()
+	woken, losses := false, 0 // the last sleep ended with a wake-up; wake-ups lost in a row
+	for {
+		if l.isClosed() {
+			return nil, ErrClosed
+		}
+		kind := attemptTry
+		switch {
+		case w != nil:
+			kind = attemptWait
+		case l.lis != nil:
+			kind = attemptFirst // if refused, register and retry as a waiter at once
+		}
+		lease, locked, wait, err := l.grant(ctx, name, ttl, kind)
+		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
+			return nil, err
+		}
+		if lease != nil {
+			return lease, nil
+		}
+		if err != nil {
+			if o.onErr != nil {
+				o.onErr(err)
+			}
+			locked, wait = &LockedError{Name: name}, o.retryErr
+		} else if w == nil && l.lis != nil {
+			// Register before the next attempt: a release that commits after
+			// that attempt is then seen by the listener (or, if the listener
+			// is not up yet, its (re)connection wakes every waiter).
+			w = l.lis.register(name)
+			continue
+		}
+		if p := l.cfg.PollInterval; p > 0 && p < wait {
+			wait = p
+		}
+		if o.cap > 0 && o.cap < wait {
+			wait = o.cap
+		}
+		if l.waitHook != nil {
+			l.waitHook(name)
+		}
+		if o.onWait != nil {
+			o.onWait()
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		var wake <-chan struct{}
+		if w != nil {
+			wake = w.ch
+		}
+		var backoffC <-chan time.Time
+		if woken {
+			// Woken by a release and beaten to the grant: the lock is hot.
+			// Back off before answering the next wake-up, so that N waiters
+			// of one hot lock do not each run a statement on every release.
+			losses++
+			if backoff == nil {
+				backoff = time.NewTimer(hotBackoff(losses))
+			} else {
+				backoff.Reset(hotBackoff(losses))
+			}
+			backoffC = backoff.C
+		}
+		var end turnEnd
+		end, woken = waitTurn(ctx, l.closedCh, wake, timer.C, backoffC)
+		timer.Stop()
+		if backoff != nil {
+			backoff.Stop()
+		}
+		switch end {
+		case turnCtxDone:
+			locked.Err = context.Cause(ctx)
+			return nil, locked
+		case turnClosed:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// turnEnd says why waitTurn returned.
+type turnEnd uint8
+
+const (
+	turnNext    turnEnd = iota // try again: a wake-up, or the timer fired
+	turnCtxDone                // ctx ended
+	turnClosed                 // the Locker was closed
+)
+
+// waitTurn is a waiter's sleep between two attempts. It ends when ctx ends,
+// the Locker closes, timerC fires (the holder's expiry, the poll interval or
+// a retry delay: try at once, backoff or not), or a wake-up arrives on wake.
+// While backoffC is not nil and has not fired, wake-ups are held back (they
+// stay in the buffered channel, none is lost). woken reports whether a
+// wake-up ended it.
+func waitTurn(ctx context.Context, closed <-chan struct{}, wake <-chan struct{}, timerC, backoffC <-chan time.Time) (end turnEnd, woken bool) {
+	for {
+		w := wake
+		if backoffC != nil {
+			w = nil
+		}
+		select {
+		case <-ctx.Done():
+			return turnCtxDone, false
+		case <-closed:
+			return turnClosed, false
+		case <-timerC:
+			return turnNext, false
+		case <-backoffC:
+			backoffC = nil // now answer wake-ups
+		case <-w:
+			return turnNext, true
+		}
+	}
+}
+
+// hotBackoff is how long a waiter that lost the race after its n-th
+// consecutive wake-up waits before it answers the next one: 0.5 ms doubling
+// up to maxHotBackoff, with up to 50% jitter.
+func hotBackoff(n int) time.Duration {
+	d := min(maxHotBackoff, (time.Millisecond/2)<<min(n-1, 10))
+	return d/2 + mrand.N(d/2+1)
+}
+
+// maxHotBackoff caps hotBackoff: far below a polling interval, so that on a
+// hot lock a waiter still hears a release within a few milliseconds.
+const maxHotBackoff = 16 * time.Millisecond
+
+// maxWait bounds a single sleep of a waiter whose holder's expiry is far away,
+// so that a lost notification (for example after a failover that the listener
+// did not notice) costs at most this long. The wait-mark windows of the
+// WaitGrant and ReleaseLock statements depend on it: a waiter sleeps on a
+// mark at most 30 s old, and releases notify while a mark is under 100 s
+// old, which covers 30 s + maxWait + jitter. Do not raise it alone.
+const maxWait = time.Minute
+
+// attemptKind selects the statements of one grant attempt.
+type attemptKind uint8
+
+const (
+	// attemptTry: GrantLock, and when refused LockHolder for the holder and
+	// its expiry (TryAcquire; Acquire without a listener).
+	attemptTry attemptKind = iota
+	// attemptFirst: GrantLock alone; when refused the caller registers as a
+	// waiter and goes on with attemptWait, which reads the holder anyway.
+	attemptFirst
+	// attemptWait: WaitGrant, grant or mark-and-read in one statement.
+	attemptWait
+)
+
+// AcquireMany acquires every name with [Locker.Acquire] in one canonical
+// order (sorted by bytes), so that two callers asking for overlapping sets in
+// any order cannot deadlock. It is all or nothing: if one acquisition fails
+// (ctx ends, database error), the leases already taken are released and the
+// error is returned. The leases are returned in the order of names. Duplicate
+// names are rejected with [ErrInvalidName]. Every name is validated before
+// any SQL runs.
+func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Duration) ([]*Lease, error) {
+	if len(names) == 0 {
+		return nil, invalid(ErrInvalidName, "no names")
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return nil, err
+	}
+	order := make([]int, len(names))
+	for i, n := range names {
+		if err := ValidateName(n); err != nil {
+			return nil, err
+		}
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		switch {
+		case names[a] < names[b]:
+			return -1
+		case names[a] > names[b]:
+			return 1
+		}
+		return 0
+	})
+	for i := 1; i < len(order); i++ {
+		if names[order[i]] == names[order[i-1]] {
+			return nil, invalid(ErrInvalidName, "duplicate name %q", names[order[i]])
+		}
+	}
+	leases := make([]*Lease, len(names))
+	for _, i := range order {
+		s, err := l.acquire(ctx, names[i], ttl, waitOpts{})
+		if err != nil {
+			l.releaseAll(leases)
+			return nil, err
+		}
+		leases[i] = s
+	}
+	return leases, nil
+}
+
+// releaseAll releases the non-nil leases, best effort, with its own timeout
+// (the caller's context may already be over).
+func (l *Locker) releaseAll(leases []*Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range leases {
+		if s != nil {
+			if err := s.Release(ctx); err != nil {
+				l.log.Warn("pglock: release after failed AcquireMany", "name", s.name, "token", s.token, "err", err)
+			}
+		}
+	}
+}

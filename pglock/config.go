@@ -1,0 +1,137 @@
+package pglock
+
+import (
+	"context"
+	"log/slog"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/holder"
+	"github.com/pgfence/pgfence/observe"
+)
+
+// Limits on input. Violations are rejected before any SQL runs.
+const (
+	// MaxNameBytes is the longest lock name, in bytes (the table's CHECK).
+	MaxNameBytes = 512
+	// MaxHolderBytes is the longest holder identity, in bytes (the table's CHECK).
+	MaxHolderBytes = 512
+	// MinTTL is the shortest lease duration accepted. Shorter leases end before
+	// a round trip to the database completes.
+	MinTTL = time.Millisecond
+	// MaxTTL is the longest lease duration accepted: 24 hours. A lease is a
+	// promise to finish or renew; a holder that crashes blocks the lock for up
+	// to a whole TTL, and work longer than a day should renew (KeepAlive).
+	MaxTTL = 24 * time.Hour
+)
+
+// NotifyChannel is the PostgreSQL NOTIFY channel on which a release announces
+// the lock name (the payload). Each [Locker] LISTENs on it with one dedicated
+// connection to wake its waiters.
+const NotifyChannel = "pgfence_lock_released"
+
+// DBTX is what the package needs from a database handle: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx satisfy it.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a [Locker]. A nil *Config means all defaults.
+type Config struct {
+	// Holder identifies this Locker in the lock rows, so a DBA can see who holds
+	// what. Every lease of one Locker carries the same holder. 1..512 bytes.
+	// Defaults to [DefaultHolder]() ("hostname/pid/random").
+	Holder string
+	// Logger receives a line per grant and release (Info), per lost lease and
+	// renewal failure (Warn), and listener reconnects. Every line carries the
+	// lock name and token; the holder is in the "holder" attribute of the
+	// Locker's logger. Defaults to nil: silent.
+	Logger *slog.Logger
+	// Metrics receives the lease metrics of package observe (acquire latency
+	// by outcome, wait time, hold time, leases lost by reason, renewals,
+	// leader changes). Defaults to nil: nothing is recorded.
+	Metrics observe.Metrics
+	// KeepAlive renews every lease automatically at KeepAliveFraction of its
+	// TTL (with ±10% jitter) until it is released or lost. Defaults to false.
+	// A keep-alive keeps renewing while the worker is stuck: it proves the
+	// process is alive, not that the work is progressing. Fencing is still
+	// required; see the package documentation.
+	KeepAlive bool
+	// KeepAliveFraction is the fraction of the TTL between renewals, in
+	// (0, 0.8]. Defaults to 1/3.
+	KeepAliveFraction float64
+	// PollOnly disables LISTEN, for PgBouncer in transaction pooling mode
+	// where LISTEN does not work: waiters then wake at the holder's expiry
+	// and every PollInterval. Defaults to false: one dedicated connection
+	// LISTENs on [NotifyChannel].
+	PollOnly bool
+	// PollInterval is the longest a waiter sleeps without retrying: the
+	// fallback when a notification is missed, and the release detector in
+	// PollOnly mode. At least 10ms. Defaults to 1s.
+	PollInterval time.Duration
+}
+
+// DefaultHolder returns "hostname/pid/random" with 8 random hex digits, so
+// that two Lockers in one process differ.
+func DefaultHolder() string { return holder.Default() }
+
+// ValidateName reports whether name is acceptable as a lock name: 1 to
+// [MaxNameBytes] bytes of valid UTF-8 without NUL bytes. Any other content,
+// including quotes, semicolons and SQL keywords, is fine: names are always
+// bind parameters and stored verbatim.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return invalid(ErrInvalidName, "empty name")
+	case len(name) > MaxNameBytes:
+		return invalid(ErrInvalidName, "name is %d bytes, more than %d", len(name), MaxNameBytes)
+	case !utf8.ValidString(name):
+		return invalid(ErrInvalidName, "name is not valid UTF-8")
+	case containsNUL(name):
+		return invalid(ErrInvalidName, "name contains a NUL byte")
+	}
+	return nil
+}
+
+func validateHolder(h string) error {
+	switch {
+	case h == "":
+		return invalid(ErrInvalidHolder, "empty holder")
+	case len(h) > MaxHolderBytes:
+		return invalid(ErrInvalidHolder, "holder is %d bytes, more than %d", len(h), MaxHolderBytes)
+	case !utf8.ValidString(h):
+		return invalid(ErrInvalidHolder, "holder is not valid UTF-8")
+	case containsNUL(h):
+		return invalid(ErrInvalidHolder, "holder contains a NUL byte")
+	}
+	return nil
+}
+
+// ValidateTTL reports whether ttl is within [MinTTL, MaxTTL].
+func ValidateTTL(ttl time.Duration) error {
+	if ttl < MinTTL || ttl > MaxTTL {
+		return invalid(ErrInvalidTTL, "%v is outside [%v, %v]", ttl, MinTTL, MaxTTL)
+	}
+	return nil
+}
+
+func validateToken(token int64) error {
+	if token <= 0 {
+		return invalid(ErrInvalidToken, "token %d is not positive", token)
+	}
+	return nil
+}
+
+func containsNUL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return true
+		}
+	}
+	return false
+}

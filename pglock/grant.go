@@ -1,0 +1,176 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+)
+
+// grant makes one attempt. It returns either a lease, or a LockedError with
+// how long to wait for the holder's expiry (database clock, plus jitter).
+// attemptTry and attemptFirst run GrantLock, the cheapest statement when
+// the lock is free; when the lock is held, attemptTry reads the holder with
+// a second statement for the diagnostics and the wait, and attemptFirst
+// returns a LockedError without one. attemptWait (a waiter whose listener is
+// registered) runs WaitGrant, which grants, or marks the lock so that the
+// next release sends a NOTIFY and returns the holder, in one round trip: a
+// woken waiter that loses the race costs one statement. Who gets the lock
+// rests on the grant alone.
+func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind) (*Lease, *LockedError, time.Duration, error) {
+	mark := kind == attemptWait
+	deadConns := 0
+	insert := false // the next statement is InsertLock (attemptTry, no row yet)
+	for attempt := 0; ; {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
+		}
+		// The local deadline counts from here: after the pool wait, right
+		// before the statement is written to the connection.
+		sent := time.Now()
+		var (
+			granted   bool
+			token     int64
+			expiresAt *time.Time
+			holder    *string
+			dbNow     time.Time
+		)
+		if mark {
+			var r dbsqlc.WaitGrantRow
+			r, err = l.q.WaitGrant(ctx, conn, dbsqlc.WaitGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
+		} else if insert {
+			var r dbsqlc.InsertLockRow
+			r, err = l.q.InsertLock(ctx, conn, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
+			insert = false
+		} else {
+			var r dbsqlc.GrantLockRow
+			r, err = l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
+		}
+		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
+			// The pool handed out a connection whose backend was already
+			// gone (pgxpool only pings connections idle for over a
+			// second). Send the statement again on another connection.
+			conn.Release()
+			deadConns++
+			continue
+		}
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			conn.Release()
+			return nil, nil, 0, translateGrantError(name, err)
+		}
+		if granted {
+			conn.Release()
+			if expiresAt == nil {
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
+			}
+			if took := time.Since(sent); took >= ttl {
+				// The answer came back after the lease's local deadline: the
+				// lease would end the moment it was returned. Give the
+				// token back (best effort, conditional on it) and report.
+				if ctx.Err() == nil {
+					_ = l.release(ctx, name, l.holder, token)
+				}
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
+			}
+			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
+		}
+		if kind == attemptFirst {
+			conn.Release()
+			return nil, &LockedError{Name: name}, 0, nil
+		}
+		if !mark { // GrantLock refused: read the holder.
+			var h dbsqlc.LockHolderRow
+			h, err = l.q.LockHolder(ctx, conn, name)
+			if h.Held {
+				holder, expiresAt, dbNow = h.Holder, h.ExpiresAt, h.DbNow
+			}
+			if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
+				// The lock has no row yet: its first grant inserts it.
+				conn.Release()
+				insert = true
+				attempt++
+				continue
+			}
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				conn.Release()
+				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
+			}
+		}
+		conn.Release()
+		if holder != nil && expiresAt != nil {
+			return nil, &LockedError{Name: name, Holder: *holder, ExpiresAt: *expiresAt},
+				jitterWait(expiresAt.Sub(dbNow)), nil
+		}
+		// Released or expired between the snapshot and the statement (or
+		// between the two statements): try again.
+		if attempt++; attempt > 3 {
+			return nil, &LockedError{Name: name}, jitterWait(0), nil
+		}
+	}
+}
+
+// maxDeadConns bounds how many dead pooled connections one grant skips: a
+// pool emptied by a failover or a mass pg_terminate_backend is drained one
+// connection per retry.
+const maxDeadConns = 3
+
+// deadConnection reports whether a grant failed because its connection was
+// dead, with the statement not executed or rolled back: the connection is
+// closed now, and either nothing was written to it (pgconn.SafeToRetry) or the
+// answer was the server's termination notice (SQLSTATE 57P01 admin shutdown,
+// 57P02 crash shutdown, 57P03 cannot connect now), which a backend sends
+// when it is ended while idle, before it reads the statement. A statement
+// cannot commit after its answer was that notice except in the instant
+// between an implicit transaction's commit and its ReadyForQuery; then the
+// retried grant finds the lock held by this holder and is refused
+// ([*LockedError] naming this holder, as documented for unknown outcomes),
+// so a retry never produces a second holder.
+func deadConnection(conn *pgxpool.Conn, err error) bool {
+	if !conn.Conn().IsClosed() {
+		return false
+	}
+	if pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+	}
+	return false
+}
+
+func translateGrantError(name string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "22003" { // numeric_value_out_of_range: token + 1
+		return fmt.Errorf("%w: lock %q already has token 9223372036854775807; nothing changed", ErrTokenOverflow, name)
+	}
+	return &DBError{Op: "acquire", Name: name, Err: err}
+}
+
+// jitterWait turns the remaining time of the holder's lease into a sleep:
+// the remainder plus 1ms plus up to 5% (at most 50ms) of jitter, so that
+// waiters on a crashed holder do not all retry in the same millisecond.
+func jitterWait(remaining time.Duration) time.Duration {
+	if remaining < 0 {
+		remaining = 0
+	}
+	if remaining > maxWait {
+		return maxWait
+	}
+	spread := min(remaining/20, 50*time.Millisecond) + time.Millisecond
+	return remaining + time.Millisecond + mrand.N(spread)
+}

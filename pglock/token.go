@@ -1,0 +1,173 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+)
+
+// RenewToken extends the lease (name, holder, token) to ttl from now
+// (database clock) and returns the new expiry. It is the stateless form of
+// [Lease.Renew] for callers that only have the three values (shell scripts).
+// A lease that expired, was released or was granted to someone else is not
+// renewed: the error is a [*LeaseLostError] and nothing changes.
+func (l *Locker) RenewToken(ctx context.Context, name, holder string, token int64, ttl time.Duration) (time.Time, error) {
+	if err := validateTriple(name, holder, token); err != nil {
+		return time.Time{}, err
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return time.Time{}, err
+	}
+	exp, _, err := l.renew(ctx, name, holder, token, ttl)
+	return exp, err
+}
+
+// ReleaseToken releases the lease (name, holder, token): the row keeps its
+// token, holder and expiry become NULL, and waiters are notified. If the lease
+// is no longer held by exactly that holder and token, nothing changes and the
+// error is a [*LeaseLostError].
+func (l *Locker) ReleaseToken(ctx context.Context, name, holder string, token int64) error {
+	if err := validateTriple(name, holder, token); err != nil {
+		return err
+	}
+	return l.release(ctx, name, holder, token)
+}
+
+// Adopt turns a grant of name to this Locker's holder, for which the caller
+// has no [Lease], into one: typically a grant found with [Inspect] after
+// TryAcquire or Acquire returned a transient [*DBError] (an unknown outcome
+// that did land), or one left by an earlier run of this process under the
+// same holder. It renews (name, holder, token) to ttl from now on the
+// database clock, conditionally, so a grant that expired, was released or
+// was granted to someone else is not adopted: the error is a
+// [*LeaseLostError] and nothing changes. The Lease's local deadline counts
+// from that renewal's send time, and Config.KeepAlive applies to it. Adopt
+// never creates a grant and never changes the token. A (name, token) that
+// already has a live Lease in this Locker is rejected with [ErrInvalidToken]
+// (use that Lease); a renewal answered after ttl is reported like a slow
+// grant ([ErrSlowGrant]), the grant left to expire.
+func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
+	if err := validateTriple(name, l.holder, token); err != nil {
+		return nil, err
+	}
+	if err := ValidateTTL(ttl); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	closed := l.closed
+	dup := false
+	for s := range l.leases {
+		if s.name == name && s.token == token && s.Err() == nil {
+			dup = true
+			break
+		}
+	}
+	l.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if dup {
+		return nil, invalid(ErrInvalidToken, "lock %q token %d already has a live Lease in this Locker; use it", name, token)
+	}
+	exp, sent, err := l.renew(ctx, name, l.holder, token, ttl)
+	if err != nil {
+		return nil, err
+	}
+	if took := time.Since(sent); took >= ttl {
+		return nil, &DBError{Op: "adopt", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
+	}
+	if l.log.Enabled(context.Background(), slog.LevelInfo) {
+		l.log.Info("pglock: adopted", "name", name, "token", token, "ttl", ttl, "expires_at", exp)
+	}
+	return l.newLease(name, token, ttl, exp, sent), nil
+}
+
+func validateTriple(name, holder string, token int64) error {
+	if err := ValidateName(name); err != nil {
+		return err
+	}
+	if err := validateHolder(holder); err != nil {
+		return err
+	}
+	return validateToken(token)
+}
+
+func (l *Locker) renew(ctx context.Context, name, holder string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
+	var row dbsqlc.RenewLockRow
+	err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		sent = time.Now() // a renewal applied twice only extends the lease again
+		row, err = l.q.RenewLock(ctx, oneRoundTrip{conn}, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
+	case err != nil:
+		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
+	case row.ExpiresAt == nil:
+		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: errors.New("renew returned no expiry")}
+	}
+	return *row.ExpiresAt, sent, nil
+}
+
+// onLiveConn runs f on a pooled connection, and runs it again on another one
+// (up to maxDeadConns times) when it failed because its connection was dead
+// (see deadConnection).
+func (l *Locker) onLiveConn(ctx context.Context, f func(*pgxpool.Conn) error) error {
+	for deadConns := 0; ; deadConns++ {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		err = f(conn)
+		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
+		conn.Release()
+		if !retry {
+			return err
+		}
+	}
+}
+
+// oneRoundTrip runs statements with pgx.QueryExecModeExec: parse, bind and
+// execute in one round trip, never the extra prepare round trip that the
+// default mode spends the first time a statement runs on a connection.
+// Renewals use it: a keep-alive renewal is rare (once per TTL fraction), so
+// parsing it each time costs nothing that matters, while on a new pooled
+// connection over a slow network the prepare round trip would come out of
+// the lease's remaining time. The statements' parameters all carry casts,
+// so the server needs no type inference from the client.
+type oneRoundTrip struct{ db DBTX }
+
+func (o oneRoundTrip) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return o.db.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneRoundTrip) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return o.db.Query(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return o.db.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
+}
+
+func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
+	var n int64
+	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		n, err = l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		return err
+	})
+	switch {
+	case err != nil:
+		return &DBError{Op: "release", Name: name, Err: err}
+	case n == 0:
+		return &LeaseLostError{Name: name, Holder: holder, Token: token}
+	}
+	return nil
+}

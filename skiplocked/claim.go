@@ -1,0 +1,146 @@
+package skiplocked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/nilcheck"
+)
+
+// ClaimParams describe one leased claim.
+type ClaimParams struct {
+	// Queue to claim from.
+	Queue string
+	// Holder identifies the claimer (stored in holder), 1..[MaxHolderBytes] bytes.
+	Holder string
+	// Limit is the most rows to claim, 1..[MaxBatch].
+	Limit int
+	// TTL is how long the claims last on the database clock,
+	// [MinClaimTTL]..[MaxClaimTTL]. Extend them with [Heartbeat].
+	TTL time.Duration
+}
+
+// Claim is the leased claim. In one statement it takes up to p.Limit
+// claimable jobs of p.Queue, skipping rows other transactions have locked
+// (FOR UPDATE SKIP LOCKED, so it never waits for another worker), marks them
+// running with a new claim token each (from a sequence that never cycles, so a
+// row's next claim always has a larger token) and an expiry of now() + p.TTL on
+// the database clock, and returns them in claim order (priority, run_at, id).
+//
+// Claimable means available with run_at <= now(), or running with an expired
+// claim: the previous holder's token stops matching, so its Complete, Fail,
+// Heartbeat and Release calls get [ErrClaimLost] and change nothing. An
+// expired claim on a job with no attempts left sends it to dead instead.
+//
+// The claims are committed when Claim returns (run it on a pool or
+// connection, not inside a long transaction, or the rows stay locked until
+// that transaction ends). Each claim counts as an attempt. If ctx is
+// cancelled the statement is cancelled; it then either took effect fully or
+// not at all, and unreported claims simply expire.
+func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
+	if nilcheck.IsNil(db) {
+		return nil, ErrNilDB
+	}
+	if err := checkQueue(p.Queue); err != nil {
+		return nil, err
+	}
+	if err := checkHolder(p.Holder); err != nil {
+		return nil, err
+	}
+	if err := checkLimit(p.Limit); err != nil {
+		return nil, err
+	}
+	if err := checkTTL(p.TTL); err != nil {
+		return nil, err
+	}
+	rows, err := queries.ClaimJobs(ctx, db, dbsqlc.ClaimJobsParams{
+		Queue: p.Queue, MaxJobs: int32(p.Limit), Holder: p.Holder, TtlMs: p.TTL.Milliseconds(),
+	})
+	if err != nil {
+		return nil, translate("claim", err)
+	}
+	jobs := make([]Job, len(rows))
+	for i, r := range rows {
+		jobs[i] = jobFromRow(dbsqlc.PgfenceJob(r))
+	}
+	return jobs, nil
+}
+
+// ClaimJobsTx is the in-transaction claim on pgfence.jobs: it locks up to
+// limit available, due jobs of queue with FOR UPDATE SKIP LOCKED for tx and
+// returns them. Nothing is written: the row locks are the claim and last
+// until tx commits or rolls back; if the worker dies its connection closes
+// and PostgreSQL releases them at once. Finish each job in the same tx with
+// [CompleteJobTx] or [FailJobTx]; a rollback makes the jobs available again
+// without counting an attempt.
+func ClaimJobsTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, error) {
+	if nilcheck.IsNil(tx) {
+		return nil, ErrNilDB
+	}
+	if err := checkQueue(queue); err != nil {
+		return nil, err
+	}
+	if err := checkLimit(limit); err != nil {
+		return nil, err
+	}
+	rows, err := queries.ClaimJobsTx(ctx, tx, queue, int32(limit))
+	if err != nil {
+		return nil, translate("claim in transaction", err)
+	}
+	jobs := make([]Job, len(rows))
+	for i, r := range rows {
+		jobs[i] = jobFromRow(r)
+	}
+	return jobs, nil
+}
+
+// CompleteJobTx marks a job claimed by [ClaimJobsTx] completed, in the same
+// transaction. It returns [ErrJobNotFound] if no available job has that id.
+// It must run in the transaction that claimed the job: the row lock is what
+// makes it safe.
+func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
+	if nilcheck.IsNil(tx) {
+		return ErrNilDB
+	}
+	if id <= 0 {
+		return fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
+	}
+	n, err := queries.CompleteJobTx(ctx, tx, id)
+	if err != nil {
+		return translate("complete in transaction", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: no available job %d", ErrJobNotFound, id)
+	}
+	return nil
+}
+
+// FailJobTx records a failed attempt of a job claimed by [ClaimJobsTx], in
+// the same transaction: attempts + 1, then available at now() + p.RetryIn, or
+// dead when no attempts are left or p.GiveUp. The change commits with tx.
+func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
+	if nilcheck.IsNil(tx) {
+		return Job{}, ErrNilDB
+	}
+	if id <= 0 {
+		return Job{}, fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
+	}
+	if p.RetryIn < 0 || p.RetryIn > MaxRetryDelay {
+		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, MaxRetryDelay)
+	}
+	row, err := queries.FailJobTx(ctx, tx, dbsqlc.FailJobTxParams{
+		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: id,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Job{}, fmt.Errorf("%w: no available job %d", ErrJobNotFound, id)
+	}
+	if err != nil {
+		return Job{}, translate("fail in transaction", err)
+	}
+	return jobFromRow(row), nil
+}

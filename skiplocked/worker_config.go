@@ -1,0 +1,141 @@
+package skiplocked
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/observe"
+)
+
+// Config tunes a [Worker]. A nil *Config uses every default.
+type Config struct {
+	// Holder identifies this worker in holder. Defaults to
+	// "<hostname>/<pid>/<random hex>".
+	Holder string
+	// Concurrency is the number of jobs handled at once, 1..1000. Defaults to 4.
+	Concurrency int
+	// BatchSize is the most jobs one claim statement takes, 1..[MaxBatch].
+	// The worker holds at most Concurrency + 2*BatchSize claims, so the next
+	// batch is claimed while the current one is handled and the one before is
+	// being completed. Defaults to Concurrency.
+	BatchSize int
+	// ClaimTTL is the length of a leased claim on the database clock,
+	// [MinClaimTTL]..[MaxClaimTTL]. A claim of a worker that dies comes back
+	// after at most ClaimTTL. Defaults to 30s.
+	ClaimTTL time.Duration
+	// HeartbeatInterval is how often the claims held are extended, in one
+	// statement, by ClaimTTL. Must be shorter than ClaimTTL. Defaults to
+	// ClaimTTL / 3.
+	HeartbeatInterval time.Duration
+	// PollInterval is how often the worker claims when no notification
+	// arrives (the fallback when a NOTIFY is missed, and the only trigger in
+	// PollOnly mode or for jobs whose run_at is in the future). At least 10ms.
+	// Defaults to 1s.
+	PollInterval time.Duration
+	// PollOnly disables LISTEN, for PgBouncer in transaction pooling mode
+	// where LISTEN does not work. Defaults to false: one dedicated
+	// connection LISTENs on [NotifyChannel].
+	PollOnly bool
+	// Backoff gives the retry delay after a failed attempt (1-based).
+	// Defaults to [DefaultBackoff].
+	Backoff func(attempt int) time.Duration
+	// ShutdownTimeout is how long handlers in flight may run after Run's
+	// context is cancelled before their own contexts are cancelled (cause
+	// [ErrShutdown]). Defaults to 10s.
+	ShutdownTimeout time.Duration
+	// Logger receives errors the loop recovers from (failed claims, lost
+	// claims, listener reconnects). Defaults to discarding them.
+	Logger *slog.Logger
+	// Metrics receives rows claimed, completed, failed and dead, claims lost
+	// and claim latency, labelled by queue (see package observe). Defaults to
+	// nil: nothing is recorded. Claims lost counts real losses only: a
+	// completion retried after a lost reply, or of a job the handler
+	// completed itself, is a completion.
+	Metrics observe.Metrics
+	// OnClaimLost, when set, is called once for each claim this worker lost,
+	// after the job's handler has returned: the outcome the worker tried to
+	// write (completion, failure, release) was refused, or a heartbeat found
+	// the job re-claimed and the handler's context was cancelled. err says
+	// why, with the job's current token, state and holder, as [Complete]
+	// reports it. Use it to compensate for an effect done outside the
+	// database. It runs on the goroutine that writes outcomes (keep it short),
+	// with a context cancelled when Run has returned; a panic in it is
+	// recovered and logged.
+	OnClaimLost func(ctx context.Context, job Job, err *ClaimLostError)
+}
+
+func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker, error) {
+	if nilcheck.IsNil(pool) {
+		return nil, ErrNilDB
+	}
+	if err := checkQueue(queue); err != nil {
+		return nil, err
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if c.Holder == "" {
+		c.Holder = DefaultHolder()
+	}
+	if err := checkHolder(c.Holder); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	maxConns := int(pool.Config().MaxConns)
+	if c.Concurrency == 0 {
+		c.Concurrency = 4
+		if tx {
+			c.Concurrency = max(1, min(4, maxConns-2))
+		}
+	}
+	if c.Concurrency < 1 || c.Concurrency > 1000 {
+		return nil, fmt.Errorf("%w: concurrency %d not in 1..1000", ErrInvalidConfig, c.Concurrency)
+	}
+	if tx && maxConns < c.Concurrency+2 {
+		return nil, fmt.Errorf("%w: the pool has at most %d connections; a TxHandler worker with concurrency %d needs %d "+
+			"(one per handler transaction, plus heartbeats, claims and outcomes): raise pool_max_conns or lower Concurrency",
+			ErrInvalidConfig, maxConns, c.Concurrency, c.Concurrency+2)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = c.Concurrency
+	}
+	if err := checkLimit(c.BatchSize); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.ClaimTTL == 0 {
+		c.ClaimTTL = 30 * time.Second
+	}
+	if err := checkTTL(c.ClaimTTL); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.ClaimTTL / 3
+	}
+	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.ClaimTTL {
+		return nil, fmt.Errorf("%w: heartbeat interval %s must be in (0, ClaimTTL %s)", ErrInvalidConfig, c.HeartbeatInterval, c.ClaimTTL)
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.PollInterval < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: poll interval %s shorter than 10ms", ErrInvalidConfig, c.PollInterval)
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.ShutdownTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative shutdown timeout %s", ErrInvalidConfig, c.ShutdownTimeout)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{pool: pool, queue: queue, cfg: c, inflight: map[int64]*held{}}, nil
+}

@@ -1,0 +1,178 @@
+package skiplocked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, stopping *atomic.Bool) {
+	for h := range jobs {
+		w.mu.Lock()
+		if stopping.Load() || h.lost != nil {
+			lost := h.lost
+			w.mu.Unlock()
+			if lost != nil {
+				results <- result{h: h, outcome: outLost, lost: lost}
+			} else {
+				results <- result{h: h, outcome: outRelease}
+			}
+			continue
+		}
+		jctx, cancel := context.WithCancelCause(base)
+		h.cancel, h.started = cancel, true
+		w.mu.Unlock()
+
+		var r result
+		if w.txHandler != nil {
+			r = w.runTx(jctx, h)
+		} else {
+			r = decide(jctx, h, w.call(jctx, h.job))
+		}
+		cancel(nil)
+		w.mu.Lock()
+		h.returned = true
+		w.mu.Unlock()
+		results <- r
+	}
+}
+
+// decide turns a handler's return and its context's cause into an outcome.
+func decide(jctx context.Context, h *held, err error) result {
+	cause := context.Cause(jctx)
+	var lost *ClaimLostError
+	switch {
+	case errors.As(cause, &lost):
+		return result{h: h, outcome: outLost, err: err, lost: lost}
+	case err == nil:
+		return result{h: h, outcome: outComplete}
+	case errors.Is(cause, ErrShutdown):
+		return result{h: h, outcome: outRelease, err: err}
+	default:
+		return result{h: h, outcome: outFail, err: err}
+	}
+}
+
+// call calls the handler, turning a panic into an error.
+func (w *Worker) call(ctx context.Context, j Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return w.handler(ctx, j)
+}
+
+// errHandlerTx is the error of Commit and Rollback on a TxHandler's tx.
+var errHandlerTx = errors.New("skiplocked: a TxHandler must not commit or roll back its transaction: " +
+	"the Worker commits it together with the job's completion (return an error to roll back)")
+
+// handlerTx is the transaction a TxHandler gets: Commit and Rollback are
+// refused (and remembered), everything else is the pgx.Tx.
+type handlerTx struct {
+	pgx.Tx
+	misused atomic.Bool
+}
+
+// Commit refuses: the Worker commits.
+func (t *handlerTx) Commit(context.Context) error { t.misused.Store(true); return errHandlerTx }
+
+// Rollback refuses: the Worker rolls back when the handler returns an error.
+func (t *handlerTx) Rollback(context.Context) error { t.misused.Store(true); return errHandlerTx }
+
+// callTx calls the TxHandler, turning a panic into an error.
+func (w *Worker) callTx(ctx context.Context, tx pgx.Tx, j Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return w.txHandler(ctx, tx, j)
+}
+
+// runTx runs a TxHandler: begin, handler, completion conditional on the
+// claim token in the same transaction, commit. A refused completion rolls
+// the effect back.
+func (w *Worker) runTx(jctx context.Context, h *held) result {
+	tx, err := w.pool.Begin(jctx)
+	if err != nil {
+		return decide(jctx, h, translate("begin the handler's transaction", err))
+	}
+	rollback := func() {
+		rctx, cancel := context.WithTimeout(w.bg, 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx) // on error pgx closes the connection: nothing commits
+	}
+	htx := &handlerTx{Tx: tx}
+	herr := w.callTx(jctx, htx, h.job)
+	if htx.misused.Load() && herr == nil {
+		herr = errHandlerTx
+	}
+	if r := decide(jctx, h, herr); r.outcome != outComplete {
+		rollback()
+		return r
+	}
+	// The handler returned nil: complete the job in its transaction, with a
+	// context the handler's cancellation does not end (a shutdown cancels
+	// handlers, but a handler that returned nil is completed).
+	cctx, cancel := context.WithTimeout(w.bg, w.cfg.ClaimTTL)
+	defer cancel()
+	if st := tx.Conn().PgConn().TxStatus(); st != 'T' {
+		rollback()
+		return result{h: h, outcome: outFail, err: fmt.Errorf("skiplocked: the handler's transaction is not open (status %q): "+
+			"a statement failed, or COMMIT/ROLLBACK was sent through tx.Conn()", st)}
+	}
+	w.mu.Lock()
+	h.completing = true
+	w.mu.Unlock()
+	done, err := queries.CompleteJobs(cctx, tx, []int64{h.ref.JobID}, []int64{h.ref.Token})
+	if err != nil {
+		rollback()
+		return result{h: h, outcome: outFail, err: translate("complete in the handler's transaction", err)}
+	}
+	if len(done) == 0 {
+		st := w.readClaim(h.ref)
+		if st != nil && alreadyDone("complete", h.ref, st) {
+			// Completed under this very claim by another call (the handler
+			// called Complete itself): nobody else can run the job, so the
+			// handler's effect commits.
+			if err := tx.Commit(cctx); err != nil {
+				w.cfg.Logger.Error("skiplocked: the handler completed its job itself, but its transaction did not commit",
+					"job", h.ref.JobID, "token", h.ref.Token, "err", err)
+				return result{h: h, outcome: outUnknown, err: err}
+			}
+			return result{h: h, outcome: outCompleted}
+		}
+		rollback()
+		return result{h: h, outcome: outLost, lost: orBare(st, h.ref)}
+	}
+	cerr := tx.Commit(cctx)
+	if cerr == nil {
+		return result{h: h, outcome: outCompleted}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(cerr, &pgErr) && !connectionSQLState(pgErr.Code) {
+		// The server answered COMMIT with an error: it rolled back.
+		return result{h: h, outcome: outFail, err: translate("commit", cerr)}
+	}
+	// The connection broke during COMMIT: read the row to learn whether it
+	// committed. Only this transaction can complete the job under this token.
+	st := w.readClaim(h.ref)
+	switch {
+	case st == nil:
+		w.cfg.Logger.Error("skiplocked: commit outcome unknown; if it did not commit, the claim expires and the job runs again",
+			"job", h.ref.JobID, "token", h.ref.Token, "err", cerr)
+		return result{h: h, outcome: outUnknown, err: cerr}
+	case alreadyDone("complete", h.ref, st):
+		return result{h: h, outcome: outCompleted}
+	case st.CurrentToken == h.ref.Token && st.State == StateRunning:
+		return result{h: h, outcome: outFail, err: translate("commit", cerr)}
+	default:
+		return result{h: h, outcome: outLost, lost: st}
+	}
+}

@@ -1,0 +1,67 @@
+package skiplocked
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// heartbeat extends every claim held, and cancels handlers whose claim is
+// lost. A claim found ended by its own outcome under the same token (the
+// handler completed it, or the completion raced the heartbeat) is not a
+// loss: it is only no longer heartbeated.
+func (w *Worker) heartbeat(ctx context.Context) {
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		refs := make([]ClaimRef, 0, len(w.inflight))
+		for _, h := range w.inflight {
+			if h.lost == nil && !h.ended && !h.completing {
+				refs = append(refs, h.ref)
+			}
+		}
+		w.mu.Unlock()
+		for len(refs) > 0 {
+			chunk := refs[:min(len(refs), MaxBatch)]
+			refs = refs[len(chunk):]
+			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later heartbeat is useless
+			var lost []ClaimRef
+			err := retryConn(hctx, func() (err error) {
+				_, lost, err = HeartbeatMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
+				return err
+			})
+			cancel()
+			var details []*ClaimLostError
+			if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
+				err, details = nil, cl.Details // the lost claims are cancelled below
+			}
+			if err != nil {
+				w.cfg.Logger.Warn("skiplocked: heartbeat failed", "claims", len(chunk), "err", err)
+				continue
+			}
+			w.mu.Lock()
+			for i, r := range lost {
+				h, ok := w.inflight[r.JobID]
+				if !ok || h.ref != r {
+					continue
+				}
+				d := details[i]
+				if d != nil && d.CurrentToken == r.Token && (d.Outcome == OutcomeCompleted || d.Outcome == OutcomeFailed || d.Outcome == OutcomeReleased) {
+					h.ended = true
+					continue
+				}
+				h.lost = orBare(d, r)
+				if h.cancel != nil && !h.returned {
+					h.cancel(h.lost)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}
+}

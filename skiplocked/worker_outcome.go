@@ -1,0 +1,216 @@
+package skiplocked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pgfence/pgfence/observe"
+)
+
+// readClaim reads a job's claim columns for ref, retrying connection errors
+// for up to ClaimTTL; nil when it cannot (or the job no longer exists).
+func (w *Worker) readClaim(ref ClaimRef) *ClaimLostError {
+	ctx, cancel := context.WithTimeout(w.bg, w.cfg.ClaimTTL)
+	defer cancel()
+	var st *ClaimLostError
+	err := retryConn(ctx, func() (err error) {
+		st, err = claimState(ctx, w.pool, "read claim", ref)
+		return err
+	})
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
+func orBare(e *ClaimLostError, ref ClaimRef) *ClaimLostError {
+	if e != nil {
+		return e
+	}
+	return &ClaimLostError{JobID: ref.JobID, Token: ref.Token}
+}
+
+// complete writes outcomes, batching completions, and frees the slots.
+func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-chan struct{}, wake chan<- struct{}, drain bool) {
+	const maxBatch = 1000
+	m := observe.OrNop(w.cfg.Metrics)
+	for first := range results {
+		batch := []result{first}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case r, ok := <-results:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, r)
+			default:
+				break drain
+			}
+		}
+		var done, release []result
+		for _, r := range batch {
+			switch r.outcome {
+			case outComplete:
+				done = append(done, r)
+			case outCompleted:
+				w.stats.completed.Add(1)
+				m.Add(observe.RowsCompletedTotal, 1, w.queue)
+			case outRelease:
+				release = append(release, r)
+			case outFail:
+				w.fail(ctx, r)
+			case outLost:
+				w.reportLost(ctx, r.h, r.lost, "skiplocked: claim lost; outcome not written")
+			case outUnknown:
+				w.stats.unknown.Add(1)
+			}
+		}
+		if len(done) > 0 {
+			w.finish(ctx, "complete", done, CompleteMany)
+		}
+		if len(release) > 0 {
+			w.finish(ctx, "release", release, ReleaseMany)
+		}
+		w.mu.Lock()
+		for _, r := range batch {
+			delete(w.inflight, r.h.ref.JobID)
+		}
+		idle := len(w.inflight) == 0
+		w.mu.Unlock()
+		for range batch {
+			<-slots
+		}
+		if drain && idle {
+			poke(wake) // the fetcher checks whether the queue is drained
+		}
+	}
+}
+
+// reportLost counts, logs and hands to OnClaimLost one lost claim.
+func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg string) {
+	e = orBare(e, h.ref)
+	w.stats.lost.Add(1)
+	observe.OrNop(w.cfg.Metrics).Add(observe.ClaimsLostTotal, 1, w.queue)
+	w.cfg.Logger.Warn(msg, "job", e.JobID, "token", e.Token, "current_token", e.CurrentToken,
+		"state", string(e.State), "holder", e.Holder)
+	if w.cfg.OnClaimLost == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			w.cfg.Logger.Error("skiplocked: OnClaimLost panicked", "job", e.JobID, "panic", fmt.Sprint(r))
+		}
+	}()
+	w.cfg.OnClaimLost(ctx, h.job, e)
+}
+
+// connRetries is how many times the worker sends a completion, failure,
+// release or heartbeat again after a connection error (the pool may hand
+// out a connection whose backend was ended since its last use).
+const connRetries = 3
+
+// retryConn runs op, and runs it again up to connRetries times while it fails
+// with ErrConnection and ctx allows. Every statement it retries is
+// conditional on the claim tokens, so a retry never changes a job the worker
+// no longer holds, and idempotent: if a first attempt did commit before its
+// connection failed, the retry reports success, not a lost claim.
+func retryConn(ctx context.Context, op func() error) error {
+	err := op()
+	for i := 1; i <= connRetries && errors.Is(err, ErrConnection) && ctx.Err() == nil; i++ {
+		t := time.NewTimer(time.Duration(i) * 10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		err = op()
+	}
+	return err
+}
+
+func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, DBTX, []ClaimRef) ([]ClaimRef, error)) {
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
+	defer cancel()
+	refs := make([]ClaimRef, len(rs))
+	for i, r := range rs {
+		refs[i] = r.h.ref
+	}
+	err := retryConn(cctx, func() (err error) {
+		_, err = f(cctx, w.pool, refs)
+		return err
+	})
+	lost := map[ClaimRef]*ClaimLostError{}
+	if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
+		err = nil // counted and logged per claim below
+		for i, r := range cl.Lost {
+			lost[r] = orBare(cl.Details[i], r)
+		}
+	}
+	if err != nil {
+		w.stats.unknown.Add(int64(len(rs)))
+		w.cfg.Logger.Error("skiplocked: "+op+" failed; claims will expire", "jobs", len(refs), "err", err)
+		return
+	}
+	landed := 0
+	for _, r := range rs {
+		if e, ok := lost[r.h.ref]; ok {
+			w.reportLost(ctx, r.h, e, "skiplocked: "+op+" refused: claim lost")
+			continue
+		}
+		landed++
+	}
+	if op == "complete" {
+		w.stats.completed.Add(int64(landed))
+		if landed > 0 {
+			observe.OrNop(w.cfg.Metrics).Add(observe.RowsCompletedTotal, float64(landed), w.queue)
+		}
+	} else {
+		w.stats.released.Add(int64(landed))
+	}
+}
+
+func (w *Worker) fail(ctx context.Context, r result) {
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
+	defer cancel()
+	var perm *permanentError
+	msg := "error"
+	if r.err != nil {
+		msg = r.err.Error()
+	}
+	var job Job
+	err := retryConn(cctx, func() (err error) {
+		job, err = Fail(cctx, w.pool, r.h.ref, FailParams{
+			Error:   msg,
+			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), MaxRetryDelay),
+			GiveUp:  errors.As(r.err, &perm),
+		})
+		return err
+	})
+	m := observe.OrNop(w.cfg.Metrics)
+	var lost *ClaimLostError
+	switch {
+	case err == nil:
+		m.Add(observe.RowsFailedTotal, 1, w.queue)
+		if job.State == StateDead {
+			w.stats.dead.Add(1)
+			m.Add(observe.RowsDeadTotal, 1, w.queue)
+		} else {
+			w.stats.failed.Add(1)
+		}
+	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == OutcomeCompleted:
+		// A commit whose reply was lost did land after all (see runTx).
+		w.stats.completed.Add(1)
+		m.Add(observe.RowsCompletedTotal, 1, w.queue)
+	case lost != nil:
+		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
+	case errors.Is(err, ErrJobNotFound):
+		w.reportLost(ctx, r.h, nil, "skiplocked: fail refused: job deleted")
+	default:
+		w.stats.unknown.Add(1)
+		w.cfg.Logger.Warn("skiplocked: fail not written", "job", r.h.ref.JobID, "err", err)
+	}
+}
