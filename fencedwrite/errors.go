@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Why a fenced write changed no row. Exactly one of these is returned when the
@@ -266,7 +268,7 @@ func (e *ColumnError) Unwrap() error { return e.Sentinel }
 // *[StaleTokenError] (PF003) or a *[RefusedError] (PF004..PF007), so
 // errors.Is(TranslateError(err), [ErrStaleToken]) and the like hold for the
 // error a generated sqlc method returns; context errors are returned as they
-// are; anything else is wrapped with the package prefix. The helpers of this
+// are; anything else becomes a *[DBError]. The helpers of this
 // package already call it.
 func TranslateError(err error) error {
 	if err == nil {
@@ -298,8 +300,31 @@ func TranslateError(err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("fencedwrite: %w", err)
+	return &DBError{Err: err}
 }
+
+// DBError is a database or connection error that is not a refusal: the
+// statement failed for another reason (a lost connection, a constraint, a
+// missing table). Unwrap returns the pgx or PostgreSQL error.
+type DBError struct {
+	Op  string // the call that failed; "" when translated by [TranslateError]
+	Err error
+}
+
+func (e *DBError) Error() string {
+	if e.Op == "" {
+		return "fencedwrite: " + e.Err.Error()
+	}
+	return "fencedwrite: " + e.Op + ": " + e.Err.Error()
+}
+
+// Unwrap returns the pgx or PostgreSQL error.
+func (e *DBError) Unwrap() error { return e.Err }
+
+// Transient reports whether the same statement may succeed when sent again
+// (connection failures, server shutting down, serialization failures). A
+// fenced write retried with the same token is safe: it is applied once.
+func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
 
 var (
 	guardReasons = map[string]GuardReason{

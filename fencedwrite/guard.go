@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // maxLockExprBytes bounds GuardOptions.LockNameExpression (pgfence.guard
@@ -120,7 +121,7 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 	_, err = db.Exec(ctx, `SELECT pgfence.guard($1::regclass, lock_name => $2, lock_name_column => $3,
 		fence_column => $4, mode => $5, lock_name_expression => $6)`,
 		ti.Qualified(), lockName, lockCol, opts.FenceColumn, opts.Mode.String(), lockExpr)
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "22023" {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerr.InvalidParameterValue {
 		return fmt.Errorf("%w: %s", ErrInvalidSpec, pgErr.Message)
 	}
 	return TranslateError(err)

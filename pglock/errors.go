@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Sentinel errors. Test for them with errors.Is; the structured errors
@@ -170,21 +170,4 @@ func (e *DBError) Unwrap() error { return e.Err }
 
 // Transient reports whether the error is a connection problem or another
 // condition where the same statement may succeed when retried.
-func (e *DBError) Transient() bool { return transient(e.Err) }
-
-func transient(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "57", "53": // connection exception, operator intervention, insufficient resources
-			return true
-		}
-		switch pgErr.Code {
-		case "40001", "40P01":
-			return true
-		}
-		return false
-	}
-	// Not a server error: network, timeouts, pool closed connections.
-	return !errors.Is(err, context.Canceled)
-}
+func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // grant makes one attempt. It returns either a lease, or a LockedError with
@@ -137,25 +137,11 @@ const maxDeadConns = 3
 // ([*LockedError] naming this holder, as documented for unknown outcomes),
 // so a retry never produces a second holder.
 func deadConnection(conn *pgxpool.Conn, err error) bool {
-	if !conn.Conn().IsClosed() {
-		return false
-	}
-	if pgconn.SafeToRetry(err) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "57P01", "57P02", "57P03":
-			return true
-		}
-	}
-	return false
+	return pgerr.NotExecuted(conn.Conn().IsClosed(), err)
 }
 
 func translateGrantError(name string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "22003" { // numeric_value_out_of_range: token + 1
+	if pgerr.Code(err) == pgerr.NumericValueOutOfRange { // token + 1
 		return fmt.Errorf("%w: lock %q already has token 9223372036854775807; nothing changed", ErrTokenOverflow, name)
 	}
 	return &DBError{Op: "acquire", Name: name, Err: err}

@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Sentinel errors. Every error returned by this package that is caused by one
@@ -78,6 +76,9 @@ var (
 	// [QueueDepth] and [Worker.Drain] return it rather than report an empty
 	// queue as a finished one.
 	ErrNoJobs = errors.New("skiplocked: queue has no jobs")
+	// ErrShutdown is the cause of a handler's context cancellation when the
+	// [Worker] stops and [Config].ShutdownTimeout has passed.
+	ErrShutdown = errors.New("skiplocked: worker shutting down")
 )
 
 // Outcomes of a leased claim, as kept in pgfence.jobs.claim_outcome and
@@ -168,119 +169,88 @@ func (e *ClaimsLostError) Error() string {
 // Is reports whether target is [ErrClaimLost].
 func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost }
 
-// translate maps pgx and PostgreSQL errors to this package's sentinels,
-// keeping the original error in the chain.
+// DBError is a database or connection error of one of this package's calls,
+// with the operation that failed. Kind is the sentinel it matches with
+// [errors.Is] ([ErrConnection], [ErrUnknownTable], [ErrUnknownColumn],
+// [ErrTokenExhausted], [ErrInvalidPayload]), or nil; Unwrap returns the
+// pgx or PostgreSQL error.
+type DBError struct {
+	Op   string // "claim", "complete", "enqueue", ...
+	Kind error
+	Err  error
+}
+
+func (e *DBError) Error() string {
+	if e.Kind != nil {
+		return fmt.Sprintf("%v: %s: %v", e.Kind, e.Op, e.Err)
+	}
+	return fmt.Sprintf("skiplocked: %s: %v", e.Op, e.Err)
+}
+
+// Is reports whether target is the error's Kind.
+func (e *DBError) Is(target error) bool { return e.Kind != nil && target == e.Kind }
+
+// Unwrap returns the pgx or PostgreSQL error.
+func (e *DBError) Unwrap() error { return e.Err }
+
+// Transient reports whether the same call may succeed when made again (see
+// [IsRetryable] for what a retry must tolerate).
+func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
+
+// translate maps pgx and PostgreSQL errors to a *DBError whose Kind is this
+// package's sentinel, keeping the original error in the chain.
 func translate(op string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("skiplocked: %s: %w", op, err)
+		return &DBError{Op: op, Err: err}
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "42P01":
-			return fmt.Errorf("%w: %s: %w", ErrUnknownTable, op, err)
-		case pgErr.Code == "42703":
-			return fmt.Errorf("%w: %s: %w", ErrUnknownColumn, op, err)
-		case pgErr.Code == "2200H":
-			return fmt.Errorf("%w: %s: %w", ErrTokenExhausted, op, err)
-		case pgErr.Code == "22P02" || pgErr.Code == "22032":
-			return fmt.Errorf("%w: %s: %w", ErrInvalidPayload, op, err)
-		case connectionSQLState(pgErr.Code):
-			return fmt.Errorf("%w: %s: %w", ErrConnection, op, err)
-		}
-		return fmt.Errorf("skiplocked: %s: %w", op, err)
+	var kind error
+	switch code := pgerr.Code(err); {
+	case code == pgerr.UndefinedTable:
+		kind = ErrUnknownTable
+	case code == pgerr.UndefinedColumn:
+		kind = ErrUnknownColumn
+	case code == pgerr.SequenceGeneratorLimit:
+		kind = ErrTokenExhausted
+	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText:
+		kind = ErrInvalidPayload
+	case pgerr.IsConnectionLost(err) || errors.Is(err, pgx.ErrTxClosed):
+		kind = ErrConnection
 	}
-	if IsConnectionError(err) || errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("%w: %s: %w", ErrConnection, op, err)
-	}
-	return fmt.Errorf("skiplocked: %s: %w", op, err)
+	return &DBError{Op: op, Kind: kind, Err: err}
 }
 
 // IsConnectionError reports whether err, returned by a statement you ran
 // through pgx (your own, in a handler, or one of this package's calls),
 // means that the connection to PostgreSQL failed or was closed, so that the
-// session and any transaction open on it are gone:
+// session and any transaction open on it are gone: SQLSTATE class 08,
+// 57P01 (pg_terminate_backend or a shutdown), 57P02, 57P03; a failure to
+// connect, a network error, EOF mid-message, a closed pgx connection or pool;
+// this package's [ErrConnection]. It reports false for nil and for a
+// context's cancellation or deadline (the caller's own decision).
 //
-//   - the server's SQLSTATE class 08 (connection exception) and 57P01
-//     (admin_shutdown: pg_terminate_backend or a server shutdown), 57P02
-//     (crash_shutdown), 57P03 (cannot_connect_now: the server is starting);
-//   - a failure to connect (*pgconn.ConnectError), a network error
-//     (net.Error, net.ErrClosed), io.EOF and io.ErrUnexpectedEOF (the server
-//     went away mid-message), pgx's "conn closed" and pgxpool's "closed pool",
-//     and any error for which pgconn.SafeToRetry reports true;
-//   - this package's [ErrConnection].
-//
-// It reports false for a context's cancellation or deadline (the caller's own
-// decision, even when pgx closed the connection to enforce it: retrying is not
-// a reaction to that) and for nil.
-//
-// What a true answer does not say: whether the statement took effect. If the
-// failure came before anything was sent (pgconn.SafeToRetry), nothing
-// happened; otherwise a write, and above all a COMMIT, may have landed before
-// the connection broke. Retry a connection error only when running the work
-// twice is harmless: a conditional or keyed write, an effect in the same
-// transaction as the job's completion ([NewTxWorker]), or this package's
-// idempotent [Complete], [Fail] and [Release].
+// A true answer does not say whether the statement took effect: a write, and
+// above all a COMMIT, may have landed before the connection broke. Retry only
+// work that is harmless to run twice: a conditional or keyed write, an effect
+// in the same transaction as the job's completion ([NewTxWorker]), or this
+// package's idempotent [Complete], [Fail] and [Release].
 func IsConnectionError(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	if errors.Is(err, ErrConnection) {
-		return true
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return connectionSQLState(pgErr.Code)
-	}
-	var netErr net.Error
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) ||
-		isClosedConn(err)
+	return errors.Is(err, ErrConnection) || pgerr.IsConnectionLost(err)
 }
 
-// IsRetryable reports whether err says that the transaction it ended did not
-// take effect for a transient reason, so that running the whole transaction
-// again (from BEGIN, in a new transaction) is the right reaction:
-//
-//   - SQLSTATE 40001 (serialization_failure) and 40P01 (deadlock_detected):
-//     the server rolled the transaction back;
-//   - every error for which [IsConnectionError] is true, with its caveat: a
-//     COMMIT whose connection broke may have committed, so the transaction
-//     must be safe to run twice (see [IsConnectionError]).
-//
-// It reports false for a context's cancellation or deadline, for lock and
-// statement timeouts (55P03, 57014: limits the caller set), for constraint
-// violations and every other error, and for nil.
+// IsRetryable reports whether running the whole transaction again, from
+// BEGIN, is the right reaction to err: SQLSTATE 40001 or 40P01 (the server
+// rolled it back), or an error for which [IsConnectionError] is true, with
+// its caveat. It reports false for nil, a context's end, lock and statement
+// timeouts (limits the caller set) and every other error.
 func IsRetryable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01") {
-		return true
-	}
-	return IsConnectionError(err)
+	return pgerr.IsRetryable(err) || errors.Is(err, ErrConnection)
 }
-
-// connectionSQLState reports whether a SQLSTATE means the session is gone.
-func connectionSQLState(code string) bool {
-	return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03"
-}
-
-// isClosedConn recognises pgx's "conn closed" error, which has no exported type.
-func isClosedConn(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if e.Error() == "conn closed" || e.Error() == "closed pool" {
-			return true
-		}
-	}
-	return false
-}
-
-// ErrShutdown is the cause of a handler's context cancellation when the
-// [Worker] stops and [Config.ShutdownTimeout] has passed.
-var ErrShutdown = errors.New("skiplocked: worker shutting down")

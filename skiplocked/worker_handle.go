@@ -8,7 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, stopping *atomic.Bool) {
@@ -155,8 +156,7 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	if cerr == nil {
 		return result{h: h, outcome: outCompleted}
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(cerr, &pgErr) && !connectionSQLState(pgErr.Code) {
+	if code := pgerr.Code(cerr); code != "" && !pgerr.SessionGone(code) {
 		// The server answered COMMIT with an error: it rolled back.
 		return result{h: h, outcome: outFail, err: translate("commit", cerr)}
 	}

@@ -27,7 +27,7 @@ const (
 	ExitNotFound    = 3  // the named lock or table does not exist
 	ExitNotMigrated = 4  // the database has no pgfence schema: run `pgfence migrate up`
 	ExitLockBusy    = 75 // --no-wait and the lock is held by someone else
-	ExitLeaseLost   = 76 // `pgfence run`: the lease was lost while the command ran
+	ExitLeaseLost   = 76 // the lease was lost (run: while the command ran; renew, release: before the call)
 )
 
 // exitError carries an exit code with an error.
@@ -118,7 +118,7 @@ machine (ps, /proc/PID/cmdline), so a password in it leaks; use the
 environment or --database-url-file.
 
 Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
-5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run);
+5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run, renew, release);
 run: 126 command not executable, 127 command not found, else the command's status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,

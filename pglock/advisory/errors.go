@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-// Sentinel errors. Every error the package returns matches one of them with
-// [errors.Is]; structured types ([*KeyError], [*LockedError], [*PoolerError],
-// [*LostError]) carry the details.
+// Sentinel errors. Every error the package returns is one of them, a
+// structured error that matches one with [errors.Is] ([*KeyError],
+// [*LockedError], [*PoolerError], [*LostError]), or a [*DBError] for a
+// database or connection failure.
 var (
 	// ErrEmptyName is returned for a key name of zero length.
 	ErrEmptyName = errors.New("advisory: empty lock name")
@@ -96,13 +97,12 @@ func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 func (e *LockedError) Unwrap() error { return e.Cause }
 
 // lockErr translates the error of a blocking lock statement: lock_timeout
-// becomes a *LockedError, anything else an *opError.
+// becomes a *LockedError, anything else a *DBError.
 func lockErr(ctx context.Context, op string, key Key, mode Mode, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+	if pgerr.Code(err) == pgerr.LockNotAvailable {
 		return &LockedError{Key: key, Mode: mode, Cause: err}
 	}
-	return &opError{op: op, key: key, err: ctxErr(ctx, err)}
+	return &DBError{Op: op, Key: key, Err: ctxErr(ctx, err)}
 }
 
 // PoolerError reports why a connection was judged not to lead to one dedicated
@@ -144,17 +144,25 @@ func (e *LostError) Is(target error) bool { return target == ErrLost }
 // Unwrap returns the cause.
 func (e *LostError) Unwrap() error { return e.Cause }
 
-// opError wraps a database error with the operation that failed.
-type opError struct {
-	op  string
-	key Key
-	err error
+// DBError is a database or connection error of one of this package's calls,
+// with the operation that failed and the key (zero for [List]). Unwrap
+// returns the cause: the pgx or PostgreSQL error, or the context's error.
+type DBError struct {
+	Op  string
+	Key Key
+	Err error
 }
 
-func (e *opError) Error() string {
-	if e.key.IsZero() {
-		return fmt.Sprintf("advisory: %s: %v", e.op, e.err)
+func (e *DBError) Error() string {
+	if e.Key.IsZero() {
+		return fmt.Sprintf("advisory: %s: %v", e.Op, e.Err)
 	}
-	return fmt.Sprintf("advisory: %s key %v: %v", e.op, e.key, e.err)
+	return fmt.Sprintf("advisory: %s key %v: %v", e.Op, e.Key, e.Err)
 }
-func (e *opError) Unwrap() error { return e.err }
+
+// Unwrap returns the cause.
+func (e *DBError) Unwrap() error { return e.Err }
+
+// Transient reports whether the same call may succeed when made again
+// (connection failures, server shutting down, serialization failures).
+func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }

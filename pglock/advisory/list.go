@@ -75,7 +75,7 @@ func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 	}
 	rows, err := db.Query(ctx, listSQL, execMode)
 	if err != nil {
-		return nil, &opError{op: "list", err: ctxErr(ctx, err)}
+		return nil, &DBError{Op: "list", Err: ctxErr(ctx, err)}
 	}
 	var out []LockInfo
 	for rows.Next() {
@@ -89,7 +89,7 @@ func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 		if err := rows.Scan(&classid, &objid, &objsubid, &mode, &li.Granted, &li.PID, &li.User,
 			&li.ApplicationName, &li.ClientAddr, &li.ClientPort, &li.State, &backendStart, &li.QueryStart); err != nil {
 			rows.Close()
-			return nil, &opError{op: "list", err: err}
+			return nil, &DBError{Op: "list", Err: err}
 		}
 		li.Key = keyFromLocks(uint32(classid), uint32(objid), objsubid)
 		if mode == "ShareLock" {
@@ -101,7 +101,7 @@ func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 		out = append(out, li)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, &opError{op: "list", err: ctxErr(ctx, err)}
+		return nil, &DBError{Op: "list", Err: ctxErr(ctx, err)}
 	}
 	return out, nil
 }

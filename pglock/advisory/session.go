@@ -165,7 +165,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return nil, &opError{op: "acquire connection for", key: key, err: ctxErr(ctx, err)}
+		return nil, &DBError{Op: "acquire connection for", Key: key, Err: ctxErr(ctx, err)}
 	}
 
 	// 1. Dedicated backend? Checked before locking: a lock taken through a
@@ -175,7 +175,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 	var pid1 uint32
 	if err := conn.QueryRow(ctx, pidSQL, execMode).Scan(&pid1); err != nil {
 		conn.Release()
-		return nil, &opError{op: "check backend for", key: key, err: ctxErr(ctx, err)}
+		return nil, &DBError{Op: "check backend for", Key: key, Err: ctxErr(ctx, err)}
 	}
 	if pid1 != startup && !c.AllowPooler {
 		conn.Release()
@@ -195,7 +195,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 				pe.StartupPID = startup
 				return nil, pe
 			}
-			return nil, &opError{op: "check pooler for", key: key, err: ctxErr(ctx, err)}
+			return nil, &DBError{Op: "check pooler for", Key: key, Err: ctxErr(ctx, err)}
 		}
 	}
 
@@ -231,7 +231,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 	var held bool
 	if err := conn.QueryRow(ctx, sql, args...).Scan(&pid3, &held); err != nil {
 		destroy(conn)
-		return nil, &opError{op: "verify lock", key: key, err: ctxErr(ctx, err)}
+		return nil, &DBError{Op: "verify lock", Key: key, Err: ctxErr(ctx, err)}
 	}
 	if pid1 != pid2 || pid2 != pid3 || !held {
 		// The lock may now be held by a backend we cannot reach; closing our
@@ -336,7 +336,7 @@ func (l *SessionLock) Unlock(ctx context.Context) error {
 		if err == nil {
 			err = errors.New("pg_advisory_unlock returned false: the backend did not hold the lock")
 		}
-		return &opError{op: "unlock", key: l.key, err: errors.Join(ErrUnlockFailed, ctxErr(ctx, err))}
+		return &DBError{Op: "unlock", Key: l.key, Err: errors.Join(ErrUnlockFailed, ctxErr(ctx, err))}
 	}
 	l.conn.Release()
 	l.finish(ErrUnlocked)

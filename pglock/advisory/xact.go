@@ -79,7 +79,7 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return &opError{op: "begin transaction for", key: key, err: ctxErr(ctx, err)}
+		return &DBError{Op: "begin transaction for", Key: key, Err: ctxErr(ctx, err)}
 	}
 	done := false
 	defer func() {
@@ -94,7 +94,7 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 			panic(p)
 		}
 		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
-			err = errors.Join(err, &opError{op: "roll back", key: key, err: rbErr})
+			err = errors.Join(err, &DBError{Op: "roll back", Key: key, Err: rbErr})
 		}
 	}()
 
@@ -111,7 +111,7 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 	}
 	done = true
 	if err := tx.Commit(ctx); err != nil {
-		return &opError{op: "commit transaction holding", key: key, err: ctxErr(ctx, err)}
+		return &DBError{Op: "commit transaction holding", Key: key, Err: ctxErr(ctx, err)}
 	}
 	return nil
 }
@@ -148,7 +148,7 @@ func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
 	sql, args := xactTryLockSQL(key, mode)
 	var ok bool
 	if err := tx.QueryRow(ctx, sql, args...).Scan(&ok); err != nil {
-		return &opError{op: "try lock", key: key, err: ctxErr(ctx, err)}
+		return &DBError{Op: "try lock", Key: key, Err: ctxErr(ctx, err)}
 	}
 	if !ok {
 		return &LockedError{Key: key, Mode: mode}

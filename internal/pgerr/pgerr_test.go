@@ -1,0 +1,102 @@
+package pgerr_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func pg(code string) error { return fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: code}) }
+
+func TestClassification(t *testing.T) {
+	for _, c := range []struct {
+		name                       string
+		err                        error
+		lost, retryable, transient bool
+	}{
+		{"nil", nil, false, false, false},
+		{"canceled", context.Canceled, false, false, false},
+		{"deadline", context.DeadlineExceeded, false, false, true},
+		{"admin shutdown", pg(pgerr.AdminShutdown), true, true, true},
+		{"crash shutdown", pg(pgerr.CrashShutdown), true, true, true},
+		{"cannot connect now", pg(pgerr.CannotConnectNow), true, true, true},
+		{"connection failure 08006", pg("08006"), true, true, true},
+		{"serialization failure", pg(pgerr.SerializationFailure), false, true, true},
+		{"deadlock", pg(pgerr.DeadlockDetected), false, true, true},
+		{"too many connections 53300", pg("53300"), false, false, true},
+		{"statement timeout", pg(pgerr.QueryCanceled), false, false, true},
+		{"lock timeout", pg(pgerr.LockNotAvailable), false, false, false},
+		{"unique violation", pg("23505"), false, false, false},
+		{"EOF", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true, true, true},
+		{"net.ErrClosed", net.ErrClosed, true, true, true},
+		{"net.OpError", &net.OpError{Op: "read", Err: errors.New("connection reset")}, true, true, true},
+		{"conn closed", fmt.Errorf("x: %w", pgconn.ErrConnClosed), true, true, true},
+		{"tx closed", pgx.ErrTxClosed, false, false, true},
+		{"plain error", errors.New("boom"), false, false, true},
+	} {
+		if got := pgerr.IsConnectionLost(c.err); got != c.lost {
+			t.Errorf("%s: IsConnectionLost = %v, want %v", c.name, got, c.lost)
+		}
+		if got := pgerr.IsRetryable(c.err); got != c.retryable {
+			t.Errorf("%s: IsRetryable = %v, want %v", c.name, got, c.retryable)
+		}
+		if got := pgerr.IsTransient(c.err); got != c.transient {
+			t.Errorf("%s: IsTransient = %v, want %v", c.name, got, c.transient)
+		}
+	}
+	if pgerr.NotExecuted(false, pg(pgerr.AdminShutdown)) {
+		t.Error("NotExecuted on an open connection")
+	}
+	if !pgerr.NotExecuted(true, pg(pgerr.AdminShutdown)) || pgerr.NotExecuted(true, pg("23505")) {
+		t.Error("NotExecuted misclassifies a closed connection's errors")
+	}
+	if pgerr.Code(errors.New("x")) != "" || pgerr.Code(pg("40001")) != "40001" {
+		t.Error("Code")
+	}
+}
+
+// A real terminated backend and a real closed pool are recognised.
+func TestRealConnectionLoss(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	var pid int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, "SELECT 1")
+	if err == nil || !pgerr.IsConnectionLost(err) || !pgerr.IsRetryable(err) || !pgerr.IsTransient(err) {
+		t.Fatalf("statement on a terminated backend: %v (lost %v)", err, pgerr.IsConnectionLost(err))
+	}
+	if !pgerr.NotExecuted(conn.Conn().IsClosed(), err) {
+		t.Errorf("NotExecuted(%v) = false for a backend terminated while idle", err)
+	}
+	closed, err := pgxpool.New(ctx, pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+	_, err = closed.Exec(ctx, "SELECT 1")
+	if !pgerr.IsConnectionLost(err) {
+		t.Fatalf("closed pool: %v not a lost connection", err)
+	}
+}
