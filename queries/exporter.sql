@@ -8,16 +8,16 @@ SELECT (to_regclass('pgfence.jobs') IS NOT NULL)::boolean AS jobs,
        (to_regclass('pgfence.job_dead_counts') IS NOT NULL)::boolean AS dead_counts;
 
 -- name: ExporterLockStats :one
--- ExporterLockStats sums up pgfence.locks: rows held, expired (lease ran out
--- without a release) and free, the longest-expired lease, the longest time
--- since grant among held leases and the highest token.
-SELECT count(*) FILTER (WHERE holder IS NOT NULL AND expires_at > now()) AS held,
-       count(*) FILTER (WHERE holder IS NOT NULL AND expires_at <= now()) AS expired,
-       count(*) FILTER (WHERE holder IS NULL) AS free,
-       COALESCE(max(extract(epoch FROM now() - expires_at)) FILTER (WHERE holder IS NOT NULL AND expires_at <= now()), 0)::float8 AS expired_seconds_max,
-       COALESCE(max(extract(epoch FROM now() - acquired_at)) FILTER (WHERE holder IS NOT NULL AND expires_at > now()), 0)::float8 AS held_seconds_max,
+-- ExporterLockStats sums up the pgfence.lock_status view: rows held, expired
+-- (lease ran out without a release) and free, the longest-expired lease, the
+-- longest time since grant among held leases and the highest token.
+SELECT count(*) FILTER (WHERE state = 'held') AS held,
+       count(*) FILTER (WHERE state = 'expired') AS expired,
+       count(*) FILTER (WHERE state = 'free') AS free,
+       COALESCE(max(-seconds_left) FILTER (WHERE state = 'expired'), 0)::float8 AS expired_seconds_max,
+       COALESCE(max(seconds_since_grant) FILTER (WHERE state = 'held'), 0)::float8 AS held_seconds_max,
        COALESCE(max(token), 0)::bigint AS token_max
-FROM pgfence.locks;
+FROM pgfence.lock_status;
 
 -- name: ExporterQueueStats :many
 -- ExporterQueueStats returns the unfinished jobs of the top_n queues with the

@@ -1,29 +1,21 @@
 -- name: GetLock :one
--- GetLock returns one lock row, its state and the database's current time.
--- State is computed on the database clock: held, expired or free.
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
-       (CASE WHEN holder IS NULL THEN 'free'
-             WHEN expires_at > now() THEN 'held'
-             ELSE 'expired' END)::text AS state,
+-- GetLock returns one lock row of the pgfence.lock_status view (state held,
+-- expired or free on the database clock) and the database's current time.
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
        COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
-FROM pgfence.locks
+FROM pgfence.lock_status
 WHERE name = @name;
 
 -- name: ListLocks :many
--- ListLocks returns lock rows whose name matches a LIKE pattern and whose state
--- is one of the given states (held, expired, free), ordered by name.
+-- ListLocks returns the rows of pgfence.lock_status whose name matches a LIKE
+-- pattern and whose state is one of the given states, ordered by name.
 -- expires_in_ms is 0 for a free lock and negative for an expired one.
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
-       (CASE WHEN holder IS NULL THEN 'free'
-             WHEN expires_at > now() THEN 'held'
-             ELSE 'expired' END)::text AS state,
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
        COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
-FROM pgfence.locks
+FROM pgfence.lock_status
 WHERE name LIKE @name_pattern
-  AND (CASE WHEN holder IS NULL THEN 'free'
-            WHEN expires_at > now() THEN 'held'
-            ELSE 'expired' END) = ANY (@states::text[])
+  AND state = ANY (@states::text[])
 ORDER BY name
 LIMIT @max_rows;

@@ -11,13 +11,10 @@ import (
 )
 
 const getLock = `-- name: GetLock :one
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
-       (CASE WHEN holder IS NULL THEN 'free'
-             WHEN expires_at > now() THEN 'held'
-             ELSE 'expired' END)::text AS state,
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
        COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
-FROM pgfence.locks
+FROM pgfence.lock_status
 WHERE name = $1
 `
 
@@ -34,8 +31,8 @@ type GetLockRow struct {
 	DbNow       time.Time
 }
 
-// GetLock returns one lock row, its state and the database's current time.
-// State is computed on the database clock: held, expired or free.
+// GetLock returns one lock row of the pgfence.lock_status view (state held,
+// expired or free on the database clock) and the database's current time.
 func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow, error) {
 	row := db.QueryRow(ctx, getLock, name)
 	var i GetLockRow
@@ -55,17 +52,12 @@ func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow
 }
 
 const listLocks = `-- name: ListLocks :many
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata,
-       (CASE WHEN holder IS NULL THEN 'free'
-             WHEN expires_at > now() THEN 'held'
-             ELSE 'expired' END)::text AS state,
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
        COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
        now()::timestamptz AS db_now
-FROM pgfence.locks
+FROM pgfence.lock_status
 WHERE name LIKE $1
-  AND (CASE WHEN holder IS NULL THEN 'free'
-            WHEN expires_at > now() THEN 'held'
-            ELSE 'expired' END) = ANY ($2::text[])
+  AND state = ANY ($2::text[])
 ORDER BY name
 LIMIT $3
 `
@@ -89,8 +81,8 @@ type ListLocksRow struct {
 	DbNow       time.Time
 }
 
-// ListLocks returns lock rows whose name matches a LIKE pattern and whose state
-// is one of the given states (held, expired, free), ordered by name.
+// ListLocks returns the rows of pgfence.lock_status whose name matches a LIKE
+// pattern and whose state is one of the given states, ordered by name.
 // expires_in_ms is 0 for a free lock and negative for an expired one.
 func (q *Queries) ListLocks(ctx context.Context, db DBTX, arg ListLocksParams) ([]ListLocksRow, error) {
 	rows, err := db.Query(ctx, listLocks, arg.NamePattern, arg.States, arg.MaxRows)
