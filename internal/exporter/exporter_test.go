@@ -793,7 +793,7 @@ func TestExportLeastPrivilege(t *testing.T) {
 		GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.jobs, pgfence.fenced_values TO pgfence_exp_app;
 		GRANT USAGE ON SEQUENCE pgfence.jobs_claim_token_seq TO pgfence_exp_app;
 		GRANT USAGE ON SCHEMA pgfence TO pgfence_exp_reader;
-		GRANT SELECT ON pgfence.locks, pgfence.jobs, pgfence.job_dead_counts TO pgfence_exp_reader;`)
+		GRANT SELECT ON pgfence.lock_status, pgfence.jobs, pgfence.job_dead_counts TO pgfence_exp_reader;`)
 	as := func(role string) *pgxpool.Pool {
 		cfg, err := pgxpool.ParseConfig(dsn)
 		if err != nil {
