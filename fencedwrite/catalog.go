@@ -5,16 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgident"
 )
 
 // MaxIdentifierBytes is PostgreSQL's identifier limit (NAMEDATALEN - 1).
 // Longer names would be truncated silently by the server, so they are refused.
-const MaxIdentifierBytes = 63
+const MaxIdentifierBytes = pgident.MaxBytes
 
 // CheckIdentifier validates one table or column name: 1..63 bytes of ASCII
 // letters, digits and underscores, not starting with a digit. Names are used
@@ -25,27 +25,16 @@ const MaxIdentifierBytes = 63
 // they are put into SQL. what names the input in the error ("table",
 // "key column", ...).
 func CheckIdentifier(what, name string) error {
-	bad := func(reason string) error {
-		v := name
-		if len(v) > 80 {
-			v = v[:80] + "..."
-		}
-		return &IdentifierError{What: what, Value: v, Reason: reason}
+	return identError(pgident.Check(what, name))
+}
+
+// identError turns a *pgident.Error into an *IdentifierError.
+func identError(err error) error {
+	var ie *pgident.Error
+	if errors.As(err, &ie) {
+		return &IdentifierError{What: ie.What, Value: ie.Value, Reason: ie.Reason}
 	}
-	switch {
-	case name == "":
-		return bad("empty")
-	case len(name) > MaxIdentifierBytes:
-		return bad(fmt.Sprintf("%d bytes, the limit is %d", len(name), MaxIdentifierBytes))
-	case name[0] >= '0' && name[0] <= '9':
-		return bad("starts with a digit")
-	}
-	for _, r := range name { // by rune, so the error names the letter, not one of its bytes
-		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return bad(fmt.Sprintf("character %q is not allowed (ASCII letters, digits and _ only)", r))
-		}
-	}
-	return nil
+	return err
 }
 
 // TableName is a validated, optionally schema-qualified table name.
@@ -57,35 +46,18 @@ type TableName struct {
 // ParseTableName parses "table" or "schema.table" and validates each part
 // with [CheckIdentifier].
 func ParseTableName(s string) (TableName, error) {
-	parts := strings.Split(s, ".")
-	switch len(parts) {
-	case 1:
-		if err := CheckIdentifier("table", parts[0]); err != nil {
-			return TableName{}, err
-		}
-		return TableName{Name: parts[0]}, nil
-	case 2:
-		if err := CheckIdentifier("schema", parts[0]); err != nil {
-			return TableName{}, err
-		}
-		if err := CheckIdentifier("table", parts[1]); err != nil {
-			return TableName{}, err
-		}
-		return TableName{Schema: parts[0], Name: parts[1]}, nil
+	tn, err := pgident.ParseTableName(s)
+	if err != nil {
+		return TableName{}, identError(err)
 	}
-	return TableName{}, CheckIdentifier("table", s) // reports the offending character
+	return TableName(tn), nil
 }
 
 // Identifier returns the name as a pgx.Identifier.
-func (t TableName) Identifier() pgx.Identifier {
-	if t.Schema == "" {
-		return pgx.Identifier{t.Name}
-	}
-	return pgx.Identifier{t.Schema, t.Name}
-}
+func (t TableName) Identifier() pgx.Identifier { return pgident.TableName(t).Identifier() }
 
 // String returns the quoted name, ready for SQL.
-func (t TableName) String() string { return t.Identifier().Sanitize() }
+func (t TableName) String() string { return pgident.TableName(t).String() }
 
 // Column describes one column of a table.
 type Column struct {
@@ -116,77 +88,39 @@ func (ti *TableInfo) Column(name string) (Column, bool) {
 
 // IsUniqueKey reports whether cols (in any order) are exactly the columns of
 // a primary key or unique index.
-func (ti *TableInfo) IsUniqueKey(cols []string) bool {
-	want := slices.Sorted(slices.Values(cols))
-	for _, k := range ti.UniqueKeys {
-		if slices.Equal(slices.Sorted(slices.Values(k)), want) {
-			return true
-		}
-	}
-	return false
-}
+func (ti *TableInfo) IsUniqueKey(cols []string) bool { return pgident.IsUniqueKey(ti.UniqueKeys, cols) }
 
 // Qualified returns the schema-qualified, quoted table name.
-func (ti *TableInfo) Qualified() string { return pgx.Identifier{ti.Schema, ti.Name}.Sanitize() }
+func (ti *TableInfo) Qualified() string { return pgident.Quote(ti.Schema, ti.Name) }
+
+// guardTrigger is the trigger pgfence.guard attaches; its presence marks a
+// guarded table.
+const guardTrigger = "pgfence_guard_b_check"
 
 // Inspect reads a table's columns and unique keys from the catalog. table is
 // "name" (resolved through search_path) or "schema.name". It returns an
 // *[IdentifierError] for a bad name and [ErrUnknownTable] when no such table
 // exists (views and other relations are not tables).
 func Inspect(ctx context.Context, db DBTX, table string) (*TableInfo, error) {
-	tn, err := ParseTableName(table)
+	tn, err := pgident.ParseTableName(table)
 	if err != nil {
-		return nil, err
+		return nil, identError(err)
 	}
 	if nilcheck.IsNil(db) {
 		return nil, errNilDB
 	}
-	ti := &TableInfo{}
-	var oid uint32
-	var kind string
-	// The name goes in as a bound parameter; to_regclass parses the quoted form.
-	err = db.QueryRow(ctx, `
-		SELECT c.oid, n.nspname, c.relname, c.relkind::text,
-		       EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'pgfence_guard_b_check')
-		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.oid = to_regclass($1)`, tn.String()).Scan(&oid, &ti.Schema, &ti.Name, &kind, &ti.Guarded)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && kind != "r" && kind != "p" {
+	t, err := pgident.Lookup(ctx, db, tn)
+	if errors.Is(err, pgident.ErrUnknownTable) {
 		return nil, fmt.Errorf("%w: %s", ErrUnknownTable, table)
 	}
 	if err != nil {
 		return nil, TranslateError(err)
 	}
-	rows, err := db.Query(ctx, `
-		SELECT attname::text, pg_catalog.format_type(atttypid, atttypmod), attnotnull, atthasdef
-		FROM pg_catalog.pg_attribute
-		WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
-		ORDER BY attnum`, oid)
-	if err != nil {
-		return nil, TranslateError(err)
-	}
-	ti.Columns, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Column, error) {
-		var c Column
-		err := r.Scan(&c.Name, &c.Type, &c.NotNull, &c.HasDefault)
-		return c, err
-	})
-	if err != nil {
-		return nil, TranslateError(err)
-	}
-	rows, err = db.Query(ctx, `
-		SELECT ARRAY(SELECT a.attname::text
-		             FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-		             JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-		             ORDER BY k.ord)
-		FROM pg_catalog.pg_index i
-		WHERE i.indrelid = $1 AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL
-		  AND i.indisvalid
-		ORDER BY i.indisprimary DESC, i.indexrelid`, oid)
-	if err != nil {
-		return nil, TranslateError(err)
-	}
-	ti.UniqueKeys, err = pgx.CollectRows(rows, pgx.RowTo[[]string])
-	if err != nil {
-		return nil, TranslateError(err)
+	ti := &TableInfo{Schema: t.Schema, Name: t.Name, UniqueKeys: t.UniqueKeys,
+		Guarded: slices.Contains(t.Triggers, guardTrigger)}
+	ti.Columns = make([]Column, len(t.Columns))
+	for i, c := range t.Columns {
+		ti.Columns[i] = Column{Name: c.Name, Type: c.Type, NotNull: c.NotNull, HasDefault: c.HasDefault}
 	}
 	return ti, nil
 }

@@ -40,9 +40,9 @@ var (
 	// ErrInvalidJob means an enqueue option is out of range (max attempts,
 	// retry delay, batch length).
 	ErrInvalidJob = errors.New("skiplocked: invalid job")
-	// ErrInvalidIdentifier means a table or column name in a [Spec] is empty,
-	// too long, or not a plain identifier (letters, digits, _ and $, not
-	// starting with a digit or $). Such names are refused rather than quoted.
+	// ErrInvalidIdentifier means a table or column name in a [Spec] is not
+	// 1..[MaxIdentifierBytes] bytes of ASCII letters, digits and _ not
+	// starting with a digit (the rule of package fencedwrite too).
 	ErrInvalidIdentifier = errors.New("skiplocked: invalid identifier")
 	// ErrInvalidSpec means a [Spec] is inconsistent: no key columns, an
 	// unknown operator, a bad value for an operator, or a trusted filter

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -13,16 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgident"
 )
 
 // MaxIdentifierBytes is the longest table or column name a [Spec] accepts, in
 // bytes (PostgreSQL's NAMEDATALEN - 1).
-const MaxIdentifierBytes = 63
-
-// identRe is what a [Spec] accepts as a name: letters, digits, _ and $, not
-// starting with a digit or $. Names that would need quoting to be valid SQL
-// (spaces, quotes, ;, dots) are refused rather than quoted.
-var identRe = regexp.MustCompile(`^[\p{L}_][\p{L}\p{N}_$]*$`)
+const MaxIdentifierBytes = pgident.MaxBytes
 
 // Op is a comparison operator of a [Cond].
 type Op string
@@ -67,8 +61,9 @@ type Order struct {
 //	ORDER BY <OrderBy...> LIMIT <Limit>
 //	FOR UPDATE SKIP LOCKED
 //
-// Names are checked to be plain identifiers and quoted with pgx.Identifier;
-// values are bind parameters.
+// Names must be plain identifiers (1..63 bytes of ASCII letters, digits and
+// _, not starting with a digit; case is kept) and are quoted with
+// pgx.Identifier; values are bind parameters.
 type Spec struct {
 	// Schema of the table. Defaults to the search_path when empty.
 	Schema string
@@ -157,11 +152,7 @@ func buildTxClaimer(spec Spec) (*TxClaimer, error) {
 		c.columns = append(c.columns, k)
 	}
 	b.WriteString(" FROM ")
-	if spec.Schema != "" {
-		b.WriteString(pgx.Identifier{spec.Schema, spec.Table}.Sanitize())
-	} else {
-		b.WriteString(pgx.Identifier{spec.Table}.Sanitize())
-	}
+	b.WriteString(pgident.TableName{Schema: spec.Schema, Name: spec.Table}.String())
 	var where []string
 	for _, cond := range spec.Where {
 		if err := checkIdent("filter column", cond.Column); err != nil {
@@ -223,31 +214,17 @@ func buildTxClaimer(spec Spec) (*TxClaimer, error) {
 }
 
 func (c *TxClaimer) checkCatalog(ctx context.Context, db DBTX) error {
-	name := pgx.Identifier{c.spec.Table}.Sanitize()
-	if c.spec.Schema != "" {
-		name = pgx.Identifier{c.spec.Schema, c.spec.Table}.Sanitize()
-	}
-	var (
-		kind  string
-		attrs []string
-	)
-	err := db.QueryRow(ctx, `
-		SELECT c.relkind::text,
-		       array(SELECT a.attname::text FROM pg_attribute a
-		             WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
-		FROM pg_class c WHERE c.oid = to_regclass($1)`, name).Scan(&kind, &attrs)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%w: %s", ErrUnknownTable, name)
+	tn := pgident.TableName{Schema: c.spec.Schema, Name: c.spec.Table}
+	t, err := pgident.Lookup(ctx, db, tn)
+	if errors.Is(err, pgident.ErrUnknownTable) {
+		return fmt.Errorf("%w: %v", ErrUnknownTable, err)
 	}
 	if err != nil {
 		return translate("look up table", err)
 	}
-	if kind != "r" && kind != "p" {
-		return fmt.Errorf("%w: %s is not a table (relkind %s)", ErrUnknownTable, name, kind)
-	}
 	for _, col := range c.columns {
-		if !slices.Contains(attrs, col) {
-			return fmt.Errorf("%w: %s.%s", ErrUnknownColumn, name, pgx.Identifier{col}.Sanitize())
+		if _, ok := t.Column(col); !ok {
+			return fmt.Errorf("%w: %s.%s", ErrUnknownColumn, tn, pgident.Quote(col))
 		}
 	}
 	return nil
@@ -315,15 +292,11 @@ func ClaimTx[T any](ctx context.Context, tx pgx.Tx, c *TxClaimer, scan pgx.RowTo
 	return out, nil
 }
 
+// checkIdent applies pgfence's identifier rule ([pgident.Check]).
 func checkIdent(what, name string) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty %s name", ErrInvalidIdentifier, what)
-	}
-	if len(name) > MaxIdentifierBytes {
-		return fmt.Errorf("%w: %s name of %d bytes, at most %d", ErrInvalidIdentifier, what, len(name), MaxIdentifierBytes)
-	}
-	if !identRe.MatchString(name) {
-		return fmt.Errorf("%w: %s name %q is not a plain identifier", ErrInvalidIdentifier, what, name)
+	var ie *pgident.Error
+	if err := pgident.Check(what, name); errors.As(err, &ie) {
+		return fmt.Errorf("%w: %s name %q: %s", ErrInvalidIdentifier, ie.What, ie.Value, ie.Reason)
 	}
 	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/pgfence/pgfence/internal/pgident"
 )
 
 // FuzzBuildTxClaimer: whatever names and trusted fragment a spec carries,
@@ -35,7 +37,7 @@ func FuzzBuildTxClaimer(f *testing.F) {
 			}
 			return
 		}
-		if !identRe.MatchString(table) || !identRe.MatchString(column) {
+		if pgident.Check("table", table) != nil || pgident.Check("column", column) != nil {
 			t.Fatalf("accepted names %q %q", table, column)
 		}
 		for _, bad := range []string{";", "--", "/*"} {

@@ -128,6 +128,13 @@ func TestTxClaimerRejectsBadSpecs(t *testing.T) {
 		{"64-byte name", func(s *skiplocked.Spec) { s.Table = strings.Repeat("t", 64) }, skiplocked.ErrInvalidIdentifier},
 		{"SQL in order column", func(s *skiplocked.Spec) { s.OrderBy = []skiplocked.Order{{Column: "id DESC"}} }, skiplocked.ErrInvalidIdentifier},
 		{"SQL in schema", func(s *skiplocked.Spec) { s.Schema = "public;" }, skiplocked.ErrInvalidIdentifier},
+		// Since the identifier rule is shared with fencedwrite: ASCII only, no $.
+		{"non-ASCII table", func(s *skiplocked.Spec) { s.Table = "impört_rows" }, skiplocked.ErrInvalidIdentifier},
+		{"non-ASCII column", func(s *skiplocked.Spec) { s.Key = []string{"größe"} }, skiplocked.ErrInvalidIdentifier},
+		{"dollar in column", func(s *skiplocked.Spec) { s.OrderBy[0].Column = "id$1" }, skiplocked.ErrInvalidIdentifier},
+		{"leading digit", func(s *skiplocked.Spec) { s.Where[0].Column = "1status" }, skiplocked.ErrInvalidIdentifier},
+		{"NUL in column", func(s *skiplocked.Spec) { s.Key = []string{"id\x00"} }, skiplocked.ErrInvalidIdentifier},
+		{"other case", func(s *skiplocked.Spec) { s.Table = "Import_Rows" }, skiplocked.ErrUnknownTable},
 		{"unknown table", func(s *skiplocked.Spec) { s.Table = "no_such_table" }, skiplocked.ErrUnknownTable},
 		{"unknown schema", func(s *skiplocked.Spec) { s.Schema = "nope" }, skiplocked.ErrUnknownTable},
 		{"view", func(s *skiplocked.Spec) { s.Table = "import_view" }, skiplocked.ErrUnknownTable},
@@ -183,6 +190,39 @@ func TestTxClaimerRejectsBadSpecs(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM import_rows").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("import_rows count = %d, %v", n, err)
+	}
+}
+
+// TestTxClaimerMixedCaseNames: names are used as stored in the catalog,
+// quoted, without case folding.
+func TestTxClaimerMixedCaseNames(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA "Imports";
+		CREATE TABLE "Imports"."Rows" ("ID" bigint PRIMARY KEY, "Done" bool NOT NULL DEFAULT false);
+		INSERT INTO "Imports"."Rows" ("ID") VALUES (1), (2)`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{Schema: "Imports", Table: "Rows", Key: []string{"ID"},
+		Where: []skiplocked.Cond{{Column: "Done", Op: skiplocked.OpEq, Value: false}}, OrderBy: []skiplocked.Order{{Column: "ID"}}, Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `SELECT "ID" FROM "Imports"."Rows" WHERE "Done" = $1 ORDER BY "ID" LIMIT $2 FOR UPDATE SKIP LOCKED`; c.SQL() != want {
+		t.Fatalf("SQL = %s", c.SQL())
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if got, err := skiplocked.ClaimTx(ctx, tx, c, pgx.RowTo[int64]); err != nil || fmt.Sprint(got) != "[1]" {
+		t.Fatalf("claimed %v, %v", got, err)
+	}
+	_, err = skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{Schema: "Imports", Table: "Rows", Key: []string{"id"}, Limit: 1})
+	if !errors.Is(err, skiplocked.ErrUnknownColumn) || !strings.Contains(err.Error(), `"Imports"."Rows"."id"`) {
+		t.Fatalf("lower-case key column: %v", err)
 	}
 }
 

@@ -1,0 +1,132 @@
+package pgident
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrUnknownTable is matched by every *[TableError].
+var ErrUnknownTable = errors.New("unknown table")
+
+// TableError reports a name that is not an ordinary or partitioned table.
+type TableError struct {
+	Table string // the quoted name that was looked up
+	Kind  string // pg_class.relkind of what the name is; empty when nothing is
+}
+
+// Error names the table and, for another kind of relation, its relkind.
+func (e *TableError) Error() string {
+	if e.Kind == "" {
+		return e.Table
+	}
+	return fmt.Sprintf("%s is not a table (relkind %s)", e.Table, e.Kind)
+}
+
+// Is reports whether target is [ErrUnknownTable].
+func (e *TableError) Is(target error) bool { return target == ErrUnknownTable }
+
+// Querier runs one query: *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Column is one column of a [Table].
+type Column struct {
+	Name       string `json:"name"`
+	Type       string `json:"type"` // as format_type prints it, e.g. "bigint", "character varying(20)"
+	NotNull    bool   `json:"not_null"`
+	HasDefault bool   `json:"has_default"` // a default or a generation expression
+	Generated  bool   `json:"generated"`   // GENERATED ALWAYS AS (...) STORED
+}
+
+// Table is what [Lookup] reads from the catalog.
+type Table struct {
+	OID    uint32
+	Schema string
+	Name   string
+	// Columns in attnum order, dropped columns left out.
+	Columns []Column
+	// UniqueKeys holds the key columns of the primary key (first) and of
+	// each valid unique index without predicate or expressions; INCLUDE
+	// columns are not part of a key.
+	UniqueKeys [][]string
+	// Triggers names the table's user triggers, sorted.
+	Triggers []string
+}
+
+// Qualified returns the schema-qualified, quoted name.
+func (t *Table) Qualified() string { return Quote(t.Schema, t.Name) }
+
+// Column returns the named column (exact, case-sensitive match).
+func (t *Table) Column(name string) (Column, bool) {
+	for _, c := range t.Columns {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return Column{}, false
+}
+
+// IsUniqueKey reports whether cols, in any order, are exactly the columns of
+// one of keys.
+func IsUniqueKey(keys [][]string, cols []string) bool {
+	want := slices.Sorted(slices.Values(cols))
+	for _, k := range keys {
+		if slices.Equal(slices.Sorted(slices.Values(k)), want) {
+			return true
+		}
+	}
+	return false
+}
+
+// lookupSQL reads everything in one round trip. The name is a bound
+// parameter; to_regclass parses its quoted form, resolves it through
+// search_path and returns NULL (no row) when it does not exist.
+const lookupSQL = `
+SELECT c.oid, n.nspname::text, c.relname::text, c.relkind::text,
+       ARRAY(SELECT t.tgname::text FROM pg_catalog.pg_trigger t
+             WHERE t.tgrelid = c.oid AND NOT t.tgisinternal ORDER BY 1),
+       COALESCE((SELECT json_agg(json_build_object(
+                        'name', a.attname::text,
+                        'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
+                        'not_null', a.attnotnull,
+                        'has_default', a.atthasdef,
+                        'generated', a.attgenerated <> '') ORDER BY a.attnum)
+                 FROM pg_catalog.pg_attribute a
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
+       COALESCE((SELECT json_agg(ARRAY(
+                        SELECT a.attname::text
+                        FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+                        JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                        WHERE k.ord <= i.indnkeyatts
+                        ORDER BY k.ord) ORDER BY i.indisprimary DESC, i.indexrelid)
+                 FROM pg_catalog.pg_index i
+                 WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid
+                   AND i.indpred IS NULL AND i.indexprs IS NULL), '[]')
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = pg_catalog.to_regclass($1)`
+
+// Lookup reads table t from the catalog through q: its columns, unique keys
+// and triggers. It returns a *[TableError] when t does not exist or is not an
+// ordinary or partitioned table (a view, sequence, ...); database errors are
+// returned as they are. q must not be nil.
+func Lookup(ctx context.Context, q Querier, t TableName) (*Table, error) {
+	ti := &Table{}
+	var kind string
+	err := q.QueryRow(ctx, lookupSQL, t.String()).Scan(
+		&ti.OID, &ti.Schema, &ti.Name, &kind, &ti.Triggers, &ti.Columns, &ti.UniqueKeys)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, &TableError{Table: t.String()}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if kind != "r" && kind != "p" {
+		return nil, &TableError{Table: t.String(), Kind: kind}
+	}
+	return ti, nil
+}
