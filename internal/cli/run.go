@@ -234,6 +234,12 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 	lease := tk.lease
 	defer tk.cleanup()
 
+	// Job-control signals are registered before the command starts: the Go
+	// runtime drops a SIGTSTP that arrives before signal.Notify, so a Ctrl-Z
+	// right after the start would otherwise stop nothing.
+	jc := make(chan os.Signal, 2)
+	notifyJobControl(jc)
+	defer signal.Stop(jc)
 	tree, err := startTree(treeSpec{
 		path: path, args: args, env: childEnv(os.Environ(), passEnv, lease),
 		stdin: a.env.Stdin, stdout: stdout, stderr: stderr, notes: notes, grace: grace,
@@ -243,10 +249,6 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		return err
 	}
 	fmt.Fprintf(notes, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], tree.pid())
-	jc := make(chan os.Signal, 2)
-	notifyJobControl(jc)
-	defer signal.Stop(jc)
-
 	var (
 		lost        bool
 		got         os.Signal
