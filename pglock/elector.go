@@ -126,6 +126,7 @@ func (e *Elector) Run(ctx context.Context) error {
 		})
 		if err != nil {
 			if ctx.Err() != nil {
+				e.releaseOrphan(ctx)
 				return ctx.Err()
 			}
 			return err
@@ -137,6 +138,23 @@ func (e *Elector) Run(ctx context.Context) error {
 		if e.l.isClosed() {
 			return ErrClosed
 		}
+	}
+}
+
+// releaseOrphan gives back a grant whose answer was lost when ctx ended
+// during the campaign's last statement: it committed, but no Lease was made
+// for it, so nobody would release it before its TTL. Only a row held by this
+// Locker's holder with no live Lease in the Locker is released, conditional
+// on its token. Best effort, bounded by a few seconds.
+func (e *Elector) releaseOrphan(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	info, err := Inspect(rctx, e.l.pool, e.name)
+	if err != nil || info.Holder != e.l.holder || e.l.hasLive(e.name, info.Token) {
+		return
+	}
+	if err := e.l.release(rctx, e.name, e.l.holder, info.Token); err == nil {
+		e.l.log.Info("pglock: released a grant whose answer was lost when the campaign was cancelled", "name", e.name, "token", info.Token)
 	}
 }
 

@@ -14,10 +14,9 @@ import (
 )
 
 // RenewToken extends the lease (name, holder, token) to ttl from now
-// (database clock) and returns the new expiry. It is the stateless form of
-// [Lease.Renew] for callers that only have the three values (shell scripts).
-// A lease that expired, was released or was granted to someone else is not
-// renewed: the error is a [*LeaseLostError] and nothing changes.
+// (database clock) and returns the new expiry: the stateless form of
+// [Lease.Renew] for callers that only have the three values. A lease that is
+// no longer held by exactly them gives a [*LeaseLostError] and nothing changes.
 func (l *Locker) RenewToken(ctx context.Context, name, holder string, token int64, ttl time.Duration) (time.Time, error) {
 	if err := validateTriple(name, holder, token); err != nil {
 		return time.Time{}, err
@@ -40,19 +39,14 @@ func (l *Locker) ReleaseToken(ctx context.Context, name, holder string, token in
 	return l.release(ctx, name, holder, token)
 }
 
-// Adopt turns a grant of name to this Locker's holder, for which the caller
-// has no [Lease], into one: typically a grant found with [Inspect] after
-// TryAcquire or Acquire returned a transient [*DBError] (an unknown outcome
-// that did land), or one left by an earlier run of this process under the
-// same holder. It renews (name, holder, token) to ttl from now on the
-// database clock, conditionally, so a grant that expired, was released or
-// was granted to someone else is not adopted: the error is a
-// [*LeaseLostError] and nothing changes. The Lease's local deadline counts
-// from that renewal's send time, and Config.KeepAlive applies to it. Adopt
-// never creates a grant and never changes the token. A (name, token) that
-// already has a live Lease in this Locker is rejected with [ErrInvalidToken]
-// (use that Lease); a renewal answered after ttl is reported like a slow
-// grant ([ErrSlowGrant]), the grant left to expire.
+// Adopt returns a [Lease] for a grant of name to this Locker's holder that
+// the caller has no Lease for: one found with [Inspect] after an acquisition
+// with an unknown outcome, or left by an earlier run under the same holder.
+// It renews (name, holder, token) to ttl conditionally; a grant no longer
+// held gives a [*LeaseLostError] and nothing changes. Adopt never creates a
+// grant nor changes the token. A (name, token) with a live Lease in this
+// Locker gives [ErrInvalidToken]; a renewal answered after ttl gives
+// [ErrSlowGrant] (the grant is left to expire). Config.KeepAlive applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
 	if err := validateTriple(name, l.holder, token); err != nil {
 		return nil, err
@@ -62,14 +56,8 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	}
 	l.mu.Lock()
 	closed := l.closed
-	dup := false
-	for s := range l.leases {
-		if s.name == name && s.token == token && s.Err() == nil {
-			dup = true
-			break
-		}
-	}
 	l.mu.Unlock()
+	dup := l.hasLive(name, token)
 	if closed {
 		return nil, ErrClosed
 	}
@@ -135,14 +123,9 @@ func (l *Locker) onLiveConn(ctx context.Context, f func(*pgxpool.Conn) error) er
 	}
 }
 
-// oneRoundTrip runs statements with pgx.QueryExecModeExec: parse, bind and
-// execute in one round trip, never the extra prepare round trip that the
-// default mode spends the first time a statement runs on a connection.
-// Renewals use it: a keep-alive renewal is rare (once per TTL fraction), so
-// parsing it each time costs nothing that matters, while on a new pooled
-// connection over a slow network the prepare round trip would come out of
-// the lease's remaining time. The statements' parameters all carry casts,
-// so the server needs no type inference from the client.
+// oneRoundTrip runs statements with pgx.QueryExecModeExec, never spending a
+// prepare round trip out of the lease's remaining time (renewals use it; the
+// statements' parameters all carry casts).
 type oneRoundTrip struct{ db DBTX }
 
 func (o oneRoundTrip) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -170,4 +153,16 @@ func (l *Locker) release(ctx context.Context, name, holder string, token int64) 
 		return &LeaseLostError{Name: name, Holder: holder, Token: token}
 	}
 	return nil
+}
+
+// hasLive reports whether the Locker has a live Lease on (name, token).
+func (l *Locker) hasLive(name string, token int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for s := range l.leases {
+		if s.name == name && s.token == token && s.Err() == nil {
+			return true
+		}
+	}
+	return false
 }
