@@ -222,8 +222,9 @@ func TestDelayedRenewals(t *testing.T) {
 	var maxLate time.Duration
 	probe := startSchedProbe(t)
 	minMargin := time.Duration(1 << 62)
-	for i := range iterations {
-		name := fmt.Sprintf("delayed:%d", i)
+	starvedRetries := 0
+	for i := 0; i < iterations; i++ {
+		name := fmt.Sprintf("delayed:%d:%d", i, starvedRetries)
 		px.Set(Pass, 0)
 		warm := acquireRetry(t, holder, "warm", 10*ttl)
 		if err := warm.Renew(ctx); err != nil {
@@ -231,11 +232,23 @@ func TestDelayedRenewals(t *testing.T) {
 		}
 		releaseOK(t, warm)
 		px.Set(Delay, latency)
+		phaseStart := time.Now()
 		lease := acquireRetry(t, holder, name, ttl)
 		doneAt := doneTime(lease)
 		before := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
 		time.Sleep(3 * ttl)
 		if err := lease.Err(); err != nil {
+			// This phase checks liveness only. A renewal has 0.43 TTL of
+			// margin; if this process's timers ran late by a large part of
+			// it (CPU-bound neighbours), the loss says nothing about the
+			// keep-alive: measure again, a bounded number of times.
+			if overrun := probe.slack(phaseStart) - timerSlack; overrun > ttl/5 && starvedRetries < 5 {
+				starvedRetries++
+				t.Logf("iteration %d: lease lost while this process's timers ran up to %v late (CPU starvation); repeating the iteration", i, overrun)
+				px.Set(Pass, 0)
+				i--
+				continue
+			}
 			t.Fatalf("iteration %d: lease lost under a latency of TTL/10 (%v): %v", i, latency, err)
 		}
 		survivedOK += m.get(observe.LeaseRenewalsTotal, observe.RenewOK) - before
