@@ -1,15 +1,14 @@
 // Package fencedwrite makes storage refuse writes from stale lock holders.
 //
-// A lease can expire while its holder is paused; when the holder resumes it
-// still believes it holds the lock. Every "am I still the holder?" answer a
-// client gets is advisory. Correctness comes from the write itself: each
+// A lease can expire while its holder is paused, so every "am I still the
+// holder?" answer is advisory; correctness comes from the write itself. Each
 // fenced row has a fence column (bigint) holding the highest fencing token it
-// accepted, and every write carries the writer's token from pgfence.locks:
+// accepted, and every write carries the writer's token:
 //
 //	UPDATE t SET ..., fence = $token WHERE <key> AND fence < $token
 //
 // Zero rows changed means the writer was fenced out. This package says why,
-// in the same round trip (the statement also returns the row's current fence):
+// in the same round trip:
 //
 //   - *[StaleTokenError] ([ErrStaleToken]): a newer grant already wrote the row;
 //     stop, the lock is lost.
@@ -43,24 +42,20 @@
 //
 // # Read-modify-write
 //
-// Fencing only the write of a read-modify-write still loses updates: an old
-// holder's write can land between a new holder's read and write. [Table.Read] and [ReadValue] are fenced reads: they raise
-// the row's fence to the token, so an older holder's later write is refused.
-// [Table.Modify] and [ModifyValue] do the read and the write in one
-// transaction under one check.
+// Fencing only the write of a read-modify-write still loses updates.
+// [Table.Read] and [ReadValue] are fenced reads: they raise the row's fence to
+// the token, so an older holder's later write is refused. [Table.Modify] and
+// [ModifyValue] do the read and the write in one transaction under one check.
 //
 // # The guard
 //
 // [Guard] (SQL: pgfence.guard) attaches a trigger that makes the table refuse
-// any change without the latest token of the row's lock: an UPDATE that does
-// not raise the fence or an INSERT without a token (a code path or script
-// that sends none), a DELETE whose transaction did not name its token with
-// pgfence.use_token, a token higher than the lock's latest (forged) or lower
-// (a superseded holder), with SQLSTATE PF001/PF002/PF008, reported as a
-// *[GuardError] ([ErrGuardRejected]). The lock of a row comes from a fixed
-// name, a column (plain or generated) or an SQL expression over the row. [Unguard] detaches it; [ListGuarded]
-// lists guarded tables. Roll out in this order: add the fence column (default
-// 0), ship writers that send tokens, attach the guard last.
+// any UPDATE, INSERT or DELETE without the latest token of the row's lock,
+// reported as a *[GuardError] ([ErrGuardRejected]). [Unguard] detaches it;
+// [ListGuarded] lists guarded tables. Roll out in this order: add the fence
+// column (default 0), ship writers that send tokens, attach the guard last.
+//
+// docs/design.md in the repository explains the statements and the guard.
 //
 // # Connections and cancellation
 //

@@ -141,7 +141,7 @@ func (e *RefusedError) Unwrap() error {
 	return e.Err
 }
 
-// GuardReason says which rule of the guard trigger refused an UPDATE.
+// GuardReason says which rule of the guard trigger refused a change.
 type GuardReason int
 
 const (

@@ -22,17 +22,13 @@ type GuardOptions struct {
 	// LockName is the pgfence.locks row that governs every row of the table.
 	LockName string
 	// LockNameColumn is a column of the table whose value (cast to text) is
-	// the name of the lock that governs that row: a plain column, or a
-	// generated one such as
-	// store_lock text GENERATED ALWAYS AS ('store:' || store_id) STORED
-	// (the trigger computes it from the row with the column's generation
-	// expression; re-attach the guard if that expression changes).
+	// the name of the lock that governs that row: a plain or a generated
+	// column (re-attach the guard if a generation expression changes).
 	LockNameColumn string
 	// LockNameExpression is an SQL expression over the table's columns
 	// giving the lock name of a row, e.g. 'store:' || store_id. It is
-	// compiled into the trigger function as written, so it must come from
-	// the developer, never from user input; pgfence.guard checks that it is
-	// one expression that works on the table. Up to 4096 bytes.
+	// compiled into the trigger as written: never from user input. Up to
+	// 4096 bytes.
 	LockNameExpression string
 	// FenceColumn defaults to "fence".
 	FenceColumn string
@@ -55,16 +51,14 @@ type GuardOptions struct {
 //     transaction or statement ([Table.Delete] and the generated
 //     FencedDelete do).
 //
-// A token above the latest one of the lock (forged, or no lock row) is
-// [GuardTokenNotIssued]; one below it (a newer grant exists: a superseded
-// holder) is [GuardTokenSuperseded], which also satisfies
-// errors.Is(err, [ErrStaleToken]). Attaching again replaces the previous
-// guard.
+// A token above the lock's latest is [GuardTokenNotIssued]; one below it is
+// [GuardTokenSuperseded], which also matches [ErrStaleToken]. Attaching again
+// replaces the previous guard.
 //
 // The table and columns are validated first (*[IdentifierError],
-// [ErrUnknownTable], *[ColumnError]). The caller needs to own the table and
-// have CREATE on schema pgfence. Guard runs DDL: it takes a SHARE ROW
-// EXCLUSIVE lock on the table while it creates the trigger.
+// [ErrUnknownTable], *[ColumnError]). The caller must own the table and have
+// CREATE on schema pgfence; Guard takes a SHARE ROW EXCLUSIVE lock on the
+// table while it creates the trigger.
 func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error {
 	if nilcheck.IsNil(db) {
 		return errNilDB

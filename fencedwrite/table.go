@@ -363,14 +363,14 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 
 // Read is the fenced read of a read-modify-write: it raises the row's fence
 // to token (fence <= token) and scans the Spec.Read columns into dest, so a
-// write by an older grant is refused from then on. Write
-// back with a [Reentrant] table and the same token, or use [Table.Modify].
-// It returns *[StaleTokenError] when a newer grant read or wrote the row and
+// write by an older grant is refused from then on. Write back with a
+// [Reentrant] table and the same token, or use [Table.Modify]. It returns
+// *[StaleTokenError] when a newer grant read or wrote the row and
 // [ErrNotFound] when there is none; dest is only filled on success.
 //
-// The read is an UPDATE: it locks the row until the transaction ends, writes a
-// row version, and is refused by a strict guard when the fence already
-// equals token (attach the guard with mode reentrant to tables written this way).
+// The read is an UPDATE: it locks the row until the transaction ends, and a
+// strict guard refuses it when the fence already equals token (guard such
+// tables in reentrant mode).
 func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest ...any) (_ Result, err error) {
 	defer func() { err = t.record(ctx, "read", token, err) }()
 	args, err := t.args(token, key, nil, false)

@@ -60,12 +60,10 @@ type valueRereader struct {
 // fence allows token (mode [Strict]: fence < token; [Reentrant]: fence <=
 // token). On success the row's fence becomes token. Otherwise it returns
 // *[StaleTokenError], [ErrAlreadyApplied] or [ErrNotFound], decided in the same
-// round trip. Bad input ([ErrInvalidToken], [ErrInvalidSpec]) is rejected
-// before any SQL runs.
-//
-// ctx bounds the statement; if it is cancelled while the statement runs, the
-// write may or may not have been applied: repeat it with the same token
-// (in strict mode a repeat that finds its own write returns [ErrAlreadyApplied]).
+// round trip. Bad input ([ErrInvalidToken], [ErrInvalidSpec], [ErrNilDB]) is
+// rejected before any SQL runs. If ctx is cancelled while the statement runs,
+// the write may or may not have been applied: repeat it with the same token
+// (in strict mode [ErrAlreadyApplied] means it was).
 func UpdateValue(ctx context.Context, db DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
 	if err := checkValueArgs(db, key, value, token, true); err != nil {
 		return Result{}, err
@@ -134,13 +132,10 @@ func DeleteValue(ctx context.Context, db DBTX, token int64, key string) (Result,
 
 // ReadValue is the fenced read of a read-modify-write: it returns the row
 // and raises its fence to token (fence <= token), so a write by an older
-// grant that read earlier is refused from now on. Write the
-// new value back with mode [Reentrant] and the same token: the fence already
-// equals it. It returns *[StaleTokenError] if a newer grant read or wrote the
-// row, [ErrNotFound] if there is no such key.
-//
-// The fenced read is an UPDATE: it takes the row lock until the surrounding
-// transaction ends and writes a new row version.
+// grant is refused from now on. Write the new value back with mode
+// [Reentrant] and the same token. It returns *[StaleTokenError] if a newer
+// grant read or wrote the row, [ErrNotFound] if there is no such key. The read
+// is an UPDATE: it locks the row until the surrounding transaction ends.
 func ReadValue(ctx context.Context, db DBTX, token int64, key string) (Value, error) {
 	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Value{}, err

@@ -155,19 +155,15 @@ func Up(ctx context.Context, db *sql.DB) error {
 	return nil
 }
 
-// UpPool is [Up] for a pgx pool. It uses one connection of pool, so it works
-// on any pool, one with MaxConns = 1 included; the connection goes back to the
-// pool when UpPool returns. Like any use of the pool, it waits for a
-// connection while all of them are in use (by the caller, too).
+// UpPool is [Up] for a pgx pool. It uses one connection of pool (so MaxConns
+// = 1 works), returned when UpPool returns.
 func UpPool(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return errors.New("migrations: nil *pgxpool.Pool")
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	// The migration lock, the version table and goose's SQL migrations all
-	// run on one connection, so one is all UpPool takes from the caller's
-	// pool, whatever its size (TestUpPoolOneConnection holds it to that).
+	// Everything runs on this one connection (TestUpPoolOneConnection).
 	db.SetMaxOpenConns(1)
 	return Up(ctx, db)
 }

@@ -12,15 +12,12 @@ import (
 )
 
 // TryAcquire makes one attempt to take the lock name for ttl. It returns the
-// lease, or a [*LockedError] (errors.Is(err, [ErrLocked])) naming the current
-// holder when the lock is held — including by this same Locker. The grant is
-// one statement that commits with synchronous_commit on. Cancelling ctx
-// abandons the round trip (pgx closes that connection); the grant may or may
-// not have committed, in which case the lock stays held by this Locker's
-// holder until ttl passes. A grant whose answer arrives after ttl has
-// passed since it was sent is given back and reported as a transient
-// [*DBError] wrapping a [*SlowGrantError] ([ErrSlowGrant]): a lease is never
-// returned already past its local deadline.
+// lease, or a [*LockedError] ([ErrLocked]) naming the current holder when the
+// lock is held, including by this same Locker. If ctx is cancelled the grant
+// may or may not have committed; if it did, the lock stays held by this
+// Locker's holder until ttl passes. A grant answered after ttl is given back
+// and reported as a transient [*DBError] wrapping a [*SlowGrantError]
+// ([ErrSlowGrant]).
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -63,11 +60,8 @@ func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease 
 }
 
 // Acquire takes the lock name for ttl, waiting while someone else holds it,
-// until it gets the lease or ctx ends. While waiting it sleeps: a release
-// wakes it through the Locker's single LISTEN connection, and a timer at the
-// current holder's expiry (plus a little jitter) covers holders that crashed.
-// If the LISTEN connection is down, the expiry timer still works and every
-// waiter retries when the connection is back, so no release is missed.
+// until it gets the lease or ctx ends. It sleeps until a release or the
+// holder's expiry (see the package documentation, "Waiting").
 //
 // When ctx ends while waiting, the error is a [*LockedError] that also
 // matches ctx's error (errors.Is(err, context.DeadlineExceeded)); when it
@@ -210,11 +204,9 @@ const (
 )
 
 // waitTurn is a waiter's sleep between two attempts. It ends when ctx ends,
-// the Locker closes, timerC fires (the holder's expiry, the poll interval or
-// a retry delay: try at once, backoff or not), or a wake-up arrives on wake.
-// While backoffC is not nil and has not fired, wake-ups are held back (they
-// stay in the buffered channel, none is lost). woken reports whether a
-// wake-up ended it.
+// the Locker closes, timerC fires (try at once, backoff or not), or a wake-up
+// arrives on wake. While backoffC has not fired, wake-ups stay in the
+// buffered channel (none is lost). woken reports whether a wake-up ended it.
 func waitTurn(ctx context.Context, closed <-chan struct{}, wake <-chan struct{}, timerC, backoffC <-chan time.Time) (end turnEnd, woken bool) {
 	for {
 		w := wake
@@ -244,16 +236,12 @@ func hotBackoff(n int) time.Duration {
 	return d/2 + mrand.N(d/2+1)
 }
 
-// maxHotBackoff caps hotBackoff: far below a polling interval, so that on a
-// hot lock a waiter still hears a release within a few milliseconds.
+// maxHotBackoff caps hotBackoff, far below a polling interval.
 const maxHotBackoff = 16 * time.Millisecond
 
-// maxWait bounds a single sleep of a waiter whose holder's expiry is far away,
-// so that a lost notification (for example after a failover that the listener
-// did not notice) costs at most this long. The wait-mark windows of the
-// WaitGrant and ReleaseLock statements depend on it: a waiter sleeps on a
-// mark at most 30 s old, and releases notify while a mark is under 100 s
-// old, which covers 30 s + maxWait + jitter. Do not raise it alone.
+// maxWait bounds a single sleep of a waiter, so a lost notification costs at
+// most this long. The wait-mark windows of WaitGrant (30 s) and ReleaseLock
+// (100 s) assume it: do not raise it alone (docs/design.md, "The wait mark").
 const maxWait = time.Minute
 
 // attemptKind selects the statements of one grant attempt.
@@ -271,12 +259,10 @@ const (
 )
 
 // AcquireMany acquires every name with [Locker.Acquire] in one canonical
-// order (sorted by bytes), so that two callers asking for overlapping sets in
-// any order cannot deadlock. It is all or nothing: if one acquisition fails
-// (ctx ends, database error), the leases already taken are released and the
-// error is returned. The leases are returned in the order of names. Duplicate
-// names are rejected with [ErrInvalidName]. Every name is validated before
-// any SQL runs.
+// order (sorted by bytes), so callers asking for overlapping sets cannot
+// deadlock. It is all or nothing: if one acquisition fails, the leases already
+// taken are released and the error is returned. Leases come back in the order
+// of names. Invalid or duplicate names give [ErrInvalidName] before any SQL.
 func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Duration) ([]*Lease, error) {
 	if len(names) == 0 {
 		return nil, invalid(ErrInvalidName, "no names")

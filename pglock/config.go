@@ -19,12 +19,9 @@ const (
 	MaxNameBytes = 512
 	// MaxHolderBytes is the longest holder identity, in bytes (the table's CHECK).
 	MaxHolderBytes = 512
-	// MinTTL is the shortest lease duration accepted. Shorter leases end before
-	// a round trip to the database completes.
+	// MinTTL is the shortest lease duration accepted.
 	MinTTL = time.Millisecond
-	// MaxTTL is the longest lease duration accepted: 24 hours. A lease is a
-	// promise to finish or renew; a holder that crashes blocks the lock for up
-	// to a whole TTL, and work longer than a day should renew (KeepAlive).
+	// MaxTTL is the longest lease duration accepted; longer work renews.
 	MaxTTL = 24 * time.Hour
 )
 
@@ -57,10 +54,8 @@ type Config struct {
 	// leader changes). Defaults to nil: nothing is recorded.
 	Metrics observe.Metrics
 	// KeepAlive renews every lease automatically at KeepAliveFraction of its
-	// TTL (with ±10% jitter) until it is released or lost. Defaults to false.
-	// A keep-alive keeps renewing while the worker is stuck: it proves the
-	// process is alive, not that the work is progressing. Fencing is still
-	// required; see the package documentation.
+	// TTL (with ±10% jitter) until it is released or lost. It keeps renewing
+	// while the worker is stuck: fencing is still required. Defaults to false.
 	KeepAlive bool
 	// KeepAliveFraction is the fraction of the TTL between renewals, in
 	// (0, 0.8]. Defaults to 1/3.

@@ -38,9 +38,8 @@ var (
 	ErrNilDB = errors.New("pglock: nil database handle")
 	// ErrInvalidConfig: a Config or ElectionConfig field is out of range.
 	ErrInvalidConfig = errors.New("pglock: invalid config")
-	// ErrTokenOverflow: the lock's token is already 9223372036854775807, so no
-	// further grant can carry a larger one. Nothing was changed. Tokens never
-	// wrap; rename the lock (and its fence columns) to continue.
+	// ErrTokenOverflow: the lock's token is already 9223372036854775807.
+	// Nothing was changed; use a new lock name (and fence columns).
 	ErrTokenOverflow = errors.New("pglock: fencing token overflow")
 	// ErrNoLeader: [Leader] found nobody holding the election lock.
 	ErrNoLeader = errors.New("pglock: no leader")
@@ -50,14 +49,11 @@ var (
 	ErrSlowGrant = errors.New("pglock: grant arrived after its lease ended")
 )
 
-// SlowGrantError is the cause (inside a [*DBError] whose Transient reports
-// true) of an acquisition whose grant answer took longer than the TTL: the
-// statement waited behind a row lock, the network or the database was
-// stalled, or this process was paused. Returning that lease would hand the
-// caller a lease already past its local deadline, so Acquire and TryAcquire
-// release the token instead (only if it is still this holder's) and return
-// this error. Retrying is safe; if it keeps happening the TTL is too short
-// for the round trips the database gives. It matches [ErrSlowGrant].
+// SlowGrantError is the cause (inside a transient [*DBError]) of an
+// acquisition whose grant was answered only after its TTL had passed since it
+// was sent. The token was released again. Retrying is safe; if it keeps
+// happening the TTL is too short for the round trips. It matches
+// [ErrSlowGrant].
 type SlowGrantError struct {
 	Token int64         // the token that was granted and given back
 	Took  time.Duration // from sending the statement to reading the answer

@@ -14,16 +14,9 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-// grant makes one attempt. It returns either a lease, or a LockedError with
-// how long to wait for the holder's expiry (database clock, plus jitter).
-// attemptTry and attemptFirst run GrantLock, the cheapest statement when
-// the lock is free; when the lock is held, attemptTry reads the holder with
-// a second statement for the diagnostics and the wait, and attemptFirst
-// returns a LockedError without one. attemptWait (a waiter whose listener is
-// registered) runs WaitGrant, which grants, or marks the lock so that the
-// next release sends a NOTIFY and returns the holder, in one round trip: a
-// woken waiter that loses the race costs one statement. Who gets the lock
-// rests on the grant alone.
+// grant makes one attempt (statements chosen by kind, see attemptKind). It
+// returns either a lease, or a LockedError with how long to wait for the
+// holder's expiry (database clock, plus jitter).
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind) (*Lease, *LockedError, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
@@ -125,17 +118,12 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 // connection per retry.
 const maxDeadConns = 3
 
-// deadConnection reports whether a grant failed because its connection was
-// dead, with the statement not executed or rolled back: the connection is
-// closed now, and either nothing was written to it (pgconn.SafeToRetry) or the
-// answer was the server's termination notice (SQLSTATE 57P01 admin shutdown,
-// 57P02 crash shutdown, 57P03 cannot connect now), which a backend sends
-// when it is ended while idle, before it reads the statement. A statement
-// cannot commit after its answer was that notice except in the instant
-// between an implicit transaction's commit and its ReadyForQuery; then the
-// retried grant finds the lock held by this holder and is refused
-// ([*LockedError] naming this holder, as documented for unknown outcomes),
-// so a retry never produces a second holder.
+// deadConnection reports whether a statement failed because its pooled
+// connection was already dead and the statement was not executed: the
+// connection is closed and nothing was sent, or the answer was the server's
+// termination notice (57P01/57P02/57P03). Resending is then safe; the one
+// commit-before-notice window is refused as held by this holder, never a
+// second holder (docs/design.md, "Dead pooled connections").
 func deadConnection(conn *pgxpool.Conn, err error) bool {
 	return pgerr.NotExecuted(conn.Conn().IsClosed(), err)
 }

@@ -12,9 +12,8 @@ import (
 )
 
 // Lease is one grant of a lock: a name, the holder, the fencing token of this
-// grant and its expiry. Pass [Lease.Token] to every write the lease protects
-// and let the storage refuse lower tokens (a fenced write): the lease alone
-// cannot stop a paused holder from writing after it expired.
+// grant and its expiry. Pass [Lease.Token] to every write the lease protects.
+// Its methods are safe for concurrent use.
 //
 // A Lease ends — Done is closed, Context is cancelled, Err is non-nil — when
 // it is released, when the database refuses a renewal, when its local
@@ -92,11 +91,10 @@ func (s *Lease) ExpiresAt() time.Time {
 	return s.expiresAt
 }
 
-// Deadline returns the local deadline: the time the latest successful grant
-// or renewal statement was sent, plus the TTL, on this process's monotonic
-// clock. The database cannot expire the lease before it, so stopping at the
-// deadline is always early enough. The answer is advisory: a pause can begin
-// right after you check it. Only a fenced write is safe.
+// Deadline returns the local deadline: the send time of the latest successful
+// grant or renewal plus the TTL, on this process's monotonic clock. The
+// database cannot expire the lease before it. Advisory: a pause can begin
+// right after the check; only a fenced write is safe.
 func (s *Lease) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -179,13 +177,11 @@ func (s *Lease) end(err error) {
 }
 
 // Renew extends the lease by its TTL from now (database clock) and moves the
-// local deadline to the send time of this renewal plus the TTL. The renewal
-// commits with synchronous_commit on. If the database refuses — the lease
-// expired, was released or was granted to someone else — the lease ends at
-// once and Renew returns a [*LeaseLostError]; nothing changes in the
-// database. A connection error is returned as a [*DBError] and leaves the
-// lease as it was (it still ends at its deadline). Renew on an ended lease
-// returns [Lease.Err] without SQL. Cancelling ctx abandons the round trip.
+// local deadline to this renewal's send time plus the TTL. If the database
+// refuses (the lease expired, was released or was granted to someone else),
+// the lease ends at once and Renew returns a [*LeaseLostError]. A connection
+// error is a [*DBError] and leaves the lease as it was. On an ended lease
+// Renew returns [Lease.Err] without SQL.
 func (s *Lease) Renew(ctx context.Context) error {
 	s.renewMu.Lock()
 	defer s.renewMu.Unlock()
@@ -236,14 +232,12 @@ func (s *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release gives the lock back: the row keeps its token (tokens never go
-// down), holder and expiry become NULL, and waiters are notified. It is
-// conditional on (name, holder, token): if the lease was lost, nothing
-// changes and Release returns a [*LeaseLostError]. Release is sent even when
-// the lease already ended locally at its deadline, because the database may
-// still hold it; a second Release after a successful one returns nil without
-// SQL. A connection error is returned as a [*DBError] and the lease stays as
-// it was (it ends at its deadline; the row expires at its TTL).
+// Release gives the lock back and wakes its waiters; the row keeps its token.
+// It is conditional on (name, holder, token): if the lease was lost, nothing
+// changes and Release returns a [*LeaseLostError]. It is sent even after the
+// local deadline passed (the database may still hold the lease); a second
+// Release after a successful one returns nil without SQL. A connection error
+// is a [*DBError] and the lease stays as it was.
 func (s *Lease) Release(ctx context.Context) error {
 	if s.kaCancel != nil {
 		s.kaCancel() // stop the keep-alive before taking renewMu

@@ -1,9 +1,6 @@
 -- name: ExporterTables :one
 -- ExporterTables says which of the optional tables exist (a database may be
--- migrated to an older version than the exporter knows). The queries of
--- `pgfence exporter` (internal/exporter) read a bounded amount each: the lock
--- table, the unfinished jobs through the partial indexes of migration 00004
--- (never the finished rows), and the dead-job counters of migration 00011.
+-- migrated to an older version than the exporter knows).
 SELECT (to_regclass('pgfence.jobs') IS NOT NULL)::boolean AS jobs,
        (to_regclass('pgfence.job_dead_counts') IS NOT NULL)::boolean AS dead_counts;
 
@@ -27,8 +24,7 @@ FROM pgfence.lock_status;
 -- other_label always lands in that row. Each row gives the number of queues it
 -- covers, available and running jobs, running jobs whose claim expired, the
 -- age of the oldest job ready to run and the time since the oldest expired
--- claim ran out. Only rows in state available or running are read (partial
--- indexes jobs_available_idx and jobs_running_expiry_idx).
+-- claim ran out. It reads only unfinished jobs (partial indexes).
 WITH available AS (
     SELECT a.queue, count(*) AS jobs,
            min(a.run_at) FILTER (WHERE a.run_at <= now()) AS oldest_ready

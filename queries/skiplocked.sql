@@ -95,12 +95,9 @@ WHERE id = @id AND claim_token = @claim_token::bigint AND state = 'running'
 RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome;
 
 -- name: HeartbeatJobs :many
--- HeartbeatJobs extends the claims that are still held under the given tokens
--- to now() + ttl_ms and returns them with their new expiry. It never waits: a
--- row locked by another transaction at that moment (typically the worker's
--- own completion, not committed yet) is skipped, neither extended nor
--- changed, so that a heartbeat never holds the locks of the other rows of its
--- batch while it waits.
+-- HeartbeatJobs extends the claims still held under the given tokens to
+-- now() + ttl_ms and returns them with their new expiry. It never waits: a
+-- row locked by another transaction at that moment is skipped (not extended).
 WITH c AS (
     SELECT unnest(@ids::bigint[]) AS id, unnest(@claim_tokens::bigint[]) AS claim_token
 ), held AS (

@@ -26,22 +26,17 @@ type ClaimParams struct {
 }
 
 // Claim is the leased claim. In one statement it takes up to p.Limit
-// claimable jobs of p.Queue, skipping rows other transactions have locked
-// (FOR UPDATE SKIP LOCKED, so it never waits for another worker), marks them
-// running with a new claim token each (from a sequence that never cycles, so a
-// row's next claim always has a larger token) and an expiry of now() + p.TTL on
-// the database clock, and returns them in claim order (priority, run_at, id).
+// claimable jobs of p.Queue without waiting for other workers (FOR UPDATE
+// SKIP LOCKED), marks them running with a new, larger claim token each and an
+// expiry of now() + p.TTL on the database clock, and returns them in claim
+// order (priority, run_at, id). Claimable means available with run_at <=
+// now(), or running with an expired claim (the previous holder's calls then
+// get [ErrClaimLost]); an expired claim with no attempts left sends the job
+// to dead instead.
 //
-// Claimable means available with run_at <= now(), or running with an expired
-// claim: the previous holder's token stops matching, so its Complete, Fail,
-// Heartbeat and Release calls get [ErrClaimLost] and change nothing. An
-// expired claim on a job with no attempts left sends it to dead instead.
-//
-// The claims are committed when Claim returns (run it on a pool or
-// connection, not inside a long transaction, or the rows stay locked until
-// that transaction ends). Each claim counts as an attempt. If ctx is
-// cancelled the statement is cancelled; it then either took effect fully or
-// not at all, and unreported claims simply expire.
+// Run it on a pool or connection, not inside a long transaction. Each claim
+// counts as an attempt. If ctx is cancelled the statement took effect fully
+// or not at all; unreported claims simply expire.
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB

@@ -41,13 +41,9 @@ func (d Depth) Total() int64 { return d.Unfinished() + d.Completed + d.Dead }
 func (d Depth) Drained() bool { return d.Total() > 0 && d.Unfinished() == 0 }
 
 // QueueDepth counts the jobs of queue per state in one statement. A queue
-// with no job at all (never used, misspelt, or every job deleted) gives
-// [ErrNoJobs] with the zero counts, so that a wrong name is never reported as
-// a finished import.
-//
-// It reads every row of the queue, finished ones included: on a queue with
-// millions of finished rows prune them with [DeleteFinished]. Run it on a
-// pool, or in your own transaction to count together with your writes.
+// with no job at all (never used, misspelt, or pruned) gives [ErrNoJobs]
+// with the zero counts. It reads every row of the queue, finished ones
+// included: prune those with [DeleteFinished].
 func QueueDepth(ctx context.Context, db DBTX, queue string) (Depth, error) {
 	if nilcheck.IsNil(db) {
 		return Depth{}, ErrNilDB

@@ -24,9 +24,9 @@ var (
 	// ErrInvalidQueue means a queue name is empty, longer than [MaxQueueBytes]
 	// bytes or contains control characters.
 	ErrInvalidQueue = errors.New("skiplocked: invalid queue name")
-	// ErrInvalidHolder means a worker identity is empty, longer than
+	// ErrInvalidHolder means a holder identity is empty, longer than
 	// [MaxHolderBytes] bytes or contains control characters.
-	ErrInvalidHolder = errors.New("skiplocked: invalid worker identity")
+	ErrInvalidHolder = errors.New("skiplocked: invalid holder")
 	// ErrInvalidLimit means a batch size (rows per claim) is <= 0 or larger
 	// than [MaxBatch].
 	ErrInvalidLimit = errors.New("skiplocked: invalid batch size")
@@ -222,19 +222,14 @@ func translate(op string, err error) error {
 	return &DBError{Op: op, Kind: kind, Err: err}
 }
 
-// IsConnectionError reports whether err, returned by a statement you ran
-// through pgx (your own, in a handler, or one of this package's calls),
-// means that the connection to PostgreSQL failed or was closed, so that the
-// session and any transaction open on it are gone: SQLSTATE class 08,
-// 57P01 (pg_terminate_backend or a shutdown), 57P02, 57P03; a failure to
-// connect, a network error, EOF mid-message, a closed pgx connection or pool;
-// this package's [ErrConnection]. It reports false for nil and for a
-// context's cancellation or deadline (the caller's own decision).
+// IsConnectionError reports whether err, returned by a statement run through
+// pgx (yours or this package's), means that the connection to PostgreSQL
+// failed or was closed, so the session and any open transaction are gone
+// (SQLSTATE class 08, 57P01..57P03, network errors, a closed connection or
+// pool, [ErrConnection]). It reports false for nil and for a context's end.
 //
-// A true answer does not say whether the statement took effect: a write, and
-// above all a COMMIT, may have landed before the connection broke. Retry only
-// work that is harmless to run twice: a conditional or keyed write, an effect
-// in the same transaction as the job's completion ([NewTxWorker]), or this
+// A true answer does not say whether the statement took effect (a COMMIT may
+// have landed): retry only work that is harmless to run twice, such as this
 // package's idempotent [Complete], [Fail] and [Release].
 func IsConnectionError(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

@@ -18,7 +18,7 @@ import (
 const (
 	// MaxQueueBytes is the longest queue name, in bytes.
 	MaxQueueBytes = 128
-	// MaxHolderBytes is the longest worker identity, in bytes.
+	// MaxHolderBytes is the longest holder identity, in bytes.
 	MaxHolderBytes = 512
 	// MaxBatch is the largest number of rows one claim may take.
 	MaxBatch = 10000
@@ -86,7 +86,8 @@ type Job struct {
 	MaxAttempts int
 	// State is available, running, completed or dead.
 	State State
-	// Holder is the worker of the latest leased claim ("" if never claimed).
+	// Holder is the holder identity of the latest leased claim ("" if never
+	// claimed).
 	Holder string
 	// ClaimToken is the token of the latest leased claim (0 if never
 	// claimed). Pass [Job.Ref] to Complete, Fail, Heartbeat and Release.

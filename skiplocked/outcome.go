@@ -13,16 +13,10 @@ import (
 )
 
 // Complete marks a claimed job completed, only if it is still running under
-// ref.Token. Otherwise it returns a [*ClaimLostError] ([ErrClaimLost]) or
-// [ErrJobNotFound] and changes nothing. A claim that expired but was not
-// re-claimed by anyone can still be completed: the token, not the clock,
-// decides.
-//
-// Complete is idempotent: when the job is already completed under ref.Token
-// (an earlier call landed but its reply was lost, or the handler completed it
-// itself), it returns nil. It refuses only real losses: the job was claimed
-// again (a larger token), or the claim of ref.Token ended otherwise
-// (released, failed, expired; [ClaimLostError.Outcome] says which).
+// ref.Token (an expired claim not yet re-claimed still counts: the token, not
+// the clock, decides). Otherwise it returns a [*ClaimLostError]
+// ([ErrClaimLost]) or [ErrJobNotFound] and changes nothing. It is idempotent:
+// a job already completed under ref.Token returns nil.
 func Complete(ctx context.Context, db DBTX, ref ClaimRef) error {
 	return single(ctx, db, "complete", ref, func(ids, tokens []int64) ([]int64, error) {
 		return queries.CompleteJobs(ctx, db, ids, tokens)
@@ -60,15 +54,11 @@ func ReleaseMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef
 }
 
 // Heartbeat extends a claim to now() + ttl on the database clock, only if it
-// is still held under ref.Token, and returns the new expiry. Otherwise it
-// returns a [*ClaimLostError] or [ErrJobNotFound]; a claim that already ended
-// (even by your own Complete) cannot be extended, so Heartbeat is the one
-// call that reports such a claim as lost. It never waits for a row lock: if
-// another transaction holds the job's row at that moment, the claim is not
-// extended and Heartbeat returns an error that is not [ErrClaimLost] (the
-// claim is still held: call again). The expiry it returns is advisory: a
-// worker that pauses past it may lose the claim at any moment, and only the
-// conditional Complete/Fail decides.
+// is still held under ref.Token, and returns the new (advisory) expiry.
+// Otherwise it returns a [*ClaimLostError] or [ErrJobNotFound]; a claim that
+// already ended, even by your own Complete, counts as lost. It never waits for
+// a row lock: if another transaction holds the job's row, the claim is not
+// extended and the error is not [ErrClaimLost] (call again).
 func Heartbeat(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (time.Time, error) {
 	if err := checkTTL(ttl); err != nil {
 		return time.Time{}, err
@@ -97,11 +87,8 @@ func Heartbeat(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (t
 
 // HeartbeatMany extends many claims in one statement. It returns the new
 // expiry of each extended job by id, and the refs that were lost with a
-// *[ClaimsLostError] (claims that ended, even by your own Complete, are not
-// extended: see [Heartbeat]). It never waits for a row lock: a claim still
-// held under its token whose row another transaction has locked at that
-// moment (your own completion in progress, typically) is skipped, neither in
-// the map nor lost; the next heartbeat extends it.
+// *[ClaimsLostError] (see [Heartbeat]). A claim whose row another transaction
+// has locked at that moment is skipped: neither in the map nor lost.
 func HeartbeatMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration) (map[int64]time.Time, []ClaimRef, error) {
 	if err := checkTTL(ttl); err != nil {
 		return nil, nil, err

@@ -76,16 +76,12 @@ type Spec struct {
 	// Defaults to no condition (every row is claimable).
 	Where []Cond
 	// TrustedFilterSQL is an extra condition written by the programmer, for
-	// what [Cond] cannot say (column-to-column comparisons, functions). It is
-	// pasted into the statement, in parentheses, ANDed with the conditions:
-	// it must NEVER contain input from users. It is refused with
-	// [ErrInvalidSpec] when it contains ";", "--", "/*", "*/", "$" or a
-	// backslash anywhere (even inside a string: a backslash can end a string
-	// early in an E'...' literal, or in any literal when
-	// standard_conforming_strings is off), a NUL byte or invalid UTF-8, an
-	// unterminated '...' string or "..." identifier, or parentheses that do
-	// not balance outside them. Write a quote in a string by doubling it
-	// ('it''s'). Defaults to none.
+	// what [Cond] cannot say. It is pasted into the statement, in
+	// parentheses: it must NEVER contain input from users. It is refused with
+	// [ErrInvalidSpec] when it contains ";", "--", "/*", "*/", "$", a
+	// backslash or NUL anywhere (even inside a string), invalid UTF-8, an
+	// unterminated string or quoted identifier, or unbalanced parentheses.
+	// Write a quote in a string by doubling it ('it''s'). Defaults to none.
 	TrustedFilterSQL string
 	// OrderBy gives the claim order. Defaults to none (whatever order the
 	// plan yields).
@@ -263,11 +259,9 @@ func (c *TxClaimer) WithLimit(n int) (*TxClaimer, error) {
 }
 
 // ClaimTx runs c's claim inside tx and scans each claimed row with scan (for
-// example pgx.RowTo[int64] for a one-column key, or
-// pgx.RowToStructByName[T]). The rows stay locked by tx until it commits or
-// rolls back; other claimers skip them without waiting, and if the worker
-// dies its connection closes and PostgreSQL releases them at once. Do the
-// work, and the writes that record it, in tx.
+// example pgx.RowTo[int64] for a one-column key). The rows stay locked by tx
+// until it ends; other claimers skip them without waiting. Do the work, and
+// the writes that record it, in tx.
 //
 // tx must be a real transaction: in autocommit mode the locks would end with
 // the statement. A database error aborts tx (the caller must roll back);
@@ -316,14 +310,10 @@ var trustedFilterBanned = []struct{ text, what string }{
 
 // checkTrustedSQL refuses fragments that could end the statement, hide text
 // in a comment, open a dollar-quoted string or placeholder, or escape the
-// parentheses the fragment is wrapped in.
-//
-// With backslashes refused, every PostgreSQL string literal form ('...',
-// E'...', B'...', X'...', N'...', U&'...') ends at the first single quote
-// that is not doubled, and every quoted identifier ("...", U&"...") at the
-// first double quote that is not doubled; one kind of quote is an ordinary
-// character inside the other. checkTrustedSQL follows those rules and
-// counts parentheses outside literals and identifiers only.
+// parentheses the fragment is wrapped in. With backslashes refused, every
+// string literal form ends at the first undoubled ' and every quoted
+// identifier at the first undoubled " (each quote is ordinary inside the
+// other), so parentheses are counted outside those only.
 func checkTrustedSQL(s string) error {
 	if !utf8.ValidString(s) {
 		return fmt.Errorf("%w: trusted filter is not valid UTF-8", ErrInvalidSpec)

@@ -24,36 +24,23 @@ import (
 // shutdown timeout passes. A handler that returns an error after a shutdown
 // cancellation has its claim released, not failed.
 //
-// A Handler's effects outside pgfence.jobs are not fenced: a worker that
-// pauses past its claim (GC, frozen VM) may have done its effect while
-// another worker re-claims the job and does it again; only the stale
-// completion is refused. For effects in the same database, [TxHandler] with
-// [NewTxWorker] makes effect and completion one transaction (exactly once).
+// A Handler's effects outside pgfence.jobs are not fenced: after a pause past
+// the claim, another worker may do them again. For effects in the same
+// database, [TxHandler] makes effect and completion one transaction.
 type Handler func(ctx context.Context, job Job) error
 
 // TxHandler processes one job inside a transaction that the [Worker] opens
 // and commits: do the job's effect through tx, and return nil. The Worker
 // then completes the job in the same transaction, conditional on the claim
-// token, and commits: the effect and the completion commit together or not at
-// all. If the claim was lost meanwhile (the worker paused past its claim and
-// another worker re-claimed the job), the completion changes nothing, the
-// Worker rolls the transaction back and the stale effect never commits. So
-// each job's effect commits exactly once, whatever pauses, kills and
-// re-claims happen, as long as every write of the effect goes through tx.
+// token, and commits; if the claim was lost meanwhile it rolls back instead.
+// So each job's effect commits exactly once, as long as every write of the
+// effect goes through tx. Effects outside the database are not covered.
 //
-// Return an error to roll back and fail the attempt (retried after the
-// backoff, dead when no attempts are left), or [Permanent](err) to send the
-// job to dead at once. Never commit or roll back tx yourself, not even with
-// a habitual defer tx.Rollback(ctx): Commit and Rollback return an error,
-// and the attempt fails and rolls back whatever the handler returns (a
-// rollback cannot be told from a wish to abort). Nested transactions
-// (tx.Begin, pgx.BeginFunc on tx: savepoints) are fine. ctx is cancelled as
-// for a [Handler]; a cancelled statement aborts tx and the attempt fails.
-//
-// The transaction holds a pooled connection while the handler runs; keep it
-// short (a file, a page of rows), and keep long work outside the database.
-// Effects outside the database (an email, an HTTP call) are not covered:
-// make them idempotent with a key, such as the job id.
+// Return an error to roll back and fail the attempt, or [Permanent](err) to
+// send the job to dead at once. Never commit or roll back tx yourself (not
+// even a habitual defer tx.Rollback): Commit and Rollback return an error and
+// the attempt fails. Savepoints (tx.Begin) are fine. ctx is cancelled as for
+// a [Handler]. The transaction holds a pooled connection: keep it short.
 type TxHandler func(ctx context.Context, tx pgx.Tx, job Job) error
 
 // Permanent wraps err so that the [Worker] sends the job to dead at once
@@ -220,41 +207,31 @@ func DefaultHolder() string { return holder.Default() }
 // must honour their ctx. Run (or Drain) may be called once per Worker;
 // [Worker.Summary] tells what it did.
 //
-// Claims are woken by NOTIFY on [NotifyChannel] (one dedicated connection,
-// reconnected on failure) and by polling every [Config.PollInterval]. A
-// failed database call is logged and retried at the next poll; completions
-// that cannot be written leave the claim to expire, so a job may run more
-// than once but a stale worker's outcome never overwrites a newer claim's.
-// Completions, failures and releases are idempotent, so the worker sends
-// them again after a connection error without ever reporting its own landed
-// outcome as a lost claim.
+// Claims are woken by NOTIFY on [NotifyChannel] and by polling every
+// [Config.PollInterval]. A failed database call is logged and retried;
+// an outcome that cannot be written leaves the claim to expire, so a job may
+// run more than once, but a stale worker's outcome never overwrites a newer
+// claim's.
 func (w *Worker) Run(ctx context.Context) error {
 	_, err := w.run(ctx, false)
 	return err
 }
 
 // Drain is Run for a finite batch: it claims and handles jobs until the
-// queue has no job left that is available (due or scheduled for later, a
-// failed attempt waiting for its retry included) or running (claims of other
-// workers included: an expired one is taken over), then shuts down as Run
-// does and returns its [Summary] with a nil error. Completed and dead jobs
-// are finished; dead ones are counted in the Summary of the worker that sent
-// them there and in [QueueDepth].
+// queue has no job left that is available (due or not) or running (other
+// workers' claims included), then shuts down as Run does and returns its
+// [Summary] with a nil error.
 //
-// Enqueue the whole batch before starting Drain (in one transaction, with
-// [EnqueueMany]): a job enqueued after the queue was found empty is left
-// for the next run. Several workers, in one process or many, may drain the
-// same queue: each returns once the queue is empty, so killed or paused
-// workers do not hold it up longer than their claims last. A failed attempt
-// with a long backoff keeps the drain waiting: set [Config.Backoff] for
-// imports. Give each batch its own queue name ("catalogue/2024-06-01") to
-// drain one batch among others.
+// Enqueue the whole batch before starting Drain ([EnqueueMany]): a job
+// enqueued after the queue was found empty is left for the next run. Several
+// workers may drain the same queue. A failed attempt with a long backoff
+// keeps the drain waiting: set [Config.Backoff] for imports. Give each batch
+// its own queue name to drain one batch among others.
 //
 // If ctx is cancelled before the queue is empty, Drain shuts down as Run does
 // and returns the Summary so far with an error matching [ErrNotDrained] and
 // the context's cause. If the queue has no job at all, in any state (a
-// misspelt name), it returns [ErrNoJobs]. Code that checks only err never
-// takes an interrupted or mistaken drain for a finished one.
+// misspelt name), it returns [ErrNoJobs].
 func (w *Worker) Drain(ctx context.Context) (Summary, error) {
 	return w.run(ctx, true)
 }

@@ -14,8 +14,8 @@ import (
 
 // Config tunes a [Worker]. A nil *Config uses every default.
 type Config struct {
-	// Holder identifies this worker in holder. Defaults to
-	// "<hostname>/<pid>/<random hex>".
+	// Holder identifies this worker in the holder column of its claims,
+	// 1..[MaxHolderBytes] bytes. Defaults to [DefaultHolder]().
 	Holder string
 	// Concurrency is the number of jobs handled at once, 1..1000. Defaults to 4.
 	Concurrency int
@@ -58,14 +58,10 @@ type Config struct {
 	// completed itself, is a completion.
 	Metrics observe.Metrics
 	// OnClaimLost, when set, is called once for each claim this worker lost,
-	// after the job's handler has returned: the outcome the worker tried to
-	// write (completion, failure, release) was refused, or a heartbeat found
-	// the job re-claimed and the handler's context was cancelled. err says
-	// why, with the job's current token, state and holder, as [Complete]
-	// reports it. Use it to compensate for an effect done outside the
-	// database. It runs on the goroutine that writes outcomes (keep it short),
-	// with a context cancelled when Run has returned; a panic in it is
-	// recovered and logged.
+	// after the job's handler has returned, with the job's current token,
+	// state and holder in err. Use it to compensate for an effect done outside
+	// the database. It runs on the goroutine that writes outcomes (keep it
+	// short); a panic in it is recovered and logged. Defaults to nil.
 	OnClaimLost func(ctx context.Context, job Job, err *ClaimLostError)
 }
 

@@ -11,22 +11,13 @@ import (
 	"strconv"
 )
 
-// Apply writes the plan's files: every file or none. Missing directories
-// are created. Each file is first written (and synced) to a temporary file
-// ".pgfence-gen-*.tmp" in its target directory; then the temporaries are
-// moved into place: the query file first (it replaces an earlier generated
-// one atomically by rename), then the migrations (hard-linked into place,
-// which fails rather than overwrite a file that appeared since Plan). If any
-// step fails, Apply removes the temporaries, the files it already moved into
-// place, and the directories it created, and restores the query file it
-// replaced; the error says so if that clean-up fails too.
-//
-// The window: the files appear one rename after another, not at once. A
-// crash (SIGKILL, power loss) between two renames leaves some of the files
-// written (the query file first) and possibly temporaries, which goose and
-// sqlc ignore (they are not named *.sql). Running the generator again with
-// the same options finishes the job, as it recognises what exists.
-//
+// Apply writes the plan's files: every file or none. Missing directories are
+// created. Files are staged as ".pgfence-gen-*.tmp" temporaries and then moved
+// into place; a file that appeared since Plan is never overwritten
+// ([ErrFileExists]). If any step fails, Apply removes what it wrote and
+// restores the query file it replaced; the error says so if that clean-up
+// fails too. A crash between two renames can leave some files written:
+// running the generator again with the same options finishes the job.
 // Apply refuses to run twice.
 func (wp *WritePlan) Apply() (err error) {
 	if wp.applied {

@@ -17,15 +17,11 @@
 // Writing is safe to repeat. [Files.Plan] compares the files with what the
 // target [Dirs] hold and returns a [WritePlan], one [Step] per file:
 // [Create], [Update] (only the wholly generated query file) or [UpToDate].
-// Migrations generated earlier are recognised by name and by the statement
-// they run: an existing fence-column migration means the column is there,
-// an unchanged guard is up to date and a changed one becomes a new guard
-// migration; existing migrations are never edited or removed, and a file
-// that fencegen did not generate is never overwritten ([ErrFileExists]).
-// [WritePlan.Apply] writes every file or none: temporary files first, then
-// renames, and on failure it removes what it wrote (see Apply for the crash
-// window). [Files.Write] is Plan followed by Apply. Directories inside the
-// pgfence module itself are refused ([ErrPgfenceModule]).
+// Existing migrations are never edited or removed, and a file that fencegen
+// did not generate is never overwritten ([ErrFileExists]). [WritePlan.Apply]
+// writes every file or none. [Files.Write] is Plan followed by Apply.
+// Directories inside the pgfence module itself are refused
+// ([ErrPgfenceModule]).
 //
 // [FindSQLCConfig], [ReadSQLCConfig] and [SQLCConfig.Dirs] take the
 // directories from the application's sqlc.yaml (sqlc.yml, sqlc.json): the

@@ -315,11 +315,8 @@ func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool)
 // exists already). The query file is "fenced_<table>.sql" for the default Go
 // name and "fenced_<table>.<name>.sql" for another Options.Name, with <name>
 // the Go name in snake_case (Name "InvoicePdf":
-// "fenced_invoices.invoice_pdf.sql").
-// The dot cannot occur in a table name, so a second query set for a table
-// never takes the file name of another table's query set. <table> is the
-// table name in lower case, prefixed with "<schema>_" when the table is
-// schema-qualified.
+// "fenced_invoices.invoice_pdf.sql"). <table> is the table name in lower
+// case, prefixed with "<schema>_" when the table is schema-qualified.
 func Generate(opts Options) (*Files, error) {
 	p, err := check(opts)
 	if err != nil {

@@ -4,17 +4,10 @@ import (
 	"strings"
 )
 
-// queries writes the sqlc query file. Every statement fails closed: when its
-// write changes no row it calls pgfence.fence_refused, which raises a class
-// PF error (stale token, already applied, no such row, concurrent change,
-// invalid token) carrying token, fence, table and key. So the method sqlc
-// generates returns a non-nil error for every refused write, and
-// fencedwrite.TranslateError maps it to the package's errors.
-//
-// Shape of each statement: a CTE with the write, then its RETURNING row, or,
-// only when the write changed nothing (NOT EXISTS gates the branch), the call
-// to pgfence.fence_refused with the row's fence as the statement's snapshot
-// saw it.
+// queries writes the sqlc query file. Each statement is a CTE with the write,
+// then its RETURNING row or, only when the write changed nothing (NOT EXISTS
+// gates the branch), a call to pgfence.fence_refused, which raises a class PF
+// error: every refused write is an error (fail closed).
 func (p *plan) queries() string {
 	tbl := p.table.String()
 	f := q(p.fence)

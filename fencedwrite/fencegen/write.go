@@ -118,23 +118,18 @@ func (f *Files) Write(migrationsDir, queriesDir string) error {
 // Plan compares the generated files with what d already holds and decides
 // what to write. It reads the directories and writes nothing.
 //
-// Migrations are recognised by name and by the statement they run, not by
-// their comments or version: files named "<version>_pgfence_fence_<table>.sql"
-// and "<version>_pgfence_guard_<table>.sql" that start with the generated
-// header. An existing migration adding the same fence column makes the
-// fence-column migration [UpToDate] (Options.HasFenceColumn is then not
-// needed). The guard migration is UpToDate when the newest earlier guard
-// statement for the table is the one it would run; otherwise a new guard
-// migration is created (attaching again replaces the guard) and its Down
-// section restores the guard it replaces. Existing migrations are never
-// changed or removed, and the generator never removes a guard: write a
-// migration calling pgfence.unguard for that.
+// Migrations generated earlier are recognised by name and by the statement
+// they run (with the generated header). An existing migration adding the same
+// fence column makes the fence-column migration [UpToDate]. The guard
+// migration is UpToDate when the newest earlier guard statement for the table
+// is the one it would run; otherwise a new guard migration is created, whose
+// Down section restores the guard it replaces. Existing migrations are never
+// changed or removed, and the generator never removes a guard (write a
+// migration calling pgfence.unguard for that).
 //
-// The first migration written takes Options.Version (so a guard added
-// later has the version given, not the next one). New migrations must have
-// a version newer than every migration in the directory (goose refuses
-// out-of-order versions once later ones are applied); otherwise Plan fails
-// with [ErrConflict].
+// The first migration written takes Options.Version. New migrations must be
+// newer than every migration in the directory, or Plan fails with
+// [ErrConflict].
 //
 // The query file is wholly generated: an existing one with the generated
 // header and other content is rewritten ([Update]); one without the header

@@ -141,8 +141,7 @@ type ExporterQueueStatsRow struct {
 // other_label always lands in that row. Each row gives the number of queues it
 // covers, available and running jobs, running jobs whose claim expired, the
 // age of the oldest job ready to run and the time since the oldest expired
-// claim ran out. Only rows in state available or running are read (partial
-// indexes jobs_available_idx and jobs_running_expiry_idx).
+// claim ran out. It reads only unfinished jobs (partial indexes).
 func (q *Queries) ExporterQueueStats(ctx context.Context, db DBTX, otherLabel string, topN int64) ([]ExporterQueueStatsRow, error) {
 	rows, err := db.Query(ctx, exporterQueueStats, otherLabel, topN)
 	if err != nil {
@@ -183,10 +182,7 @@ type ExporterTablesRow struct {
 }
 
 // ExporterTables says which of the optional tables exist (a database may be
-// migrated to an older version than the exporter knows). The queries of
-// `pgfence exporter` (internal/exporter) read a bounded amount each: the lock
-// table, the unfinished jobs through the partial indexes of migration 00004
-// (never the finished rows), and the dead-job counters of migration 00011.
+// migrated to an older version than the exporter knows).
 func (q *Queries) ExporterTables(ctx context.Context, db DBTX) (ExporterTablesRow, error) {
 	row := db.QueryRow(ctx, exporterTables)
 	var i ExporterTablesRow

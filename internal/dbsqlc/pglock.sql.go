@@ -34,23 +34,11 @@ type GrantLockRow struct {
 	ExpiresAt *time.Time
 }
 
-// GrantLock grants a free (holder NULL) or expired lock to holder in ONE
-// statement: token + 1, expiry now() + ttl_us microseconds; no row when the
-// lock is held or has no row yet (then InsertLock creates it). It is a plain
-// UPDATE whose WHERE tests free-or-expired: when the lock is held it matches
-// nothing, so a refused attempt takes no row lock, writes nothing and
-// commits without a WAL flush (INSERT ... ON CONFLICT DO UPDATE ... WHERE
-// would lock the held row and wait for its holder even when the WHERE is
-// false). The set_config turns synchronous_commit on for this statement's
-// own transaction (is_local = true; commit reads the setting before the
-// transaction's settings are reset), so an acknowledged token survives a
-// crash even when the server default is off, at no extra round trip. Like
-// every statement of this file it runs alone, in an implicit transaction of
-// one statement, so now() is the time the statement started on the
-// database's clock (see pglock/doc.go for why now() and not
-// clock_timestamp()). token + 1 at the bigint maximum fails with SQLSTATE
-// 22003 and changes nothing. A grant leaves waiting_since alone (see
-// WaitGrant).
+// GrantLock grants a free or expired lock to holder: token + 1, expiry
+// now() + ttl_us microseconds, synchronous_commit on for this statement's
+// transaction. No row when the lock is held (nothing is locked or written)
+// or has no row yet (InsertLock creates it). At the bigint maximum it fails
+// with SQLSTATE 22003 and changes nothing. docs/design.md explains the shape.
 func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (GrantLockRow, error) {
 	row := db.QueryRow(ctx, grantLock, arg.Holder, arg.TtlUs, arg.Name)
 	var i GrantLockRow
@@ -79,9 +67,8 @@ type InsertLockRow struct {
 }
 
 // InsertLock is the first grant of a lock name, which has no row yet: token
-// 1, expiry now() + ttl_us microseconds, synchronous_commit on as in
-// GrantLock. Of two first grants racing, one inserts and the other gets no
-// row and tries GrantLock again.
+// 1, expiry now() + ttl_us microseconds, synchronous_commit on. No row when a
+// concurrent first grant inserted it (try GrantLock again).
 func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams) (InsertLockRow, error) {
 	row := db.QueryRow(ctx, insertLock, arg.Name, arg.Holder, arg.TtlUs)
 	var i InsertLockRow
@@ -140,10 +127,9 @@ type ReleaseLockParams struct {
 }
 
 // ReleaseLock frees a lease still held by (name, holder, token): holder and
-// expiry become NULL, the row and its token stay. If a waiter marked the
-// lock in the last 100 seconds (waiting_since, see WaitGrant), it notifies
-// channel pgfence_lock_released with the lock name as payload (delivered at
-// commit) so waiters wake. 0 rows = the lease was lost; nothing changed.
+// expiry become NULL, the row and its token stay. If a waiter marked the row
+// in the last 100 seconds it notifies pgfence_lock_released with the lock
+// name. 0 rows = the lease was lost; nothing changed.
 func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (int64, error) {
 	result, err := db.Exec(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
 	if err != nil {
@@ -176,10 +162,9 @@ type RenewLockRow struct {
 	DbNow     time.Time
 }
 
-// RenewLock extends a lease that is still held by (name, holder, token) to
-// now() + ttl_us microseconds, with synchronous_commit on for its transaction
-// (a lost renewal would leave the client believing in a longer lease than the
-// database's). No row = the lease was lost (expired, released or re-granted).
+// RenewLock extends a lease still held by (name, holder, token) to now() +
+// ttl_us microseconds, synchronous_commit on. No row = the lease was lost
+// (expired, released or re-granted).
 func (q *Queries) RenewLock(ctx context.Context, db DBTX, arg RenewLockParams) (RenewLockRow, error) {
 	row := db.QueryRow(ctx, renewLock,
 		arg.TtlUs,
@@ -253,27 +238,11 @@ type WaitGrantRow struct {
 	DbNow     time.Time
 }
 
-// WaitGrant is the attempt of a waiter (one that will sleep until a release
-// notification or the holder's expiry when refused): a grant and a wait
-// mark in ONE statement, so a refused waiter costs one round trip. A free
-// or expired lock is granted exactly as by GrantLock (granted = true, token
-// and expiry). A held lock is marked (waiting_since = now(): releases in the
-// next 100 seconds send a NOTIFY) and the row comes back with granted =
-// false, the holder and its expiry for the waiter's timer. A mark less than
-// 30 seconds old in this statement's snapshot is not written again, and
-// grants leave it alone, so a hot lock costs one mark write per 30 seconds,
-// not one per handoff. The windows fit the waiter's longest sleep (one
-// minute plus jitter, then it tries again): a waiter that relied on a mark
-// at most 30 seconds old when it went to sleep wakes up by itself before
-// that mark is 100 seconds old, so every release while it sleeps notifies. The two UPDATEs
-// can never both change the row: in the statement's snapshot the lock is
-// either free or expired (only the grant can match) or held (only the mark
-// can), and a row changed concurrently is re-checked by each against its
-// own condition. No row = the lock changed between the snapshot and the
-// statement (released or re-granted): the waiter tries again at once
-// instead of sleeping on a stale holder. The mark and a release lock the
-// same row, so either the release sees the mark and notifies, or the mark
-// sees the release and the statement returns no row.
+// WaitGrant is a waiter's attempt: it grants a free or expired lock exactly
+// as GrantLock or InsertLock do (granted = true, token, expiry), or marks a
+// held lock for wake-up (waiting_since = now(), unless the mark is under 30
+// seconds old) and returns granted = false with the holder and its expiry.
+// No row = the lock changed under the statement: try again at once.
 func (q *Queries) WaitGrant(ctx context.Context, db DBTX, arg WaitGrantParams) (WaitGrantRow, error) {
 	row := db.QueryRow(ctx, waitGrant, arg.Holder, arg.TtlUs, arg.Name)
 	var i WaitGrantRow

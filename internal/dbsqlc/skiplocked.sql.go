@@ -543,12 +543,9 @@ type HeartbeatJobsRow struct {
 	ClaimExpiresAt *time.Time
 }
 
-// HeartbeatJobs extends the claims that are still held under the given tokens
-// to now() + ttl_ms and returns them with their new expiry. It never waits: a
-// row locked by another transaction at that moment (typically the worker's
-// own completion, not committed yet) is skipped, neither extended nor
-// changed, so that a heartbeat never holds the locks of the other rows of its
-// batch while it waits.
+// HeartbeatJobs extends the claims still held under the given tokens to
+// now() + ttl_ms and returns them with their new expiry. It never waits: a
+// row locked by another transaction at that moment is skipped (not extended).
 func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsParams) ([]HeartbeatJobsRow, error) {
 	rows, err := db.Query(ctx, heartbeatJobs, arg.TtlMs, arg.Ids, arg.ClaimTokens)
 	if err != nil {

@@ -15,25 +15,22 @@
 // transaction the caller already has.
 //
 // [Acquire] and [TryAcquire] take a session-scoped lock (pg_advisory_lock) on
-// a connection reserved from the pool until [SessionLock.Unlock]. The
-// [SessionLock] checks its connection every [SessionConfig.PingInterval] and
-// closes [SessionLock.Done] when it dies. A session lock is an efficiency
-// lock: writes made through other connections are not fenced, and after the
-// connection dies another process can take the lock while the first is still
-// working. Use it to avoid duplicate work, never to protect data; for data,
-// use [Xact] or a lease with fenced writes (packages pglock and fencedwrite).
-// Session locks need one dedicated backend per connection; a connection
-// through a pooler is refused with a [*PoolerError] (see [Acquire]).
+// a connection reserved from the pool until [SessionLock.Unlock]; the
+// [SessionLock] closes [SessionLock.Done] when its connection dies. A session
+// lock is an efficiency lock: writes made through other connections are not
+// fenced. Use it to avoid duplicate work, never to protect data; for data use
+// [Xact] or a lease with fenced writes (packages pglock and fencedwrite). A
+// connection through a pooler is refused with a [*PoolerError].
+//
+// docs/design.md in the repository explains the pooler checks and the key
+// hash.
 //
 // # Keys
 //
 // A [Key] is either a bigint key ([Name], [Int64]) or a pair of ints
 // ([Namespaced], [Pair]); PostgreSQL keeps the two spaces apart. [Name] hashes
-// a name to 64 bits: the first 8 bytes of SHA-256 of the name's UTF-8 bytes,
-// big-endian, as a signed int64. This definition is fixed (test vectors pin
-// it) and computable from psql with [NameKeySQL]. PostgreSQL's hashtext is not
-// used: it has 32 bits and is not promised to be stable across versions.
-// Every lock has a [Mode], [Exclusive] or [Shared].
+// a name to 64 bits with a fixed definition, computable from psql with
+// [NameKeySQL]. Every lock has a [Mode], [Exclusive] or [Shared].
 //
 // # Inspecting
 //

@@ -30,7 +30,7 @@ var (
 	ErrInvalidMode = errors.New("advisory: invalid lock mode")
 	// ErrNilDB is returned when the pool, connection or transaction starter
 	// passed in is nil.
-	ErrNilDB = errors.New("advisory: nil pool")
+	ErrNilDB = errors.New("advisory: nil database handle")
 	// ErrNilFunc is returned by [Xact] and [TryXact] when fn is nil.
 	ErrNilFunc = errors.New("advisory: nil function")
 	// ErrInvalidConfig is returned for a [SessionConfig] field out of range.

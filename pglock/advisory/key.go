@@ -83,16 +83,11 @@ type Key struct {
 // int64. The definition is part of the API and never changes; [NameKeySQL]
 // computes the same value in PostgreSQL.
 //
-// The bytes are hashed as given: names are case-sensitive and not
-// Unicode-normalised ("é" precomposed and decomposed are different names).
+// Names are hashed as given: case-sensitive, not Unicode-normalised.
 //
 // The name must be 1 to [MaxNameBytes] bytes of valid UTF-8 without NUL bytes;
 // otherwise the error is a [*KeyError] matching [ErrEmptyName],
 // [ErrNameTooLong] or [ErrInvalidName].
-//
-// Why not hashtext: it returns 32 bits (collisions become likely after tens of
-// thousands of names) and its output is not guaranteed stable across
-// PostgreSQL major versions.
 func Name(name string) (Key, error) {
 	if err := checkName(name); err != nil {
 		return Key{}, err

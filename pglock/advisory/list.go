@@ -5,13 +5,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
-// DBTX runs a query. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+// DBTX is what the package needs from a database handle: *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx satisfy it (the same interface as the other pgfence
+// packages).
 type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // LockInfo is one row of [List]: an advisory lock held or awaited by a
@@ -58,17 +63,12 @@ WHERE l.locktype = 'advisory'
   AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
 ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAST, l.pid`
 
-// List returns the advisory locks held or awaited in the current database, with
-// the backends that hold or await them (pg_locks joined to pg_stat_activity),
-// ordered by key and then granted first. It needs no privileges beyond
-// connecting, but PostgreSQL hides other roles' client details
-// (ApplicationName, ClientAddr, State, QueryStart) from a role that is neither
-// a superuser nor a member of pg_read_all_stats.
-//
-// If ctx ends, pgx cancels the query and the error matches ctx.Err().
-//
-// A name-based key can be recognised by computing [Name] (or [NameKeySQL])
-// for the candidate name; the hash cannot be reversed.
+// List returns the advisory locks held or awaited in the current database,
+// with their backends (pg_locks joined to pg_stat_activity), ordered by key,
+// granted first. PostgreSQL hides other roles' client details from a role
+// that is neither superuser nor a member of pg_read_all_stats. A name-based
+// key is recognised by computing [Name] for the candidate name. If ctx ends,
+// the error matches ctx.Err().
 func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB

@@ -30,24 +30,20 @@ const (
 // means all defaults. Out-of-range values are refused with an error matching
 // [ErrInvalidConfig], never silently replaced.
 type SessionConfig struct {
-	// PingInterval is how often the lock's connection is checked with a
-	// one-round-trip statement (SELECT pg_backend_pid()); Done is closed
-	// within about one interval after the connection dies (one interval plus
-	// PingTimeout when the network hangs instead). Defaults to DefaultPingInterval (5s); must be
-	// at least MinPingInterval.
+	// PingInterval is how often the lock's connection is checked (one round
+	// trip); Done is closed within about one interval (plus PingTimeout when
+	// the network hangs) after the connection dies. Defaults to
+	// DefaultPingInterval (5s); at least MinPingInterval.
 	PingInterval time.Duration
 	// PingTimeout bounds each check. A check that times out counts as a lost
-	// connection: pgx closes the connection, which frees the lock, so a
-	// timeout shorter than the server's worst response time under load causes
-	// needless losses. Defaults to DefaultPingTimeout (5s); when set, must be
-	// at least MinPingInterval.
+	// lock (the connection is closed, which frees it), so keep it above the
+	// server's worst response time. Defaults to DefaultPingTimeout (5s); at
+	// least MinPingInterval.
 	PingTimeout time.Duration
-	// AllowPooler accepts a connection whose startup process ID differs from
-	// pg_backend_pid(), i.e. one that goes through a pooler. Set it only for a
-	// pooler in session mode (one server connection per client connection for
-	// the client's whole life). Even then every statement checks that the
-	// backend stays the same and Done fires if it changes. Defaults to false:
-	// any pooler is refused with a *PoolerError.
+	// AllowPooler accepts a connection through a pooler. Set it only for a
+	// pooler in session mode; the backend is still checked on every ping and
+	// Done fires if it changes. Defaults to false: any pooler is refused with
+	// a *PoolerError.
 	AllowPooler bool
 }
 
@@ -79,12 +75,9 @@ func (c *SessionConfig) resolve() (SessionConfig, error) {
 // from a pool for the lock's lifetime. Make one with [Acquire] or
 // [TryAcquire]; release it with [SessionLock.Unlock].
 //
-// A session lock is an efficiency lock. It tells other cooperating processes
-// that someone is doing X so they need not; it does not protect data. Writes
-// made through other connections (the usual case) are not fenced: when the
-// lock's connection dies the server frees the lock at once, another process
-// takes it, and the first holder may still be writing until it notices Done.
-// For correctness, do all writes in the locked transaction ([Xact]) or use a
+// A session lock is an efficiency lock: it does not protect data. When its
+// connection dies the server frees the lock at once and another process can
+// take it while the first is still working. For correctness use [Xact] or a
 // lease with fenced writes (package pglock).
 //
 // Its methods are safe for concurrent use.
@@ -118,25 +111,16 @@ const (
 // pool.Close waits for it.
 //
 // Before locking it checks that the connection leads to one dedicated
-// backend: the process ID announced at connection start must equal
-// pg_backend_pid(). A pooler (PgBouncer, in any mode) announces an ID of its
-// own, so it is refused with a [*PoolerError] unless cfg.AllowPooler is set;
-// in transaction mode a later statement could run on another backend, leaving
-// the lock held by a server connection nobody controls. With AllowPooler, a
-// second client connection must reach a different backend; this catches a
-// transaction-mode pooler that reuses the server connection just released
-// (PgBouncer's default), but AllowPooler remains the caller's promise that the
-// pooler runs in session mode. After locking, a separate statement confirms
-// that the same backend runs it and that pg_locks shows the lock granted to
-// that backend. These checks cost about three round trips per Acquire.
+// backend; a pooler is refused with a [*PoolerError] unless cfg.AllowPooler
+// is set. After locking it confirms that pg_locks shows the lock granted to
+// that backend. The checks cost about three round trips.
 //
 // A wait ended by the session's lock_timeout setting (for example set in the
 // pool's connection string) returns a [*LockedError].
 //
-// If ctx ends while Acquire waits, pgx sends a cancel request and closes the
-// connection (its default behaviour), which ends the wait; nothing is held,
-// and the error matches ctx.Err(). ctx does not govern the lock after Acquire
-// returns.
+// If ctx ends while Acquire waits, pgx closes the connection: nothing is
+// held, and the error matches ctx.Err(). ctx does not govern the lock after
+// Acquire returns.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig) (*SessionLock, error) {
 	return acquire(ctx, pool, key, mode, cfg, false)
 }
@@ -270,14 +254,9 @@ func (l *SessionLock) Mode() Mode { return l.mode }
 func (l *SessionLock) PID() uint32 { return l.pid }
 
 // Done returns a channel that is closed when the lock ends: when its
-// connection fails a check (the backend was terminated, the network broke,
-// the server restarted, the backend changed), or when Unlock is called. Err
-// says which. After a loss another session may already hold the lock; stop
-// the work the lock was guarding.
-//
-// Done is advisory, like every "am I still the holder?" answer: the
-// connection can die right after a successful check, and a check runs only
-// every PingInterval.
+// connection fails a check or when Unlock is called; Err says which. After a
+// loss another session may already hold the lock: stop the work. Done is
+// advisory: the connection can die right after a successful check.
 func (l *SessionLock) Done() <-chan struct{} { return l.done }
 
 // Err returns nil while the lock is held, a [*LostError] (matching [ErrLost])

@@ -25,30 +25,18 @@ const rollbackTimeout = 10 * time.Second
 // advisory lock on key in mode (pg_advisory_xact_lock or
 // pg_advisory_xact_lock_shared), waiting for the lock as long as ctx allows.
 // When fn returns nil the transaction commits; when fn returns an error or
-// panics it rolls back (and the panic is re-raised after the rollback). The
-// lock is released by PostgreSQL when the transaction ends, in every case:
-// there is no unlock call to forget and no way to leak the lock.
+// panics it rolls back (and the panic is re-raised). PostgreSQL releases the
+// lock when the transaction ends, in every case.
 //
-// This is the right advisory lock when every write it protects is made through
-// tx: the lock and the writes commit or vanish together, so no other holder
-// can interleave with them and nothing outlives a crash. It is not a lease: no
-// fencing token is needed, because a holder that pauses still holds the lock
-// (its transaction is open) and one whose connection dies loses the writes too.
-// Writes made outside tx (another connection, an HTTP call, a file) are not
-// protected by it; use a lease with fenced writes (package pglock) for those.
+// Only writes made through tx are protected: the lock and they commit or
+// vanish together, and no fencing token is needed. Writes made elsewhere need
+// a lease with fenced writes (package pglock). Xact works through poolers in
+// transaction mode. Keep the transaction short: it holds a connection.
 //
-// Because lock and work share one transaction, Xact works through PgBouncer
-// and other poolers in transaction mode, which keep a client on one server
-// connection for the length of a transaction. Keep the transaction short:
-// it holds a connection (and a pooler's server connection) for its lifetime.
-//
-// If ctx ends while Xact waits for the lock, pgx sends a cancel request and
-// closes the connection (its default behaviour): the server abandons the wait
-// and the transaction, nothing is held, fn is not called, and the error
-// matches ctx.Err(). fn receives tx only; use the
-// caller's ctx for its statements. When db is a pgx.Tx, fn runs in a savepoint:
-// an error rolls back to the savepoint (releasing the lock), success keeps the
-// lock until the outer transaction ends.
+// If ctx ends while Xact waits for the lock, pgx closes the connection:
+// nothing is held, fn is not called, and the error matches ctx.Err(). fn
+// should use the caller's ctx for its statements. When db is a pgx.Tx, fn
+// runs in a savepoint and the lock lasts until the outer transaction ends.
 //
 // The error is fn's own error (unchanged, so errors.Is works on it), or an
 // error from beginning, locking or committing.
@@ -118,10 +106,8 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 
 // LockTx takes the transaction-scoped advisory lock on key in mode inside a
 // transaction the caller already has, waiting as long as ctx allows. The lock
-// is released when tx commits or rolls back; there is no unlock. Use it when
-// the transaction is managed elsewhere (a framework, a unit of work); [Xact]
-// is the same with the transaction handled for you, and the same rules apply:
-// only writes made through tx are protected.
+// is released when tx ends; there is no unlock. As with [Xact], only writes
+// made through tx are protected.
 //
 // If ctx ends while waiting, pgx cancels the wait and closes the connection,
 // so tx is unusable afterwards; the error matches ctx.Err(). If the session's
