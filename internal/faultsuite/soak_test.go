@@ -292,6 +292,19 @@ func TestSoak(t *testing.T) {
 		}
 		time.Sleep(time.Duration(100+rand.IntN(300)) * time.Millisecond)
 	}
+	// On a starved machine the workers may have had no session open at any
+	// of the random attempts: keep trying while they still run, so that the
+	// soak does exercise a termination.
+	for terminated == 0 && time.Since(start) < dur-500*time.Millisecond {
+		killAttempts++
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM (
+			SELECT pid FROM pg_stat_activity WHERE application_name = 'pgfence-soak' ORDER BY random() LIMIT 1) s`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		terminated += n
+		time.Sleep(20 * time.Millisecond)
+	}
 	admin.Close(ctx)
 	pausing.Wait()
 
