@@ -97,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions per configuration (at least 3 for a median)")
 	fs.StringVar(&clients, "clients", "1,8,32", "comma-separated client counts")
 	fs.IntVar(&cfg.jobs, "jobs", 0, "jobs per burn-down repetition in B4 (default 10000, 1500 with --quick)")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,P1,P2,M); default all")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,O1,P1,P2,M); default all")
 	fs.BoolVar(&cfg.noEtcd, "no-etcd", false, "skip P1 even if etcd is installed")
 	fs.BoolVar(&cfg.noRedis, "no-redis", false, "skip P2 even if redis-server is installed")
 	fs.DurationVar(&cfg.b5TTL, "b5-ttl", time.Second, "lease TTL of the killed holder in B5")

@@ -69,6 +69,9 @@ const (
 	RowsDeadTotal       = "pgfence_rows_dead_total"
 	ClaimsLostTotal     = "pgfence_claims_lost_total"
 	ClaimSeconds        = "pgfence_claim_seconds"
+
+	OutboxDeliveriesTotal = "pgfence_outbox_deliveries_total"
+	OutboxDeliverySeconds = "pgfence_outbox_delivery_seconds"
 )
 
 // Label values used with the metrics above.
@@ -89,6 +92,10 @@ const (
 	RejectAlreadyApplied = "already_applied"
 	RejectNotFound       = "not_found"
 	RejectGuard          = "guard"
+
+	DeliveryDelivered = "delivered"
+	DeliveryFailed    = "failed"
+	DeliveryPermanent = "permanent"
 )
 
 // Catalog lists every metric pgfence records.
@@ -107,4 +114,6 @@ var Catalog = []Def{
 	{RowsDeadTotal, Counter, "Rows that went to the dead state after their last attempt, by queue.", []string{"queue"}},
 	{ClaimsLostTotal, Counter, "Complete/fail/heartbeat refused because the claim expired and was taken over, by queue.", []string{"queue"}},
 	{ClaimSeconds, Histogram, "Time of one claim statement, by queue.", []string{"queue"}},
+	{OutboxDeliveriesTotal, Counter, "Outbox delivery attempts, by topic and outcome (delivered, failed: retried or dead after the last attempt, permanent: dead at once).", []string{"topic", "outcome"}},
+	{OutboxDeliverySeconds, Histogram, "Time of one outbox delivery attempt (the handler's call), by topic.", []string{"topic"}},
 }

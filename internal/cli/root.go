@@ -136,6 +136,7 @@ run: 126 command not executable, 127 command not found, else the command's statu
 		a.genCommand(),
 		a.advisoryCommand(),
 		a.jobsCommand(),
+		a.outboxCommand(),
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)

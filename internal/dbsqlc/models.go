@@ -140,3 +140,40 @@ type PgfenceLockStatus struct {
 	SecondsSinceGrant pgtype.Numeric
 	Metadata          []byte
 }
+
+// Side-effect intents recorded by lock holders in their own transaction, each only while its token is the latest grant of its lock. Delivered at least once, with the idempotency key, through the pgfence.jobs row of the same id (queue outbox:<topic>). Kept after delivery (the key stays taken) until the application deletes it. See pgfence.outbox_status.
+type PgfenceOutbox struct {
+	// Intent id: the id of the pgfence.jobs row that delivers it (no foreign key: the job may be pruned first).
+	ID int64
+	// Kind of side effect (email, payment, ...): 1..100 bytes of ASCII letters, digits and . _ : / -. Dispatchers deliver one topic each.
+	Topic string
+	// Idempotency key, unique across the outbox: 1..255 visible ASCII characters. A second intent with the same key is not recorded (the first wins). Sent to the receiver, which deduplicates by it.
+	IdempotencyKey string
+	// Lock whose grant authorised the intent (pgfence.locks.name).
+	LockName string
+	// Fencing token of that grant: the lock's latest token when the intent committed.
+	Token int64
+	// What to send, as JSON, opaque to pgfence.
+	Payload []byte
+	// Database time of the insert.
+	CreatedAt time.Time
+}
+
+// pgfence.outbox per topic, on the database clock: intents pending (due, not claimed), waiting for a retry, in flight (claimed by a dispatcher), with an expired claim (a dispatcher died or stalled), delivered, dead (gave up after max_attempts, or refused permanently), and the age of the oldest undelivered intent. Reads every intent.
+type PgfenceOutboxStatus struct {
+	Topic string
+	// Intents due for delivery and not claimed.
+	Pending int64
+	// Intents whose last attempt failed, waiting for their retry (or scheduled for later).
+	RetryWaiting int64
+	// Intents claimed by a dispatcher whose claim has not expired.
+	InFlight int64
+	// Intents claimed by a dispatcher that died or stalled: the next claim takes them over.
+	ExpiredClaims int64
+	Delivered     int64
+	// Intents that will not be delivered: every attempt failed, or the receiver refused them permanently. Needs a human.
+	Dead int64
+	// Seconds since the oldest intent not yet delivered (nor dead) was recorded; NULL if none.
+	OldestUndeliveredSeconds pgtype.Numeric
+	MaxAttemptsUndelivered   interface{}
+}

@@ -1,0 +1,36 @@
+// Package outbox sends side effects that cannot check a fencing token (an
+// email, a payment, a call to another company's API) at most once per
+// idempotency key, and never on behalf of a superseded lock holder.
+//
+// A fenced write protects a row: the storage refuses a token older than the
+// row's fence. An email has no fence. So the holder does not send it; it
+// records an intent with [Enqueue], in the same transaction as its fenced
+// writes, and a [Dispatcher] sends it after the commit.
+//
+// [Enqueue] records the intent only if the token is the latest grant of its
+// lock (the rule of the guard trigger of package fencedwrite): a holder that
+// paused past its lease while another was granted the lock is refused with
+// [ErrStaleToken] (the same sentinel as a refused fenced write), a forged
+// token with [ErrTokenNotIssued], and nothing is recorded. The database
+// checks the token again when the transaction commits, with the lock row
+// locked until the commit ends, so no grant can slip in between.
+//
+// Each intent carries an idempotency key, unique across the outbox: a second
+// intent with the same key is not recorded ([Result].Duplicate tells the
+// caller, with the first intent's id and token).
+//
+// A [Dispatcher] delivers the intents of one topic to a [Handler] at least
+// once, with the key and the attempt number ([Delivery]), using leased
+// claims of package skiplocked: retries with backoff and jitter
+// ([DefaultBackoff]), dead after the last attempt or at once on
+// [Permanent], LISTEN/NOTIFY wake-ups with polling as a fallback, graceful
+// shutdown and metrics through package observe. At least once means a
+// handler may run twice for one intent (a dispatcher that dies after
+// sending but before recording success); the receiving system deduplicates
+// by key, and at-least-once delivery plus deduplication by key gives one
+// effect. No delivery order is guaranteed. [NewHTTPHandler] is a Handler for
+// HTTP receivers that follow the Idempotency-Key header convention.
+//
+// [Status] and the pgfence.outbox_status view count intents per topic:
+// pending, waiting for a retry, in flight, delivered, dead.
+package outbox

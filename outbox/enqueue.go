@@ -1,0 +1,188 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/pglock"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+// Limits checked before anything is sent to the database (the table's CHECK
+// constraints say the same).
+const (
+	// MaxTopicBytes is the longest topic, in bytes.
+	MaxTopicBytes = 100
+	// MaxKeyBytes is the longest idempotency key, in bytes.
+	MaxKeyBytes = 255
+	// MaxPayloadBytes is the largest payload, in bytes: intents carry
+	// references to large data, not the data.
+	MaxPayloadBytes = 1 << 20
+	// QueuePrefix starts the name of the pgfence.jobs queue that delivers a
+	// topic: "outbox:" + topic.
+	QueuePrefix = "outbox:"
+)
+
+// DBTX is what the functions of this package need to run a statement: a
+// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+var queries = dbsqlc.New()
+
+// Intent is one side effect to record.
+type Intent struct {
+	// LockName is the lock whose lease authorises the effect.
+	LockName string
+	// Topic says which [Dispatcher] delivers it: 1..[MaxTopicBytes] bytes of
+	// ASCII letters, digits and . _ : / -.
+	Topic string
+	// Key is the idempotency key, unique across the outbox and sent to the
+	// receiver: 1..[MaxKeyBytes] visible ASCII characters. Derive it from
+	// the business operation ("settle:store-7:2024-06-01"), not from the
+	// attempt, so that every holder that tries the same effect uses the same
+	// key.
+	Key string
+	// Payload is what to send, as JSON (at most [MaxPayloadBytes]).
+	Payload json.RawMessage
+	// MaxAttempts is the number of delivery attempts before the intent is
+	// dead. Defaults to [skiplocked.DefaultMaxAttempts].
+	MaxAttempts int
+	// NotBefore delays the first delivery. Defaults to now (database clock).
+	NotBefore time.Time
+}
+
+// Result says what [Enqueue] did.
+type Result struct {
+	// ID is the intent's id (also the id of the pgfence.jobs row that
+	// delivers it).
+	ID int64
+	// Duplicate is true when an intent with the same key was already
+	// recorded: nothing new was recorded, and the other fields describe that
+	// first intent, which is the one delivered.
+	Duplicate bool
+	// Topic, LockName and Token are those of the recorded intent.
+	Topic    string
+	LockName string
+	Token    int64
+	// CreatedAt is the database time the intent was recorded.
+	CreatedAt time.Time
+}
+
+func (in Intent) check(token int64) error {
+	if token <= 0 {
+		return fmt.Errorf("%w: %d", ErrInvalidToken, token)
+	}
+	if err := pglock.ValidateName(in.LockName); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidLockName, err)
+	}
+	if err := ValidateTopic(in.Topic); err != nil {
+		return err
+	}
+	if err := ValidateKey(in.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(in.Payload) == 0:
+		return fmt.Errorf("%w: empty (key %s); send {} for no data", ErrInvalidPayload, in.Key)
+	case len(in.Payload) > MaxPayloadBytes:
+		return fmt.Errorf("%w: %d bytes (key %s), the limit is %d", ErrInvalidPayload, len(in.Payload), in.Key, MaxPayloadBytes)
+	case !json.Valid(in.Payload):
+		return fmt.Errorf("%w: not valid JSON (key %s)", ErrInvalidPayload, in.Key)
+	}
+	if in.MaxAttempts < 0 || in.MaxAttempts > skiplocked.MaxMaxAttempts {
+		return fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidIntent, in.MaxAttempts, skiplocked.MaxMaxAttempts)
+	}
+	return nil
+}
+
+// ValidateTopic reports whether topic is acceptable: 1..[MaxTopicBytes] bytes
+// of ASCII letters, digits and . _ : / -.
+func ValidateTopic(topic string) error {
+	if topic == "" || len(topic) > MaxTopicBytes {
+		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidTopic, len(topic), MaxTopicBytes)
+	}
+	for i := 0; i < len(topic); i++ {
+		c := topic[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '/' || c == '-') {
+			return fmt.Errorf("%w: %q: byte %d is %q; use ASCII letters, digits and . _ : / -", ErrInvalidTopic, cutForError(topic), i, c)
+		}
+	}
+	return nil
+}
+
+// ValidateKey reports whether key is acceptable as an idempotency key:
+// 1..[MaxKeyBytes] visible ASCII characters (no space, no control
+// character: it is sent as an HTTP header).
+func ValidateKey(key string) error {
+	if key == "" || len(key) > MaxKeyBytes {
+		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidKey, len(key), MaxKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < '!' || c > '~' {
+			return fmt.Errorf("%w: %q: byte %d is not visible ASCII", ErrInvalidKey, cutForError(key), i)
+		}
+	}
+	return nil
+}
+
+func cutForError(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// Enqueue records in into the outbox, run on db: pass the transaction of the
+// writes the effect belongs to, so that the intent commits with them or not
+// at all. It is recorded only if token is the latest grant of in.LockName.
+//
+// A superseded holder (a newer grant exists) gets a [*RefusedError] matching
+// [ErrStaleToken] (which is [fencedwrite.ErrStaleToken]); a token the lock
+// never issued, or a lock that does not exist, one matching
+// [ErrTokenNotIssued]. Nothing is recorded then. The check runs again when
+// the transaction commits, with the lock row locked until the commit ends:
+// if a grant committed in between, the COMMIT fails (SQLSTATE PF003; see
+// [TranslateError]) and nothing of the transaction is recorded.
+//
+// If an intent with in.Key exists, nothing is recorded and the Result
+// describes that intent with Duplicate set: the first intent wins.
+//
+// Bad input is refused before any SQL runs, with an error matching
+// [ErrInvalidToken], [ErrInvalidLockName], [ErrInvalidTopic],
+// [ErrInvalidKey], [ErrInvalidPayload], [ErrInvalidIntent] or [ErrNilDB].
+func Enqueue(ctx context.Context, db DBTX, token int64, in Intent) (Result, error) {
+	if nilcheck.IsNil(db) {
+		return Result{}, fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", ErrNilDB)
+	}
+	if err := in.check(token); err != nil {
+		return Result{}, err
+	}
+	attempts := in.MaxAttempts
+	if attempts == 0 {
+		attempts = skiplocked.DefaultMaxAttempts
+	}
+	arg := dbsqlc.OutboxEnqueueParams{
+		LockName: in.LockName, Token: token, Topic: in.Topic, IdempotencyKey: in.Key,
+		Payload: in.Payload, MaxAttempts: int32(attempts),
+	}
+	if !in.NotBefore.IsZero() {
+		arg.RunAt = &in.NotBefore
+	}
+	row, err := queries.OutboxEnqueue(ctx, db, arg)
+	if err != nil {
+		return Result{}, translate("enqueue", in.LockName, err)
+	}
+	return Result{ID: row.ID, Duplicate: row.Duplicate, Topic: row.Topic, LockName: row.LockName, Token: row.Token,
+		CreatedAt: row.CreatedAt}, nil
+}

@@ -1,0 +1,180 @@
+package outbox_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/outbox"
+)
+
+func intent(key string) outbox.Intent {
+	return outbox.Intent{LockName: "settle:store-7", Topic: "payments", Key: key, Payload: json.RawMessage(`{"amount":100}`)}
+}
+
+// TestEnqueueFenced: the latest token records; the same key again is a
+// duplicate that reports the first intent; a superseded token is refused as
+// a stale fenced write, a forged one as not issued, and nothing is recorded.
+func TestEnqueueFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.grant(t, "settle:store-7")
+
+	r, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day1"))
+	if err != nil || r.Duplicate || r.ID == 0 || r.Token != old.Token() || r.Topic != "payments" {
+		t.Fatalf("first enqueue: %+v, %v", r, err)
+	}
+	again, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), outbox.Intent{LockName: "settle:store-7", Topic: "payments",
+		Key: "settle:7:day1", Payload: json.RawMessage(`{"amount":999}`)})
+	if err != nil || !again.Duplicate || again.ID != r.ID || again.Token != old.Token() {
+		t.Fatalf("same key again: %+v, %v; want a duplicate of %d", again, err, r.ID)
+	}
+
+	cur := b.regrant(t, old)
+	_, err = outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day2"))
+	var refused *outbox.RefusedError
+	var stale *fencedwrite.StaleTokenError
+	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.Is(err, outbox.ErrStaleToken) ||
+		!errors.As(err, &refused) || !errors.As(err, &stale) {
+		t.Fatalf("stale token: %v (%T), want a RefusedError matching fencedwrite.ErrStaleToken", err, err)
+	}
+	if refused.Token != old.Token() || refused.Latest != cur.Token() || refused.Key != "settle:7:day2" || stale.Fence != cur.Token() {
+		t.Errorf("stale refusal %+v / %+v, want token %d latest %d key settle:7:day2", refused, stale, old.Token(), cur.Token())
+	}
+	// A stale holder is refused even for a key already recorded.
+	if _, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day1")); !errors.Is(err, outbox.ErrStaleToken) {
+		t.Fatalf("stale token, existing key: %v", err)
+	}
+	for _, c := range []struct {
+		lock  string
+		token int64
+	}{{"settle:store-7", cur.Token() + 1}, {"settle:store-7", 1 << 62}, {"no such lock", 1}} {
+		in := intent("settle:7:forged")
+		in.LockName = c.lock
+		_, err := outbox.Enqueue(b.ctx, b.pool, c.token, in)
+		if !errors.Is(err, outbox.ErrTokenNotIssued) || !errors.As(err, &refused) || refused.Token != c.token || refused.LockName != c.lock {
+			t.Fatalf("forged token %d on %q: %v, want ErrTokenNotIssued", c.token, c.lock, err)
+		}
+	}
+	if n, jobs := b.counts(t); n != 1 || jobs != 1 {
+		t.Fatalf("%d intents and %d jobs recorded, want 1 and 1", n, jobs)
+	}
+	if r, err := outbox.Enqueue(b.ctx, b.pool, cur.Token(), intent("settle:7:day2")); err != nil || r.Duplicate || r.Token != cur.Token() {
+		t.Fatalf("current holder: %+v, %v", r, err)
+	}
+}
+
+// TestEnqueueRefusedAtCommit: a grant that commits after Enqueue returned
+// but before the holder's COMMIT makes the COMMIT fail; nothing of the
+// transaction is recorded.
+func TestEnqueueRefusedAtCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := b.grant(t, "settle:store-7")
+	if _, err := b.pool.Exec(b.ctx, "CREATE TABLE settlements (id int PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if _, err := tx.Exec(b.ctx, "INSERT INTO settlements VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.Enqueue(b.ctx, tx, old.Token(), intent("settle:7:day1")); err != nil {
+		t.Fatal(err)
+	}
+	// The transaction holds no lock on the lock row yet: the next grant is
+	// not held back by it.
+	cur := b.regrant(t, old)
+	err = outbox.TranslateError(tx.Commit(b.ctx))
+	var refused *outbox.RefusedError
+	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.As(err, &refused) || refused.Latest != cur.Token() {
+		t.Fatalf("commit after a newer grant: %v, want a stale-token refusal", err)
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM settlements").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("settlements: %d, %v; want the transaction rolled back", n, err)
+	}
+	if n, jobs := b.counts(t); n != 0 || jobs != 0 {
+		t.Fatalf("%d intents and %d jobs recorded, want none", n, jobs)
+	}
+}
+
+// TestEnqueueBadInput: every bad input gets its typed error before any SQL
+// runs, and nothing is recorded. SQL-looking text is data: as a lock name or
+// key it is stored verbatim (bind parameters).
+func TestEnqueueBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := b.grant(t, "settle:store-7")
+	tok := l.Token()
+	with := func(f func(*outbox.Intent)) outbox.Intent {
+		in := intent("k-1")
+		f(&in)
+		return in
+	}
+	cases := []struct {
+		name  string
+		token int64
+		in    outbox.Intent
+		want  error
+	}{
+		{"token 0", 0, intent("k-1"), outbox.ErrInvalidToken},
+		{"negative token", -5, intent("k-1"), outbox.ErrInvalidToken},
+		{"empty topic", tok, with(func(in *outbox.Intent) { in.Topic = "" }), outbox.ErrInvalidTopic},
+		{"huge topic", tok, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", outbox.MaxTopicBytes+1) }), outbox.ErrInvalidTopic},
+		{"SQL-looking topic", tok, with(func(in *outbox.Intent) { in.Topic = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrInvalidTopic},
+		{"non-ASCII topic", tok, with(func(in *outbox.Intent) { in.Topic = "paiements-é" }), outbox.ErrInvalidTopic},
+		{"empty key", tok, with(func(in *outbox.Intent) { in.Key = "" }), outbox.ErrInvalidKey},
+		{"huge key", tok, with(func(in *outbox.Intent) { in.Key = strings.Repeat("k", outbox.MaxKeyBytes+1) }), outbox.ErrInvalidKey},
+		{"key with a space", tok, with(func(in *outbox.Intent) { in.Key = "a b" }), outbox.ErrInvalidKey},
+		{"key with a newline", tok, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), outbox.ErrInvalidKey},
+		{"nil payload", tok, with(func(in *outbox.Intent) { in.Payload = nil }), outbox.ErrInvalidPayload},
+		{"invalid JSON", tok, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
+		{"huge payload", tok, with(func(in *outbox.Intent) {
+			in.Payload = json.RawMessage(`"` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"`)
+		}), outbox.ErrInvalidPayload},
+		{"empty lock name", tok, with(func(in *outbox.Intent) { in.LockName = "" }), outbox.ErrInvalidLockName},
+		{"huge lock name", tok, with(func(in *outbox.Intent) { in.LockName = strings.Repeat("l", 513) }), outbox.ErrInvalidLockName},
+		{"lock name with NUL", tok, with(func(in *outbox.Intent) { in.LockName = "a\x00b" }), outbox.ErrInvalidLockName},
+		{"negative max attempts", tok, with(func(in *outbox.Intent) { in.MaxAttempts = -1 }), outbox.ErrInvalidIntent},
+		{"huge max attempts", tok, with(func(in *outbox.Intent) { in.MaxAttempts = 1 << 30 }), outbox.ErrInvalidIntent},
+		{"forged token", tok + 100, intent("k-1"), outbox.ErrTokenNotIssued},
+		{"SQL-looking lock name (no such lock)", 1, with(func(in *outbox.Intent) { in.LockName = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrTokenNotIssued},
+	}
+	for _, c := range cases {
+		if _, err := outbox.Enqueue(b.ctx, b.pool, c.token, c.in); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	var nilPool *pgxpool.Pool
+	var nilTx pgx.Tx
+	for _, db := range []outbox.DBTX{nil, nilPool, nilTx} {
+		if _, err := outbox.Enqueue(b.ctx, db, tok, intent("k-1")); !errors.Is(err, outbox.ErrNilDB) {
+			t.Errorf("nil db %T: %v, want ErrNilDB", db, err)
+		}
+	}
+	if _, err := outbox.Status(b.ctx, nilPool); !errors.Is(err, outbox.ErrNilDB) {
+		t.Errorf("Status(nil): %v", err)
+	}
+	if n, jobs := b.counts(t); n != 0 || jobs != 0 {
+		t.Fatalf("bad input recorded %d intents and %d jobs", n, jobs)
+	}
+	// SQL-looking text where any visible ASCII is allowed: stored verbatim.
+	key := `k';DROP_TABLE_pgfence.outbox;--`
+	r, err := outbox.Enqueue(b.ctx, b.pool, tok, intent(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored string
+	if err := b.pool.QueryRow(b.ctx, "SELECT idempotency_key FROM pgfence.outbox WHERE id = $1", r.ID).Scan(&stored); err != nil || stored != key {
+		t.Fatalf("stored key %q, %v", stored, err)
+	}
+}

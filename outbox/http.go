@@ -1,0 +1,133 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Headers the HTTP helper sends with every attempt.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key" // the intent's key
+	HeaderToken          = "Pgfence-Token"   // the fencing token that authorised the intent
+	HeaderTopic          = "Pgfence-Topic"
+	HeaderIntentID       = "Pgfence-Intent-Id"
+	HeaderAttempt        = "Pgfence-Attempt" // 1, 2, ...
+)
+
+// MaxHTTPTimeout is the longest [HTTPConfig].Timeout.
+const MaxHTTPTimeout = 10 * time.Minute
+
+// HTTPConfig configures [NewHTTPHandler].
+type HTTPConfig struct {
+	// URL receives a POST per attempt; http or https.
+	URL string
+	// Client sends the requests. Defaults to a client that does not follow
+	// redirects (a redirect answer is a failed attempt): a followed 301,
+	// 302 or 303 would turn the POST into a GET.
+	Client *http.Client
+	// Timeout bounds one attempt, from connecting to the end of the answer;
+	// a timeout is a failed attempt, retried. 1ms..[MaxHTTPTimeout].
+	// Defaults to 10s. Keep it well below the dispatcher's ClaimTTL.
+	Timeout time.Duration
+	// Header is added to every request (authorization, for example).
+	Header http.Header
+	// Permanent says which answers send the intent to dead at once instead
+	// of retrying it. Defaults to [PermanentStatus].
+	Permanent func(status int) bool
+}
+
+// PermanentStatus is the default [HTTPConfig].Permanent: only 422
+// Unprocessable Content, which receivers following the Idempotency-Key
+// convention send when a key is reused with a different payload. A retry
+// cannot fix that.
+func PermanentStatus(status int) bool { return status == http.StatusUnprocessableEntity }
+
+// HTTPStatusError is a failed attempt's answer: a status other than 2xx.
+type HTTPStatusError struct {
+	StatusCode int
+	Body       string // the start of the answer's body (at most 512 bytes)
+}
+
+// Error names the status and the start of the body.
+func (e *HTTPStatusError) Error() string {
+	return fmt.Sprintf("outbox: receiver answered %d %s: %q", e.StatusCode, http.StatusText(e.StatusCode), e.Body)
+}
+
+// NewHTTPHandler returns a [Handler] that POSTs each intent's payload (as
+// application/json) to cfg.URL with headers Idempotency-Key (the key),
+// Pgfence-Token, Pgfence-Topic, Pgfence-Intent-Id and Pgfence-Attempt. The
+// answer decides:
+//
+//   - 2xx: delivered.
+//   - 422 (by default, see [HTTPConfig].Permanent): dead at once, never
+//     retried.
+//   - Any other status, 409 included, a timeout or a connection error: the
+//     attempt failed and is retried after the backoff (dead after the last
+//     one). 409 Conflict is what receivers answer while a request with the
+//     same key is still being processed: done only if that request
+//     succeeds, so the retry asks again.
+//
+// At most 64 KiB of an answer's body is read. The receiver must apply each
+// key's effect once and answer 2xx to a repeated key it has already applied.
+func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: URL %q: want an http or https URL", ErrInvalidConfig, cutForError(cfg.URL))
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Timeout < time.Millisecond || cfg.Timeout > MaxHTTPTimeout {
+		return nil, fmt.Errorf("%w: HTTP timeout %s not in 1ms..%s", ErrInvalidConfig, cfg.Timeout, MaxHTTPTimeout)
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	}
+	if cfg.Permanent == nil {
+		cfg.Permanent = PermanentStatus
+	}
+	target := u.String()
+	header := cfg.Header.Clone()
+	return func(ctx context.Context, d Delivery) error {
+		ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(d.Payload))
+		if err != nil {
+			return Permanent(err)
+		}
+		for k, vs := range header {
+			req.Header[k] = append([]string(nil), vs...)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(HeaderIdempotencyKey, d.Key)
+		req.Header.Set(HeaderToken, strconv.FormatInt(d.Token, 10))
+		req.Header.Set(HeaderTopic, d.Topic)
+		req.Header.Set(HeaderIntentID, strconv.FormatInt(d.ID, 10))
+		req.Header.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+		resp, err := cfg.Client.Do(req)
+		if err != nil {
+			return fmt.Errorf("outbox: POST %s: %w", u.Redacted(), err)
+		}
+		defer resp.Body.Close()
+		body := io.LimitReader(resp.Body, 64<<10)
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			_, _ = io.Copy(io.Discard, body) // lets the connection be reused
+			return nil
+		}
+		head := make([]byte, 512)
+		n, _ := io.ReadFull(body, head)
+		_, _ = io.Copy(io.Discard, body)
+		serr := &HTTPStatusError{StatusCode: resp.StatusCode, Body: strings.ToValidUTF8(string(head[:n]), "?")}
+		if cfg.Permanent(resp.StatusCode) {
+			return Permanent(serr)
+		}
+		return serr
+	}, nil
+}
