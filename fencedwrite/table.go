@@ -35,7 +35,7 @@ type Spec struct {
 	// Mode is the comparison of Update and Upsert. Defaults to [Strict].
 	Mode Mode
 	// Metrics receives pgfence_fenced_writes_total and
-	// pgfence_fenced_write_rejected_total{reason} for this table's writes
+	// pgfence_fenced_write_refused_total{reason} for this table's writes
 	// (see package observe). Defaults to nil: nothing is recorded.
 	Metrics observe.Metrics
 	// Logger receives one line per refused write (Info: table, operation,
@@ -308,17 +308,17 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	var reason string
 	switch {
 	case errors.Is(err, ErrStaleToken):
-		reason = observe.RejectStale
+		reason = observe.RefusedStale
 	case errors.Is(err, ErrAlreadyApplied):
-		reason = observe.RejectAlreadyApplied
+		reason = observe.RefusedAlreadyApplied
 	case errors.Is(err, ErrNotFound):
-		reason = observe.RejectNotFound
+		reason = observe.RefusedNotFound
 	case errors.Is(err, ErrGuardRejected):
-		reason = observe.RejectGuard
+		reason = observe.RefusedGuard
 	default:
 		return err
 	}
-	m.Add(observe.FencedRejectedTotal, 1, reason)
+	m.Add(observe.FencedRefusedTotal, 1, reason)
 	if log != nil {
 		log.InfoContext(ctx, "fencedwrite: write refused", "table", t.spec.Table, "op", op, "token", token, "reason", reason, "err", err)
 	}

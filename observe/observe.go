@@ -62,7 +62,7 @@ const (
 	LeaseRenewalsTotal  = "pgfence_lease_renewals_total"
 	LeaderChangesTotal  = "pgfence_leader_changes_total"
 	FencedWritesTotal   = "pgfence_fenced_writes_total"
-	FencedRejectedTotal = "pgfence_fenced_write_rejected_total"
+	FencedRefusedTotal  = "pgfence_fenced_write_refused_total"
 	RowsClaimedTotal    = "pgfence_rows_claimed_total"
 	RowsCompletedTotal  = "pgfence_rows_completed_total"
 	RowsFailedTotal     = "pgfence_rows_failed_total"
@@ -88,10 +88,10 @@ const (
 	RenewRefused = "refused"
 	RenewError   = "error"
 
-	RejectStale          = "stale"
-	RejectAlreadyApplied = "already_applied"
-	RejectNotFound       = "not_found"
-	RejectGuard          = "guard"
+	RefusedStale          = "stale"
+	RefusedAlreadyApplied = "already_applied"
+	RefusedNotFound       = "not_found"
+	RefusedGuard          = "guard"
 
 	DeliveryDelivered = "delivered"
 	DeliveryFailed    = "failed"
@@ -107,12 +107,12 @@ var Catalog = []Def{
 	{LeaseRenewalsTotal, Counter, "Lease renewals by outcome (ok, refused, error).", []string{"outcome"}},
 	{LeaderChangesTotal, Counter, "Times this process started or stopped leading, by election name and change (started, stopped).", []string{"election", "change"}},
 	{FencedWritesTotal, Counter, "Fenced writes that changed a row.", nil},
-	{FencedRejectedTotal, Counter, "Fenced writes refused, by reason (stale, already_applied, not_found, guard).", []string{"reason"}},
+	{FencedRefusedTotal, Counter, "Fenced writes refused, by reason (stale, already_applied, not_found, guard).", []string{"reason"}},
 	{RowsClaimedTotal, Counter, "Rows claimed, by queue.", []string{"queue"}},
 	{RowsCompletedTotal, Counter, "Claimed rows completed, by queue.", []string{"queue"}},
 	{RowsFailedTotal, Counter, "Claimed rows failed (to be retried or dead), by queue.", []string{"queue"}},
 	{RowsDeadTotal, Counter, "Rows that went to the dead state after their last attempt, by queue.", []string{"queue"}},
-	{ClaimsLostTotal, Counter, "Complete/fail/heartbeat refused because the claim expired and was taken over, by queue.", []string{"queue"}},
+	{ClaimsLostTotal, Counter, "Complete/fail/renew refused because the claim expired and was taken over, by queue.", []string{"queue"}},
 	{ClaimSeconds, Histogram, "Time of one claim statement, by queue.", []string{"queue"}},
 	{OutboxDeliveriesTotal, Counter, "Outbox delivery attempts, by topic and outcome (delivered, failed: retried or dead after the last attempt, permanent: dead at once).", []string{"topic", "outcome"}},
 	{OutboxDeliverySeconds, Histogram, "Time of one outbox delivery attempt (the handler's call), by topic.", []string{"topic"}},

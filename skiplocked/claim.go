@@ -21,7 +21,7 @@ type ClaimParams struct {
 	// Limit is the most rows to claim, 1..[MaxBatch].
 	Limit int
 	// TTL is how long the claims last on the database clock,
-	// [MinClaimTTL]..[MaxClaimTTL]. Extend them with [Heartbeat].
+	// [MinClaimTTL]..[MaxClaimTTL]. Extend them with [Renew].
 	TTL time.Duration
 }
 

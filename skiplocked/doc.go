@@ -14,7 +14,7 @@
 //
 // Leased claims, for longer work: [Claim] marks up to Limit jobs of
 // pgfence.jobs as running, each with a new, larger claim token and a claim
-// expiry on the database clock. [Complete], [Fail], [Heartbeat] and [Release]
+// expiry on the database clock. [Complete], [Fail], [Renew] and [Release]
 // (and their batch forms) are conditional on (job id, claim token): once an
 // expired claim is re-claimed, the first worker's calls change nothing and
 // return a [*ClaimLostError] ([ErrClaimLost]). They are idempotent: a retry
@@ -31,7 +31,7 @@
 // Jobs are inserted with [Enqueue] and [EnqueueMany]; an insert sends NOTIFY
 // on [NotifyChannel] when it commits. A [Worker] runs a [TxHandler]
 // ([NewTxWorker], exactly once) or a [Handler] ([NewWorker]) over a queue
-// with a [Config]: concurrency, batch size, heartbeats, LISTEN/NOTIFY wake-ups
+// with a [Config]: concurrency, batch size, renewals, LISTEN/NOTIFY wake-ups
 // with a polling fallback (or polling only, for PgBouncer transaction
 // pooling), graceful shutdown, and a hook for lost claims. [Worker.Run] runs
 // until cancelled; [Worker.Drain] runs a finite batch until its queue is

@@ -96,7 +96,7 @@ const (
 	OutcomeExpired = "expired"
 )
 
-// ClaimLostError reports that a conditional Complete, Fail, Heartbeat or
+// ClaimLostError reports that a conditional Complete, Fail, Renewal or
 // Release changed nothing because the job is no longer held under Token.
 type ClaimLostError struct {
 	// JobID is the job the caller tried to change.
@@ -141,13 +141,13 @@ func (e *ClaimLostError) Error() string {
 func (e *ClaimLostError) Is(target error) bool { return target == ErrClaimLost }
 
 // ClaimsLostError is the error of [CompleteMany], [ReleaseMany] and
-// [HeartbeatMany] when some of the claims changed nothing (lost, or the job
+// [RenewMany] when some of the claims changed nothing (lost, or the job
 // does not exist): a batch with a refused claim is never a plain success.
 // The other claims of the batch were applied (or had already been applied
 // under the same tokens: a retried batch is not a loss). errors.Is(err,
 // [ErrClaimLost]) reports true.
 type ClaimsLostError struct {
-	Op    string     // "complete", "release" or "heartbeat"
+	Op    string     // "complete", "release" or "renew"
 	Total int        // claims in the batch
 	Lost  []ClaimRef // the claims that changed nothing, in the caller's order
 	// Details says, for each claim of Lost (same order), what the job looks

@@ -185,8 +185,8 @@ func TestIdempotentOutcomes(t *testing.T) {
 	if err := skiplocked.Complete(ctx, pool, d.Ref()); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeFailed {
 		t.Fatalf("complete after fail: %v", err)
 	}
-	// A claim that ended cannot be heartbeated, even by its own worker.
-	if _, err := skiplocked.Heartbeat(ctx, pool, a.Ref(), time.Minute); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeCompleted {
+	// A claim that ended cannot be renewed, even by its own worker.
+	if _, err := skiplocked.Renew(ctx, pool, a.Ref(), time.Minute); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeCompleted {
 		t.Fatalf("heartbeat of a completed claim: %v", err)
 	}
 
@@ -230,7 +230,7 @@ func TestIdempotentOutcomes(t *testing.T) {
 	}
 }
 
-// TestHeartbeatSkipsLockedRows: a heartbeat never waits for a row lock (a
+// TestHeartbeatSkipsLockedRows: a renewal never waits for a row lock (a
 // completion in progress holds one until it commits): the locked claim is
 // neither extended nor reported lost, the others of the batch are extended.
 func TestHeartbeatSkipsLockedRows(t *testing.T) {
@@ -250,18 +250,18 @@ func TestHeartbeatSkipsLockedRows(t *testing.T) {
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	exp, lost, err := skiplocked.HeartbeatMany(hctx, pool, []skiplocked.ClaimRef{a.Ref(), b.Ref()}, time.Hour)
+	exp, lost, err := skiplocked.RenewMany(hctx, pool, []skiplocked.ClaimRef{a.Ref(), b.Ref()}, time.Hour)
 	if err != nil || len(lost) != 0 || len(exp) != 1 || exp[b.ID].IsZero() {
 		t.Fatalf("heartbeat with a locked row = %v, %v, %v; want only b extended, nothing lost, no wait", exp, lost, err)
 	}
-	if _, err := skiplocked.Heartbeat(hctx, pool, a.Ref(), time.Hour); err == nil || errors.Is(err, skiplocked.ErrClaimLost) {
+	if _, err := skiplocked.Renew(hctx, pool, a.Ref(), time.Hour); err == nil || errors.Is(err, skiplocked.ErrClaimLost) {
 		t.Fatalf("heartbeat of the locked row: %v, want a non-loss error", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var l *skiplocked.ClaimLostError
-	if _, err := skiplocked.Heartbeat(ctx, pool, a.Ref(), time.Hour); !errors.As(err, &l) || l.Outcome != skiplocked.OutcomeCompleted {
+	if _, err := skiplocked.Renew(ctx, pool, a.Ref(), time.Hour); !errors.As(err, &l) || l.Outcome != skiplocked.OutcomeCompleted {
 		t.Fatalf("heartbeat after the completion committed: %v", err)
 	}
 }
@@ -288,7 +288,7 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	var mu sync.Mutex
 	var calls int
 	cfg := &skiplocked.Config{
-		Holder: "A", ClaimTTL: time.Hour, HeartbeatInterval: 50 * time.Minute, PollInterval: 20 * time.Millisecond,
+		Holder: "A", ClaimTTL: time.Hour, RenewInterval: 50 * time.Minute, PollInterval: 20 * time.Millisecond,
 		OnClaimLost: func(_ context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -640,7 +640,7 @@ func TestQueueDepth(t *testing.T) {
 	}
 }
 
-// TestLostClaimReachesHandler: when a heartbeat finds the claim re-claimed,
+// TestLostClaimReachesHandler: when a renewal finds the claim re-claimed,
 // the handler's context cause carries the same fields as Complete's error
 // (current token, state, holder), and OnClaimLost is called once, after the
 // handler returned.
@@ -660,7 +660,7 @@ func TestLostClaimReachesHandler(t *testing.T) {
 		returned.Store(true)
 		return nil
 	}, &skiplocked.Config{
-		ClaimTTL: time.Hour, HeartbeatInterval: 50 * time.Millisecond, PollInterval: time.Hour,
+		ClaimTTL: time.Hour, RenewInterval: 50 * time.Millisecond, PollInterval: time.Hour,
 		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *skiplocked.ClaimLostError) {
 			if !returned.Load() {
 				err = nil // called before the handler returned

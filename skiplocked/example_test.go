@@ -78,7 +78,7 @@ func ExampleClaim() {
 		log.Fatal(err)
 	}
 	for _, j := range jobs {
-		// ... long work, calling skiplocked.Heartbeat(ctx, pool, j.Ref(), time.Minute) now and then ...
+		// ... long work, calling skiplocked.Renew(ctx, pool, j.Ref(), time.Minute) now and then ...
 		err := skiplocked.Complete(ctx, pool, j.Ref())
 		if errors.Is(err, skiplocked.ErrClaimLost) {
 			// The claim expired and another worker holds the job now:

@@ -90,7 +90,7 @@ type Job struct {
 	// claimed).
 	Holder string
 	// ClaimToken is the token of the latest leased claim (0 if never
-	// claimed). Pass [Job.Ref] to Complete, Fail, Heartbeat and Release.
+	// claimed). Pass [Job.Ref] to Complete, Fail, Renewal and Release.
 	ClaimToken int64
 	// ClaimExpiresAt is the database time the current claim ends; zero unless
 	// State is running.

@@ -133,8 +133,8 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	checkLost("complete", skiplocked.Complete(ctx, pool, a[0].Ref()))
 	_, err = skiplocked.Fail(ctx, pool, a[0].Ref(), skiplocked.FailParams{Error: "boom"})
 	checkLost("fail", err)
-	_, err = skiplocked.Heartbeat(ctx, pool, a[0].Ref(), time.Minute)
-	checkLost("heartbeat", err)
+	_, err = skiplocked.Renew(ctx, pool, a[0].Ref(), time.Minute)
+	checkLost("renew", err)
 	checkLost("release", skiplocked.Release(ctx, pool, a[0].Ref()))
 	lostRefs, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()})
 	var cl *skiplocked.ClaimsLostError
@@ -142,8 +142,8 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 		len(cl.Lost) != 1 || cl.Lost[0] != a[0].Ref() || cl.Total != 1 {
 		t.Fatalf("CompleteMany by A = %v, %v (a refused batch must be an error)", lostRefs, err)
 	}
-	if _, lostRefs, err = skiplocked.HeartbeatMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}, time.Minute); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
-		t.Fatalf("HeartbeatMany by A = %v, %v", lostRefs, err)
+	if _, lostRefs, err = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}, time.Minute); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
+		t.Fatalf("RenewMany by A = %v, %v", lostRefs, err)
 	}
 	if lostRefs, err = skiplocked.ReleaseMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
 		t.Fatalf("ReleaseMany by A = %v, %v", lostRefs, err)
@@ -265,7 +265,7 @@ func TestHeartbeatAndRelease(t *testing.T) {
 	if err != nil || len(js) != 2 {
 		t.Fatal(js, err)
 	}
-	exp, err := skiplocked.Heartbeat(ctx, pool, js[0].Ref(), time.Minute)
+	exp, err := skiplocked.Renew(ctx, pool, js[0].Ref(), time.Minute)
 	if err != nil || !exp.After(js[0].ClaimExpiresAt.Add(50*time.Second)) {
 		t.Fatalf("heartbeat = %v, %v", exp, err)
 	}

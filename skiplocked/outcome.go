@@ -53,18 +53,18 @@ func ReleaseMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef
 	})
 }
 
-// Heartbeat extends a claim to now() + ttl on the database clock, only if it
+// Renew extends a claim to now() + ttl on the database clock, only if it
 // is still held under ref.Token, and returns the new (advisory) expiry.
 // Otherwise it returns a [*ClaimLostError] or [ErrJobNotFound]; a claim that
 // already ended, even by your own Complete, counts as lost. It never waits for
 // a row lock: if another transaction holds the job's row, the claim is not
 // extended and the error is not [ErrClaimLost] (call again).
-func Heartbeat(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (time.Time, error) {
+func Renew(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (time.Time, error) {
 	if err := checkTTL(ttl); err != nil {
 		return time.Time{}, err
 	}
 	var exp time.Time
-	err := single(ctx, db, "heartbeat", ref, func(ids, tokens []int64) ([]int64, error) {
+	err := single(ctx, db, "renew", ref, func(ids, tokens []int64) ([]int64, error) {
 		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens})
 		done := make([]int64, len(rows))
 		for i, r := range rows {
@@ -79,22 +79,22 @@ func Heartbeat(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (t
 		return time.Time{}, err
 	}
 	if exp.IsZero() {
-		return time.Time{}, fmt.Errorf("skiplocked: heartbeat: job %d is locked by another transaction at the moment; "+
+		return time.Time{}, fmt.Errorf("skiplocked: renew: job %d is locked by another transaction at the moment; "+
 			"claim %d not extended (it is still held: call again)", ref.JobID, ref.Token)
 	}
 	return exp, nil
 }
 
-// HeartbeatMany extends many claims in one statement. It returns the new
+// RenewMany extends many claims in one statement. It returns the new
 // expiry of each extended job by id, and the refs that were lost with a
-// *[ClaimsLostError] (see [Heartbeat]). A claim whose row another transaction
+// *[ClaimsLostError] (see [Renew]). A claim whose row another transaction
 // has locked at that moment is skipped: neither in the map nor lost.
-func HeartbeatMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration) (map[int64]time.Time, []ClaimRef, error) {
+func RenewMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration) (map[int64]time.Time, []ClaimRef, error) {
 	if err := checkTTL(ttl); err != nil {
 		return nil, nil, err
 	}
 	exp := make(map[int64]time.Time, len(refs))
-	lost, err := conditional(ctx, db, "heartbeat", refs, func(ids, tokens []int64) ([]int64, error) {
+	lost, err := conditional(ctx, db, "renew", refs, func(ids, tokens []int64) ([]int64, error) {
 		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens})
 		done := make([]int64, len(rows))
 		for i, r := range rows {
@@ -189,7 +189,7 @@ func single(ctx context.Context, db DBTX, op string, ref ClaimRef, run func(ids,
 
 // alreadyDone reports whether a conditional op that changed nothing had in
 // fact already been applied under the same token: the claim ended with the
-// outcome op writes. A heartbeat is never "already done".
+// outcome op writes. A renewal is never "already done".
 func alreadyDone(op string, ref ClaimRef, e *ClaimLostError) bool {
 	if e == nil || e.CurrentToken != ref.Token {
 		return false
@@ -261,7 +261,7 @@ func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run f
 		if alreadyDone(op, r, e) {
 			continue
 		}
-		if op == "heartbeat" && e != nil && e.CurrentToken == r.Token && e.State == StateRunning {
+		if op == "renew" && e != nil && e.CurrentToken == r.Token && e.State == StateRunning {
 			continue // still held, its row locked for a moment: not extended this time
 		}
 		lost = append(lost, r)

@@ -86,7 +86,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1}), skiplocked.ErrInvalidToken},
 		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1}), skiplocked.ErrClaimLost},
 		{"heartbeat: zero TTL", func() error {
-			_, err := skiplocked.Heartbeat(ctx, pool, held[0].Ref(), 0)
+			_, err := skiplocked.Renew(ctx, pool, held[0].Ref(), 0)
 			return err
 		}(), skiplocked.ErrInvalidTTL},
 		{"fail: negative retry", func() error {

@@ -18,7 +18,7 @@ import (
 // attempt (retried after the backoff, dead when no attempts are left), or
 // [Permanent](err) to send it to dead at once.
 //
-// ctx is cancelled with cause [ErrClaimLost] when a heartbeat finds the claim
+// ctx is cancelled with cause [ErrClaimLost] when a renewal finds the claim
 // lost (another worker now holds the job: stop, nothing this worker writes
 // to pgfence.jobs will land), or with cause [ErrShutdown] when the worker's
 // shutdown timeout passes. A handler that returns an error after a shutdown
@@ -70,7 +70,7 @@ type Summary struct {
 	Released int64
 	// ClaimsLost is the number of claims lost: another worker re-claimed the
 	// job (or the claim ended otherwise) and this worker's outcome was
-	// refused, or never sent because a heartbeat found the loss first.
+	// refused, or never sent because a renewal found the loss first.
 	ClaimsLost int64
 	// Unknown is the number of outcomes that could not be written or
 	// verified (the database was unreachable for longer than the retries).
@@ -112,10 +112,10 @@ type held struct {
 	ref    ClaimRef
 	job    Job
 	cancel context.CancelCauseFunc // nil until the handler starts
-	lost   *ClaimLostError         // set when a heartbeat found the claim lost
-	ended  bool                    // a heartbeat found the claim ended by its own outcome
+	lost   *ClaimLostError         // set when a renewal found the claim lost
+	ended  bool                    // a renewal found the claim ended by its own outcome
 	// completing: the handler's transaction is completing the job; the row
-	// is locked by it until it commits, so heartbeats leave it alone rather
+	// is locked by it until it commits, so renewals leave it alone rather
 	// than wait for that commit.
 	completing bool
 	started    bool
@@ -159,7 +159,7 @@ func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worke
 // [TxHandler]. It does no I/O. cfg may be nil.
 //
 // Each handler in flight holds one connection of pool for its transaction,
-// and heartbeats, claims and outcomes need more: pool's MaxConns must be at
+// and renewals, claims and outcomes need more: pool's MaxConns must be at
 // least Concurrency + 2. Concurrency defaults to min(4, MaxConns - 2).
 func NewTxWorker(pool *pgxpool.Pool, queue string, h TxHandler, cfg *Config) (*Worker, error) {
 	if h == nil {
@@ -197,7 +197,7 @@ func DefaultHolder() string { return holder.Default() }
 //  1. it stops claiming and closes its listener connection;
 //  2. claimed jobs whose handler has not started are released at once
 //     (available again, attempt not counted);
-//  3. handlers in flight keep running, their claims still heartbeated, for up
+//  3. handlers in flight keep running, their claims still renewed, for up
 //     to [Config.ShutdownTimeout]; then their contexts are cancelled with
 //     cause [ErrShutdown]. A handler that then returns nil is completed; one
 //     that returns an error has its claim released.
@@ -264,7 +264,7 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 		handlerWG.Go(func() { w.handle(jobBase, jobs, results, &stopping) })
 	}
 	completerWG.Go(func() { w.complete(bgCtx, results, slots, wake, drain) })
-	bgWG.Go(func() { w.heartbeat(bgCtx) })
+	bgWG.Go(func() { w.renewLoop(bgCtx) })
 
 	<-runCtx.Done()
 	stopping.Store(true)

@@ -28,10 +28,10 @@ type Config struct {
 	// [MinClaimTTL]..[MaxClaimTTL]. A claim of a worker that dies comes back
 	// after at most ClaimTTL. Defaults to 30s.
 	ClaimTTL time.Duration
-	// HeartbeatInterval is how often the claims held are extended, in one
+	// RenewInterval is how often the claims held are extended, in one
 	// statement, by ClaimTTL. Must be shorter than ClaimTTL. Defaults to
 	// ClaimTTL / 3.
-	HeartbeatInterval time.Duration
+	RenewInterval time.Duration
 	// PollInterval is how often the worker claims when no notification
 	// arrives (the fallback when a NOTIFY is missed, and the only trigger in
 	// PollOnly mode or for jobs whose run_at is in the future). At least 10ms.
@@ -94,7 +94,7 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	}
 	if tx && maxConns < c.Concurrency+2 {
 		return nil, fmt.Errorf("%w: the pool has at most %d connections; a TxHandler worker with concurrency %d needs %d "+
-			"(one per handler transaction, plus heartbeats, claims and outcomes): raise pool_max_conns or lower Concurrency",
+			"(one per handler transaction, plus renewals, claims and outcomes): raise pool_max_conns or lower Concurrency",
 			ErrInvalidConfig, maxConns, c.Concurrency, c.Concurrency+2)
 	}
 	if c.BatchSize == 0 {
@@ -109,11 +109,11 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	if err := checkTTL(c.ClaimTTL); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.ClaimTTL / 3
+	if c.RenewInterval == 0 {
+		c.RenewInterval = c.ClaimTTL / 3
 	}
-	if c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.ClaimTTL {
-		return nil, fmt.Errorf("%w: heartbeat interval %s must be in (0, ClaimTTL %s)", ErrInvalidConfig, c.HeartbeatInterval, c.ClaimTTL)
+	if c.RenewInterval <= 0 || c.RenewInterval >= c.ClaimTTL {
+		return nil, fmt.Errorf("%w: renew interval %s must be in (0, ClaimTTL %s)", ErrInvalidConfig, c.RenewInterval, c.ClaimTTL)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second

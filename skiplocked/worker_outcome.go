@@ -108,7 +108,7 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg
 }
 
 // connRetries is how many times the worker sends a completion, failure,
-// release or heartbeat again after a connection error (the pool may hand
+// release or renew again after a connection error (the pool may hand
 // out a connection whose backend was ended since its last use).
 const connRetries = 3
 

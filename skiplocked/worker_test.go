@@ -320,7 +320,7 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 	}
 }
 
-// Heartbeats keep a claim alive past its TTL; when a heartbeat finds the
+// Heartbeats keep a claim alive past its TTL; when a renewal finds the
 // claim lost (another worker re-claimed it), the handler's ctx is cancelled
 // with ErrClaimLost and the stale worker writes nothing.
 func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
@@ -335,12 +335,12 @@ func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
 		return nil // even "success" must not land
-	}, &skiplocked.Config{ClaimTTL: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond, PollInterval: time.Hour})
+	}, &skiplocked.Config{ClaimTTL: 300 * time.Millisecond, RenewInterval: 50 * time.Millisecond, PollInterval: time.Hour})
 	stop := runWorker(t, w)
 	a := <-started
 	time.Sleep(600 * time.Millisecond) // two TTLs: only heartbeats keep the claim
 	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "hbw", Holder: "B", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
-		t.Fatalf("B claimed %v (%v) while heartbeats run", js, err)
+		t.Fatalf("B claimed %v (%v) while renewals run", js, err)
 	}
 	// Simulate a pause longer than the TTL: expire the claim and re-claim as B
 	// in one transaction, so no heartbeat slips in between.
@@ -399,8 +399,8 @@ func TestWorkerConfigValidation(t *testing.T) {
 		"huge batch":           {BatchSize: skiplocked.MaxBatch + 1},
 		"tiny TTL":             {ClaimTTL: time.Millisecond},
 		"huge TTL":             {ClaimTTL: 48 * time.Hour},
-		"heartbeat >= TTL":     {ClaimTTL: time.Second, HeartbeatInterval: time.Second},
-		"negative heartbeat":   {HeartbeatInterval: -time.Second},
+		"heartbeat >= TTL":     {ClaimTTL: time.Second, RenewInterval: time.Second},
+		"negative heartbeat":   {RenewInterval: -time.Second},
 		"tiny poll":            {PollInterval: time.Millisecond},
 		"negative shutdown":    {ShutdownTimeout: -time.Second},
 		"control in worker id": {Holder: "a\nb"},

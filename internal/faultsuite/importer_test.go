@@ -130,7 +130,7 @@ func importerMain(name string) int {
 		return err
 	}
 	wcfg := &skiplocked.Config{
-		Holder: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, HeartbeatInterval: ttl / 4,
+		Holder: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, RenewInterval: ttl / 4,
 		PollInterval: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
 		OnClaimLost: func(_ context.Context, j skiplocked.Job, e *skiplocked.ClaimLostError) {
 			state := string(e.State)

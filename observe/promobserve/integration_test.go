@@ -142,8 +142,8 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if _, err := tbl.Update(ctx, pool, 6, []any{2}, []any{13}); !errors.Is(err, fencedwrite.ErrNotFound) {
 		t.Fatalf("missing: %v", err)
 	}
-	for reason, want := range map[string]float64{observe.RejectStale: 1, observe.RejectAlreadyApplied: 1, observe.RejectNotFound: 1, observe.RejectGuard: 0} {
-		if v := value(t, reg, observe.FencedRejectedTotal, map[string]string{"reason": reason}); v != want {
+	for reason, want := range map[string]float64{observe.RefusedStale: 1, observe.RefusedAlreadyApplied: 1, observe.RefusedNotFound: 1, observe.RefusedGuard: 0} {
+		if v := value(t, reg, observe.FencedRefusedTotal, map[string]string{"reason": reason}); v != want {
 			t.Errorf("rejected{%s} = %v, want %v", reason, v, want)
 		}
 	}

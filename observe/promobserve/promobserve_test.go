@@ -17,20 +17,20 @@ func TestAdapter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Add(observe.FencedRejectedTotal, 1, observe.RejectStale)
-	m.Add(observe.FencedRejectedTotal, 2, observe.RejectStale)
-	m.Add(observe.FencedRejectedTotal, 1, observe.RejectGuard)
-	m.Add("not_a_pgfence_metric", 1)                // ignored
-	m.Add(observe.FencedRejectedTotal, 1, "a", "b") // wrong label count: ignored
+	m.Add(observe.FencedRefusedTotal, 1, observe.RefusedStale)
+	m.Add(observe.FencedRefusedTotal, 2, observe.RefusedStale)
+	m.Add(observe.FencedRefusedTotal, 1, observe.RefusedGuard)
+	m.Add("not_a_pgfence_metric", 1)               // ignored
+	m.Add(observe.FencedRefusedTotal, 1, "a", "b") // wrong label count: ignored
 	m.Observe(observe.LeaseAcquireSeconds, 0.002, observe.OutcomeGranted)
 
 	want := `
-# HELP pgfence_fenced_write_rejected_total Fenced writes refused, by reason (stale, already_applied, not_found, guard).
-# TYPE pgfence_fenced_write_rejected_total counter
-pgfence_fenced_write_rejected_total{reason="guard"} 1
-pgfence_fenced_write_rejected_total{reason="stale"} 3
+# HELP pgfence_fenced_write_refused_total Fenced writes refused, by reason (stale, already_applied, not_found, guard).
+# TYPE pgfence_fenced_write_refused_total counter
+pgfence_fenced_write_refused_total{reason="guard"} 1
+pgfence_fenced_write_refused_total{reason="stale"} 3
 `
-	if err := testutil.GatherAndCompare(reg, stringsReader(want), observe.FencedRejectedTotal); err != nil {
+	if err := testutil.GatherAndCompare(reg, stringsReader(want), observe.FencedRefusedTotal); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(reg, observe.LeaseAcquireSeconds); n != 1 {

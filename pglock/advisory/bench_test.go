@@ -46,7 +46,7 @@ func BenchmarkLockCycle(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := l.Unlock(ctx); err != nil {
+			if err := l.Release(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -15,7 +15,7 @@
 // transaction the caller already has.
 //
 // [Acquire] and [TryAcquire] take a session-scoped lock (pg_advisory_lock) on
-// a connection reserved from the pool until [SessionLock.Unlock]; the
+// a connection reserved from the pool until [SessionLock.Release]; the
 // [SessionLock] closes [SessionLock.Done] when its connection dies. A session
 // lock is an efficiency lock: writes made through other connections are not
 // fenced. Use it to avoid duplicate work, never to protect data; for data use
@@ -44,5 +44,5 @@
 // [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilDB], [ErrNilFunc],
 // [ErrInvalidConfig]. A key held by someone else gives a [*LockedError]
 // ([ErrLocked]) from the Try variants; a lost session lock a [*LostError]
-// ([ErrLost]); use after Unlock [ErrUnlocked].
+// ([ErrLost]); use after Unlock [ErrReleased].
 package advisory

@@ -46,12 +46,12 @@ var (
 	// ErrLost is matched by the error of a [SessionLock] whose connection died
 	// or changed backend while the lock was thought held.
 	ErrLost = errors.New("advisory: session lock lost")
-	// ErrUnlocked is returned when a [SessionLock] is used after Unlock.
-	ErrUnlocked = errors.New("advisory: session lock already unlocked")
-	// ErrUnlockFailed is returned by [SessionLock.Unlock] when PostgreSQL did
+	// ErrReleased is returned when a [SessionLock] is used after Unlock.
+	ErrReleased = errors.New("advisory: session lock already unlocked")
+	// ErrReleaseFailed is returned by [SessionLock.Unlock] when PostgreSQL did
 	// not confirm the unlock. The connection was destroyed, which releases
 	// every session lock it held.
-	ErrUnlockFailed = errors.New("advisory: unlock failed")
+	ErrReleaseFailed = errors.New("advisory: unlock failed")
 )
 
 // KeyError reports a key name that cannot be turned into a [Key].

@@ -77,7 +77,7 @@ func ExampleAcquire() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer lock.Unlock(ctx)
+	defer lock.Release(ctx)
 	for step := 0; step < 100; step++ {
 		select {
 		case <-lock.Done():

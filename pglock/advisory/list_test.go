@@ -68,14 +68,14 @@ func TestListHolders(t *testing.T) {
 		t.Errorf("states: holder %q waiter %q, want idle and active", h.State, w.State)
 	}
 
-	if err := holder.Unlock(ctx); err != nil {
+	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r := <-waiter
 	if r.err != nil {
 		t.Fatalf("waiter: %v", r.err)
 	}
-	if err := r.l.Unlock(ctx); err != nil {
+	if err := r.l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	requireNoLocks(t, pool)

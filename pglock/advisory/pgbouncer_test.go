@@ -296,7 +296,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 			var pe *advisory.PoolerError
 			if l != nil || !errors.Is(err, advisory.ErrPooler) || !errors.As(err, &pe) {
 				if l != nil {
-					_ = l.Unlock(ctx)
+					_ = l.Release(ctx)
 				}
 				t.Fatalf("%s through PgBouncer (transaction mode, %+v): %v, %v; want a *PoolerError", name, cfg, l, err)
 			}
@@ -326,7 +326,7 @@ func TestPgBouncerSessionMode(t *testing.T) {
 
 	if l, err := advisory.Acquire(ctx, viaBouncer, key, advisory.Exclusive, nil); !errors.Is(err, advisory.ErrPooler) {
 		if l != nil {
-			_ = l.Unlock(ctx)
+			_ = l.Release(ctx)
 		}
 		t.Fatalf("Acquire through a session-mode PgBouncer without AllowPooler: %v, want ErrPooler", err)
 	}
@@ -342,7 +342,7 @@ func TestPgBouncerSessionMode(t *testing.T) {
 		t.Fatalf("List = %+v, want the lock held by backend %d", locks, l.PID())
 	}
 	requireLocked(t, direct, key)
-	if err := l.Unlock(ctx); err != nil {
+	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	requireNoLocks(t, direct)
@@ -362,7 +362,7 @@ func TestPgBouncerSessionMode(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Done not closed after the server connection behind PgBouncer was terminated")
 	}
-	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrLost) {
+	if err := l.Release(ctx); !errors.Is(err, advisory.ErrLost) {
 		t.Fatalf("Unlock after loss = %v, want ErrLost", err)
 	}
 	waitLocks(t, direct, "want no locks", func(l []advisory.LockInfo) bool { return len(l) == 0 })

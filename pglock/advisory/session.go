@@ -73,7 +73,7 @@ func (c *SessionConfig) resolve() (SessionConfig, error) {
 
 // SessionLock is a session-scoped advisory lock held on a connection taken
 // from a pool for the lock's lifetime. Make one with [Acquire] or
-// [TryAcquire]; release it with [SessionLock.Unlock].
+// [TryAcquire]; release it with [SessionLock.Release].
 //
 // A session lock is an efficiency lock: it does not protect data. When its
 // connection dies the server frees the lock at once and another process can
@@ -260,28 +260,28 @@ func (l *SessionLock) PID() uint32 { return l.pid }
 func (l *SessionLock) Done() <-chan struct{} { return l.done }
 
 // Err returns nil while the lock is held, a [*LostError] (matching [ErrLost])
-// after the lock was lost, and [ErrUnlocked] after a successful Unlock.
+// after the lock was lost, and [ErrReleased] after a successful Unlock.
 func (l *SessionLock) Err() error {
 	l.errMu.Lock()
 	defer l.errMu.Unlock()
 	return l.err
 }
 
-// Unlock releases the lock (pg_advisory_unlock or pg_advisory_unlock_shared)
+// Release releases the lock (pg_advisory_unlock or pg_advisory_unlock_shared)
 // and returns the connection to the pool clean. If PostgreSQL does not
 // confirm the unlock, or the statement fails, the connection is destroyed
 // instead (ending the backend frees the lock) and the error matches
-// [ErrUnlockFailed].
+// [ErrReleaseFailed].
 //
-// If the lock had been lost, Unlock frees what is left and returns the
+// If the lock had been lost, Release frees what is left and returns the
 // [*LostError], so a caller learns that its exclusive section was not
-// exclusive. Calling Unlock again returns [ErrUnlocked].
+// exclusive. Calling Release again returns [ErrReleased].
 //
-// If ctx ends before a running check finishes, Unlock returns ctx's error and
-// the lock is still held: call Unlock again. If ctx ends during the unlock
+// If ctx ends before a running check finishes, Release returns ctx's error and
+// the lock is still held: call Release again. If ctx ends during the unlock
 // statement, pgx closes the connection, which frees the lock; the error then
-// matches both ErrUnlockFailed and ctx.Err().
-func (l *SessionLock) Unlock(ctx context.Context) error {
+// matches both ErrReleaseFailed and ctx.Err().
+func (l *SessionLock) Release(ctx context.Context) error {
 	if l == nil {
 		return ErrNilDB
 	}
@@ -297,7 +297,7 @@ func (l *SessionLock) Unlock(ctx context.Context) error {
 
 	switch l.state {
 	case stateUnlocked:
-		return ErrUnlocked
+		return ErrReleased
 	case stateLost:
 		l.state = stateUnlocked
 		return l.Err()
@@ -311,14 +311,14 @@ func (l *SessionLock) Unlock(ctx context.Context) error {
 	err := l.conn.QueryRow(ctx, sql, args...).Scan(&ok)
 	if err != nil || !ok {
 		destroy(l.conn)
-		l.finish(ErrUnlocked)
+		l.finish(ErrReleased)
 		if err == nil {
 			err = errors.New("pg_advisory_unlock returned false: the backend did not hold the lock")
 		}
-		return &DBError{Op: "unlock", Key: l.key, Err: errors.Join(ErrUnlockFailed, ctxErr(ctx, err))}
+		return &DBError{Op: "unlock", Key: l.key, Err: errors.Join(ErrReleaseFailed, ctxErr(ctx, err))}
 	}
 	l.conn.Release()
-	l.finish(ErrUnlocked)
+	l.finish(ErrReleased)
 	return nil
 }
 

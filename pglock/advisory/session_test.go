@@ -69,7 +69,7 @@ func sessionIncrement(ctx context.Context, pool *pgxpool.Pool, key advisory.Key,
 		_, err = pool.Exec(ctx, "UPDATE counter SET n = $1 WHERE id = 1", n+1)
 	}
 	inside.Add(-1)
-	return errors.Join(err, l.Unlock(ctx))
+	return errors.Join(err, l.Release(ctx))
 }
 
 func TestSessionUnlockReturnsCleanConnection(t *testing.T) {
@@ -99,7 +99,7 @@ func TestSessionUnlockReturnsCleanConnection(t *testing.T) {
 	if got := pool.Stat().AcquiredConns(); got != 1 {
 		t.Fatalf("AcquiredConns = %d while locked, want 1", got)
 	}
-	if err := l.Unlock(ctx); err != nil {
+	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -107,11 +107,11 @@ func TestSessionUnlockReturnsCleanConnection(t *testing.T) {
 	default:
 		t.Fatal("Done not closed after Unlock")
 	}
-	if !errors.Is(l.Err(), advisory.ErrUnlocked) {
+	if !errors.Is(l.Err(), advisory.ErrReleased) {
 		t.Fatalf("Err after Unlock = %v", l.Err())
 	}
-	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
-		t.Fatalf("second Unlock = %v, want ErrUnlocked", err)
+	if err := l.Release(ctx); !errors.Is(err, advisory.ErrReleased) {
+		t.Fatalf("second Unlock = %v, want ErrReleased", err)
 	}
 	requireNoLocks(t, pool)
 	requireFree(t, pool, key)
@@ -176,15 +176,15 @@ func TestSessionTerminateFiresDone(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lock not free after the holder died: %v", err)
 	}
-	if err := l2.Unlock(ctx); err != nil {
+	if err := l2.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// Unlock of the lost lock reports the loss once, then ErrUnlocked.
-	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrLost) {
+	// Unlock of the lost lock reports the loss once, then ErrReleased.
+	if err := l.Release(ctx); !errors.Is(err, advisory.ErrLost) {
 		t.Fatalf("Unlock after loss = %v, want ErrLost", err)
 	}
-	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
-		t.Fatalf("second Unlock after loss = %v, want ErrUnlocked", err)
+	if err := l.Release(ctx); !errors.Is(err, advisory.ErrReleased) {
+		t.Fatalf("second Unlock after loss = %v, want ErrReleased", err)
 	}
 	if got := pool.Stat().AcquiredConns(); got != 0 {
 		t.Fatalf("AcquiredConns = %d after loss and unlock", got)
@@ -217,7 +217,7 @@ func TestSessionTryAndShared(t *testing.T) {
 		t.Fatalf("List = %+v, want two shared locks on %v", locks, key)
 	}
 	for _, l := range []*advisory.SessionLock{r1, r2} {
-		if err := l.Unlock(ctx); err != nil {
+		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -225,7 +225,7 @@ func TestSessionTryAndShared(t *testing.T) {
 	if err != nil {
 		t.Fatalf("exclusive TryAcquire after the readers left: %v", err)
 	}
-	if err := w.Unlock(ctx); err != nil {
+	if err := w.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	requireNoLocks(t, pool)
@@ -254,7 +254,7 @@ func TestSessionAcquireCancelled(t *testing.T) {
 	waitLocks(t, pool, "want only the holder's lock", func(l []advisory.LockInfo) bool {
 		return len(l) == 1 && l[0].Granted && l[0].PID == int32(holder.PID())
 	})
-	if err := holder.Unlock(ctx); err != nil {
+	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	requireNoLocks(t, pool)
@@ -275,9 +275,9 @@ func TestSessionUnlockFailureDestroysConnection(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(l.PID())); err != nil {
 		t.Fatal(err)
 	}
-	err = l.Unlock(ctx)
-	if !errors.Is(err, advisory.ErrUnlockFailed) {
-		t.Fatalf("Unlock on a terminated backend = %v, want ErrUnlockFailed", err)
+	err = l.Release(ctx)
+	if !errors.Is(err, advisory.ErrReleaseFailed) {
+		t.Fatalf("Unlock on a terminated backend = %v, want ErrReleaseFailed", err)
 	}
 	if got := pool.Stat().AcquiredConns(); got != 0 {
 		t.Fatalf("AcquiredConns = %d", got)
@@ -288,7 +288,7 @@ func TestSessionUnlockFailureDestroysConnection(t *testing.T) {
 		}
 		c.Release()
 	}
-	if err := l.Unlock(ctx); !errors.Is(err, advisory.ErrUnlocked) {
+	if err := l.Release(ctx); !errors.Is(err, advisory.ErrReleased) {
 		t.Fatalf("Unlock after failed Unlock = %v", err)
 	}
 }
@@ -329,7 +329,7 @@ func TestSessionValidation(t *testing.T) {
 		t.Fatalf("AcquiredConns = %d after refused calls", got)
 	}
 	var nilLock *advisory.SessionLock
-	if err := nilLock.Unlock(ctx); err == nil {
+	if err := nilLock.Release(ctx); err == nil {
 		t.Error("Unlock on a nil *SessionLock returned nil")
 	}
 	if _, err := advisory.List(ctx, nil); !errors.Is(err, advisory.ErrNilDB) {
@@ -350,18 +350,18 @@ func TestSessionUnlockContextDone(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	err = l.Unlock(cctx)
+	err = l.Release(cctx)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Unlock(cancelled) = %v", err)
 	}
 	// Either the statement never ran (lock still held, retry works) or pgx
-	// closed the connection (lock freed, ErrUnlockFailed).
-	if errors.Is(err, advisory.ErrUnlockFailed) {
+	// closed the connection (lock freed, ErrReleaseFailed).
+	if errors.Is(err, advisory.ErrReleaseFailed) {
 		waitLocks(t, pool, "want no locks", func(l []advisory.LockInfo) bool { return len(l) == 0 })
 		return
 	}
 	requireLocked(t, pool, key)
-	if err := l.Unlock(ctx); err != nil {
+	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	requireNoLocks(t, pool)

@@ -6,12 +6,12 @@ import (
 	"time"
 )
 
-// heartbeat extends every claim held, and cancels handlers whose claim is
+// renewLoop extends every claim held, and cancels handlers whose claim is
 // lost. A claim found ended by its own outcome under the same token (the
-// handler completed it, or the completion raced the heartbeat) is not a
-// loss: it is only no longer heartbeated.
-func (w *Worker) heartbeat(ctx context.Context) {
-	t := time.NewTicker(w.cfg.HeartbeatInterval)
+// handler completed it, or the completion raced the renewal) is not a
+// loss: it is only no longer renewed.
+func (w *Worker) renewLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.RenewInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -30,10 +30,10 @@ func (w *Worker) heartbeat(ctx context.Context) {
 		for len(refs) > 0 {
 			chunk := refs[:min(len(refs), MaxBatch)]
 			refs = refs[len(chunk):]
-			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later heartbeat is useless
+			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later renewal is useless
 			var lost []ClaimRef
 			err := retryConn(hctx, func() (err error) {
-				_, lost, err = HeartbeatMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
+				_, lost, err = RenewMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
 				return err
 			})
 			cancel()
@@ -42,7 +42,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 				err, details = nil, cl.Details // the lost claims are cancelled below
 			}
 			if err != nil {
-				w.cfg.Logger.Warn("skiplocked: heartbeat failed", "claims", len(chunk), "err", err)
+				w.cfg.Logger.Warn("skiplocked: claim renewal failed", "claims", len(chunk), "err", err)
 				continue
 			}
 			w.mu.Lock()
