@@ -14,7 +14,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func ctxT(t *testing.T) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
