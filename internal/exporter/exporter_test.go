@@ -655,7 +655,11 @@ func TestExportTimeout(t *testing.T) {
 	if took > 20*time.Second {
 		t.Errorf("scrape took %v with a 300ms timeout", took)
 	}
-	if l := logs.String(); !strings.Contains(l, "collection failed") || !strings.Contains(l, "pgfence.jobs") {
+	// The log names the blocked step (the jobs query); on a starved machine
+	// the 300ms may already run out in an earlier step, which must then be
+	// the deadline too.
+	if l := logs.String(); !strings.Contains(l, "collection failed") ||
+		!strings.Contains(l, "pgfence.jobs") && !strings.Contains(l, "deadline exceeded") {
 		t.Errorf("log = %q", l)
 	}
 	scrape(t, e)
