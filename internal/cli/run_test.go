@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -378,6 +379,11 @@ func TestRunSignalStopsTree(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGTERM, syscall.SIGINT, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
+			if signal.Ignored(sig) {
+				// pgfence keeps a signal it inherited ignored (nohup): there
+				// is nothing to test with this one.
+				t.Skipf("%v is ignored in this process (started under nohup?); pgfence keeps an inherited ignore by design", sig)
+			}
 			marker := newMarker()
 			lock := "sig-" + strconv.Itoa(int(sig))
 			p := startPgfence(t, testEnv(dsn), marker, "run", "--lock", lock, "--ttl", "10s", "--grace", "10s",
