@@ -145,28 +145,36 @@ func (b *bench) pgfenceWorkerB4Variant(jobs int) variant {
 			if err != nil {
 				return runResult{}, err
 			}
-			rctx, stop := context.WithCancel(ctx)
-			defer stop()
-			before := memStats()
-			start := time.Now()
-			runErr := make(chan error, 1)
-			go func() { runErr <- w.Run(rctx) }()
-			timeout := time.NewTimer(b.burnDownTimeout())
-			defer timeout.Stop()
-			select {
-			case <-m.done:
-			case err := <-runErr:
-				return runResult{}, fmt.Errorf("worker stopped early after %d of %d jobs: %v", m.n.Load(), jobs, err)
-			case <-timeout.C:
-				return runResult{}, fmt.Errorf("only %d of %d jobs completed in %s", m.n.Load(), jobs, b.burnDownTimeout())
-			}
-			elapsed := time.Since(start)
-			after := memStats()
-			stop()
-			if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
-				return runResult{}, err
-			}
-			return runResult{ops: m.n.Load(), elapsed: elapsed,
-				mallocs: after.Mallocs - before.Mallocs, bytes: after.TotalAlloc - before.TotalAlloc}, nil
+			return b.timeBurnDown(ctx, w.Run, m, jobs, "worker", "jobs completed")
 		}}
+}
+
+// timeBurnDown runs run (a Worker's or Dispatcher's Run) until m has counted
+// every one of jobs, and times it from the start of run: the elapsed time,
+// the count and the allocations of this process meanwhile. who and done name
+// the runner and its unit in errors.
+func (b *bench) timeBurnDown(ctx context.Context, run func(context.Context) error, m *completions, jobs int, who, done string) (runResult, error) {
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	before := memStats()
+	start := time.Now()
+	runErr := make(chan error, 1)
+	go func() { runErr <- run(rctx) }()
+	timeout := time.NewTimer(b.burnDownTimeout())
+	defer timeout.Stop()
+	select {
+	case <-m.done:
+	case err := <-runErr:
+		return runResult{}, fmt.Errorf("%s stopped early after %d of %d: %v", who, m.n.Load(), jobs, err)
+	case <-timeout.C:
+		return runResult{}, fmt.Errorf("only %d of %d %s in %s", m.n.Load(), jobs, done, b.burnDownTimeout())
+	}
+	elapsed := time.Since(start)
+	after := memStats()
+	stop()
+	if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
+		return runResult{}, err
+	}
+	return runResult{ops: m.n.Load(), elapsed: elapsed,
+		mallocs: after.Mallocs - before.Mallocs, bytes: after.TotalAlloc - before.TotalAlloc}, nil
 }

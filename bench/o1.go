@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -86,28 +85,6 @@ func (b *bench) outboxO1Variant(jobs int) variant {
 			if err != nil {
 				return runResult{}, err
 			}
-			rctx, stop := context.WithCancel(ctx)
-			defer stop()
-			before := memStats()
-			start := time.Now()
-			runErr := make(chan error, 1)
-			go func() { runErr <- d.Run(rctx) }()
-			timeout := time.NewTimer(b.burnDownTimeout())
-			defer timeout.Stop()
-			select {
-			case <-m.done:
-			case err := <-runErr:
-				return runResult{}, fmt.Errorf("dispatcher stopped early after %d of %d intents: %v", m.n.Load(), jobs, err)
-			case <-timeout.C:
-				return runResult{}, fmt.Errorf("only %d of %d intents delivered in %s", m.n.Load(), jobs, b.burnDownTimeout())
-			}
-			elapsed := time.Since(start)
-			after := memStats()
-			stop()
-			if err := <-runErr; err != nil && !errors.Is(err, context.Canceled) {
-				return runResult{}, err
-			}
-			return runResult{ops: m.n.Load(), elapsed: elapsed,
-				mallocs: after.Mallocs - before.Mallocs, bytes: after.TotalAlloc - before.TotalAlloc}, nil
+			return b.timeBurnDown(ctx, d.Run, m, jobs, "dispatcher", "intents delivered")
 		}}
 }
