@@ -204,6 +204,14 @@ func (t *supervisedTree) wait(reports <-chan struct{}) {
 		// The command had Pdeathsig SIGKILL; its group may remain.
 		if pid := int(t.cpid.Load()); pid > 0 {
 			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			// SIGKILL is delivered asynchronously: wait (bounded) until
+			// the group is gone, so pgfence does not exit while its
+			// processes are still dying.
+			for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				if syscall.Kill(-pid, 0) == syscall.ESRCH {
+					break
+				}
+			}
 			why += "; sent SIGKILL to its process group, processes that left the group may still run"
 		}
 		t.res = treeResult{err: errors.New(why)}
