@@ -376,8 +376,8 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 	variants := []unknownVariant{
 		{name: "reply blackholed", before: func(px *Proxy) { px.ArmAfterRequest(Blackhole) }, timeout: true, mustLand: true, reconcile: true},
 		{name: "dropped after the request", before: func(px *Proxy) { px.ArmAfterRequest(Drop) }, reconcile: true},
-		{name: "request delivered late", before: func(px *Proxy) { px.Set(Blackhole, 0) }, timeout: true, lateDelivery: true, mustLand: true, reconcile: true},
-		{name: "request delivered late, not reconciled", before: func(px *Proxy) { px.Set(Blackhole, 0) }, timeout: true, lateDelivery: true, mustLand: true},
+		{name: "request delivered late", before: holdRequest, timeout: true, lateDelivery: true, mustLand: true, reconcile: true},
+		{name: "request delivered late, not reconciled", before: holdRequest, timeout: true, lateDelivery: true, mustLand: true},
 	}
 	var runs, deadlineErrs, connErrs, landed, released, expired, missed int
 	var maxNextGrant time.Duration
@@ -430,6 +430,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 				t.Fatalf("%s: the request was held in the network, yet the row is %+v", v.name, now)
 			}
 			px.Set(Pass, 0) // the network heals: the request is delivered
+			px.RefuseNew(false)
 		} else {
 			px.Set(Drop, 0) // the cut connection is gone for good
 		}
@@ -534,6 +535,16 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		"%d grants landed unseen (%d delivered after the caller gave up), %d reconciled with Inspect + ReleaseToken, %d left to expire within the TTL, "+
 		"0 held past their TTL (next grant at most %v after the expiry); %d runs again because the unknown grant expired before another client looked",
 		runs, deadlineErrs, connErrs, landed, 2*reps+missed, released, expired, maxNextGrant.Round(time.Millisecond), missed)
+}
+
+// holdRequest blackholes the network for a late-delivery scenario. New
+// connections are refused meanwhile: the cancel request pgx sends when the
+// caller gives up (on a connection of its own) then fails at once instead of
+// being held and delivered together with the request, where it could cancel
+// the statement as it runs and no grant would land.
+func holdRequest(px *Proxy) {
+	px.RefuseNew(true)
+	px.Set(Blackhole, 0)
 }
 
 // releaseOK releases lease and fails t on error.

@@ -56,6 +56,7 @@ type Proxy struct {
 	changed chan struct{} // closed and replaced on every change of mode
 	pairs   map[*pair]struct{}
 	closed  bool
+	refuse  bool // close new connections at once (see RefuseNew)
 	wg      sync.WaitGroup
 }
 
@@ -128,6 +129,18 @@ func (p *Proxy) ArmAfterRequest(mode Mode) {
 	p.armed = &mode
 }
 
+// RefuseNew makes the proxy close every new connection at once (on) or accept
+// them again (off), whatever the mode; current connections are not affected.
+// A late-delivery scenario uses it so that only the held request's own
+// connection reaches the server when the network heals: pgx's cancel request,
+// sent on a new connection when the caller gives up, would otherwise be held
+// with it and released at the same moment, racing the request it cancels.
+func (p *Proxy) RefuseNew(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuse = on
+}
+
 // Mode returns the current mode.
 func (p *Proxy) Mode() Mode {
 	p.mu.Lock()
@@ -160,7 +173,7 @@ func (p *Proxy) accept() {
 			continue
 		}
 		p.mu.Lock()
-		refuse := p.closed || p.mode == Drop
+		refuse := p.closed || p.mode == Drop || p.refuse
 		p.mu.Unlock()
 		if refuse {
 			_ = conn.Close()
@@ -173,7 +186,7 @@ func (p *Proxy) accept() {
 		}
 		c := &pair{client: conn, server: server, done: make(chan struct{})}
 		p.mu.Lock()
-		if p.closed || p.mode == Drop {
+		if p.closed || p.mode == Drop || p.refuse {
 			p.mu.Unlock()
 			c.close()
 			continue
