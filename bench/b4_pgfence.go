@@ -120,13 +120,13 @@ type completions struct {
 	once sync.Once
 }
 
-func (c *completions) Add(name string, delta float64, _ ...string) {
+func (c *completions) Add(_ context.Context, name string, delta float64, _ ...string) {
 	if name == observe.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
 		c.once.Do(func() { close(c.done) })
 	}
 }
 
-func (c *completions) Observe(string, float64, ...string) {}
+func (c *completions) Observe(context.Context, string, float64, ...string) {}
 
 // pgfenceWorkerB4Variant burns the queue down with skiplocked.Worker, the
 // runtime that compares with River's client: b4Workers handlers, claims in

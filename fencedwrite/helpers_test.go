@@ -11,8 +11,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
-
 // grant issues the next fencing token of lock name, the way the lease
 // package does (token = token + 1), without taking a lease.
 func grant(t testing.TB, db fencedwrite.DBTX, name string) int64 {

@@ -34,9 +34,11 @@ type Spec struct {
 	FenceColumn string
 	// Mode is the comparison of Update and Upsert. Defaults to [Strict].
 	Mode Mode
-	// Metrics receives pgfence_fenced_writes_total and
-	// pgfence_fenced_write_refused_total{reason} for this table's writes
-	// (see package observe). Defaults to nil: nothing is recorded.
+	// Metrics receives pgfence_fenced_writes_total{table} and
+	// pgfence_fenced_write_refused_total{table,reason} for this table's
+	// writes (see package observe); table is "schema.name" as Prepare
+	// resolved it, whichever form Table had. Defaults to nil: nothing is
+	// recorded.
 	Metrics observe.Metrics
 	// Logger receives one line per refused write (Info: table, operation,
 	// token, reason) and per applied write (Debug). Defaults to nil: silent.
@@ -48,6 +50,7 @@ type Spec struct {
 type Table struct {
 	spec            Spec
 	name            string // quoted, schema-qualified
+	label           string // schema.name as resolved, the table label of metrics
 	update          string
 	updateReentrant string
 	upsert          string
@@ -87,8 +90,9 @@ func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 	if !ti.IsUniqueKey(spec.Key) {
 		return nil, fmt.Errorf("%w: %s (%s)", ErrKeyNotUnique, ti.Qualified(), strings.Join(spec.Key, ", "))
 	}
-	t := &Table{spec: spec, name: ti.Qualified()}
+	t := &Table{spec: spec, name: ti.Qualified(), label: ti.Schema + "." + ti.Name}
 	t.build()
+	observe.InitTable(ctx, observe.OrNop(spec.Metrics), t.label)
 	return t, nil
 }
 
@@ -299,7 +303,7 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Re
 func (t *Table) record(ctx context.Context, op string, token int64, err error) error {
 	m, log := observe.OrNop(t.spec.Metrics), t.spec.Logger
 	if err == nil {
-		m.Add(observe.FencedWritesTotal, 1)
+		m.Add(ctx, observe.FencedWritesTotal, 1, t.label)
 		if log != nil {
 			log.DebugContext(ctx, "fencedwrite: applied", "table", t.spec.Table, "op", op, "token", token)
 		}
@@ -318,7 +322,7 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	default:
 		return err
 	}
-	m.Add(observe.FencedRefusedTotal, 1, reason)
+	m.Add(ctx, observe.FencedRefusedTotal, 1, t.label, reason)
 	if log != nil {
 		log.InfoContext(ctx, "fencedwrite: write refused", "table", t.spec.Table, "op", op, "token", token, "reason", reason, "err", err)
 	}

@@ -15,7 +15,7 @@
 // its sequence). [FS] returns them for tooling that wants to copy or embed them.
 //
 // The role that runs the migrations needs CREATE on the database. The role that
-// uses pgfence at run time needs only the grants listed in the README.
+// uses pgfence at run time needs only the grants listed in docs/migrations.md.
 package migrations
 
 import (

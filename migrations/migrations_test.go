@@ -22,23 +22,6 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-func TestMain(m *testing.M) {
-	// Re-executed by TestConcurrentProcesses as a migrator child.
-	if dsn := os.Getenv("PGFENCE_MIGRATE_CHILD_DSN"); dsn != "" {
-		pool, err := pgxpool.New(context.Background(), dsn)
-		if err == nil {
-			err = migrations.UpPool(context.Background(), pool)
-			pool.Close()
-		}
-		if err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
-	pgtest.Main(m)
-}
-
 func openDB(t *testing.T, dsn string) *sql.DB {
 	t.Helper()
 	pool := pgtest.PoolFor(t, dsn)

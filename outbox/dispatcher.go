@@ -149,6 +149,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	d.worker = w
+	observe.InitTopic(context.Background(), d.metrics, topic)
 	return d, nil
 }
 
@@ -189,17 +190,17 @@ func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
 	}
 	start := time.Now()
 	err = d.call(ctx, del)
-	d.metrics.Observe(observe.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
+	d.metrics.Observe(ctx, observe.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
 	var pe *permanentError
 	switch {
 	case err == nil:
-		d.metrics.Add(observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryDelivered)
+		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryDelivered)
 		return nil
 	case errors.As(err, &pe):
-		d.metrics.Add(observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryPermanent)
+		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryPermanent)
 		return skiplocked.Permanent(err)
 	default:
-		d.metrics.Add(observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryFailed)
+		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryFailed)
 		return err
 	}
 }

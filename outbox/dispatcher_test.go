@@ -25,7 +25,7 @@ type counters struct {
 	m  map[string]float64
 }
 
-func (c *counters) Add(name string, delta float64, labels ...string) {
+func (c *counters) Add(_ context.Context, name string, delta float64, labels ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -34,8 +34,8 @@ func (c *counters) Add(name string, delta float64, labels ...string) {
 	c.m[name+"/"+strings.Join(labels, "/")] += delta
 }
 
-func (c *counters) Observe(name string, _ float64, labels ...string) {
-	c.Add(name+"#count", 1, labels...)
+func (c *counters) Observe(ctx context.Context, name string, _ float64, labels ...string) {
+	c.Add(ctx, name+"#count", 1, labels...)
 }
 
 func (c *counters) get(name string, labels ...string) float64 {

@@ -11,7 +11,9 @@ import (
 	"github.com/pgfence/pgfence/pglock"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain runs the tests and the examples; the examples read DATABASE_URL, as
+// an application would, and get a migrated database of their own.
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.ExportDSN("DATABASE_URL")) }
 
 // bundle is what most tests need: a migrated database and a locker on it.
 type bundle struct {

@@ -33,7 +33,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err == nil && locked != nil {
 		err = locked
 	}
-	l.recordAcquire(name, start, false, lease, err)
+	l.recordAcquire(ctx, name, start, false, lease, err)
 	if err != nil {
 		return nil, err
 	}
@@ -41,21 +41,21 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 }
 
 // recordAcquire reports one TryAcquire/Acquire call to the metrics and log.
-func (l *Locker) recordAcquire(name string, start time.Time, waited bool, lease *Lease, err error) {
+func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time, waited bool, lease *Lease, err error) {
 	elapsed := time.Since(start).Seconds()
 	switch {
 	case err == nil:
-		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeGranted)
+		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeGranted)
 		if waited {
-			l.m.Observe(observe.LeaseWaitSeconds, elapsed)
+			l.m.Observe(ctx, observe.LeaseWaitSeconds, elapsed)
 		}
 		if l.log.Enabled(context.Background(), slog.LevelInfo) { // no argument boxing on the hot path when silent
 			l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
 		}
 	case errors.Is(err, ErrLocked):
-		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
+		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
 	default:
-		l.m.Observe(observe.LeaseAcquireSeconds, elapsed, observe.OutcomeError)
+		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeError)
 	}
 }
 
@@ -77,7 +77,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	}
 	start := time.Now()
 	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{})
-	l.recordAcquire(name, start, waited, lease, err)
+	l.recordAcquire(ctx, name, start, waited, lease, err)
 	return lease, err
 }
 

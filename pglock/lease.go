@@ -148,7 +148,7 @@ func (s *Lease) end(err error) {
 	s.mu.Unlock()
 	// Metrics before cancelling, so whoever waits on Done sees them; logs
 	// after, so a slow log handler cannot delay Done.
-	s.l.m.Observe(observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
+	s.l.m.Observe(s.ctx, observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
 	reason := ""
 	if errors.Is(err, ErrLeaseLost) {
 		reason = observe.LostRenewalRefused
@@ -158,7 +158,7 @@ func (s *Lease) end(err error) {
 				reason = observe.LostConnection
 			}
 		}
-		s.l.m.Add(observe.LeasesLostTotal, 1, reason)
+		s.l.m.Add(s.ctx, observe.LeasesLostTotal, 1, reason)
 	}
 	s.cancel(err)
 	switch {
@@ -199,17 +199,17 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) {
-			s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewRefused)
+			s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewRefused)
 			s.end(lost)
 		} else {
-			s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewError)
+			s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewError)
 			s.mu.Lock()
 			s.renewFailing = true
 			s.mu.Unlock()
 		}
 		return err
 	}
-	s.l.m.Add(observe.LeaseRenewalsTotal, 1, observe.RenewOK)
+	s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewOK)
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err

@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -82,6 +83,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if !c.PollOnly {
 		l.lis = newListener(l)
 	}
+	observe.InitLeases(context.Background(), l.m)
 	return l, nil
 }
 

@@ -3,15 +3,43 @@
 # pgbouncer (advisory locks through a transaction pooler), faketime
 # (clock-skew fault tests), and patroni with etcd-server (the HA tests in
 # internal/hatest start etcd and three Patroni-managed PostgreSQL nodes;
-# Debian's patroni package brings python3-etcd for its etcd DCS). The
-# PostgreSQL server binaries themselves are looked up by the test harness
-# (apt-get install postgresql).
+# Debian's patroni package brings python3-etcd for its etcd DCS), and
+# prometheus for its promtool (deploy/ checks the alert rules and the
+# dashboard's queries with it). The PostgreSQL server binaries themselves are
+# looked up by the test harness (apt-get install postgresql).
 set -euo pipefail
+
+# install_promtool installs Debian's prometheus package for promtool without
+# running the Prometheus server it also ships: without recommends (exporters
+# with services of their own), with service starts denied while it installs
+# (a policy-rc.d of our own, unless the machine has one), and with the
+# service disabled afterwards, so no stray server listens on :9090.
+install_promtool() {
+  local own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || rc=$?
+  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+  [ "$rc" -eq 0 ] || return "$rc"
+  if [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else
+    deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
+    service prometheus stop >/dev/null 2>&1 || true
+  fi
+  update-rc.d prometheus disable >/dev/null 2>&1 || true
+}
+
 need=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 command -v faketime >/dev/null 2>&1 || need+=(faketime)
 { command -v patroni >/dev/null 2>&1 || [ -x /usr/bin/patroni ]; } && command -v patronictl >/dev/null 2>&1 || need+=(patroni)
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
+command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || need+=(prometheus)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "test-deps: please install: ${need[*]} (Debian/Ubuntu: sudo apt-get install ${need[*]}); the tests that need them will fail until then" >&2
@@ -19,4 +47,11 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
 fi
 echo "test-deps: installing ${need[*]}"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+rest=()
+for p in "${need[@]}"; do [ "$p" = prometheus ] || rest+=("$p"); done
+if [ ${#rest[@]} -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${rest[@]}" >/dev/null
+fi
+if [ ${#rest[@]} -lt ${#need[@]} ]; then
+  install_promtool
+fi

@@ -59,7 +59,7 @@ type counting struct {
 	m  map[string]float64
 }
 
-func (c *counting) Add(name string, delta float64, _ ...string) {
+func (c *counting) Add(_ context.Context, name string, delta float64, _ ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -67,7 +67,7 @@ func (c *counting) Add(name string, delta float64, _ ...string) {
 	}
 	c.m[name] += delta
 }
-func (c *counting) Observe(string, float64, ...string) {}
+func (c *counting) Observe(context.Context, string, float64, ...string) {}
 func (c *counting) get(name string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

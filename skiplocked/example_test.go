@@ -17,7 +17,12 @@ import (
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
+// The examples that use a database connect to the one named by DATABASE_URL,
+// where pgfence's migrations have been applied (package migrations).
+
 // In-transaction claims on an application table: the transaction is the lock.
+// Each batch is claimed, worked and recorded in one transaction; concurrent
+// importers skip the rows locked by others.
 func ExampleClaimTx() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -25,13 +30,19 @@ func ExampleClaimTx() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE IF NOT EXISTS import_rows (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+			status text NOT NULL DEFAULT 'pending');
+		INSERT INTO import_rows (status) SELECT 'pending' FROM generate_series(1, 3)`); err != nil {
+		log.Fatal(err)
+	}
 
 	claimer, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{
 		Table:   "import_rows",
 		Key:     []string{"id"},
 		Where:   []skiplocked.Cond{{Column: "status", Op: skiplocked.OpEq, Value: "pending"}},
 		OrderBy: []skiplocked.Order{{Column: "id"}},
-		Limit:   100,
+		Limit:   2,
 	})
 	if err != nil {
 		log.Fatal(err) // ErrUnknownTable, ErrUnknownColumn, ErrInvalidIdentifier, ...
@@ -52,12 +63,18 @@ func ExampleClaimTx() {
 			log.Fatal(err)
 		}
 		if n == 0 {
-			return // drained
+			fmt.Println("drained")
+			return
 		}
+		fmt.Println("imported", n)
 	}
+	// Output:
+	// imported 2
+	// imported 1
+	// drained
 }
 
-// Leased claims for work done outside a transaction.
+// Leased claims, for work done outside a transaction: claim, work, complete.
 func ExampleClaim() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -79,19 +96,58 @@ func ExampleClaim() {
 	}
 	for _, j := range jobs {
 		// ... long work, calling skiplocked.Renew(ctx, pool, j.Ref(), time.Minute) now and then ...
-		err := skiplocked.Complete(ctx, pool, j.Ref())
-		if errors.Is(err, skiplocked.ErrClaimLost) {
-			// The claim expired and another worker holds the job now:
-			// nothing was written; do not report success.
-			continue
+		if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
+			log.Fatal(err) // ErrClaimLost: see the example of ClaimLostError
 		}
-		if err != nil {
-			log.Fatal(err)
-		}
+		fmt.Printf("completed %s\n", j.Payload)
 	}
+	// Output: completed {"file": "prices-0042.csv"}
 }
 
-// A worker loop with graceful shutdown on SIGINT.
+// A worker whose claim ended (it expired while the worker was paused, and
+// another worker claimed the job) cannot complete the job: Complete changes
+// nothing and says who holds it now.
+func ExampleComplete_claimLost() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	claim := func(holder string) skiplocked.Job {
+		jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{
+			Queue: "reports", Holder: holder, Limit: 1, TTL: time.Minute,
+		})
+		if err != nil || len(jobs) != 1 {
+			log.Fatalf("claim: %d jobs, %v", len(jobs), err)
+		}
+		return jobs[0]
+	}
+	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "reports"}); err != nil {
+		log.Fatal(err)
+	}
+
+	first := claim("reporter-1")
+	// reporter-1 stalls and its claim ends (here: released for it) ...
+	if err := skiplocked.Release(ctx, pool, first.Ref()); err != nil {
+		log.Fatal(err)
+	}
+	// ... and reporter-2 claims the job.
+	second := claim("reporter-2")
+
+	err = skiplocked.Complete(ctx, pool, first.Ref())
+	var lost *skiplocked.ClaimLostError
+	if errors.As(err, &lost) {
+		fmt.Println("claim lost:", errors.Is(err, skiplocked.ErrClaimLost), "now held by", lost.Holder)
+	}
+	if err := skiplocked.Complete(ctx, pool, second.Ref()); err != nil {
+		log.Fatal(err)
+	}
+	// Output: claim lost: true now held by reporter-2
+}
+
+// A worker loop that runs until its context is cancelled (here by SIGINT, or
+// once three jobs are handled), then shuts down gracefully.
 func ExampleWorker() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -100,21 +156,37 @@ func ExampleWorker() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	for _, file := range []string{"a.jpg", "b.jpg", "c.jpg"} {
+		payload, _ := json.Marshal(map[string]string{"file": file})
+		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "thumbnails", Payload: payload}); err != nil {
+			log.Fatal(err)
+		}
+	}
 
-	w, err := skiplocked.NewWorker(pool, "imports", func(ctx context.Context, j skiplocked.Job) error {
+	handled := make(chan struct{}, 3)
+	w, err := skiplocked.NewWorker(pool, "thumbnails", func(ctx context.Context, j skiplocked.Job) error {
 		var args struct{ File string }
 		if err := json.Unmarshal(j.Payload, &args); err != nil {
 			return skiplocked.Permanent(err) // dead at once, no retry
 		}
-		// ... import args.File, honouring ctx ...
+		// ... make the thumbnail of args.File, honouring ctx ...
+		handled <- struct{}{}
 		return nil
-	}, &skiplocked.Config{Concurrency: 8, BatchSize: 10, ClaimTTL: time.Minute})
+	}, &skiplocked.Config{Concurrency: 8, ClaimTTL: time.Minute})
 	if err != nil {
 		log.Fatal(err)
 	}
+	go func() {
+		for range 3 {
+			<-handled
+		}
+		stop()
+	}()
 	if err := w.Run(ctx); err != nil { // returns after a graceful stop
 		log.Fatal(err)
 	}
+	fmt.Println("completed:", w.Summary().Completed)
+	// Output: completed: 3
 }
 
 // Exactly-once effects: the handler writes through tx, and the Worker
@@ -122,18 +194,35 @@ func ExampleWorker() {
 // queue is empty.
 func ExampleNewTxWorker() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL")) // pool_max_conns >= Concurrency + 2
+	const concurrency = 4
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg.MaxConns = concurrency + 2 // a transaction per handler, plus claims, renewals and outcomes
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer pool.Close()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS applied_files (job_id bigint PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-1.csv"}`)},
+		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-2.csv"}`)},
+		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-3.csv"}`)},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	w, err := skiplocked.NewTxWorker(pool, "catalogue/2024-06-01", func(ctx context.Context, tx pgx.Tx, j skiplocked.Job) error {
 		// The effect: commits with the job's completion, or not at all.
 		_, err := tx.Exec(ctx, "INSERT INTO applied_files (job_id, payload) VALUES ($1, $2)", j.ID, j.Payload)
 		return err
 	}, &skiplocked.Config{
-		Concurrency: 4,
+		Concurrency: concurrency,
 		OnClaimLost: func(ctx context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
 			log.Printf("job %d taken over by %s: %v", j.ID, err.Holder, err)
 		},
@@ -145,11 +234,12 @@ func ExampleNewTxWorker() {
 	if err != nil {
 		log.Fatal(err) // ErrNotDrained or ErrNoJobs: the batch is not known to be done
 	}
-	d, err := skiplocked.QueueDepth(ctx, pool, "catalogue/2024-06-01")
-	if err != nil {
+	var effects int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM applied_files WHERE job_id = ANY($1)", ids).Scan(&effects); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("this worker completed %d; the batch: %d completed, %d dead\n", sum.Completed, d.Completed, d.Dead)
+	fmt.Printf("completed %d jobs, %d effects\n", sum.Completed, effects)
+	// Output: completed 3 jobs, 3 effects
 }
 
 func ExampleIsRetryable() {

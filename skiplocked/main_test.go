@@ -13,7 +13,9 @@ import (
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain runs the tests and the examples; the examples read DATABASE_URL, as
+// an application would, and get a migrated database of their own.
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.ExportDSN("DATABASE_URL")) }
 
 func ctxT(t testing.TB) context.Context {
 	t.Helper()

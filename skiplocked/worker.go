@@ -347,9 +347,9 @@ func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *he
 		start := time.Now()
 		claimed, err := Claim(ctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL})
 		m := observe.OrNop(w.cfg.Metrics)
-		m.Observe(observe.ClaimSeconds, time.Since(start).Seconds(), w.queue)
+		m.Observe(ctx, observe.ClaimSeconds, time.Since(start).Seconds(), w.queue)
 		if len(claimed) > 0 {
-			m.Add(observe.RowsClaimedTotal, float64(len(claimed)), w.queue)
+			m.Add(ctx, observe.RowsClaimedTotal, float64(len(claimed)), w.queue)
 			w.stats.claimed.Add(int64(len(claimed)))
 		}
 		if err != nil && ctx.Err() == nil {

@@ -133,5 +133,6 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	observe.InitQueue(context.Background(), observe.OrNop(c.Metrics), queue)
 	return &Worker{pool: pool, queue: queue, cfg: c, inflight: map[int64]*held{}}, nil
 }

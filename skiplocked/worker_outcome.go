@@ -57,7 +57,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-ch
 				done = append(done, r)
 			case outCompleted:
 				w.stats.completed.Add(1)
-				m.Add(observe.RowsCompletedTotal, 1, w.queue)
+				m.Add(ctx, observe.RowsCompletedTotal, 1, w.queue)
 			case outRelease:
 				release = append(release, r)
 			case outFail:
@@ -93,7 +93,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-ch
 func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg string) {
 	e = orBare(e, h.ref)
 	w.stats.lost.Add(1)
-	observe.OrNop(w.cfg.Metrics).Add(observe.ClaimsLostTotal, 1, w.queue)
+	observe.OrNop(w.cfg.Metrics).Add(ctx, observe.ClaimsLostTotal, 1, w.queue)
 	w.cfg.Logger.Warn(msg, "job", e.JobID, "token", e.Token, "current_token", e.CurrentToken,
 		"state", string(e.State), "holder", e.Holder)
 	if w.cfg.OnClaimLost == nil {
@@ -166,7 +166,7 @@ func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(cont
 	if op == "complete" {
 		w.stats.completed.Add(int64(landed))
 		if landed > 0 {
-			observe.OrNop(w.cfg.Metrics).Add(observe.RowsCompletedTotal, float64(landed), w.queue)
+			observe.OrNop(w.cfg.Metrics).Add(ctx, observe.RowsCompletedTotal, float64(landed), w.queue)
 		}
 	} else {
 		w.stats.released.Add(int64(landed))
@@ -194,17 +194,17 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	var lost *ClaimLostError
 	switch {
 	case err == nil:
-		m.Add(observe.RowsFailedTotal, 1, w.queue)
+		m.Add(ctx, observe.RowsFailedTotal, 1, w.queue)
 		if job.State == StateDead {
 			w.stats.dead.Add(1)
-			m.Add(observe.RowsDeadTotal, 1, w.queue)
+			m.Add(ctx, observe.RowsDeadTotal, 1, w.queue)
 		} else {
 			w.stats.failed.Add(1)
 		}
 	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == OutcomeCompleted:
 		// A commit whose reply was lost did land after all (see runTx).
 		w.stats.completed.Add(1)
-		m.Add(observe.RowsCompletedTotal, 1, w.queue)
+		m.Add(ctx, observe.RowsCompletedTotal, 1, w.queue)
 	case lost != nil:
 		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
 	case errors.Is(err, ErrJobNotFound):

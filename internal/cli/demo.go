@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -11,14 +12,13 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/localpg"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -44,10 +44,11 @@ processes and a real pause (SIGSTOP/SIGCONT):
   2. with fencing tokens: the stale write is rejected by the database and the worker
      starts over under a new grant.
 
-With no --database-url (or DATABASE_URL), it starts a throwaway PostgreSQL
-(testcontainers when a Docker engine answers, else the local PostgreSQL
-binaries) and removes it afterwards. With a database it applies pgfence's
-migrations, works in a schema of its own and drops it afterwards.`,
+With no --database-url-file, --database-url or DATABASE_URL, it starts a
+throwaway PostgreSQL from the server binaries installed on this machine (initdb
+and postgres on PATH or under /usr/lib/postgresql/*/bin) and removes it
+afterwards. With a database it applies pgfence's migrations, works in a schema
+of its own and drops it afterwards.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if ttl < 200*time.Millisecond || ttl > time.Minute {
@@ -61,22 +62,29 @@ migrations, works in a schema of its own and drops it afterwards.`,
 }
 
 func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
+	if err := pauseSupported(); err != nil {
+		return err
+	}
 	out := a.env.Stdout
 	dsn := a.dsn()
 	if dsn == "" {
 		fmt.Fprintln(out, "No database given: starting a throwaway PostgreSQL ...")
-		srv, err := pgserver.Start(ctx, pgserver.Options{Log: prefixWriter(&sync.Mutex{}, out, "  ")})
+		cluster, err := localpg.Start(ctx, localpg.Options{Log: prefixWriter(&sync.Mutex{}, out, "  ")})
+		if errors.Is(err, localpg.ErrNoBinaries) {
+			return fmt.Errorf("no database given and no PostgreSQL server binaries to start a throwaway one: " +
+				"set DATABASE_URL (or --database-url-file) to a database where you may create a schema, " +
+				"or install the PostgreSQL server (Debian/Ubuntu: apt-get install postgresql; macOS: brew install postgresql)")
+		}
 		if err != nil {
 			return err
 		}
 		defer func() {
-			if serr := srv.Stop(); serr != nil && err == nil {
+			if serr := cluster.Stop(); serr != nil && err == nil {
 				err = serr
 			}
 			fmt.Fprintln(out, "Stopped the throwaway PostgreSQL and removed its files.")
 		}()
-		fmt.Fprintf(out, "  using %s\n", srv.Kind)
-		dsn = srv.DSN
+		dsn = cluster.DSN()
 	}
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
@@ -144,7 +152,7 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 		verdicts = append(verdicts, fmt.Sprintf("  run %d (%s): %s", i+1, map[bool]string{false: "no fencing", true: "fencing"}[fenced], v))
 	}
 	fmt.Fprintf(out, "\nSummary\n%s\n", strings.Join(verdicts, "\n"))
-	fmt.Fprintln(out, "\nA lease only decides who may start; the storage must refuse the stale holder. See README: fenced writes.")
+	fmt.Fprintln(out, "\nA lease only decides who may start; the storage must refuse the stale holder. See docs/fencedwrite.md.")
 	return nil
 }
 
@@ -279,11 +287,11 @@ func (d *demoRun) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = a.cmd.Process.Signal(syscall.SIGCONT) }()
+	defer func() { _ = resumeProcess(a.cmd.Process) }()
 	if _, err := d.until(ctx, a, "ready"); err != nil {
 		return err
 	}
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := pauseProcess(a.cmd.Process); err != nil {
 		return err
 	}
 	d.logf("A", "PAUSED with SIGSTOP (think: GC pause, VM stall) — its lease runs out on the database clock")
@@ -305,7 +313,7 @@ func (d *demoRun) run(ctx context.Context) error {
 		return fmt.Errorf("worker B: %w", err)
 	}
 
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := resumeProcess(a.cmd.Process); err != nil {
 		return err
 	}
 	d.logf("A", "RESUMED with SIGCONT; still believes it holds the lock and writes what it computed")

@@ -19,7 +19,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Exit codes. Scripts can rely on them; they are listed in the README.
+// Exit codes. Scripts can rely on them; they are listed in docs/cli.md.
 const (
 	ExitOK          = 0  // success
 	ExitError       = 1  // any other failure (connection, SQL, I/O)
@@ -120,12 +120,14 @@ environment or --database-url-file.
 Exit codes: 0 ok, 1 error, 2 usage, 3 not found, 4 not migrated,
 5 forged fence found (fences), 75 lock busy (--no-wait), 76 lease lost (run, renew, release);
 run: 126 command not executable, 127 command not found, else the command's status.`,
+		Version:       readVersion().line(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
 			return a.loadDatabaseURLFile()
 		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "PostgreSQL connection string; discouraged, the command line is visible to other users: prefer DATABASE_URL or --database-url-file (default: DATABASE_URL, then PG* variables)")
 	root.PersistentFlags().StringVar(&a.databaseURLFile, "database-url-file", "", "file holding the PostgreSQL connection string (surrounding white space ignored)")
 	root.AddCommand(
@@ -137,6 +139,7 @@ run: 126 command not executable, 127 command not found, else the command's statu
 		a.advisoryCommand(),
 		a.jobsCommand(),
 		a.outboxCommand(),
+		a.versionCommand(),
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)

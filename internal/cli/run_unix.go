@@ -6,7 +6,7 @@ package cli
 // process group of its own and pgfence signals the group. There is no
 // supervisor (no portable child subreaper, no parent-death signal): processes
 // that leave the group are not stopped, and if pgfence is killed with SIGKILL
-// the command keeps running. The command's Long help and the README say so.
+// the command keeps running. The command's Long help and docs/cli.md say so.
 
 import (
 	"errors"

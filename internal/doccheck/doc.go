@@ -57,4 +57,14 @@
 // "<!-- snippet: ... -->" comment, or one that does not come right before a
 // ```go block, fails the test: there is no way to skip a block because it does
 // not compile.
+//
+// # Links
+//
+// [CheckLinks] checks the relative links of every Markdown file of the
+// repository ([MarkdownFiles]: README.md, docs/**, bench/README.md, ...): an
+// inline link, image or reference definition outside code must name a file or
+// directory inside the repository, and an anchor ("guide.md#keys", "#layout")
+// must name a heading of the Markdown document it points into (GitHub's
+// anchor for it, see [Slug]) or an explicit HTML id. Absolute URLs are not
+// fetched; absolute paths are refused, since they do not resolve in a clone.
 package doccheck

@@ -10,6 +10,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -260,6 +263,20 @@ func TestExportLocksAndJobs(t *testing.T) {
 	}
 	if f["pgfence_jobs_dead_total"].GetType() != dto.MetricType_COUNTER {
 		t.Errorf("pgfence_jobs_dead_total is a %v", f["pgfence_jobs_dead_total"].GetType())
+	}
+	// Catalog is what is served: every entry, with its type, help and labels.
+	for _, d := range Catalog {
+		fam, ok := f[d.Name]
+		if !ok {
+			t.Errorf("%s in Catalog, not served", d.Name)
+			continue
+		}
+		if strings.ToLower(fam.GetType().String()) != d.Type || fam.GetHelp() != d.Help || len(fam.Metric[0].Label) != len(d.Labels) {
+			t.Errorf("%s served as %v %q with %d labels; Catalog says %s %q %v", d.Name, fam.GetType(), fam.GetHelp(), len(fam.Metric[0].Label), d.Type, d.Help, d.Labels)
+		}
+	}
+	if len(f) != len(Catalog) {
+		t.Errorf("%d families served, %d in Catalog", len(f), len(Catalog))
 	}
 }
 
@@ -696,7 +713,6 @@ func TestExportCache(t *testing.T) {
 // pgfence.jobs whole; finished rows are not read.
 func TestExportReadsNoFinishedJobs(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	pool, log := tracedPool(t, dsn)
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, finished_at)
@@ -710,9 +726,26 @@ func TestExportReadsNoFinishedJobs(t *testing.T) {
 	if _, body := scrape(t, e); parse(t, body).get(t, "pgfence_up") != 1 {
 		t.Fatalf("scrape failed: %s", body)
 	}
+	checkReadsNoFinishedJobs(t, pool, log, 20+5)
+}
+
+// unfinishedIndexes are the partial indexes on unfinished jobs: an exporter
+// query may read pgfence.jobs only through them.
+var unfinishedIndexes = map[string]bool{"jobs_available_idx": true, "jobs_running_expiry_idx": true}
+
+// checkReadsNoFinishedJobs runs every exporter query on pgfence.jobs that log
+// recorded under EXPLAIN ANALYZE and fails unless each reads the table only
+// through the partial indexes on unfinished jobs (index, index-only or bitmap
+// scans) and fetches at most backlog rows from it (rows returned plus rows
+// removed by a filter or a recheck).
+func checkReadsNoFinishedJobs(t *testing.T, pool *pgxpool.Pool, log *queryLog, backlog int) {
+	t.Helper()
+	ctx := context.Background()
 	var qs []tracedQuery
+	seen := map[string]bool{}
 	for _, q := range log.matching("-- name: Exporter") {
-		if strings.Contains(q.sql, "pgfence.jobs") {
+		if strings.Contains(q.sql, "pgfence.jobs") && !seen[q.sql] {
+			seen[q.sql] = true
 			qs = append(qs, q)
 		}
 	}
@@ -721,19 +754,35 @@ func TestExportReadsNoFinishedJobs(t *testing.T) {
 	}
 	for _, q := range qs {
 		var plan []byte
-		if err := pool.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
+		if err := pool.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args...).Scan(&plan); err != nil {
 			t.Fatalf("explain: %v", err)
 		}
 		var nodes []any
 		if err := json.Unmarshal(plan, &nodes); err != nil {
 			t.Fatal(err)
 		}
+		var rows float64
 		var walk func(any)
 		walk = func(n any) {
 			switch n := n.(type) {
 			case map[string]any:
-				if n["Relation Name"] == "jobs" && n["Node Type"] != "Index Only Scan" && n["Node Type"] != "Index Scan" {
-					t.Errorf("%v on pgfence.jobs in\n%s\nplan: %s", n["Node Type"], q.sql, plan)
+				typ, _ := n["Node Type"].(string)
+				if idx, ok := n["Index Name"].(string); ok && !unfinishedIndexes[idx] {
+					t.Errorf("%s on index %s in\n%s\nplan: %s", typ, idx, q.sql, plan)
+				}
+				if n["Relation Name"] == "jobs" {
+					// A bitmap heap scan's bitmap comes from its Bitmap
+					// Index Scan children, checked above.
+					if typ != "Index Only Scan" && typ != "Index Scan" && typ != "Bitmap Heap Scan" {
+						t.Errorf("%s on pgfence.jobs in\n%s\nplan: %s", typ, q.sql, plan)
+					}
+					var r float64
+					for _, k := range []string{"Actual Rows", "Rows Removed by Filter", "Rows Removed by Index Recheck"} {
+						v, _ := n[k].(float64)
+						r += v
+					}
+					loops, _ := n["Actual Loops"].(float64)
+					rows += r * loops
 				}
 				for _, v := range n {
 					walk(v)
@@ -745,7 +794,82 @@ func TestExportReadsNoFinishedJobs(t *testing.T) {
 			}
 		}
 		walk(nodes)
+		if rows > float64(backlog) {
+			t.Errorf("the query read %v rows of pgfence.jobs, the backlog is %d:\n%s", rows, backlog, q.sql)
+		}
 	}
+}
+
+// finishedRowsEnv sets the number of finished jobs of
+// TestExportScrapeCostFinishedJobs (default 100,000; the figure in the
+// documentation was measured with 1,000,000).
+const finishedRowsEnv = "PGFENCE_EXPORTER_FINISHED_ROWS"
+
+// TestExportScrapeCostFinishedJobs measures a collection over a realistic
+// backlog (200 queues, 20,000 available jobs, 1,000 running of which 100 with
+// an expired claim) next to a long finished history (completed and dead
+// jobs, one in ten dead), and checks that the plans read no finished row.
+func TestExportScrapeCostFinishedJobs(t *testing.T) {
+	t.Parallel()
+	finished := 100_000
+	if v := os.Getenv(finishedRowsEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 100_000_000 {
+			t.Fatalf("%s=%q: want a number of rows (0..100000000)", finishedRowsEnv, v)
+		}
+		finished = n
+	}
+	const available, running, expired = 20_000, 1_000, 100
+	dsn := pgtest.DSN(t)
+	pool, log := tracedPool(t, dsn)
+	start := time.Now()
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, attempts, created_at, finished_at)
+		SELECT 'queue-' || (n % 1000), CASE WHEN n % 10 = 0 THEN 'dead' ELSE 'completed' END, 1,
+		       now() - interval '30 days', now() - make_interval(secs => n % 2592000)
+		FROM generate_series(1, $1::int) n`, finished)
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, run_at)
+		SELECT 'queue-' || (n % 200), now() - make_interval(secs => n % 600) FROM generate_series(1, $1::int) n`, available)
+	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, holder, claim_token, claim_expires_at, attempts)
+		SELECT 'queue-' || (n % 200), 'running', 'w-' || (n % 16), n,
+		       CASE WHEN n <= $2 THEN now() - interval '10 seconds' ELSE now() + interval '5 minutes' END, 1
+		FROM generate_series(1, $1::int) n`, running, expired)
+	exec(t, pool, "ANALYZE pgfence.jobs")
+	t.Logf("%d finished and %d unfinished jobs inserted in %v", finished, available+running, time.Since(start).Round(time.Millisecond))
+
+	e := newExporter(t, pool, Options{CacheTTL: -1})
+	const collections = 5
+	took := make([]float64, 0, collections)
+	var f families
+	for range collections {
+		code, body := scrape(t, e)
+		if code != http.StatusOK {
+			t.Fatalf("status %d: %s", code, body)
+		}
+		f = parse(t, body)
+		if f.get(t, "pgfence_up") != 1 {
+			t.Fatalf("collection failed:\n%s", body)
+		}
+		took = append(took, f.get(t, "pgfence_exporter_collect_seconds"))
+	}
+	slices.Sort(took)
+	if v := f.get(t, "pgfence_jobs_dead_total"); v != float64(finished/10) {
+		t.Errorf("dead total = %v, want %d", v, finished/10)
+	}
+	if v := f.get(t, "pgfence_jobs_queues"); v != 200 {
+		t.Errorf("queues = %v, want 200", v)
+	}
+	var avail, run, exp float64
+	for q := range f.labelValues("pgfence_jobs", "queue") {
+		avail += f.get(t, "pgfence_jobs", "queue", q, "state", "available")
+		run += f.get(t, "pgfence_jobs", "queue", q, "state", "running")
+		exp += f.get(t, "pgfence_jobs_expired_claims", "queue", q)
+	}
+	if avail != available || run != running || exp != expired {
+		t.Errorf("available %v running %v expired claims %v, want %d %d %d", avail, run, exp, available, running, expired)
+	}
+	checkReadsNoFinishedJobs(t, pool, log, available+running)
+	t.Logf("collection over %d finished jobs and a backlog of %d: min %.3fs, median %.3fs, max %.3fs (%d collections)",
+		finished, available+running, took[0], took[len(took)/2], took[len(took)-1], collections)
 }
 
 // TestExportOlderSchema: a database without the dead-job counters (migrated

@@ -68,6 +68,34 @@ func (e *Exporter) collect(ctx context.Context) (*snapshot, error) {
 	return s, nil
 }
 
+// Def describes one metric the exporter serves.
+type Def struct {
+	Name   string   // metric name, as served
+	Type   string   // "gauge" or "counter", as in the exposition's TYPE line
+	Help   string   // the HELP line
+	Labels []string // label names
+}
+
+// Catalog lists every metric the exporter serves.
+// Dashboards and alert rules may use these names (and observe.Catalog's).
+var Catalog = []Def{
+	{"pgfence_up", "gauge", "1 if the collection served could read pgfence's tables, else 0 (the exporter's log says why).", nil},
+	{"pgfence_locks", "gauge", "Lock rows by state on the database clock: held, expired (lease ran out without release), free.", []string{"state"}},
+	{"pgfence_lock_expired_seconds_max", "gauge", "Seconds since the longest-expired unreleased lease ran out (0 if none): a holder that died or was paused.", nil},
+	{"pgfence_lock_held_since_grant_seconds_max", "gauge", "Longest time since the grant among held leases: compare with the TTL to spot leases renewed far beyond it.", nil},
+	{"pgfence_lock_token_max", "gauge", "Highest fencing token in the lock table (tokens never go down; overflow is at 9223372036854775807).", nil},
+	{"pgfence_jobs", "gauge", "Unfinished jobs by queue and state (available, running). Only the queues with the most unfinished jobs are named; queue=\"" + OtherQueue + "\" sums up the rest.", []string{"queue", "state"}},
+	{"pgfence_jobs_queues", "gauge", "Queues that have unfinished jobs (named ones and those summed up in queue=\"" + OtherQueue + "\").", nil},
+	{"pgfence_jobs_claim_expired_seconds_max", "gauge", "Per queue, seconds since the oldest expired claim ran out (a stuck or dead worker); 0 if none.", []string{"queue"}},
+	{"pgfence_jobs_expired_claims", "gauge", "Per queue, running jobs whose claim expired without completion (claimable again).", []string{"queue"}},
+	{"pgfence_jobs_ready_age_seconds_max", "gauge", "Per queue, age in seconds of the oldest job that is ready to run but not claimed (queue latency).", []string{"queue"}},
+	{"pgfence_jobs_dead_total", "counter", "Jobs that went dead (out of attempts or given up), all queues, since migration 00011; deleting jobs does not lower it.", nil},
+	{"pgfence_jobs_dead_by_queue_total", "counter", "Jobs that went dead, for the queues with the most of them (others have no series; see pgfence_jobs_dead_total).", []string{"queue"}},
+	{"pgfence_exporter_collect_seconds", "gauge", "Time the collection served took (its database transaction).", nil},
+	{"pgfence_exporter_collections_total", "counter", "Collections run since the exporter started; scrapes in between were served from the cache or shared a collection.", nil},
+	{"pgfence_exporter_scrapes_rejected_total", "counter", "Scrapes answered 503 because too many waited for a collection, up to the collection served.", nil},
+}
+
 type descs struct {
 	up, locks, expiredMax, heldSinceGrant, maxToken                  *prometheus.Desc
 	jobs, queues, oldestClaim, expiredClaims, oldestReady            *prometheus.Desc
@@ -75,37 +103,30 @@ type descs struct {
 }
 
 func newDescs() descs {
+	desc := func(name string) *prometheus.Desc {
+		for _, d := range Catalog {
+			if d.Name == name {
+				return prometheus.NewDesc(d.Name, d.Help, d.Labels, nil)
+			}
+		}
+		panic("exporter: " + name + " is not in Catalog")
+	}
 	return descs{
-		up: prometheus.NewDesc("pgfence_up",
-			"1 if the collection served could read pgfence's tables, else 0 (the exporter's log says why).", nil, nil),
-		locks: prometheus.NewDesc("pgfence_locks",
-			"Lock rows by state on the database clock: held, expired (lease ran out without release), free.", []string{"state"}, nil),
-		expiredMax: prometheus.NewDesc("pgfence_lock_expired_seconds_max",
-			"Seconds since the longest-expired unreleased lease ran out (0 if none): a holder that died or was paused.", nil, nil),
-		heldSinceGrant: prometheus.NewDesc("pgfence_lock_held_since_grant_seconds_max",
-			"Longest time since the grant among held leases: compare with the TTL to spot leases renewed far beyond it.", nil, nil),
-		maxToken: prometheus.NewDesc("pgfence_lock_token_max",
-			"Highest fencing token in the lock table (tokens never go down; overflow is at 9223372036854775807).", nil, nil),
-		jobs: prometheus.NewDesc("pgfence_jobs",
-			"Unfinished jobs by queue and state (available, running). Only the queues with the most unfinished jobs are named; queue=\""+OtherQueue+"\" sums up the rest.", []string{"queue", "state"}, nil),
-		queues: prometheus.NewDesc("pgfence_jobs_queues",
-			"Queues that have unfinished jobs (named ones and those summed up in queue=\""+OtherQueue+"\").", nil, nil),
-		oldestClaim: prometheus.NewDesc("pgfence_jobs_claim_expired_seconds_max",
-			"Per queue, seconds since the oldest expired claim ran out (a stuck or dead worker); 0 if none.", []string{"queue"}, nil),
-		expiredClaims: prometheus.NewDesc("pgfence_jobs_expired_claims",
-			"Per queue, running jobs whose claim expired without completion (claimable again).", []string{"queue"}, nil),
-		oldestReady: prometheus.NewDesc("pgfence_jobs_ready_age_seconds_max",
-			"Per queue, age in seconds of the oldest job that is ready to run but not claimed (queue latency).", []string{"queue"}, nil),
-		deadTotal: prometheus.NewDesc("pgfence_jobs_dead_total",
-			"Jobs that went dead (out of attempts or given up), all queues, since migration 00011; deleting jobs does not lower it.", nil, nil),
-		deadByQueue: prometheus.NewDesc("pgfence_jobs_dead_by_queue_total",
-			"Jobs that went dead, for the queues with the most of them (others have no series; see pgfence_jobs_dead_total).", []string{"queue"}, nil),
-		collectSeconds: prometheus.NewDesc("pgfence_exporter_collect_seconds",
-			"Time the collection served took (its database transaction).", nil, nil),
-		collections: prometheus.NewDesc("pgfence_exporter_collections_total",
-			"Collections run since the exporter started; scrapes in between were served from the cache or shared a collection.", nil, nil),
-		rejectedTot: prometheus.NewDesc("pgfence_exporter_scrapes_rejected_total",
-			"Scrapes answered 503 because too many waited for a collection, up to the collection served.", nil, nil),
+		up:             desc("pgfence_up"),
+		locks:          desc("pgfence_locks"),
+		expiredMax:     desc("pgfence_lock_expired_seconds_max"),
+		heldSinceGrant: desc("pgfence_lock_held_since_grant_seconds_max"),
+		maxToken:       desc("pgfence_lock_token_max"),
+		jobs:           desc("pgfence_jobs"),
+		queues:         desc("pgfence_jobs_queues"),
+		oldestClaim:    desc("pgfence_jobs_claim_expired_seconds_max"),
+		expiredClaims:  desc("pgfence_jobs_expired_claims"),
+		oldestReady:    desc("pgfence_jobs_ready_age_seconds_max"),
+		deadTotal:      desc("pgfence_jobs_dead_total"),
+		deadByQueue:    desc("pgfence_jobs_dead_by_queue_total"),
+		collectSeconds: desc("pgfence_exporter_collect_seconds"),
+		collections:    desc("pgfence_exporter_collections_total"),
+		rejectedTot:    desc("pgfence_exporter_scrapes_rejected_total"),
 	}
 }
 

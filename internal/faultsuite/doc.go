@@ -6,6 +6,6 @@
 // invariants they must keep (no stale write lands, nothing is lost).
 //
 // The short forms run with `go test ./...`. Set PGFENCE_FAULTS_LONG=1 for the
-// long forms (more iterations); the figures they print are published in the
-// README's Reliability section.
+// long forms (more iterations); the figures they print are published in
+// docs/reliability.md.
 package faultsuite

@@ -28,30 +28,30 @@ const (
 	sqlStateLeaseRule      = "PF010" // not a grant, renewal, release or wait mark the lease's state allows
 )
 
-// readmeGrants returns the grants of README.md's "### Privileges" section
+// readmeGrants returns the grants of docs/migrations.md's "## Privileges" section
 // (its first sql block) with %s in place of role app. The tests run with
-// exactly what the README tells users to grant.
+// exactly what docs/migrations.md tells users to grant.
 func readmeGrants(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/migrations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, sec, ok := strings.Cut(string(b), "\n### Privileges\n")
+	_, sec, ok := strings.Cut(string(b), "\n## Privileges\n")
 	if !ok {
-		t.Fatal(`README.md has no "### Privileges" section`)
+		t.Fatal(`docs/migrations.md has no "## Privileges" section`)
 	}
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	_, block, ok := strings.Cut(sec, "```sql\n")
 	if !ok {
-		t.Fatal("README.md's Privileges section has no sql block")
+		t.Fatal("docs/migrations.md's Privileges section has no sql block")
 	}
 	block, _, ok = strings.Cut(block, "```")
 	if !ok {
-		t.Fatal("README.md's Privileges sql block is not closed")
+		t.Fatal("docs/migrations.md's Privileges sql block is not closed")
 	}
 	if !strings.Contains(block, "ON pgfence.locks TO app;") {
-		t.Fatalf("README.md's Privileges block grants nothing on pgfence.locks to app:\n%s", block)
+		t.Fatalf("docs/migrations.md's Privileges block grants nothing on pgfence.locks to app:\n%s", block)
 	}
 	return strings.ReplaceAll(block, " TO app;", " TO %s;")
 }
@@ -118,7 +118,7 @@ func sqlState(err error) string {
 }
 
 // integritySetup returns a migrated database's admin pool (superuser, owner
-// of pgfence.locks), a pool as a role with exactly the README's run-time
+// of pgfence.locks), a pool as a role with exactly docs/migrations.md's run-time
 // grants plus SELECT, UPDATE on a guarded table integ_items (one row, id 1,
 // governed by lock "victim"), and that role's name.
 func integritySetup(t *testing.T, ctx context.Context) (dsn string, admin, app *pgxpool.Pool, role string) {
@@ -145,7 +145,7 @@ func newIntegLocker(t *testing.T, pool *pgxpool.Pool, cfg pglock.Config) *pglock
 	return l
 }
 
-// TestLockIntegrityProbes: as a role with exactly the README's grants, every
+// TestLockIntegrityProbes: as a role with exactly docs/migrations.md's grants, every
 // way of writing pgfence.locks other than pglock's grant, renewal, release and
 // wait mark is refused with PF009 or PF010, and nothing changes: forged,
 // lowered, skipped and reset tokens, stolen, extended, revived and shortened
@@ -323,7 +323,7 @@ func TestLockIntegrityProbes(t *testing.T) {
 }
 
 // TestLockIntegrityAppPaths: with the trigger in place, everything pglock,
-// fencedwrite and skiplocked do works as a role with exactly the README's
+// fencedwrite and skiplocked do works as a role with exactly docs/migrations.md's
 // grants: first grant, grant of a free and of an expired lease, renewal,
 // keep-alive, Adopt, RenewToken and ReleaseToken, release, AcquireMany, the
 // longest TTL, a waiter's wait mark and the release's NOTIFY, fenced writes
@@ -505,7 +505,7 @@ func TestLockIntegrityAppPaths(t *testing.T) {
 	}
 }
 
-// TestLockIntegrityContended: eight lockers of the README role hand one lock
+// TestLockIntegrityContended: eight lockers of the documented role hand one lock
 // to each other (grants, waiters' marks and notifies, renewals, releases all
 // racing) and the trigger refuses none of it; the tokens issued are exactly
 // 1..n.
@@ -553,7 +553,7 @@ func TestLockIntegrityContended(t *testing.T) {
 
 // TestLockIntegrityOwnerMaintenance: the table's owner, a member of the
 // owner's role and a superuser may change lock rows freely (the epoch bump
-// after a failover, clearing a lease, deleting a row); the README role may
+// after a failover, clearing a lease, deleting a row); the documented role may
 // not, even with the owner changed; a role granted DELETE and TRUNCATE is
 // refused by the trigger.
 func TestLockIntegrityOwnerMaintenance(t *testing.T) {
@@ -568,7 +568,7 @@ func TestLockIntegrityOwnerMaintenance(t *testing.T) {
 	const epoch = int64(1) << 32
 	bump := "UPDATE pgfence.locks SET token = token + $1"
 
-	// The README role cannot bump.
+	// The documented role cannot bump.
 	if _, err := app.Exec(ctx, bump, epoch); sqlState(err) != sqlStateTokenIntegrity {
 		t.Fatalf("epoch bump as the app role: %v, want %s", err, sqlStateTokenIntegrity)
 	}
@@ -607,7 +607,7 @@ func TestLockIntegrityOwnerMaintenance(t *testing.T) {
 	}
 	_ = s.Release(ctx)
 
-	// A role granted DELETE and TRUNCATE (beyond the README) is refused by
+	// A role granted DELETE and TRUNCATE (beyond docs/migrations.md) is refused by
 	// the trigger; the owner may delete.
 	sloppy := integRole(t, ctx, admin, "pgfence_integ_sloppy", "GRANT USAGE ON SCHEMA pgfence TO %s; GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON pgfence.locks TO %s;")
 	sloppyPool := poolAs(t, dsn, sloppy)
@@ -629,7 +629,7 @@ func TestLockIntegrityOwnerMaintenance(t *testing.T) {
 // TestLockIntegrityStateMachine tries every combination of new values for
 // token, holder, acquired_at, renewed_at, expires_at and waiting_since on a
 // free, a held and an expired lock (4860 UPDATEs) and for a new row (384
-// INSERTs), as the README role, each in a subtransaction that is rolled
+// INSERTs), as the documented role, each in a subtransaction that is rolled
 // back, and checks each outcome against the documented table: a grant
 // (token + 1 of a free or expired lease, with a holder, acquired_at =
 // now(), renewed_at NULL and an expiry within 24 hours, waiting_since kept),

@@ -236,7 +236,7 @@ type counters struct {
 	m  map[string]float64
 }
 
-func (c *counters) Add(name string, delta float64, labels ...string) {
+func (c *counters) Add(_ context.Context, name string, delta float64, labels ...string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -245,7 +245,7 @@ func (c *counters) Add(name string, delta float64, labels ...string) {
 	c.m[name+"|"+strings.Join(labels, ",")] += delta
 }
 
-func (c *counters) Observe(string, float64, ...string) {}
+func (c *counters) Observe(context.Context, string, float64, ...string) {}
 
 func (c *counters) get(name string, labels ...string) int {
 	c.mu.Lock()

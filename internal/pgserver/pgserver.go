@@ -1,5 +1,5 @@
-// Package pgserver finds or starts a PostgreSQL server for pgfence's tests, its
-// demo and its benchmarks.
+// Package pgserver finds or starts a PostgreSQL server for pgfence's tests and
+// benchmarks.
 //
 // [Start] tries, in order:
 //
@@ -7,38 +7,34 @@
 //     [Options.EnvVar] (for tests: PGFENCE_TEST_DATABASE_URL);
 //  2. testcontainers-go's postgres module, when a Docker engine answers;
 //  3. a throwaway cluster made from the PostgreSQL server binaries found on PATH or
-//     under /usr/lib/postgresql/*/bin: initdb in a temporary directory, then the
-//     postmaster started as a child process listening on 127.0.0.1 and a unix
-//     socket inside that directory. When the current process is root, the cluster
-//     runs as the "postgres" user (or "nobody"), since PostgreSQL refuses to run
-//     as root.
+//     under /usr/lib/postgresql/*/bin, started by package localpg: initdb in a
+//     temporary directory, then the postmaster as a child process listening on
+//     127.0.0.1 and a unix socket inside that directory, as the "postgres" user
+//     (or "nobody") when the current process is root.
 //
 // If none of these works, Start returns an [*UnavailableError] that names what to
-// install. A local cluster is started with the parent-death signal set, so it dies
-// with the process that started it even when that process is killed; its
-// directory is removed by [Server.Stop], and directories left behind by a process
-// that died are swept by the next Start.
+// install. A local cluster dies with the process that started it even when that
+// process is killed (Linux); its directory is removed by [Server.Stop], and
+// directories left behind by a process that died are swept by the next Start.
+//
+// pgserver links testcontainers and the Docker client: it is for tests and the
+// bench module only. Programs shipped to users (cmd/pgfence) use localpg.
 package pgserver
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/localpg"
 )
 
 // Kind names the way a server was obtained.
@@ -109,7 +105,7 @@ type Server struct {
 	// Attempts lists every way Start tried, including those that failed.
 	Attempts []Attempt
 
-	local     *localCluster
+	local     *localpg.Cluster
 	terminate func(context.Context) error
 	stopOnce  sync.Once
 	stopErr   error
@@ -154,13 +150,17 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		attempts = append(attempts, Attempt{KindLocal, errors.New("disabled")})
 		return nil, &UnavailableError{Attempts: attempts}
 	}
-	lc, err := startLocal(ctx, opts, logw)
+	lc, err := localpg.Start(ctx, localpg.Options{
+		Durable:  opts.Durable,
+		Settings: opts.Settings,
+		Log:      logw,
+	})
 	if err != nil {
 		attempts = append(attempts, Attempt{KindLocal, err})
 		return nil, &UnavailableError{Attempts: attempts}
 	}
 	attempts = append(attempts, Attempt{Kind: KindLocal})
-	return &Server{Kind: KindLocal, DSN: lc.dsn(), Attempts: attempts, local: lc}, nil
+	return &Server{Kind: KindLocal, DSN: lc.DSN(), Attempts: attempts, local: lc}, nil
 }
 
 // Stop shuts the server down and removes what Start created. A DSN server is
@@ -169,7 +169,7 @@ func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
 		switch {
 		case s.local != nil:
-			s.stopErr = s.local.stop()
+			s.stopErr = s.local.Stop()
 		case s.terminate != nil:
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -188,7 +188,7 @@ func (s *Server) DataDir() string {
 	if s.local == nil {
 		return ""
 	}
-	return s.local.dataDir
+	return s.local.DataDir()
 }
 
 // BinDir returns the directory of the PostgreSQL binaries of a local cluster, or "".
@@ -196,7 +196,7 @@ func (s *Server) BinDir() string {
 	if s.local == nil {
 		return ""
 	}
-	return s.local.binDir
+	return s.local.BinDir()
 }
 
 // Kill stops a local cluster without removing its data: sig SIGQUIT is an
@@ -205,7 +205,7 @@ func (s *Server) Kill(sig syscall.Signal) error {
 	if s.local == nil {
 		return errors.New("pgserver: Kill needs a local cluster")
 	}
-	return s.local.kill(sig)
+	return s.local.Kill(sig)
 }
 
 // Restart starts a local cluster stopped by [Server.Kill] again, on the same
@@ -214,7 +214,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if s.local == nil {
 		return errors.New("pgserver: Restart needs a local cluster")
 	}
-	return s.local.start(ctx)
+	return s.local.Restart(ctx)
 }
 
 func ping(ctx context.Context, dsn string) error {
@@ -228,288 +228,9 @@ func ping(ctx context.Context, dsn string) error {
 	return conn.Ping(ctx)
 }
 
-// ---- local binaries ----
-
-const dirPrefix = "pgfence-pg-"
-
-type localCluster struct {
-	binDir  string
-	dir     string
-	dataDir string
-	sockDir string
-	port    int
-	cred    *syscall.Credential
-	args    []string
-	logPath string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func (c *localCluster) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
-}
-
-// FindBinDir returns the directory holding initdb, pg_ctl, postgres and the
-// other server binaries (pg_basebackup, ...): the one of postgres on PATH
-// (links followed) first, else the highest version under
-// /usr/lib/postgresql/*/bin.
-func FindBinDir() (string, error) {
-	if p, err := exec.LookPath("postgres"); err == nil {
-		// PATH often holds links (Debian's /usr/local/bin or pg_wrapper):
-		// follow them to the directory that also has pg_basebackup & co.
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			p = real
-		}
-		dir := filepath.Dir(p)
-		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
-			return dir, nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	return "", errors.New("initdb not found on PATH or under /usr/lib/postgresql/*/bin")
-}
-
-func versionOf(binDir string) float64 {
-	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
-	return v
-}
-
-func startLocal(ctx context.Context, opts Options, logw io.Writer) (*localCluster, error) {
-	binDir, err := FindBinDir()
-	if err != nil {
-		return nil, err
-	}
-	sweepStale()
-
-	dir, err := os.MkdirTemp("", dirPrefix+"*")
-	if err != nil {
-		return nil, err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = os.RemoveAll(dir)
-		}
-	}()
-	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		return nil, err
-	}
-	c := &localCluster{
-		binDir:  binDir,
-		dir:     dir,
-		dataDir: filepath.Join(dir, "data"),
-		sockDir: filepath.Join(dir, "sock"),
-		logPath: filepath.Join(dir, "postgres.log"),
-	}
-	if err := os.Mkdir(c.sockDir, 0o700); err != nil {
-		return nil, err
-	}
-	if os.Geteuid() == 0 {
-		cred, err := unprivilegedUser()
-		if err != nil {
-			return nil, err
-		}
-		c.cred = cred
-		for _, p := range []string{dir, c.sockDir} {
-			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
-				return nil, err
-			}
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			return nil, err
-		}
-	}
-
-	fmt.Fprintf(logw, "pgserver: initdb in %s\n", dir)
-	initdb := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
-		"-D", c.dataDir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	initdb.Dir = dir
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v: %s", err, lastLines(out, 10))
-	}
-
-	settings := map[string]string{
-		"listen_addresses":           "127.0.0.1",
-		"unix_socket_directories":    c.sockDir,
-		"max_connections":            "400",
-		"shared_buffers":             "128MB",
-		"log_min_messages":           "warning",
-		"max_wal_senders":            "4",
-		"wal_level":                  "replica",
-		"max_replication_slots":      "4",
-		"lc_messages":                "C",
-		"dynamic_shared_memory_type": "posix",
-	}
-	if !opts.Durable {
-		settings["fsync"] = "off"
-		settings["full_page_writes"] = "off"
-	}
-	for k, v := range opts.Settings {
-		settings[k] = v
-	}
-	keys := make([]string, 0, len(settings))
-	for k := range settings {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		c.args = append(c.args, "-c", k+"="+settings[k])
-	}
-
-	var lastErr error
-	for range 5 {
-		c.port, err = FreePort()
-		if err != nil {
-			return nil, err
-		}
-		if lastErr = c.start(ctx); lastErr == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	if lastErr != nil {
-		return nil, lastErr
-	}
-	fmt.Fprintf(logw, "pgserver: PostgreSQL from %s listening on 127.0.0.1:%d\n", binDir, c.port)
-	ok = true
-	return c, nil
-}
-
-func (c *localCluster) start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cmd != nil {
-		return errors.New("pgserver: cluster already running")
-	}
-	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	args := append([]string{"-D", c.dataDir, "-p", strconv.Itoa(c.port)}, c.args...)
-	cmd := exec.Command(filepath.Join(c.binDir, "postgres"), args...)
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.Dir = c.dir
-	// Pdeathsig: the postmaster gets SIGQUIT (immediate shutdown) if this
-	// process dies first, so no server outlives a crashed test binary.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start postgres: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}()
-	c.cmd, c.done = cmd, done
-
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-done:
-			c.cmd, c.done = nil, nil
-			out, _ := os.ReadFile(c.logPath)
-			return fmt.Errorf("postgres exited during startup: %s", lastLines(out, 15))
-		default:
-		}
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := ping(pctx, c.dsn())
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			_ = cmd.Process.Signal(syscall.SIGQUIT)
-			<-done
-			c.cmd, c.done = nil, nil
-			out, _ := os.ReadFile(c.logPath)
-			return fmt.Errorf("postgres did not accept connections: %v: %s", err, lastLines(out, 15))
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-}
-
-func (c *localCluster) kill(sig syscall.Signal) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cmd == nil {
-		return nil
-	}
-	_ = c.cmd.Process.Signal(sig)
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
-	c.cmd, c.done = nil, nil
-	return nil
-}
-
-func (c *localCluster) stop() error {
-	_ = c.kill(syscall.SIGINT)
-	return os.RemoveAll(c.dir)
-}
-
-func unprivilegedUser() (*syscall.Credential, error) {
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), NoSetGroups: true}, nil
-	}
-	return nil, errors.New("running as root and no unprivileged user (postgres or nobody) exists to run PostgreSQL")
-}
+// FindBinDir returns the directory holding the PostgreSQL server binaries; see
+// [localpg.FindBinDir].
+func FindBinDir() (string, error) { return localpg.FindBinDir() }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// sweepStale removes cluster directories whose owning process no longer exists
-// (a test binary killed before it could clean up).
-func sweepStale() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			_ = os.RemoveAll(d)
-		}
-	}
-}
-
-func lastLines(b []byte, n int) string {
-	lines := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte(" | ")))
-}
+func FreePort() (int, error) { return localpg.FreePort() }

@@ -10,6 +10,11 @@
 // Use [Main] from TestMain so the server is stopped when the tests end:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// Examples connect the way an application does, through an environment
+// variable; [ExportDSN] makes Main give them a database of their own:
+//
+//	func TestMain(m *testing.M) { pgtest.Main(m, pgtest.ExportDSN("DATABASE_URL")) }
 package pgtest
 
 import (
@@ -48,8 +53,18 @@ var (
 
 // Main runs the tests, stops the server, and fails the binary if goroutines
 // leaked. Use it as the body of TestMain.
-func Main(m *testing.M) {
-	code := m.Run()
+func Main(m *testing.M, opts ...Option) {
+	var o mainOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	code := 1
+	if drop, err := o.export(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+	} else {
+		code = m.Run()
+		drop()
+	}
 	Shutdown()
 	if code == 0 {
 		if err := goleak.Find(ignoredGoroutines()...); err != nil {
@@ -58,6 +73,58 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// Option configures [Main].
+type Option func(*mainOptions)
+
+type mainOptions struct {
+	env      string // "" when nothing is exported
+	migrated bool
+}
+
+// ExportDSN makes [Main] create a database with pgfence's migrations applied
+// (as [DSN] does) before the tests run, and set the environment variable env
+// to its DSN: for examples, which read their DSN as an application does.
+// The database is dropped when the tests end. If no server can be had, Main
+// fails the binary with the message that says what to install.
+func ExportDSN(env string) Option {
+	return func(o *mainOptions) { o.env, o.migrated = env, true }
+}
+
+// ExportEmptyDSN is [ExportDSN] with an empty database (see [EmptyDSN]), for
+// examples that apply the migrations themselves.
+func ExportEmptyDSN(env string) Option {
+	return func(o *mainOptions) { o.env, o.migrated = env, false }
+}
+
+// export creates the database of the options, if any, and sets the variable.
+// drop removes the database again.
+func (o mainOptions) export() (drop func(), err error) {
+	if o.env == "" {
+		return func() {}, nil
+	}
+	s, err := server()
+	if err != nil {
+		return nil, err
+	}
+	template := ""
+	if o.migrated {
+		tmplOnce.Do(func() { tmplErr = makeTemplate(s) })
+		if tmplErr != nil {
+			return nil, fmt.Errorf("migrate template database: %w", tmplErr)
+		}
+		template = tmplName
+	}
+	name, err := createDatabase(s, template)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Setenv(o.env, withDatabase(s.DSN, name)); err != nil {
+		dropDatabase(s, name)
+		return nil, err
+	}
+	return func() { dropDatabase(s, name) }, nil
 }
 
 func ignoredGoroutines() []goleak.Option {
@@ -178,12 +245,23 @@ func makeTemplate(s *pgserver.Server) error {
 func createDB(t testing.TB, template string) string {
 	t.Helper()
 	s := Server(t)
+	name, err := createDatabase(s, template)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { dropDatabase(s, name) })
+	return withDatabase(s.DSN, name)
+}
+
+// createDatabase creates a database with a name of this run, from template
+// when it is not "", and returns its name.
+func createDatabase(s *pgserver.Server, template string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("pgfence_t_%s_%d", runID, seq.Add(1))
 	admin, err := pgx.Connect(ctx, s.DSN)
 	if err != nil {
-		t.Fatalf("pgtest: connect: %v", err)
+		return "", fmt.Errorf("connect: %w", err)
 	}
 	defer admin.Close(context.Background())
 	stmt := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
@@ -195,19 +273,22 @@ func createDB(t testing.TB, template string) string {
 		}
 	}
 	if _, err := admin.Exec(ctx, stmt); err != nil {
-		t.Fatalf("pgtest: %s: %v", stmt, err)
+		return "", fmt.Errorf("%s: %w", stmt, err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, s.DSN)
-		if err != nil {
-			return // server already gone
-		}
-		defer conn.Close(ctx)
-		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	})
-	return withDatabase(s.DSN, name)
+	return name, nil
+}
+
+// dropDatabase drops database name, ending its sessions; a server that is
+// already gone took it with it.
+func dropDatabase(s *pgserver.Server, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.DSN)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
 // withDatabase replaces the database of a URL- or keyword-style DSN.

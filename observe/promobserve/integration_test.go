@@ -20,7 +20,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // value returns a counter's value or a histogram's sample count for the
-// series of name whose labels include want.
+// series of name whose labels include want (each of them present).
 func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
 	fams, err := reg.Gather()
@@ -33,10 +33,17 @@ func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]
 		}
 	next:
 		for _, m := range f.Metric {
+			matched := 0
 			for _, lp := range m.Label {
-				if v, ok := want[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
+				if v, ok := want[lp.GetName()]; ok {
+					if v != lp.GetValue() {
+						continue next
+					}
+					matched++
 				}
+			}
+			if matched != len(want) {
+				continue // a wanted label is missing
 			}
 			if c := m.GetCounter(); c != nil {
 				return c.GetValue()
@@ -45,6 +52,32 @@ func value(t *testing.T, reg *prometheus.Registry, name string, want map[string]
 		}
 	}
 	return 0
+}
+
+// exists reports whether reg has a series of name whose labels include want.
+func exists(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) bool {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.Metric {
+			n := 0
+			for _, lp := range m.Label {
+				if v, ok := want[lp.GetName()]; ok && v == lp.GetValue() {
+					n++
+				}
+			}
+			if n == len(want) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestMetricsFromRealOperations drives pglock and fencedwrite against
@@ -142,13 +175,23 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if _, err := tbl.Update(ctx, pool, 6, []any{2}, []any{13}); !errors.Is(err, fencedwrite.ErrNotFound) {
 		t.Fatalf("missing: %v", err)
 	}
+	// The table label is schema.name as resolved, though the spec said "items".
+	var schema string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	table := schema + ".items"
+	// Prepare created the table's series at 0, before any refusal.
+	if !exists(t, reg, observe.FencedRefusedTotal, map[string]string{"table": table, "reason": observe.RefusedGuard}) {
+		t.Errorf("no %s{table=%q,reason=guard} series after Prepare", observe.FencedRefusedTotal, table)
+	}
 	for reason, want := range map[string]float64{observe.RefusedStale: 1, observe.RefusedAlreadyApplied: 1, observe.RefusedNotFound: 1, observe.RefusedGuard: 0} {
-		if v := value(t, reg, observe.FencedRefusedTotal, map[string]string{"reason": reason}); v != want {
-			t.Errorf("rejected{%s} = %v, want %v", reason, v, want)
+		if v := value(t, reg, observe.FencedRefusedTotal, map[string]string{"table": table, "reason": reason}); v != want {
+			t.Errorf("rejected{%s,%s} = %v, want %v", table, reason, v, want)
 		}
 	}
-	if v := value(t, reg, observe.FencedWritesTotal, nil); v != 1 {
-		t.Errorf("fenced writes = %v, want 1", v)
+	if v := value(t, reg, observe.FencedWritesTotal, map[string]string{"table": table}); v != 1 {
+		t.Errorf("fenced writes{%s} = %v, want 1", table, v)
 	}
 }
 
@@ -209,6 +252,9 @@ func TestWorkerMetrics(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	q := map[string]string{"queue": "mail"}
+	if !exists(t, reg, observe.ClaimsLostTotal, q) {
+		t.Errorf("no %s{queue=mail} series: NewWorker did not create it", observe.ClaimsLostTotal)
+	}
 	for name, want := range map[string]float64{
 		observe.RowsClaimedTotal: 3, observe.RowsCompletedTotal: 2, observe.RowsFailedTotal: 1,
 		observe.RowsDeadTotal: 1, observe.ClaimsLostTotal: 0,

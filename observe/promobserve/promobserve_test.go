@@ -1,36 +1,43 @@
 package promobserve_test
 
 import (
+	"bytes"
+	"context"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
 )
 
 func TestAdapter(t *testing.T) {
+	ctx := context.Background()
 	reg := prometheus.NewRegistry()
 	m, err := promobserve.New(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Add(observe.FencedRefusedTotal, 1, observe.RefusedStale)
-	m.Add(observe.FencedRefusedTotal, 2, observe.RefusedStale)
-	m.Add(observe.FencedRefusedTotal, 1, observe.RefusedGuard)
-	m.Add("not_a_pgfence_metric", 1)               // ignored
-	m.Add(observe.FencedRefusedTotal, 1, "a", "b") // wrong label count: ignored
-	m.Observe(observe.LeaseAcquireSeconds, 0.002, observe.OutcomeGranted)
+	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items", observe.RefusedStale)
+	m.Add(ctx, observe.FencedRefusedTotal, 2, "public.items", observe.RefusedStale)
+	m.Add(ctx, observe.FencedRefusedTotal, 1, "app.orders", observe.RefusedGuard)
+	m.Add(ctx, "not_a_pgfence_metric", 1)                     // ignored
+	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items") // wrong label count: ignored
+	m.Observe(ctx, observe.FencedRefusedTotal, 1, "a", "b")   // a counter observed: ignored
+	m.Observe(ctx, observe.LeaseAcquireSeconds, 0.002, observe.OutcomeGranted)
 
 	want := `
-# HELP pgfence_fenced_write_refused_total Fenced writes refused, by reason (stale, already_applied, not_found, guard).
+# HELP pgfence_fenced_write_refused_total Fenced writes refused, by table (schema.name) and reason (stale, already_applied, not_found, guard).
 # TYPE pgfence_fenced_write_refused_total counter
-pgfence_fenced_write_refused_total{reason="guard"} 1
-pgfence_fenced_write_refused_total{reason="stale"} 3
+pgfence_fenced_write_refused_total{reason="guard",table="app.orders"} 1
+pgfence_fenced_write_refused_total{reason="stale",table="public.items"} 3
 `
-	if err := testutil.GatherAndCompare(reg, stringsReader(want), observe.FencedRefusedTotal); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), observe.FencedRefusedTotal); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(reg, observe.LeaseAcquireSeconds); n != 1 {
@@ -42,11 +49,134 @@ pgfence_fenced_write_refused_total{reason="stale"} 3
 	}
 }
 
-func TestNop(t *testing.T) {
-	observe.OrNop(nil).Add(observe.FencedWritesTotal, 1)
-	if observe.OrNop(nil) != observe.Nop {
-		t.Fatal("OrNop(nil) is not Nop")
+// TestEveryCatalogMetricRegistered: New declares the whole catalog with its
+// kind, help and label names.
+func TestEveryCatalogMetricRegistered(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, d := range observe.Catalog {
+		lv := make([]string, len(d.Labels))
+		for i := range lv {
+			lv[i] = "v"
+		}
+		if d.Kind == observe.Counter {
+			m.Add(ctx, d.Name, 1, lv...)
+		} else {
+			m.Observe(ctx, d.Name, 0.01, lv...)
+		}
+	}
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*dto.MetricFamily{}
+	for _, f := range fams {
+		got[f.GetName()] = f
+	}
+	for _, d := range observe.Catalog {
+		f := got[d.Name]
+		if f == nil {
+			t.Errorf("%s not registered", d.Name)
+			continue
+		}
+		wantType := dto.MetricType_COUNTER
+		if d.Kind == observe.Histogram {
+			wantType = dto.MetricType_HISTOGRAM
+		}
+		if f.GetType() != wantType || f.GetHelp() != d.Help || len(f.Metric) != 1 || len(f.Metric[0].Label) != len(d.Labels) {
+			t.Errorf("%s: type %v help %q, %d series", d.Name, f.GetType(), f.GetHelp(), len(f.Metric))
+		}
+	}
+	if len(got) != len(observe.Catalog) {
+		t.Errorf("%d families for %d catalog entries", len(got), len(observe.Catalog))
 	}
 }
 
-func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+type traceKey struct{}
+
+// TestExemplars: with ExemplarFromContext, samples carry the labels it returns
+// for the operation's context; labels Prometheus would refuse are dropped and
+// the sample is still recorded.
+func TestExemplars(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg, promobserve.ExemplarFromContext(func(ctx context.Context) prometheus.Labels {
+		id, _ := ctx.Value(traceKey{}).(string)
+		if id == "" {
+			return nil
+		}
+		return prometheus.Labels{"trace_id": id}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	traced := context.WithValue(context.Background(), traceKey{}, "4bf92f3577b34da6a3ce929d0e0e4736")
+	m.Add(traced, observe.RowsClaimedTotal, 3, "mail")
+	m.Observe(traced, observe.ClaimSeconds, 0.004, "mail")
+	m.Add(context.Background(), observe.RowsClaimedTotal, 1, "sms") // no trace: no exemplar
+	tooLong := context.WithValue(context.Background(), traceKey{}, strings.Repeat("x", prometheus.ExemplarMaxRunes))
+	m.Add(tooLong, observe.RowsClaimedTotal, 1, "push")   // refused exemplar: plain sample
+	m.Observe(tooLong, observe.ClaimSeconds, 0.5, "push") // no panic either
+
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exemplars := map[string]string{} // queue -> trace id of the counter's exemplar
+	values := map[string]float64{}
+	var histTrace string
+	for _, f := range fams {
+		for _, s := range f.Metric {
+			queue := s.Label[0].GetValue()
+			switch f.GetName() {
+			case observe.RowsClaimedTotal:
+				values[queue] = s.GetCounter().GetValue()
+				if e := s.GetCounter().GetExemplar(); e != nil {
+					exemplars[queue] = e.Label[0].GetValue()
+				}
+			case observe.ClaimSeconds:
+				for _, b := range s.GetHistogram().GetBucket() {
+					if e := b.GetExemplar(); e != nil && queue == "mail" {
+						histTrace = e.Label[0].GetValue()
+					} else if e != nil {
+						t.Errorf("histogram exemplar on queue %s", queue)
+					}
+				}
+			}
+		}
+	}
+	if values["mail"] != 3 || values["sms"] != 1 || values["push"] != 1 {
+		t.Errorf("counter values %v", values)
+	}
+	if len(exemplars) != 1 || exemplars["mail"] != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("counter exemplars %v", exemplars)
+	}
+	if histTrace != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("histogram exemplar %q", histTrace)
+	}
+
+	// Served in the OpenMetrics format, the exemplar is on the sample line.
+	h := promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	req := httptest.NewRequest("GET", "/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if !bytes.Contains(rec.Body.Bytes(), []byte(`pgfence_rows_claimed_total{queue="mail"} 3.0 # {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 3.0`)) {
+		t.Errorf("OpenMetrics exposition lacks the exemplar:\n%s", rec.Body.Bytes())
+	}
+}
+
+func TestNop(t *testing.T) {
+	observe.OrNop(nil).Add(context.Background(), observe.FencedWritesTotal, 1, "public.items")
+	observe.OrNop(nil).Observe(context.Background(), observe.ClaimSeconds, 1, "q")
+	if observe.OrNop(nil) != observe.Nop {
+		t.Fatal("OrNop(nil) is not Nop")
+	}
+	var m observe.Metrics = &promobserve.Metrics{}
+	if observe.OrNop(m) != m {
+		t.Fatal("OrNop(m) is not m")
+	}
+}

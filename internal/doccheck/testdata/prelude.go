@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/pglock"
+	"github.com/pgfence/pgfence/skiplocked"
 )
 
 // Set up earlier in the document, or by the reader's program.
@@ -44,3 +45,9 @@ func runAssigner(ctx context.Context, token int64) {}
 
 // rebuild rebuilds one part of a cache.
 func rebuild(part string) {}
+
+// render renders an invoice's PDF and returns its address.
+func render(ctx context.Context) string { return "" }
+
+// applyFile is a skiplocked.TxHandler: it applies one job's file through tx.
+func applyFile(ctx context.Context, tx pgx.Tx, job skiplocked.Job) error { return nil }
