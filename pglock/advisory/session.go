@@ -158,7 +158,9 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 	startup := conn.Conn().PgConn().PID()
 	var pid1 uint32
 	if err := conn.QueryRow(ctx, pidSQL, execMode).Scan(&pid1); err != nil {
-		conn.Release()
+		// Closed now, not by the pool later: a cancelled statement leaves
+		// the connection closing, and the caller gets it back accounted for.
+		destroy(conn)
 		return nil, &DBError{Op: "check backend for", Key: key, Err: ctxErr(ctx, err)}
 	}
 	if pid1 != startup && !c.AllowPooler {
@@ -173,7 +175,11 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// another backend; a transaction-mode pooler hands out the server
 		// connection our statement just released.
 		if err := probeSharedBackend(ctx, pool, pid1); err != nil {
-			conn.Release()
+			if ctx.Err() != nil {
+				destroy(conn)
+			} else {
+				conn.Release()
+			}
 			var pe *PoolerError
 			if errors.As(err, &pe) {
 				pe.StartupPID = startup

@@ -242,6 +242,9 @@ func TestSessionAcquireCancelled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Runs before the pool's cleanup closes it (which waits for the holder's
+	// connection) even when the test fails half way.
+	t.Cleanup(func() { _ = holder.Release(context.Background()) })
 	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	l, err := advisory.Acquire(wctx, pool, key, advisory.Exclusive, nil)
