@@ -52,25 +52,45 @@ func (b *bench) b1Variants(env *b1Env, clients int) []variant {
 		return nil
 	}
 	const ttl = 30 * time.Second
-	full := variant{name: keyB1Full, clients: clients, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+	const scen = "B1 distinct names"
+	names := func(prefix string) []string {
+		out := make([]string, clients)
+		for w := range out {
+			out[w] = fmt.Sprintf("%s-%d-%d", prefix, clients, w)
+		}
+		return out
+	}
+	fullNames, bareNames := names("bench-b1"), names("bench-b1bare")
+	fullProbe := newLockProbe(scen, keyB1Full, clients, clients, true, false)
+	full := variant{name: keyB1Full, clients: clients, probe: fullProbe, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+		pr := fullProbe.start()
 		return closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
-			lease, err := env.locker.Acquire(ctx, fmt.Sprintf("bench-b1-%d-%d", clients, w), ttl)
+			st := pr.begin()
+			lease, err := env.locker.Acquire(ctx, fullNames[w], ttl)
 			if err != nil {
 				return err
 			}
+			pr.granted(w, w, lease.Token(), st)
 			if _, err := env.table.Update(ctx, b.pg.pool, lease.Token(), []any{int64(clients*1000 + w)}, []any{int64(i)}); err != nil {
+				pr.releasing(w, w)
 				_ = lease.Release(ctx)
 				return err
 			}
+			pr.releasing(w, w)
 			return lease.Release(ctx)
 		})
 	}}
-	bare := variant{name: keyB1Bare, clients: clients, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+	bareProbe := newLockProbe(scen, keyB1Bare, clients, clients, true, false)
+	bare := variant{name: keyB1Bare, clients: clients, probe: bareProbe, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+		pr := bareProbe.start()
 		return closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
-			lease, err := env.locker.Acquire(ctx, fmt.Sprintf("bench-b1bare-%d-%d", clients, w), ttl)
+			st := pr.begin()
+			lease, err := env.locker.Acquire(ctx, bareNames[w], ttl)
 			if err != nil {
 				return err
 			}
+			pr.granted(w, w, lease.Token(), st)
+			pr.releasing(w, w)
 			return lease.Release(ctx)
 		})
 	}}

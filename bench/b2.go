@@ -47,13 +47,10 @@ func percentile(d []time.Duration, p float64) float64 {
 // and loops Acquire → Release on one name.
 type latSeries struct{ p50, p99 []float64 }
 
-func (b *bench) b2Variant(poll bool, clients int, lat *latSeries) variant {
-	name := keyB2Listen
-	if poll {
-		name = fmt.Sprintf("polling every %s", b2PollInterval)
-	}
+func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockProbe) variant {
+	name := b2VariantName(poll)
 	lockName := fmt.Sprintf("bench-b2-hot-%t-%d", poll, clients)
-	return variant{name: name, clients: clients, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+	return variant{name: name, clients: clients, probe: probe, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
 		lockers := make([]*pglock.Locker, clients)
 		defer func() {
 			for _, l := range lockers {
@@ -75,12 +72,16 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries) variant {
 			lockers[w] = l
 		}
 		h := &handoff{epoch: time.Now()}
+		pr := probe.start()
 		res, err := closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
+			st := pr.begin()
 			lease, err := lockers[w].Acquire(ctx, lockName, 30*time.Second)
 			if err != nil {
 				return err
 			}
 			h.granted()
+			pr.granted(w, 0, lease.Token(), st)
+			pr.releasing(w, 0)
 			h.releasing()
 			return lease.Release(ctx)
 		})
@@ -92,11 +93,19 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries) variant {
 	}}
 }
 
+func b2VariantName(poll bool) string {
+	if poll {
+		return fmt.Sprintf("polling every %s", b2PollInterval)
+	}
+	return keyB2Listen
+}
+
 func (b *bench) runB2(ctx context.Context) {
 	const scen = "B2 contended handoff, one name"
 	var (
-		vs   []variant
-		lats = map[int]*latSeries{} // by index in vs
+		vs     []variant
+		lats   = map[int]*latSeries{} // by index in vs
+		probes = map[int]*lockProbe{}
 	)
 	for _, c := range b.cfg.clients {
 		if c < 2 {
@@ -106,15 +115,15 @@ func (b *bench) runB2(ctx context.Context) {
 			for _, poll := range []bool{false, true} {
 				lat := &latSeries{}
 				lats[len(vs)] = lat
-				vs = append(vs, b.b2Variant(poll, c, lat))
+				probe := newLockProbe(scen, b2VariantName(poll), c, 1, true, true)
+				probes[len(vs)] = probe
+				vs = append(vs, b.b2Variant(poll, c, lat, probe))
 			}
 		}
 		if b.etcd != nil {
 			vs = append(vs, b.p1Variant(true, c))
 		}
-		if b.redisAddr != "" {
-			vs = append(vs, b.p2Variant(true, c))
-		}
+		vs = append(vs, b.redisVariants(true, c)...)
 	}
 	if len(vs) == 0 {
 		if b.want("B2") {
@@ -134,5 +143,35 @@ func (b *bench) runB2(ctx context.Context) {
 			b.add(newRow(scen, v.name, v.clients, "release→grant p50 ms", lat.p50),
 				newRow(scen, v.name, v.clients, "release→grant p99 ms", lat.p99))
 		}
+		listen := v.name == keyB2Listen
+		rows := b.addContentionRows(scen, v.name, v.clients, &probes[i].cont, listen)
+		if listen {
+			b.b2ContentionGoals(v.clients, rows)
+		}
+	}
+}
+
+// b2ContentionGoals adds B2 LISTEN's hot-name rows that carry a goal
+// (fairness index, acquire wait p99 against the grant interval, bypass) to
+// the goal summary, one goal per metric over the client counts.
+func (b *bench) b2ContentionGoals(clients int, rows []Row) {
+	for _, r := range rows {
+		if r.GoalMet == nil {
+			continue
+		}
+		var g *goalCheck
+		for _, x := range b.b2Goals {
+			if x.metric == r.Metric {
+				g = x
+			}
+		}
+		if g == nil {
+			g = &goalCheck{name: "B2 hot name, LISTEN: " + r.Metric, target: r.Goal, metric: r.Metric}
+			if r.Metric == "bypass max (grants to others during one acquire)" {
+				g.target = "≤ 2 × waiters (N − 1)"
+			}
+			b.b2Goals = append(b.b2Goals, g)
+		}
+		g.addValue(fmt.Sprintf("c=%d", clients), formatNum(r.Median), *r.GoalMet)
 	}
 }

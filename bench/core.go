@@ -10,7 +10,7 @@ import (
 const b1Commits = 3
 
 // runCore measures L0 (the physical limit) and, interleaved with it, B1 and
-// P1/P2 on distinct keys, so that B1's ratios to L0, etcd and Redis compare
+// P1/P2/P3 on distinct keys, so that B1's ratios to L0, etcd and Redis compare
 // runs made side by side.
 func (b *bench) runCore(ctx context.Context) error {
 	if err := setupL0(ctx, b.pg.pool); err != nil {
@@ -36,9 +36,7 @@ func (b *bench) runCore(ctx context.Context) error {
 		if b.etcd != nil {
 			vs = append(vs, b.p1Variant(false, c))
 		}
-		if b.redisAddr != "" {
-			vs = append(vs, b.p2Variant(false, c))
-		}
+		vs = append(vs, b.redisVariants(false, c)...)
 	}
 	res := b.measure(ctx, "core", vs)
 	if len(own) == 0 {

@@ -70,13 +70,17 @@ func startEtcd(ctx context.Context) (*child, *clientv3.Client, string, error) {
 }
 
 // etcdVariant measures concurrency.Mutex Lock+Unlock cycles, each client with
-// its own session (lease); hot makes every client lock the same key.
-func etcdVariant(cli *clientv3.Client, hot bool, clients int) variant {
+// its own session (lease); hot makes every client lock the same key. Every
+// grant is checked by probe, with the revision of the Lock's response header
+// as the token: it is at least the revision of the waiter's own key and
+// beyond the previous holder's delete, so it increases with every grant of
+// the key.
+func etcdVariant(cli *clientv3.Client, hot bool, clients int, probe *lockProbe) variant {
 	name := "distinct keys"
 	if hot {
 		name = "one hot key"
 	}
-	return variant{name: name, clients: clients, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
+	return variant{name: name, clients: clients, probe: probe, run: func(ctx context.Context, dur time.Duration) (runResult, error) {
 		sessions := make([]*concurrency.Session, clients)
 		mutexes := make([]*concurrency.Mutex, clients)
 		defer func() {
@@ -98,11 +102,19 @@ func etcdVariant(cli *clientv3.Client, hot bool, clients int) variant {
 			}
 			mutexes[w] = concurrency.NewMutex(s, key)
 		}
+		pr := probe.start()
 		return closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
 			m := mutexes[w]
+			slot := w
+			if hot {
+				slot = 0
+			}
+			st := pr.begin()
 			if err := m.Lock(ctx); err != nil {
 				return err
 			}
+			pr.granted(w, slot, m.Header().Revision, st)
+			pr.releasing(w, slot)
 			return m.Unlock(ctx)
 		})
 	}}
@@ -133,14 +145,18 @@ func (b *bench) startEtcdPeer(ctx context.Context) (stop func()) {
 
 // p1Variant is etcdVariant with the rows it adds.
 func (b *bench) p1Variant(hot bool, clients int) variant {
-	v := etcdVariant(b.etcd, hot, clients)
-	k := keyDistinct
+	k, name, names := keyDistinct, "distinct keys", clients
 	if hot {
-		k = keyHot
+		k, name, names = keyHot, "one hot key", 1
 	}
+	probe := newLockProbe(scenP1, name, clients, names, true, hot)
+	v := etcdVariant(b.etcd, hot, clients, probe)
 	v.emit = func(s series) {
 		b.add(rateRow(scenP1, v.name, clients, "cycles/s", s))
 		b.keep(keyP1, k, clients, s.rates)
+		if hot {
+			b.addContentionRows(scenP1, v.name, clients, &probe.cont, false)
+		}
 		if clients == 1 && !hot {
 			b.memRow("P1 etcd Lock+Unlock", s)
 		}

@@ -55,9 +55,13 @@ type bench struct {
 	b1Goal, b3Goal, b4Goal, b5Goal goalCheck
 	redisNote                      string
 
-	pg        *pgEnv
-	etcd      *clientv3.Client // nil: P1 not run
-	redisAddr string           // empty: P2 not run
+	pg           *pgEnv
+	etcd         *clientv3.Client // nil: P1 not run
+	redisAddr    string           // empty: P2 not run
+	redisAOFAddr string           // empty: P3 not run
+
+	safety  []SafetyCount // safety counters of every lock variant run
+	b2Goals []*goalCheck  // hot-name goals on B2 LISTEN (fairness, wait, bypass)
 }
 
 func (b *bench) progress(format string, args ...any) {
@@ -97,9 +101,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions per configuration (at least 3 for a median)")
 	fs.StringVar(&clients, "clients", "1,8,32", "comma-separated client counts")
 	fs.IntVar(&cfg.jobs, "jobs", 0, "jobs per burn-down repetition in B4 (default 10000, 1500 with --quick)")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,O1,P1,P2,M); default all")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,O1,P1,P2,P3,M); default all")
 	fs.BoolVar(&cfg.noEtcd, "no-etcd", false, "skip P1 even if etcd is installed")
-	fs.BoolVar(&cfg.noRedis, "no-redis", false, "skip P2 even if redis-server is installed")
+	fs.BoolVar(&cfg.noRedis, "no-redis", false, "skip P2 and P3 even if redis-server is installed")
 	fs.DurationVar(&cfg.b5TTL, "b5-ttl", time.Second, "lease TTL of the killed holder in B5")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -154,6 +158,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 1
 	}
+	if len(rep.Safety) > 0 {
+		fmt.Fprintln(stdout)
+		fmt.Fprintln(stdout, "Safety checks (every run, warm-ups included):")
+		_ = WriteSafetyText(stdout, rep.Safety)
+	}
 	fmt.Fprintln(stdout)
 	fmt.Fprintln(stdout, "Goals:")
 	_ = WriteGoals(stdout, rep.Goals)
@@ -171,6 +180,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "\nwrote %s, %s and %s (total %s)\n", filepath.Join(cfg.out, "results.md"),
 		filepath.Join(cfg.out, "results.json"), chart, time.Since(b.start).Round(time.Second))
+	if _, _, v, r := safetyTotals(rep.Safety); v != 0 || r != 0 {
+		fmt.Fprintf(stderr, "bench: SAFETY FAILURE: %d mutual-exclusion violations and %d token regressions (see the safety table)\n", v, r)
+		return 3
+	}
 	return 0
 }
 
@@ -192,6 +205,7 @@ func (b *bench) report(args []string) Report {
 		Rows:     b.rows,
 		Goals:    b.goals,
 		Notes:    b.notes,
+		Safety:   b.safety,
 	}
 }
 
@@ -209,9 +223,18 @@ func writeFiles(dir string, rep Report) error {
 	if rep.Machine.Redis != "" {
 		fmt.Fprintf(&md, ", %s", rep.Machine.Redis)
 	}
+	if rep.Machine.RedisDurable != "" {
+		fmt.Fprintf(&md, " (P3: %s)", rep.Machine.RedisDurable)
+	}
 	fmt.Fprintf(&md, ". Median of %d repetitions of %s each (burn-downs: %s).\n\n", rep.Reps, rep.Duration, "whole queue")
 	if err := WriteMarkdown(&md, rep.Rows); err != nil {
 		return err
+	}
+	if len(rep.Safety) > 0 {
+		md.WriteString("\nSafety checks (every run, warm-ups included; both counts must be 0):\n\n")
+		if err := WriteSafety(&md, rep.Safety); err != nil {
+			return err
+		}
 	}
 	md.WriteString("\nGoals:\n\n")
 	_ = WriteGoals(&md, rep.Goals)

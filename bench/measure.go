@@ -14,6 +14,10 @@ type variant struct {
 	run     func(ctx context.Context, dur time.Duration) (runResult, error)
 	// emit, when set, adds the variant's rows once its series is complete.
 	emit func(series)
+	// probe, when set, is the lock variant's safety and contention probe:
+	// run starts it, measure folds every run into it and records its
+	// safety counters.
+	probe *lockProbe
 }
 
 // series holds the per-repetition results of one variant.
@@ -32,7 +36,11 @@ func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []se
 	out := make([]series, len(vs))
 	if b.cfg.warmup > 0 {
 		for i, v := range vs {
-			if _, err := v.run(ctx, b.cfg.warmup); err != nil {
+			_, err := v.run(ctx, b.cfg.warmup)
+			if v.probe != nil {
+				v.probe.finish(false, err == nil)
+			}
+			if err != nil {
 				out[i].err = err
 				b.progress("%s %s c=%d warm-up: ERROR %v", scenario, v.name, v.clients, err)
 			}
@@ -48,6 +56,9 @@ func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []se
 				continue
 			}
 			res, err := v.run(ctx, b.cfg.dur)
+			if v.probe != nil {
+				v.probe.finish(true, err == nil)
+			}
 			if err != nil {
 				out[i].err = err
 				b.progress("%s %s c=%d rep %d/%d: ERROR %v", scenario, v.name, v.clients, rep+1, b.cfg.reps, err)
@@ -61,6 +72,13 @@ func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []se
 		}
 	}
 	for i, v := range vs {
+		if v.probe != nil && v.probe.safety.Runs > 0 {
+			b.safety = append(b.safety, v.probe.safety)
+			if !v.probe.safety.OK() {
+				b.progress("%s %s c=%d: SAFETY %d mutual-exclusion violations, %d token regressions", scenario,
+					v.name, v.clients, v.probe.safety.Violations, v.probe.safety.Regressions)
+			}
+		}
 		if v.emit != nil {
 			v.emit(out[i])
 		}

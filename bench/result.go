@@ -65,6 +65,14 @@ func (r Row) withRatio(ratio float64, def string, goalMin float64) Row {
 	return r
 }
 
+// withGoal sets the row's goal column for a target on its value (not a
+// ratio), e.g. "≤ 2" or "≥ 0.9", and whether the median met it.
+func (r Row) withGoal(goal string, met bool) Row {
+	r.Goal = goal
+	r.GoalMet = &met
+	return r
+}
+
 // summarize returns the median, minimum and maximum of xs (NaN for none).
 func summarize(xs []float64) (median, lo, hi float64) {
 	if len(xs) == 0 {
@@ -203,6 +211,75 @@ type Report struct {
 	Rows     []Row    `json:"rows"`
 	Goals    []Goal   `json:"goals"`
 	Notes    []string `json:"notes,omitempty"`
+	// Safety has the safety counters of every lock variant that ran.
+	Safety []SafetyCount `json:"safety,omitempty"`
+}
+
+// SafetyCount is what the in-process checks saw in every run of one lock
+// variant (warm-ups and timed repetitions): grants checked, mutual-exclusion
+// violations (a grant while another client of this process held the name)
+// and token regressions (a grant whose token was not greater than the
+// previous grant's token of the name). Both counts must be 0.
+type SafetyCount struct {
+	Scenario    string `json:"scenario"`
+	Variant     string `json:"variant"`
+	Clients     int    `json:"clients"`
+	Runs        int    `json:"runs"`
+	Grants      int64  `json:"grants_checked"`
+	Violations  int64  `json:"mutual_exclusion_violations"`
+	Tokens      bool   `json:"tokens_checked"` // false: the lock issues no token (Redis)
+	Regressions int64  `json:"token_regressions"`
+}
+
+// OK reports whether the variant had neither violations nor regressions.
+func (c SafetyCount) OK() bool { return c.Violations == 0 && c.Regressions == 0 }
+
+// safetyTotals sums the counters of every variant.
+func safetyTotals(cs []SafetyCount) (runs int, grants, violations, regressions int64) {
+	for _, c := range cs {
+		runs += c.Runs
+		grants += c.Grants
+		violations += c.Violations
+		regressions += c.Regressions
+	}
+	return runs, grants, violations, regressions
+}
+
+var safetyHeader = []string{"Scenario", "Variant", "Clients", "Runs", "Grants checked", "Mutual-exclusion violations", "Token regressions"}
+
+func (c SafetyCount) cells() []string {
+	reg := "n/a (no token)"
+	if c.Tokens {
+		reg = strconv.FormatInt(c.Regressions, 10)
+	}
+	return []string{c.Scenario, c.Variant, clientsCell(c.Clients), strconv.Itoa(c.Runs),
+		strconv.FormatInt(c.Grants, 10), strconv.FormatInt(c.Violations, 10), reg}
+}
+
+// WriteSafety prints the safety counters as a Markdown table.
+func WriteSafety(w io.Writer, cs []SafetyCount) error {
+	var b strings.Builder
+	b.WriteString("| " + strings.Join(safetyHeader, " | ") + " |\n")
+	b.WriteString("|" + strings.Repeat("---|", len(safetyHeader)) + "\n")
+	for _, c := range cs {
+		cells := c.cells()
+		for i := range cells {
+			cells[i] = mdEscape(cells[i])
+		}
+		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteSafetyText prints the safety counters as an aligned plain-text table.
+func WriteSafetyText(w io.Writer, cs []SafetyCount) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(safetyHeader, "\t"))
+	for _, c := range cs {
+		fmt.Fprintln(tw, strings.Join(c.cells(), "\t"))
+	}
+	return tw.Flush()
 }
 
 // Machine describes where the run happened.
@@ -214,6 +291,8 @@ type Machine struct {
 	Durability string `json:"durability"`
 	Etcd       string `json:"etcd,omitempty"`
 	Redis      string `json:"redis,omitempty"`
+	// RedisDurable is the persistence of P3's Redis as the server reported it.
+	RedisDurable string `json:"redis_durable,omitempty"`
 }
 
 // Goal is one target of the issue and whether this run met it.

@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestSummarize(t *testing.T) {
@@ -184,5 +188,233 @@ func TestSortRows(t *testing.T) {
 	want := "L0 UPDATE limit,B2 handoff,P1 etcda,P1 etcdb,R ratio,M memory"
 	if strings.Join(got, ",") != want {
 		t.Errorf("order = %v, want %s", got, want)
+	}
+}
+
+func TestJainIndex(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{5, 5, 5, 5}, 1},
+		{[]float64{8, 0, 0, 0}, 0.25}, // one client got everything: 1/n
+		{[]float64{1, 3}, 16.0 / 20},  // (1+3)² / (2·(1+9))
+	} {
+		if got := jainIndex(tc.in); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("jainIndex(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+	if got := jainIndex([]float64{0, 0}); !math.IsNaN(got) {
+		t.Errorf("jainIndex of no grants = %v, want NaN", got)
+	}
+}
+
+// TestLockProbeSafety drives the probe through a correct handoff, an
+// overlapping grant and a token that went backwards, and checks what it
+// counted.
+func TestLockProbeSafety(t *testing.T) {
+	t.Parallel()
+	p := newLockProbe("B2 x", "v", 2, 1, true, false)
+	r := p.start()
+	r.granted(0, 0, 10, r.begin())
+	r.releasing(0, 0)
+	r.granted(1, 0, 11, r.begin())
+	r.releasing(1, 0)
+	p.finish(true, true)
+	if !p.safety.OK() || p.safety.Grants != 2 || p.safety.Runs != 1 {
+		t.Fatalf("clean handoff: %+v", p.safety)
+	}
+	// A second run: tokens are compared across runs of the variant.
+	r = p.start()
+	r.granted(0, 0, 12, r.begin())
+	r.granted(1, 0, 13, r.begin()) // client 0 has not released: a violation
+	r.releasing(0, 0)
+	r.releasing(1, 0)
+	r.granted(0, 0, 13, r.begin()) // not greater than 13: a regression
+	r.releasing(0, 0)
+	p.finish(false, true)
+	if p.safety.Violations != 1 || p.safety.Regressions != 1 || p.safety.Grants != 5 || p.safety.Runs != 2 {
+		t.Fatalf("want 1 violation and 1 regression in 5 grants over 2 runs: %+v", p.safety)
+	}
+	// Without tokens only mutual exclusion is checked.
+	q := newLockProbe("P3 x", "v", 1, 1, false, false)
+	r = q.start()
+	r.granted(0, 0, noToken, r.begin())
+	r.releasing(0, 0)
+	r.granted(0, 0, noToken, r.begin())
+	q.finish(true, true)
+	if !q.safety.OK() || q.safety.Grants != 2 {
+		t.Fatalf("token-less lock: %+v", q.safety)
+	}
+}
+
+// TestLockProbeContention replays a known grant order on a hot name and
+// checks the bypass counts and the fairness index.
+func TestLockProbeContention(t *testing.T) {
+	t.Parallel()
+	p := newLockProbe("B2 x", "v", 3, 1, true, true)
+	r := p.start()
+	s1 := r.begin() // client 1 starts waiting before any grant
+	s2 := r.begin() // so does client 2
+	tok := int64(0)
+	grant := func(w int, s acquireStart) {
+		tok++
+		r.granted(w, 0, tok, s)
+		r.releasing(w, 0)
+	}
+	// Client 0 takes the lock three times while 1 and 2 wait, then they get it.
+	for range 3 {
+		grant(0, r.begin())
+	}
+	grant(1, s1) // 3 grants went to others while client 1 waited
+	grant(2, s2) // 4 while client 2 waited
+	p.finish(true, true)
+	c := p.cont
+	if len(c.bypassMax) != 1 || c.bypassMax[0] != 4 {
+		t.Errorf("bypass max = %v, want [4]", c.bypassMax)
+	}
+	// Grants per client 3, 1, 1: (5)² / (3 · 11).
+	if want := 25.0 / 33; len(c.fairness) != 1 || math.Abs(c.fairness[0]-want) > 1e-12 {
+		t.Errorf("fairness = %v, want %v", c.fairness, want)
+	}
+	if !p.safety.OK() || p.safety.Grants != 5 {
+		t.Errorf("safety: %+v", p.safety)
+	}
+	// A warm-up (not timed) adds no contention figures.
+	r = p.start()
+	r.granted(0, 0, tok+1, r.begin())
+	r.releasing(0, 0)
+	p.finish(false, true)
+	if len(p.cont.fairness) != 1 {
+		t.Errorf("warm-up added contention figures: %v", p.cont.fairness)
+	}
+}
+
+func TestWriteSafety(t *testing.T) {
+	t.Parallel()
+	cs := []SafetyCount{
+		{Scenario: "B2 contended handoff, one name", Variant: "LISTEN/NOTIFY", Clients: 8, Runs: 4, Grants: 1234, Tokens: true},
+		{Scenario: scenP3, Variant: "one hot key", Clients: 8, Runs: 4, Grants: 99, Violations: 2},
+	}
+	var buf bytes.Buffer
+	if err := WriteSafety(&buf, cs); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| Scenario | Variant | Clients | Runs | Grants checked | Mutual-exclusion violations | Token regressions |",
+		"| B2 contended handoff, one name | LISTEN/NOTIFY | 8 | 4 | 1234 | 0 | 0 |",
+		"| 8 | 4 | 99 | 2 | n/a (no token) |",
+	} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("safety table lacks %q:\n%s", want, buf.String())
+		}
+	}
+	if runs, grants, v, r := safetyTotals(cs); runs != 8 || grants != 1333 || v != 2 || r != 0 {
+		t.Errorf("totals = %d, %d, %d, %d", runs, grants, v, r)
+	}
+	if cs[0].OK() == false || cs[1].OK() {
+		t.Errorf("OK() wrong: %v %v", cs[0].OK(), cs[1].OK())
+	}
+	// JSON carries the counters under stable names.
+	buf.Reset()
+	if err := WriteJSON(&buf, Report{Rows: sampleRows(), Safety: cs}); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Safety []map[string]any `json:"safety"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Safety) != 2 || got.Safety[1]["mutual_exclusion_violations"] != 2.0 ||
+		got.Safety[0]["token_regressions"] != 0.0 || got.Safety[0]["grants_checked"] != 1234.0 {
+		t.Errorf("safety JSON = %v", got.Safety)
+	}
+}
+
+func TestContentionRowsGoals(t *testing.T) {
+	t.Parallel()
+	b := &bench{}
+	c := &contentionSeries{
+		waitP50: []float64{1}, waitP99: []float64{10}, waitMax: []float64{20},
+		fairness: []float64{0.95}, bypassP99: []float64{5}, bypassMax: []float64{20},
+		gapMean: []float64{1}, waitP99PerNGap: []float64{1.25},
+	}
+	rows := b.addContentionRows("B2 x", keyB2Listen, 8, c, true)
+	met := map[string]bool{}
+	for _, r := range rows {
+		if r.GoalMet != nil {
+			met[r.Metric] = *r.GoalMet
+		}
+	}
+	want := map[string]bool{
+		"fairness index": true,
+		"acquire wait p99 ÷ (N × mean grant interval)":     true,
+		"bypass max (grants to others during one acquire)": false, // 20 > 2 × 7 waiters
+	}
+	for m, w := range want {
+		if got, ok := met[m]; !ok || got != w {
+			t.Errorf("%s: goal met = %v (present %v), want %v", m, got, ok, w)
+		}
+	}
+	b.b2ContentionGoals(8, rows)
+	if len(b.b2Goals) != 3 {
+		t.Fatalf("got %d B2 goals, want 3", len(b.b2Goals))
+	}
+	for _, g := range b.b2Goals {
+		if g.metric == "bypass max (grants to others during one acquire)" && g.goal().Status != "NOT met" {
+			t.Errorf("bypass goal: %+v", g.goal())
+		}
+	}
+}
+
+// TestLockProbeCatchesOverlap runs two clients through closedLoop with a
+// "lock" that grants both at once on their first operation, and checks that
+// the registry counts it while later clean cycles add nothing.
+func TestLockProbeCatchesOverlap(t *testing.T) {
+	t.Parallel()
+	p := newLockProbe("B2 x", "broken", 2, 1, true, true)
+	r := p.start()
+	var tok atomic.Int64
+	first, second, third := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex // a correct lock for the later operations
+	_, err := closedLoop(context.Background(), 2, 20*time.Millisecond, func(ctx context.Context, w, i int) error {
+		st := r.begin()
+		if i == 0 {
+			// Client 0 is granted and holds on until client 1 was granted too.
+			if w == 1 {
+				<-first
+			}
+			r.granted(w, 0, tok.Add(1), st)
+			if w == 0 {
+				close(first)
+				<-second
+				r.releasing(w, 0)
+				close(third)
+			} else {
+				close(second)
+				<-third // the later, correctly locked operations start once both let go
+				r.releasing(w, 0)
+			}
+			return nil
+		}
+		mu.Lock()
+		r.granted(w, 0, tok.Add(1), st)
+		r.releasing(w, 0)
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.finish(true, true)
+	// Under load the 20 ms may end before any correctly locked operation:
+	// only the two overlapping grants are certain.
+	if p.safety.Violations != 1 || p.safety.Regressions != 0 || p.safety.Grants < 2 {
+		t.Errorf("want exactly 1 violation, 0 regressions: %+v", p.safety)
+	}
+	if len(p.cont.fairness) != 1 {
+		t.Errorf("no contention figures: %+v", p.cont)
 	}
 }

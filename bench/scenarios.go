@@ -9,7 +9,7 @@ import (
 
 // runAll starts the servers and runs every selected scenario. etcd and Redis
 // run for the whole bench, so that their variants are interleaved with
-// pgfence's (P1/P2 distinct keys with L0 and B1, hot keys with B2).
+// pgfence's (P1/P2/P3 distinct keys with L0 and B1, hot keys with B2).
 func (b *bench) runAll(ctx context.Context) error {
 	b.progress("starting PostgreSQL (default durability: fsync on, synchronous_commit on)")
 	pg, err := startPG(ctx, b.cfg.dsn, b.log)
@@ -24,12 +24,12 @@ func (b *bench) runAll(ctx context.Context) error {
 	defer b.startEtcdPeer(ctx)()
 	defer b.startRedisPeer(ctx)()
 
-	if b.want("L0") || b.want("B1") || b.etcd != nil || b.redisAddr != "" {
+	if b.want("L0") || b.want("B1") || b.etcd != nil || b.redisAddr != "" || b.redisAOFAddr != "" {
 		if err := b.runCore(ctx); err != nil {
 			return err
 		}
 	}
-	if b.want("B2") || b.etcd != nil || b.redisAddr != "" {
+	if b.want("B2") || b.etcd != nil || b.redisAddr != "" || b.redisAOFAddr != "" {
 		b.runB2(ctx)
 	}
 	if b.want("B3") {
@@ -57,7 +57,7 @@ func (b *bench) runAll(ctx context.Context) error {
 }
 
 // scenarioOrder is the order of the table's sections.
-var scenarioOrder = []string{"L0", "B1", "B2", "B3", "B4", "B5", "O1", "P1", "P2", "R", "M"}
+var scenarioOrder = []string{"L0", "B1", "B2", "B3", "B4", "B5", "O1", "P1", "P2", "P3", "R", "M"}
 
 // sortRows orders rows by section, keeping the order within a section.
 func sortRows(rows []Row) {
