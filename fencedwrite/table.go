@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -301,9 +302,13 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Re
 // record reports the outcome of a fenced statement to Spec.Metrics and
 // Spec.Logger and returns err unchanged.
 func (t *Table) record(ctx context.Context, op string, token int64, err error) error {
-	m, log := observe.OrNop(t.spec.Metrics), t.spec.Logger
+	// Metrics are called only when set: the label argument of a call through
+	// the interface is allocated even when the implementation is a no-op.
+	m, log := t.spec.Metrics, t.spec.Logger
 	if err == nil {
-		m.Add(ctx, observe.FencedWritesTotal, 1, t.label)
+		if m != nil {
+			m.Add(ctx, observe.FencedWritesTotal, 1, t.label)
+		}
 		if log != nil {
 			log.DebugContext(ctx, "fencedwrite: applied", "table", t.spec.Table, "op", op, "token", token)
 		}
@@ -322,26 +327,44 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	default:
 		return err
 	}
-	m.Add(ctx, observe.FencedRefusedTotal, 1, t.label, reason)
+	if m != nil {
+		m.Add(ctx, observe.FencedRefusedTotal, 1, t.label, reason)
+	}
 	if log != nil {
 		log.InfoContext(ctx, "fencedwrite: write refused", "table", t.spec.Table, "op", op, "token", token, "reason", reason, "err", err)
 	}
 	return err
 }
 
+// scanBuf holds the destinations of a fenced statement's row (applied,
+// fence, inserted) and the slice of pointers to them that Scan takes. A
+// pooled one saves the three allocations that passing fresh pointers
+// through the pgx.Row interface costs on every write.
+type scanBuf struct {
+	applied, inserted bool
+	fence             int64
+	dest              [3]any
+}
+
+var scanBufs = sync.Pool{New: func() any {
+	sb := &scanBuf{}
+	sb.dest = [3]any{&sb.applied, &sb.fence, &sb.inserted}
+	return sb
+}}
+
 func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, upsert bool) (Result, error) {
 	if nilcheck.IsNil(db) {
 		return Result{}, errNilDB
 	}
-	var (
-		applied, inserted bool
-		fence             int64
-	)
-	dest := []any{&applied, &fence}
+	sb := scanBufs.Get().(*scanBuf)
+	dest := sb.dest[:2]
 	if upsert {
-		dest = append(dest, &inserted)
+		dest = sb.dest[:3]
 	}
 	err := db.QueryRow(ctx, sql, args...).Scan(dest...)
+	applied, fence, inserted := sb.applied, sb.fence, sb.inserted
+	sb.applied, sb.fence, sb.inserted = false, 0, false
+	scanBufs.Put(sb)
 	found := true
 	if errors.Is(err, pgx.ErrNoRows) {
 		found, err = false, nil

@@ -26,9 +26,6 @@ type Lease struct {
 	token  int64
 	ttl    time.Duration
 
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
 	renewMu sync.Mutex // serialises renewals so the last sent is the last committed
 
 	grantedAt    time.Time // local, for the hold-time metric
@@ -40,13 +37,18 @@ type Lease struct {
 	timer     *time.Timer
 	err       error
 	released  bool
+	// ctx and cancel are made on first use (Done, Context, keep-alive): most
+	// leases are released without anyone asking for them. cancelled is set
+	// once end has recorded its metrics and cancels ctx.
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	cancelled bool
 
 	kaCancel context.CancelFunc // stops the keep-alive; nil without keep-alive
 }
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
 	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent}
-	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	s.mu.Lock()
 	s.timer = time.AfterFunc(time.Until(s.deadline), s.deadlinePassed)
 	s.mu.Unlock()
@@ -60,7 +62,7 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	l.leases[s] = struct{}{}
 	if l.cfg.KeepAlive {
 		var kaCtx context.Context
-		kaCtx, s.kaCancel = context.WithCancel(s.ctx)
+		kaCtx, s.kaCancel = context.WithCancel(s.context())
 		l.wg.Add(1)
 		go s.keepAlive(kaCtx)
 	}
@@ -102,11 +104,25 @@ func (s *Lease) Deadline() time.Time {
 }
 
 // Done returns a channel closed when the lease ends (see [Lease]).
-func (s *Lease) Done() <-chan struct{} { return s.ctx.Done() }
+func (s *Lease) Done() <-chan struct{} { return s.context().Done() }
 
 // Context returns a context cancelled when the lease ends; context.Cause
 // returns the same error as [Lease.Err]. Derive the work's context from it.
-func (s *Lease) Context() context.Context { return s.ctx }
+func (s *Lease) Context() context.Context { return s.context() }
+
+// context returns the lease's context, making it on first use; if end has
+// already cancelled, the new context is cancelled at once with the same cause.
+func (s *Lease) context() context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx == nil {
+		s.ctx, s.cancel = context.WithCancelCause(context.Background())
+		if s.cancelled {
+			s.cancel(s.err)
+		}
+	}
+	return s.ctx
+}
 
 // Err returns nil while the lease is live, then why it ended: a
 // [*LeaseLostError] (errors.Is(err, [ErrLeaseLost]); it also matches
@@ -147,8 +163,9 @@ func (s *Lease) end(err error) {
 	renewFailing := s.renewFailing
 	s.mu.Unlock()
 	// Metrics before cancelling, so whoever waits on Done sees them; logs
-	// after, so a slow log handler cannot delay Done.
-	s.l.m.Observe(s.ctx, observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
+	// after, so a slow log handler cannot delay Done. The metrics get a
+	// background context: the lease's own carries no values.
+	s.l.m.Observe(context.Background(), observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
 	reason := ""
 	if errors.Is(err, ErrLeaseLost) {
 		reason = observe.LostRenewalRefused
@@ -158,9 +175,15 @@ func (s *Lease) end(err error) {
 				reason = observe.LostConnection
 			}
 		}
-		s.l.m.Add(s.ctx, observe.LeasesLostTotal, 1, reason)
+		s.l.m.Add(context.Background(), observe.LeasesLostTotal, 1, reason)
 	}
-	s.cancel(err)
+	s.mu.Lock()
+	s.cancelled = true
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(err)
+	}
 	switch {
 	case errors.Is(err, ErrReleased):
 		if s.l.log.Enabled(context.Background(), slog.LevelInfo) {
@@ -251,14 +274,17 @@ func (s *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	err := s.l.release(ctx, s.name, s.holder, s.token)
-	var lost *LeaseLostError
-	switch {
-	case err == nil:
+	if err == nil {
 		s.mu.Lock()
 		s.released = true
 		s.mu.Unlock()
 		s.end(ErrReleased)
-	case errors.As(err, &lost):
+		return nil
+	}
+	// Declared here, not above: errors.As makes it escape, and a successful
+	// release should not pay for that allocation.
+	var lost *LeaseLostError
+	if errors.As(err, &lost) {
 		s.end(lost)
 	}
 	return err

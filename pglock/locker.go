@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -21,7 +22,7 @@ type Locker struct {
 	q      *dbsqlc.Queries
 	holder string
 	log    *slog.Logger
-	m      observe.Metrics
+	m      metrics
 	cfg    Config
 
 	mu     sync.Mutex
@@ -75,7 +76,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		q:        dbsqlc.New(),
 		holder:   c.Holder,
 		log:      log,
-		m:        observe.OrNop(c.Metrics),
+		m:        metrics{c.Metrics},
 		cfg:      c,
 		leases:   make(map[*Lease]struct{}),
 		closedCh: make(chan struct{}),
@@ -83,8 +84,28 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if !c.PollOnly {
 		l.lis = newListener(l)
 	}
-	observe.InitLeases(context.Background(), l.m)
+	if c.Metrics != nil {
+		observe.InitLeases(context.Background(), c.Metrics)
+	}
 	return l, nil
+}
+
+// metrics is Config.Metrics (nil: nothing recorded) with label slices that
+// stay on the caller's stack: a variadic argument passed straight to an
+// interface method escapes, so every call would allocate one even when
+// nothing is recorded.
+type metrics struct{ m observe.Metrics }
+
+func (m metrics) Add(ctx context.Context, name string, delta float64, labels ...string) {
+	if m.m != nil {
+		m.m.Add(ctx, name, delta, slices.Clone(labels)...)
+	}
+}
+
+func (m metrics) Observe(ctx context.Context, name string, value float64, labels ...string) {
+	if m.m != nil {
+		m.m.Observe(ctx, name, value, slices.Clone(labels)...)
+	}
 }
 
 // Holder returns the identity stored in the rows of this Locker's leases.
