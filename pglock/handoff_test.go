@@ -8,8 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -288,4 +290,76 @@ func TestHandoffFairness(t *testing.T) {
 	if jain < 0.9 {
 		t.Errorf("fairness index %.3f, want at least 0.9", jain)
 	}
+}
+
+// Only grants wait for the flush: a handoff (a release that grants) and a
+// QueueGrant that grants turn synchronous_commit on; a QueueGrant that only
+// queues turns it off, and a plain release keeps the session's setting. The
+// setting is read back inside a transaction that ran the statement.
+func TestHandoffCommitModes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := pgx.Connect(ctx, dsn) // session default: on
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	q := dbsqlc.New()
+	const name = "handoff-commit-modes"
+	inTx := func(what string, want string, f func(tx pgx.Tx) error) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f(tx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var v string
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != want {
+			t.Errorf("%s: synchronous_commit = %q, want %q", what, v, want)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	params := func(holder string, wkey int64) dbsqlc.QueueGrantParams {
+		return dbsqlc.QueueGrantParams{Name: name, Holder: holder, TtlUs: 60e6, Wkey: wkey}
+	}
+	var first dbsqlc.QueueGrantRow
+	inTx("QueueGrant that grants", "on", func(tx pgx.Tx) (err error) {
+		first, err = q.QueueGrant(ctx, tx, params("a", 1001))
+		if err == nil && !first.Granted {
+			err = errors.New("not granted")
+		}
+		return err
+	})
+	inTx("QueueGrant that queues", "off", func(tx pgx.Tx) error {
+		r, err := q.QueueGrant(ctx, tx, params("b", 1002))
+		if err == nil && r.Granted {
+			err = errors.New("granted a held lock")
+		}
+		return err
+	})
+	inTx("release that hands off", "on", func(tx pgx.Tx) error {
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "a", Token: first.Token})
+		if err == nil && !r.HandedOff {
+			err = errors.New("no handoff")
+		}
+		return err
+	})
+	inTx("plain release", "local", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+			return err
+		}
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "b", Token: first.Token + 1})
+		if err == nil && r.HandedOff {
+			err = errors.New("handed off with nobody queued")
+		}
+		return err
+	})
 }

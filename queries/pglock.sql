@@ -59,7 +59,11 @@ WITH nxt AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), sc AS (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
+    -- A handoff is a grant: durable. A plain release keeps the session's
+    -- setting: lost in a crash, it only keeps the lock until its expiry.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on'
+                           ELSE current_setting('synchronous_commit') END, true) AS sync
 ), rel AS (
     UPDATE pgfence.locks AS l
     SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
@@ -99,11 +103,10 @@ FROM rel;
 -- returns a lease a release handed to the waiter (wkey); or, the lock being
 -- held by someone else, queues the waiter (or, once half its TTL is gone,
 -- pushes its alive_until to now() + its TTL), marks the row for wake-up as WaitGrant does and returns granted
--- = false with the holder and its expiry. No row = the lock changed under the
+-- = false with the holder and its expiry. It commits with synchronous_commit
+-- on when it granted, off otherwise. No row = the lock changed under the
 -- statement: try again at once.
-WITH sc AS (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
-), handed AS (
+WITH handed AS (
     SELECT l.token, l.expires_at
     FROM pgfence.lock_queue AS q
     JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
@@ -116,7 +119,6 @@ WITH sc AS (
         acquired_at   = now(),
         renewed_at    = NULL,
         expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND (l.holder IS NULL OR l.expires_at <= now())
     RETURNING l.token, l.expires_at
@@ -124,7 +126,6 @@ WITH sc AS (
     INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
     SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
            now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM sc
     WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = sqlc.arg(name)::text)
     ON CONFLICT (name) DO NOTHING
     RETURNING l.token, l.expires_at
@@ -138,7 +139,6 @@ WITH sc AS (
 ), m AS (
     UPDATE pgfence.locks AS l
     SET waiting_since = now()
-    FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
@@ -169,16 +169,27 @@ WITH sc AS (
     WHERE q.wkey = sqlc.arg(wkey)::bigint
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
     RETURNING q.ticket
+), dur AS (
+    -- Read at commit: only a grant must survive a crash (on); a queue row or
+    -- wait mark lost with the server is written again by the waiter when its
+    -- listener reconnects (off). A grant returns a row, so this is evaluated
+    -- whenever one happened; it reads upd and ins, so it runs after them.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
+                      true) AS sync
 )
-SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
-UNION ALL
-SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
-UNION ALL
-SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
-UNION ALL
-SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
-FROM cur LEFT JOIN m ON true
-WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds';
+SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
+FROM (
+    SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
+    UNION ALL
+    SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
+    UNION ALL
+    SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+    UNION ALL
+    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
+    FROM cur LEFT JOIN m ON true
+    WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+) AS r CROSS JOIN dur;
 
 -- name: HandedLock :one
 -- HandedLock returns the lease a release handed to the waiter wkey, if it is
