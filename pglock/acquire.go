@@ -29,7 +29,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		return nil, ErrClosed
 	}
 	start := time.Now()
-	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry)
+	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry, 0)
 	if err == nil && locked != nil {
 		err = locked
 	}
@@ -99,9 +99,13 @@ type waitOpts struct {
 
 func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
 	var w *waiter
+	queued, got := false, false // QueueGrant ran (the waiter may be in the queue); a lease is returned
 	defer func() {
 		if w != nil {
 			l.lis.unregister(w)
+			if queued && !got {
+				l.leaveQueue(name, w.wkey)
+			}
 		}
 	}()
 	var timer, backoff *time.Timer
@@ -125,11 +129,16 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		case l.lis != nil:
 			kind = attemptFirst // if refused, register and retry as a waiter at once
 		}
-		lease, locked, wait, err := l.grant(ctx, name, ttl, kind)
+		var wkey int64
+		if w != nil {
+			wkey, queued = w.wkey, true
+		}
+		lease, locked, wait, err := l.grant(ctx, name, ttl, kind, wkey)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
 		if lease != nil {
+			got = true
 			return lease, nil
 		}
 		if err != nil {
@@ -150,6 +159,11 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		if o.cap > 0 && o.cap < wait {
 			wait = o.cap
 		}
+		if w != nil && ttl/2 < wait {
+			// A queued waiter pushes its alive_until (now() + ttl) forward
+			// with each attempt: a release skips it once that has passed.
+			wait = ttl / 2
+		}
 		if l.waitHook != nil {
 			l.waitHook(name)
 		}
@@ -161,9 +175,9 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		} else {
 			timer.Reset(wait)
 		}
-		var wake <-chan struct{}
+		var wake, handoff <-chan struct{}
 		if w != nil {
-			wake = w.ch
+			wake, handoff = w.ch, w.hch
 		}
 		var backoffC <-chan time.Time
 		if woken {
@@ -179,7 +193,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			backoffC = backoff.C
 		}
 		var end turnEnd
-		end, woken = waitTurn(ctx, l.closedCh, wake, timer.C, backoffC)
+		end, woken = waitTurn(ctx, l.closedCh, wake, handoff, timer.C, backoffC)
 		timer.Stop()
 		if backoff != nil {
 			backoff.Stop()
@@ -190,6 +204,18 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			return nil, locked
 		case turnClosed:
 			return nil, ErrClosed
+		case turnHandoff:
+			// A release handed the lease to this waiter: read it (no write).
+			// If it is not there (the connection came back, or it already
+			// ended), the next attempt looks again.
+			lease, err := l.handed(ctx, name, ttl, w.wkey)
+			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
+				return nil, err
+			}
+			if lease != nil {
+				got = true
+				return lease, nil
+			}
 		}
 	}
 }
@@ -199,6 +225,7 @@ type turnEnd uint8
 
 const (
 	turnNext    turnEnd = iota // try again: a wake-up, or the timer fired
+	turnHandoff                // a release handed the lease to this waiter: read it
 	turnCtxDone                // ctx ended
 	turnClosed                 // the Locker was closed
 )
@@ -207,7 +234,7 @@ const (
 // the Locker closes, timerC fires (try at once, backoff or not), or a wake-up
 // arrives on wake. While backoffC has not fired, wake-ups stay in the
 // buffered channel (none is lost). woken reports whether a wake-up ended it.
-func waitTurn(ctx context.Context, closed <-chan struct{}, wake <-chan struct{}, timerC, backoffC <-chan time.Time) (end turnEnd, woken bool) {
+func waitTurn(ctx context.Context, closed <-chan struct{}, wake, handoff <-chan struct{}, timerC, backoffC <-chan time.Time) (end turnEnd, woken bool) {
 	for {
 		w := wake
 		if backoffC != nil {
@@ -218,6 +245,8 @@ func waitTurn(ctx context.Context, closed <-chan struct{}, wake <-chan struct{},
 			return turnCtxDone, false
 		case <-closed:
 			return turnClosed, false
+		case <-handoff:
+			return turnHandoff, false
 		case <-timerC:
 			return turnNext, false
 		case <-backoffC:
@@ -240,7 +269,7 @@ func hotBackoff(n int) time.Duration {
 const maxHotBackoff = 16 * time.Millisecond
 
 // maxWait bounds a single sleep of a waiter, so a lost notification costs at
-// most this long. The wait-mark windows of WaitGrant (30 s) and ReleaseLock
+// most this long. The wait-mark windows of QueueGrant (30 s) and ReleaseLock
 // (100 s) assume it: do not raise it alone (docs/design.md, "The wait mark").
 const maxWait = time.Minute
 
@@ -254,7 +283,8 @@ const (
 	// attemptFirst: GrantLock alone; when refused the caller registers as a
 	// waiter and goes on with attemptWait, which reads the holder anyway.
 	attemptFirst
-	// attemptWait: WaitGrant, grant or mark-and-read in one statement.
+	// attemptWait: QueueGrant, grant, handed lease, or queue-mark-and-read in
+	// one statement.
 	attemptWait
 )
 

@@ -30,6 +30,12 @@ const (
 // connection to wake its waiters.
 const NotifyChannel = "pgfence_lock_released"
 
+// HandoffChannel is the PostgreSQL NOTIFY channel on which a release that
+// handed its lease to the first waiter in the queue (pgfence.lock_queue)
+// announces that waiter's key (the payload). The Locker's LISTEN connection
+// listens on it too.
+const HandoffChannel = "pgfence_lock_handoff"
+
 // DBTX is what the package needs from a database handle: *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
 type DBTX interface {

@@ -17,7 +17,7 @@ import (
 // grant makes one attempt (statements chosen by kind, see attemptKind). It
 // returns either a lease, or a LockedError with how long to wait for the
 // holder's expiry (database clock, plus jitter).
-func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind) (*Lease, *LockedError, time.Duration, error) {
+func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind, wkey int64) (*Lease, *LockedError, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
 	insert := false // the next statement is InsertLock (attemptTry, no row yet)
@@ -37,8 +37,8 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			dbNow     time.Time
 		)
 		if mark {
-			var r dbsqlc.WaitGrantRow
-			r, err = l.q.WaitGrant(ctx, conn, dbsqlc.WaitGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			var r dbsqlc.QueueGrantRow
+			r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Wkey: wkey})
 			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
 		} else if insert {
 			var r dbsqlc.InsertLockRow
@@ -76,6 +76,13 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 				}
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
 			}
+			if mark && expiresAt.Sub(dbNow) < ttl {
+				// Handed over by a release (or granted in this statement):
+				// the lease may be older than this statement, so its local
+				// deadline counts what the database says is left from the
+				// send time.
+				return l.newLease(name, token, ttl, *expiresAt, sent.Add(expiresAt.Sub(dbNow)-ttl)), nil, 0, nil
+			}
 			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
 		}
 		if kind == attemptFirst {
@@ -112,6 +119,65 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 		}
 	}
 }
+
+// handed reads the lease a release handed to the waiter wkey (HandedLock,
+// a read). It returns nil, nil when nothing was handed or it already
+// expired. The local deadline counts what the database says is left from the
+// send time, which is never later than the lease's true end.
+func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wkey int64) (*Lease, error) {
+	var (
+		r    dbsqlc.HandedLockRow
+		sent time.Time
+	)
+	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		sent = time.Now()
+		r, err = l.q.HandedLock(ctx, conn, wkey)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, &DBError{Op: "acquire", Name: name, Err: err}
+	case r.ExpiresAt == nil:
+		return nil, &DBError{Op: "acquire", Name: name, Err: errors.New("handed lease has no expiry")}
+	}
+	left := r.ExpiresAt.Sub(r.DbNow)
+	if left <= time.Since(sent) {
+		return nil, nil // it ends before it could be used: the expiry frees it
+	}
+	return l.newLease(name, r.Token, ttl, *r.ExpiresAt, sent.Add(left-ttl)), nil
+}
+
+// leaveQueue takes the waiter wkey out of the queue of name, and releases a
+// lease a release handed to it meanwhile (which hands it on to the next
+// waiter). Best effort, with its own timeout: the caller's context may be over.
+func (l *Locker) leaveQueue(name string, wkey int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	var token int64
+	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		token, err = l.q.LeaveQueue(ctx, conn, wkey)
+		return err
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return // never queued, or already cleaned up
+	case err != nil:
+		// The row stays until its alive_until passes: a release may hand the
+		// lease to it until then, and the lease then ends at its expiry.
+		l.log.Warn("pglock: leaving the wait queue failed; a lease handed to this waiter ends at its expiry", "name", name, "err", err)
+		return
+	case token == 0:
+		return
+	}
+	if err := l.release(ctx, name, l.holder, token); err != nil && !errors.Is(err, ErrLeaseLost) {
+		l.log.Warn("pglock: giving back a lease handed to a waiter that left failed; it ends at its expiry", "name", name, "token", token, "err", err)
+	}
+}
+
+// leaveTimeout bounds leaveQueue.
+const leaveTimeout = 10 * time.Second
 
 // maxDeadConns bounds how many dead pooled connections one grant skips: a
 // pool emptied by a failover or a mass pg_terminate_backend is drained one

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -513,8 +514,8 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "sync", Holder: "h", Token: first.Token}); err != nil || n != 1 {
-		t.Fatalf("ReleaseLock = %d, %v", n, err)
+	if r, err := q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "sync", Holder: "h", Token: first.Token}); err != nil || r.HandedOff {
+		t.Fatalf("ReleaseLock = %+v, %v", r, err)
 	}
 	tx, err = conn.Begin(ctx)
 	if err != nil {
@@ -553,8 +554,10 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	}
 }
 
-// A release sends NOTIFY on NotifyChannel, with the name as payload, only
-// when a waiter marked the lock: uncontended cycles stay NOTIFY-free.
+// A release sends NOTIFY only when a waiter is queued or marked the lock:
+// uncontended cycles stay NOTIFY-free. With a waiter queued it hands the
+// lease over and notifies HandoffChannel with the waiter's key; without one,
+// under a recent mark, NotifyChannel with the name.
 func TestReleaseNotifiesChannel(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -587,7 +590,7 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()+"; LISTEN "+pgx.Identifier{HandoffChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -601,16 +604,21 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The release hands the lease to the queued waiter and notifies it alone,
+	// by its queue key.
 	n, err = conn.WaitForNotification(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Channel != NotifyChannel || n.Payload != name {
-		t.Errorf("notification %q %q", n.Channel, n.Payload)
+	if _, perr := strconv.ParseInt(n.Payload, 10, 64); n.Channel != HandoffChannel || perr != nil {
+		t.Errorf("notification %q %q, want %s with a queue key", n.Channel, n.Payload, HandoffChannel)
 	}
 	r := <-res
 	if r.err != nil {
 		t.Fatal(r.err)
+	}
+	if r.lease.Token() != s.Token()+1 {
+		t.Errorf("handed lease token %d, want %d", r.lease.Token(), s.Token()+1)
 	}
 	// The grant kept the mark (other waiters may still sleep on it), so the
 	// next release notifies as well.

@@ -141,16 +141,15 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 }
 
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
-	var n int64
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		n, err = l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		_, err = l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
 		return err
 	})
 	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return &LeaseLostError{Name: name, Holder: holder, Token: token}
 	case err != nil:
 		return &DBError{Op: "release", Name: name, Err: err}
-	case n == 0:
-		return &LeaseLostError{Name: name, Holder: holder, Token: token}
 	}
 	return nil
 }

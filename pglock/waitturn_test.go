@@ -23,7 +23,7 @@ func TestWaitTurn(t *testing.T) {
 	run := func(ctx context.Context, closed chan struct{}, wake chan struct{}, timer, backoff <-chan time.Time) <-chan result {
 		ch := make(chan result, 1)
 		go func() {
-			end, woken := waitTurn(ctx, closed, wake, timer, backoff)
+			end, woken := waitTurn(ctx, closed, wake, nil, timer, backoff)
 			ch <- result{end, woken}
 		}()
 		return ch

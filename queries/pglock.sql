@@ -40,28 +40,78 @@ WHERE l.name = sqlc.arg(name)::text
   AND l.expires_at > now()
 RETURNING l.expires_at, now()::timestamptz AS db_now;
 
--- name: ReleaseLock :execrows
--- ReleaseLock frees a lease still held by (name, holder, token): holder and
--- expiry become NULL, the row and its token stay. If a waiter marked the row
--- in the last 100 seconds it notifies pgfence_lock_released with the lock
--- name. 0 rows = the lease was lost; nothing changed.
-UPDATE pgfence.locks AS l
-SET holder = NULL, expires_at = NULL, renewed_at = NULL
-WHERE l.name = sqlc.arg(name)::text
-  AND l.holder = sqlc.arg(holder)::text
-  AND l.token = sqlc.arg(token)::bigint
-  AND l.expires_at > now()
-RETURNING CASE WHEN l.waiting_since > now() - interval '100 seconds'
-               THEN pg_notify('pgfence_lock_released', l.name)::text END AS notified;
+-- name: ReleaseLock :one
+-- ReleaseLock ends a lease still held by (name, holder, token). If a live
+-- waiter is queued for the name (pgfence.lock_queue), the lease is handed to
+-- the first one in the same statement (token + 1, expiry now() + its TTL,
+-- synchronous_commit on) and pgfence_lock_handoff is notified with its wkey;
+-- otherwise holder and expiry become NULL and, if a waiter marked the row in
+-- the last 100 seconds, pgfence_lock_released is notified with the name.
+-- Rows of granted or dead waiters of the name are deleted. No row = the lease
+-- was lost; nothing changed.
+WITH nxt AS (
+    SELECT q.ticket, q.wkey, q.holder, q.ttl_us
+    FROM pgfence.lock_queue AS q
+    WHERE q.name = sqlc.arg(name)::text
+      AND q.granted_token IS NULL
+      AND q.alive_until > now()
+    ORDER BY q.ticket
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), sc AS (
+    -- A handoff is a grant: durable. A plain release keeps the session's
+    -- setting: lost in a crash, it only keeps the lock until its expiry.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on'
+                           ELSE current_setting('synchronous_commit') END, true) AS sync
+), rel AS (
+    UPDATE pgfence.locks AS l
+    SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
+        holder      = n.holder,
+        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE now() END,
+        renewed_at  = NULL,
+        expires_at  = now() + n.ttl_us * interval '1 microsecond'
+    FROM sc LEFT JOIN nxt AS n ON true
+    WHERE l.name = sqlc.arg(name)::text
+      AND l.holder = sqlc.arg(holder)::text
+      AND l.token = sqlc.arg(token)::bigint
+      AND l.expires_at > now()
+    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since
+), handed AS (
+    UPDATE pgfence.lock_queue AS q
+    SET granted_token = rel.token
+    FROM rel
+    WHERE q.ticket = rel.ticket
+    RETURNING q.ticket
+), gc AS (
+    DELETE FROM pgfence.lock_queue AS q
+    USING rel
+    WHERE q.name = rel.name
+      AND (q.granted_token IS NOT NULL OR q.alive_until <= now())
+    RETURNING q.ticket
+)
+SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
+       ((CASE WHEN rel.ticket IS NOT NULL
+                  THEN pg_notify('pgfence_lock_handoff', rel.wkey::text)::text
+             WHEN rel.waiting_since > now() - interval '100 seconds'
+                  THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
+FROM rel;
 
--- name: WaitGrant :one
--- WaitGrant is a waiter's attempt: it grants a free or expired lock exactly
--- as GrantLock or InsertLock do (granted = true, token, expiry), or marks a
--- held lock for wake-up (waiting_since = now(), unless the mark is under 30
--- seconds old) and returns granted = false with the holder and its expiry.
--- No row = the lock changed under the statement: try again at once.
-WITH sc AS (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
+-- name: QueueGrant :one
+-- QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
+-- lock exactly as GrantLock or InsertLock do and drops the waiter's queue row;
+-- returns a lease a release handed to the waiter (wkey); or, the lock being
+-- held by someone else, queues the waiter (or, once half its TTL is gone,
+-- pushes its alive_until to now() + its TTL), marks the row for wake-up as WaitGrant does and returns granted
+-- = false with the holder and its expiry. It commits with synchronous_commit
+-- on when it granted, off otherwise. No row = the lock changed under the
+-- statement: try again at once.
+WITH handed AS (
+    SELECT l.token, l.expires_at
+    FROM pgfence.lock_queue AS q
+    JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
+    WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND l.expires_at > now()
 ), upd AS (
     UPDATE pgfence.locks AS l
     SET token         = l.token + 1,
@@ -69,7 +119,6 @@ WITH sc AS (
         acquired_at   = now(),
         renewed_at    = NULL,
         expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND (l.holder IS NULL OR l.expires_at <= now())
     RETURNING l.token, l.expires_at
@@ -77,7 +126,6 @@ WITH sc AS (
     INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
     SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
            now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM sc
     WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = sqlc.arg(name)::text)
     ON CONFLICT (name) DO NOTHING
     RETURNING l.token, l.expires_at
@@ -87,23 +135,80 @@ WITH sc AS (
     WHERE l.name = sqlc.arg(name)::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM handed)
 ), m AS (
     UPDATE pgfence.locks AS l
     SET waiting_since = now()
-    FROM sc
     WHERE l.name = sqlc.arg(name)::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
       AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
+      AND NOT EXISTS (SELECT 1 FROM handed)
     RETURNING l.holder, l.expires_at
+), enq AS (
+    INSERT INTO pgfence.lock_queue AS q (wkey, name, holder, ttl_us, alive_until)
+    SELECT sqlc.arg(wkey)::bigint, sqlc.arg(name)::text, sqlc.arg(holder)::text, sqlc.arg(ttl_us)::bigint,
+           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    FROM cur
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e WHERE e.wkey = sqlc.arg(wkey)::bigint)
+    ON CONFLICT (wkey) DO NOTHING
+    RETURNING q.ticket
+), refresh AS (
+    -- Only once half of the waiter's TTL is gone: a row locked by a refresh
+    -- is skipped by a concurrent release.
+    UPDATE pgfence.lock_queue AS q
+    SET alive_until = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    FROM cur
+    WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND q.name = sqlc.arg(name)::text
+      AND q.granted_token IS NULL
+      AND q.alive_until < now() + (sqlc.arg(ttl_us)::bigint / 2) * interval '1 microsecond'
+    RETURNING q.ticket
+), drop_own AS (
+    DELETE FROM pgfence.lock_queue AS q
+    WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
+    RETURNING q.ticket
+), dur AS (
+    -- Read at commit: only a grant must survive a crash (on); a queue row or
+    -- wait mark lost with the server is written again by the waiter when its
+    -- listener reconnects (off). A grant returns a row, so this is evaluated
+    -- whenever one happened; it reads upd and ins, so it runs after them.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
+                      true) AS sync
 )
-SELECT true AS granted, upd.token, upd.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM upd
-UNION ALL
-SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
-UNION ALL
-SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
-FROM cur LEFT JOIN m ON true
-WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds';
+SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
+FROM (
+    SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
+    UNION ALL
+    SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
+    UNION ALL
+    SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+    UNION ALL
+    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
+    FROM cur LEFT JOIN m ON true
+    WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+) AS r CROSS JOIN dur;
+
+-- name: HandedLock :one
+-- HandedLock returns the lease a release handed to the waiter wkey, if it is
+-- still held (token, expiry, database time). No row = nothing was handed (or
+-- it already expired). Reads only.
+SELECT l.token, l.expires_at, now()::timestamptz AS db_now
+FROM pgfence.lock_queue AS q
+JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
+WHERE q.wkey = sqlc.arg(wkey)::bigint
+  AND l.expires_at > now();
+
+-- name: LeaveQueue :one
+-- LeaveQueue removes the waiter wkey from the queue and returns the token of
+-- a lease a release handed to it meanwhile (0 if none): the caller releases
+-- that lease. A concurrent release that picked this row finishes first (the
+-- row is locked), so its handoff is seen here.
+DELETE FROM pgfence.lock_queue AS q
+WHERE q.wkey = sqlc.arg(wkey)::bigint
+RETURNING COALESCE(q.granted_token, 0)::bigint AS granted_token;
 
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now

@@ -128,6 +128,24 @@ type PgfenceLock struct {
 	WaitingSince *time.Time
 }
 
+// Waiters of held pglock leases, in arrival order (ticket). A release hands the lease to the first live waiter of its name. Never used to decide who holds a lock: pgfence.locks does.
+type PgfenceLockQueue struct {
+	// Arrival order: the lowest live ticket of a name is served first.
+	Ticket int64
+	// Random key the waiter listens for on channel pgfence_lock_handoff.
+	Wkey int64
+	// Lock name waited for.
+	Name string
+	// Holder identity the lease is granted to.
+	Holder string
+	// TTL the waiter asked for, in microseconds.
+	TtlUs int64
+	// The waiter is skipped (and its row deleted) once this time passes: it refreshes it while it waits.
+	AliveUntil time.Time
+	// Token of the lease a release handed to this waiter; NULL while it waits.
+	GrantedToken pgtype.Int8
+}
+
 type PgfenceLockStatus struct {
 	Name              string
 	State             string

@@ -46,6 +46,30 @@ func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (
 	return i, err
 }
 
+const handedLock = `-- name: HandedLock :one
+SELECT l.token, l.expires_at, now()::timestamptz AS db_now
+FROM pgfence.lock_queue AS q
+JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
+WHERE q.wkey = $1::bigint
+  AND l.expires_at > now()
+`
+
+type HandedLockRow struct {
+	Token     int64
+	ExpiresAt *time.Time
+	DbNow     time.Time
+}
+
+// HandedLock returns the lease a release handed to the waiter wkey, if it is
+// still held (token, expiry, database time). No row = nothing was handed (or
+// it already expired). Reads only.
+func (q *Queries) HandedLock(ctx context.Context, db DBTX, wkey int64) (HandedLockRow, error) {
+	row := db.QueryRow(ctx, handedLock, wkey)
+	var i HandedLockRow
+	err := row.Scan(&i.Token, &i.ExpiresAt, &i.DbNow)
+	return i, err
+}
+
 const insertLock = `-- name: InsertLock :one
 INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
 SELECT $1::text, 1, $2::text, now(), NULL,
@@ -74,6 +98,23 @@ func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams)
 	var i InsertLockRow
 	err := row.Scan(&i.Token, &i.ExpiresAt)
 	return i, err
+}
+
+const leaveQueue = `-- name: LeaveQueue :one
+DELETE FROM pgfence.lock_queue AS q
+WHERE q.wkey = $1::bigint
+RETURNING COALESCE(q.granted_token, 0)::bigint AS granted_token
+`
+
+// LeaveQueue removes the waiter wkey from the queue and returns the token of
+// a lease a release handed to it meanwhile (0 if none): the caller releases
+// that lease. A concurrent release that picked this row finishes first (the
+// row is locked), so its handoff is seen here.
+func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, wkey int64) (int64, error) {
+	row := db.QueryRow(ctx, leaveQueue, wkey)
+	var granted_token int64
+	err := row.Scan(&granted_token)
+	return granted_token, err
 }
 
 const lockHolder = `-- name: LockHolder :one
@@ -109,15 +150,182 @@ func (q *Queries) LockHolder(ctx context.Context, db DBTX, name string) (LockHol
 	return i, err
 }
 
-const releaseLock = `-- name: ReleaseLock :execrows
-UPDATE pgfence.locks AS l
-SET holder = NULL, expires_at = NULL, renewed_at = NULL
-WHERE l.name = $1::text
-  AND l.holder = $2::text
-  AND l.token = $3::bigint
-  AND l.expires_at > now()
-RETURNING CASE WHEN l.waiting_since > now() - interval '100 seconds'
-               THEN pg_notify('pgfence_lock_released', l.name)::text END AS notified
+const queueGrant = `-- name: QueueGrant :one
+WITH handed AS (
+    SELECT l.token, l.expires_at
+    FROM pgfence.lock_queue AS q
+    JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
+    WHERE q.wkey = $1::bigint
+      AND l.expires_at > now()
+), upd AS (
+    UPDATE pgfence.locks AS l
+    SET token         = l.token + 1,
+        holder        = $2::text,
+        acquired_at   = now(),
+        renewed_at    = NULL,
+        expires_at    = now() + $3::bigint * interval '1 microsecond'
+    WHERE l.name = $4::text
+      AND (l.holder IS NULL OR l.expires_at <= now())
+    RETURNING l.token, l.expires_at
+), ins AS (
+    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
+    SELECT $4::text, 1, $2::text, now(), NULL,
+           now() + $3::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $4::text)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING l.token, l.expires_at
+), cur AS (
+    SELECT l.holder, l.expires_at, l.waiting_since
+    FROM pgfence.locks AS l
+    WHERE l.name = $4::text
+      AND l.holder IS NOT NULL
+      AND l.expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM handed)
+), m AS (
+    UPDATE pgfence.locks AS l
+    SET waiting_since = now()
+    WHERE l.name = $4::text
+      AND l.holder IS NOT NULL
+      AND l.expires_at > now()
+      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
+      AND NOT EXISTS (SELECT 1 FROM handed)
+    RETURNING l.holder, l.expires_at
+), enq AS (
+    INSERT INTO pgfence.lock_queue AS q (wkey, name, holder, ttl_us, alive_until)
+    SELECT $1::bigint, $4::text, $2::text, $3::bigint,
+           now() + $3::bigint * interval '1 microsecond'
+    FROM cur
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e WHERE e.wkey = $1::bigint)
+    ON CONFLICT (wkey) DO NOTHING
+    RETURNING q.ticket
+), refresh AS (
+    -- Only once half of the waiter's TTL is gone: a row locked by a refresh
+    -- is skipped by a concurrent release.
+    UPDATE pgfence.lock_queue AS q
+    SET alive_until = now() + $3::bigint * interval '1 microsecond'
+    FROM cur
+    WHERE q.wkey = $1::bigint
+      AND q.name = $4::text
+      AND q.granted_token IS NULL
+      AND q.alive_until < now() + ($3::bigint / 2) * interval '1 microsecond'
+    RETURNING q.ticket
+), drop_own AS (
+    DELETE FROM pgfence.lock_queue AS q
+    WHERE q.wkey = $1::bigint
+      AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
+    RETURNING q.ticket
+), dur AS (
+    -- Read at commit: only a grant must survive a crash (on); a queue row or
+    -- wait mark lost with the server is written again by the waiter when its
+    -- listener reconnects (off). A grant returns a row, so this is evaluated
+    -- whenever one happened; it reads upd and ins, so it runs after them.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
+                      true) AS sync
+)
+SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
+FROM (
+    SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
+    UNION ALL
+    SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
+    UNION ALL
+    SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+    UNION ALL
+    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
+    FROM cur LEFT JOIN m ON true
+    WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+) AS r CROSS JOIN dur
+`
+
+type QueueGrantParams struct {
+	Wkey   int64
+	Holder string
+	TtlUs  int64
+	Name   string
+}
+
+type QueueGrantRow struct {
+	Granted   bool
+	Token     int64
+	ExpiresAt *time.Time
+	Holder    *string
+	DbNow     time.Time
+}
+
+// QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
+// lock exactly as GrantLock or InsertLock do and drops the waiter's queue row;
+// returns a lease a release handed to the waiter (wkey); or, the lock being
+// held by someone else, queues the waiter (or, once half its TTL is gone,
+// pushes its alive_until to now() + its TTL), marks the row for wake-up as WaitGrant does and returns granted
+// = false with the holder and its expiry. It commits with synchronous_commit
+// on when it granted, off otherwise. No row = the lock changed under the
+// statement: try again at once.
+func (q *Queries) QueueGrant(ctx context.Context, db DBTX, arg QueueGrantParams) (QueueGrantRow, error) {
+	row := db.QueryRow(ctx, queueGrant,
+		arg.Wkey,
+		arg.Holder,
+		arg.TtlUs,
+		arg.Name,
+	)
+	var i QueueGrantRow
+	err := row.Scan(
+		&i.Granted,
+		&i.Token,
+		&i.ExpiresAt,
+		&i.Holder,
+		&i.DbNow,
+	)
+	return i, err
+}
+
+const releaseLock = `-- name: ReleaseLock :one
+WITH nxt AS (
+    SELECT q.ticket, q.wkey, q.holder, q.ttl_us
+    FROM pgfence.lock_queue AS q
+    WHERE q.name = $1::text
+      AND q.granted_token IS NULL
+      AND q.alive_until > now()
+    ORDER BY q.ticket
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), sc AS (
+    -- A handoff is a grant: durable. A plain release keeps the session's
+    -- setting: lost in a crash, it only keeps the lock until its expiry.
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on'
+                           ELSE current_setting('synchronous_commit') END, true) AS sync
+), rel AS (
+    UPDATE pgfence.locks AS l
+    SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
+        holder      = n.holder,
+        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE now() END,
+        renewed_at  = NULL,
+        expires_at  = now() + n.ttl_us * interval '1 microsecond'
+    FROM sc LEFT JOIN nxt AS n ON true
+    WHERE l.name = $1::text
+      AND l.holder = $2::text
+      AND l.token = $3::bigint
+      AND l.expires_at > now()
+    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since
+), handed AS (
+    UPDATE pgfence.lock_queue AS q
+    SET granted_token = rel.token
+    FROM rel
+    WHERE q.ticket = rel.ticket
+    RETURNING q.ticket
+), gc AS (
+    DELETE FROM pgfence.lock_queue AS q
+    USING rel
+    WHERE q.name = rel.name
+      AND (q.granted_token IS NOT NULL OR q.alive_until <= now())
+    RETURNING q.ticket
+)
+SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
+       ((CASE WHEN rel.ticket IS NOT NULL
+                  THEN pg_notify('pgfence_lock_handoff', rel.wkey::text)::text
+             WHEN rel.waiting_since > now() - interval '100 seconds'
+                  THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
+FROM rel
 `
 
 type ReleaseLockParams struct {
@@ -126,16 +334,24 @@ type ReleaseLockParams struct {
 	Token  int64
 }
 
-// ReleaseLock frees a lease still held by (name, holder, token): holder and
-// expiry become NULL, the row and its token stay. If a waiter marked the row
-// in the last 100 seconds it notifies pgfence_lock_released with the lock
-// name. 0 rows = the lease was lost; nothing changed.
-func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (int64, error) {
-	result, err := db.Exec(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type ReleaseLockRow struct {
+	HandedOff bool
+	Notified  bool
+}
+
+// ReleaseLock ends a lease still held by (name, holder, token). If a live
+// waiter is queued for the name (pgfence.lock_queue), the lease is handed to
+// the first one in the same statement (token + 1, expiry now() + its TTL,
+// synchronous_commit on) and pgfence_lock_handoff is notified with its wkey;
+// otherwise holder and expiry become NULL and, if a waiter marked the row in
+// the last 100 seconds, pgfence_lock_released is notified with the name.
+// Rows of granted or dead waiters of the name are deleted. No row = the lease
+// was lost; nothing changed.
+func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (ReleaseLockRow, error) {
+	row := db.QueryRow(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
+	var i ReleaseLockRow
+	err := row.Scan(&i.HandedOff, &i.Notified)
+	return i, err
 }
 
 const renewLock = `-- name: RenewLock :one
@@ -174,84 +390,5 @@ func (q *Queries) RenewLock(ctx context.Context, db DBTX, arg RenewLockParams) (
 	)
 	var i RenewLockRow
 	err := row.Scan(&i.ExpiresAt, &i.DbNow)
-	return i, err
-}
-
-const waitGrant = `-- name: WaitGrant :one
-WITH sc AS (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync
-), upd AS (
-    UPDATE pgfence.locks AS l
-    SET token         = l.token + 1,
-        holder        = $1::text,
-        acquired_at   = now(),
-        renewed_at    = NULL,
-        expires_at    = now() + $2::bigint * interval '1 microsecond'
-    FROM sc
-    WHERE l.name = $3::text
-      AND (l.holder IS NULL OR l.expires_at <= now())
-    RETURNING l.token, l.expires_at
-), ins AS (
-    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT $3::text, 1, $1::text, now(), NULL,
-           now() + $2::bigint * interval '1 microsecond'
-    FROM sc
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $3::text)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING l.token, l.expires_at
-), cur AS (
-    SELECT l.holder, l.expires_at, l.waiting_since
-    FROM pgfence.locks AS l
-    WHERE l.name = $3::text
-      AND l.holder IS NOT NULL
-      AND l.expires_at > now()
-), m AS (
-    UPDATE pgfence.locks AS l
-    SET waiting_since = now()
-    FROM sc
-    WHERE l.name = $3::text
-      AND l.holder IS NOT NULL
-      AND l.expires_at > now()
-      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
-    RETURNING l.holder, l.expires_at
-)
-SELECT true AS granted, upd.token, upd.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM upd
-UNION ALL
-SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
-UNION ALL
-SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
-FROM cur LEFT JOIN m ON true
-WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
-`
-
-type WaitGrantParams struct {
-	Holder string
-	TtlUs  int64
-	Name   string
-}
-
-type WaitGrantRow struct {
-	Granted   bool
-	Token     int64
-	ExpiresAt *time.Time
-	Holder    *string
-	DbNow     time.Time
-}
-
-// WaitGrant is a waiter's attempt: it grants a free or expired lock exactly
-// as GrantLock or InsertLock do (granted = true, token, expiry), or marks a
-// held lock for wake-up (waiting_since = now(), unless the mark is under 30
-// seconds old) and returns granted = false with the holder and its expiry.
-// No row = the lock changed under the statement: try again at once.
-func (q *Queries) WaitGrant(ctx context.Context, db DBTX, arg WaitGrantParams) (WaitGrantRow, error) {
-	row := db.QueryRow(ctx, waitGrant, arg.Holder, arg.TtlUs, arg.Name)
-	var i WaitGrantRow
-	err := row.Scan(
-		&i.Granted,
-		&i.Token,
-		&i.ExpiresAt,
-		&i.Holder,
-		&i.DbNow,
-	)
 	return i, err
 }

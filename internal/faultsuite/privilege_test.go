@@ -13,11 +13,12 @@ import (
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
-// runtimeGrants are the grants the README documents for the role an
+// runtimeGrants are the grants docs/migrations.md documents for the role an
 // application runs as (no superuser, no DDL).
 const runtimeGrants = `
 GRANT USAGE ON SCHEMA pgfence TO pgfence_app;
 GRANT SELECT, INSERT, UPDATE ON pgfence.locks TO pgfence_app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.lock_queue TO pgfence_app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.jobs, pgfence.fenced_values TO pgfence_app;
 GRANT USAGE ON SEQUENCE pgfence.jobs_claim_token_seq TO pgfence_app;
 GRANT SELECT ON pgfence.guarded_tables TO pgfence_app;

@@ -43,8 +43,11 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER pgfence_ha_gate BEFORE INSERT OR UPDATE OF token ON pgfence.locks
+CREATE TRIGGER pgfence_ha_gate BEFORE INSERT ON pgfence.locks
     FOR EACH ROW EXECUTE FUNCTION pgfence_ha.gate();
+CREATE TRIGGER pgfence_ha_gate_token BEFORE UPDATE OF token ON pgfence.locks
+    FOR EACH ROW WHEN (NEW.token IS DISTINCT FROM OLD.token)  -- a release names token unchanged
+    EXECUTE FUNCTION pgfence_ha.gate();
 CREATE TRIGGER pgfence_ha_gate BEFORE UPDATE OF claim_token ON pgfence.jobs
     FOR EACH ROW EXECUTE FUNCTION pgfence_ha.gate();
 

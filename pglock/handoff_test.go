@@ -1,0 +1,365 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// queueLen counts the live, ungranted waiters of name.
+func queueLen(t testing.TB, db DBTX, name string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(context.Background(),
+		"SELECT count(*) FROM pgfence.lock_queue WHERE name = $1 AND granted_token IS NULL AND alive_until > now()", name).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A release hands the lease to the waiters in the order they queued, one
+// waiter woken per release, each grant the next token.
+func TestHandoffFIFO(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-fifo"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	first := mustAcquire(t, owner, name, time.Minute)
+
+	const n = 4
+	results := make([]<-chan acquired, n)
+	for i := range n {
+		w := newLocker(t, pool, &Config{Holder: fmt.Sprintf("w%d", i)})
+		queued := waitSignal(w)
+		results[i] = acquireAsync(ctx, w, name, time.Minute)
+		<-queued // w is in the queue before the next one arrives
+		if got := queueLen(t, pool, name); got != i+1 {
+			t.Fatalf("after waiter %d queued: %d waiters in the queue", i, got)
+		}
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	token := first.Token()
+	for i := range n {
+		r := <-results[i]
+		if r.err != nil {
+			t.Fatalf("waiter %d: %v", i, r.err)
+		}
+		if r.lease.Token() != token+1 {
+			t.Fatalf("waiter %d got token %d, want %d (handed over in queue order)", i, r.lease.Token(), token+1)
+		}
+		token = r.lease.Token()
+		// Nobody else got it: the later waiters are still waiting.
+		for j := i + 1; j < n; j++ {
+			select {
+			case r := <-results[j]:
+				t.Fatalf("waiter %d got a lease (%v) while waiter %d held it", j, r.err, i)
+			default:
+			}
+		}
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := queueLen(t, pool, name); got != 0 {
+		t.Errorf("%d waiters left in the queue", got)
+	}
+}
+
+// A queued waiter that has gone away is skipped once its alive_until has
+// passed, and one that went away recently holds the lease at most its own
+// TTL: then the next waiter gets it, with the next token.
+func TestHandoffDeadWaiters(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-dead"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	s := mustAcquire(t, owner, name, time.Minute)
+	// A waiter gone for longer than its TTL, then one gone just now (its TTL
+	// 300 ms still running), both queued before a live waiter.
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until) VALUES
+		(-1, $1, 'gone-long-ago', 300000, now() - interval '1 second'),
+		(-2, $1, 'gone-just-now', 300000, now() + interval '300 milliseconds')`, name); err != nil {
+		t.Fatal(err)
+	}
+	live := newLocker(t, pool, &Config{Holder: "live"})
+	queued := waitSignal(live)
+	res := acquireAsync(ctx, live, name, time.Minute)
+	<-queued
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := Inspect(ctx, pool, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Holder != "gone-just-now" || info.Token != s.Token()+1 {
+		t.Fatalf("after the release: %+v, want the recent waiter holding token %d", info, s.Token()+1)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() != s.Token()+2 {
+		t.Errorf("live waiter got token %d, want %d", r.lease.Token(), s.Token()+2)
+	}
+	var grantedAt time.Time
+	if err := pool.QueryRow(ctx, "SELECT acquired_at FROM pgfence.locks WHERE name = $1", name).Scan(&grantedAt); err != nil {
+		t.Fatal(err)
+	}
+	if !grantedAt.After(info.ExpiresAt) && !grantedAt.Equal(info.ExpiresAt) {
+		t.Errorf("live waiter granted at %v, before the dead waiter's lease ended at %v", grantedAt, info.ExpiresAt)
+	}
+	var stale int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.lock_queue WHERE wkey = -1").Scan(&stale); err != nil || stale != 0 {
+		t.Errorf("the long-gone waiter's row is still there (%d, %v)", stale, err)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A waiter that gives up leaves the queue, and gives back a lease a release
+// handed to it meanwhile: the next waiter gets it.
+func TestHandoffLeave(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-leave"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	s := mustAcquire(t, owner, name, time.Minute)
+
+	// Giving up removes the queue row.
+	quitter := newLocker(t, pool, &Config{Holder: "quitter"})
+	queued := waitSignal(quitter)
+	qctx, cancel := context.WithCancel(ctx)
+	res := acquireAsync(qctx, quitter, name, time.Minute)
+	<-queued
+	cancel()
+	if r := <-res; !errors.Is(r.err, context.Canceled) || !errors.Is(r.err, ErrLocked) {
+		t.Fatalf("cancelled waiter: %v", r.err)
+	}
+	if got := queueLen(t, pool, name); got != 0 {
+		t.Fatalf("the waiter that gave up is still queued (%d)", got)
+	}
+
+	// A lease handed to a waiter that leaves is given back and handed on.
+	const wkey = 4242
+	if _, locked, _, err := quitter.grant(ctx, name, time.Minute, attemptWait, wkey); err != nil || locked == nil {
+		t.Fatalf("queueing: %v %v", locked, err)
+	}
+	next := newLocker(t, pool, &Config{Holder: "next"})
+	queued = waitSignal(next)
+	res = acquireAsync(ctx, next, name, time.Minute)
+	<-queued
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := Inspect(ctx, pool, name); err != nil || info.Holder != "quitter" || info.Token != s.Token()+1 {
+		t.Fatalf("after the release: %+v %v, want the lease handed to quitter", info, err)
+	}
+	quitter.leaveQueue(name, wkey)
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() != s.Token()+2 {
+		t.Errorf("next waiter got token %d, want %d", r.lease.Token(), s.Token()+2)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Clients looping acquire/release on one name get grants in turn: while a
+// client waits, at most a few rounds of grants go to others, and nobody
+// starves. Every grant's token is the previous one + 1 and no two leases
+// overlap.
+func TestHandoffFairness(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := testCtx(t, 2*time.Minute)
+	const (
+		clients = 4
+		grants  = 200
+		name    = "handoff-fair"
+	)
+	var (
+		mu        sync.Mutex
+		order     []int // client of each grant, in token order
+		last      int64
+		holding   = -1
+		failed    error
+		maxBypass int64 // grants to others while one client was queued
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if failed == nil {
+			failed = err
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for c := range clients {
+		pool := pgtest.PoolFor(t, dsn)
+		l := newLocker(t, pool, &Config{Holder: fmt.Sprintf("c%d", c)})
+		// queuedAt is the latest token granted when this client's current
+		// Acquire first went to sleep in the queue (-1: not queued yet).
+		queuedAt := int64(-1)
+		l.waitHook = func(string) {
+			mu.Lock()
+			if queuedAt < 0 {
+				queuedAt = last
+			}
+			mu.Unlock()
+		}
+		wg.Add(1)
+		go func(c int, l *Locker, pool *pgxpool.Pool) {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				done := len(order) >= grants || failed != nil
+				mu.Unlock()
+				if done {
+					return
+				}
+				s, err := l.Acquire(ctx, name, time.Minute)
+				if err != nil {
+					fail(err)
+					return
+				}
+				mu.Lock()
+				switch {
+				case holding != -1:
+					failed = fmt.Errorf("client %d granted token %d while client %d holds the lock", c, s.Token(), holding)
+				case last != 0 && s.Token() != last+1:
+					failed = fmt.Errorf("client %d granted token %d after %d", c, s.Token(), last)
+				}
+				if queuedAt >= 0 {
+					maxBypass = max(maxBypass, s.Token()-queuedAt-1)
+				}
+				queuedAt = -1
+				holding, last = c, s.Token()
+				order = append(order, c)
+				mu.Unlock()
+				mu.Lock()
+				holding = -1
+				mu.Unlock()
+				if err := s.Release(ctx); err != nil {
+					fail(err)
+					return
+				}
+			}
+		}(c, l, pool)
+	}
+	wg.Wait()
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	counts := make([]int, clients)
+	for _, c := range order {
+		counts[c]++
+	}
+	sum, sq := 0.0, 0.0
+	for _, n := range counts {
+		sum += float64(n)
+		sq += float64(n) * float64(n)
+	}
+	jain := sum * sum / (clients * sq)
+	t.Logf("%d grants to %d clients: per client %v, Jain's fairness index %.3f, at most %d grants to others while one client was queued",
+		len(order), clients, counts, jain, maxBypass)
+	// Served in queue order, a queued client waits for those queued before
+	// it: at most clients-1 grants. A release that ran while a client was
+	// queueing cannot see it and frees the lock instead (the client is woken
+	// and tries again), which lets at most a few grants more through.
+	if limit := int64(2 * clients); maxBypass > limit {
+		t.Errorf("a queued client waited through %d grants to others (want at most %d)", maxBypass, limit)
+	}
+	if jain < 0.9 {
+		t.Errorf("fairness index %.3f, want at least 0.9", jain)
+	}
+}
+
+// Only grants wait for the flush: a handoff (a release that grants) and a
+// QueueGrant that grants turn synchronous_commit on; a QueueGrant that only
+// queues turns it off, and a plain release keeps the session's setting. The
+// setting is read back inside a transaction that ran the statement.
+func TestHandoffCommitModes(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := testCtx(t, 30*time.Second)
+	conn, err := pgx.Connect(ctx, dsn) // session default: on
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	q := dbsqlc.New()
+	const name = "handoff-commit-modes"
+	inTx := func(what string, want string, f func(tx pgx.Tx) error) {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f(tx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var v string
+		if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != want {
+			t.Errorf("%s: synchronous_commit = %q, want %q", what, v, want)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	params := func(holder string, wkey int64) dbsqlc.QueueGrantParams {
+		return dbsqlc.QueueGrantParams{Name: name, Holder: holder, TtlUs: 60e6, Wkey: wkey}
+	}
+	var first dbsqlc.QueueGrantRow
+	inTx("QueueGrant that grants", "on", func(tx pgx.Tx) (err error) {
+		first, err = q.QueueGrant(ctx, tx, params("a", 1001))
+		if err == nil && !first.Granted {
+			err = errors.New("not granted")
+		}
+		return err
+	})
+	inTx("QueueGrant that queues", "off", func(tx pgx.Tx) error {
+		r, err := q.QueueGrant(ctx, tx, params("b", 1002))
+		if err == nil && r.Granted {
+			err = errors.New("granted a held lock")
+		}
+		return err
+	})
+	inTx("release that hands off", "on", func(tx pgx.Tx) error {
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "a", Token: first.Token})
+		if err == nil && !r.HandedOff {
+			err = errors.New("no handoff")
+		}
+		return err
+	})
+	inTx("plain release", "local", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = local"); err != nil {
+			return err
+		}
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "b", Token: first.Token + 1})
+		if err == nil && r.HandedOff {
+			err = errors.New("handed off with nobody queued")
+		}
+		return err
+	})
+}
