@@ -191,11 +191,10 @@ func sqlCycle(ctx context.Context, l *Locker, name string, ttl time.Duration) er
 	if err != nil {
 		return err
 	}
-	n, err := l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: r.Token})
-	if err == nil && n != 1 {
-		err = fmt.Errorf("release freed %d rows", n)
+	if _, err := l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: r.Token}); err != nil {
+		return fmt.Errorf("release: %w", err) // pgx.ErrNoRows: the lease was lost
 	}
-	return err
+	return nil
 }
 
 // warmUp prepares the lock statements and the plain UPDATE on every pooled
