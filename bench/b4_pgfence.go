@@ -102,13 +102,17 @@ func (b *bench) pgfenceB4Variant(batch, jobs int) variant {
 		}}
 }
 
-// pgfenceB4Variants returns pgfence's side of B4, one variant per batch size.
+// pgfenceB4Variants returns pgfence's side of B4: one claim+complete
+// variant per batch size, then one skiplocked.Worker variant per size.
 func (b *bench) pgfenceB4Variants(jobs int) []variant {
 	var vs []variant
 	for _, batch := range b4Batches {
 		vs = append(vs, b.pgfenceB4Variant(batch, jobs))
 	}
-	return append(vs, b.pgfenceWorkerB4Variant(jobs))
+	for _, n := range b4WorkerSizes {
+		vs = append(vs, b.pgfenceWorkerSizedB4Variant(n, jobs))
+	}
+	return vs
 }
 
 // completions is an observe.Metrics that counts completed rows and signals
@@ -128,12 +132,28 @@ func (c *completions) Add(_ context.Context, name string, delta float64, _ ...st
 
 func (c *completions) Observe(context.Context, string, float64, ...string) {}
 
+// b4WorkerSizes are the Concurrency (= BatchSize) of the skiplocked.Worker
+// variants of B4: the same concurrency as the other side, and the sizes at
+// which a queue of no-op jobs is limited by the database rather than by
+// the handlers.
+var b4WorkerSizes = []int{b4Workers, 100, 1000}
+
 // pgfenceWorkerB4Variant burns the queue down with skiplocked.Worker, the
 // runtime that compares with River's client: b4Workers handlers, claims in
 // batches of b4Workers (the default), completions batched by the worker.
 // Timed from Run until the worker has recorded every completion.
 func (b *bench) pgfenceWorkerB4Variant(jobs int) variant {
-	return variant{name: fmt.Sprintf("pgfence skiplocked.Worker, %d handlers", b4Workers), clients: b4Workers,
+	return b.pgfenceWorkerSizedB4Variant(b4Workers, jobs)
+}
+
+// pgfenceWorkerSizedB4Variant is pgfenceWorkerB4Variant with n handlers and
+// claims in batches of n.
+func (b *bench) pgfenceWorkerSizedB4Variant(n, jobs int) variant {
+	name := fmt.Sprintf("%s, %d handlers", b4WorkerPrefix, n)
+	if n != b4Workers {
+		name += fmt.Sprintf(", batch %d", n)
+	}
+	return variant{name: name, clients: n,
 		run: func(ctx context.Context, dur time.Duration) (runResult, error) {
 			jobs := b.burnDownJobs(jobs, dur)
 			if err := b.enqueueB4(ctx, jobs); err != nil {
@@ -141,7 +161,7 @@ func (b *bench) pgfenceWorkerB4Variant(jobs int) variant {
 			}
 			m := &completions{want: int64(jobs), done: make(chan struct{})}
 			w, err := skiplocked.NewWorker(b.pg.pool, b4Queue, func(context.Context, skiplocked.Job) error { return nil },
-				&skiplocked.Config{Concurrency: b4Workers, ClaimTTL: 5 * time.Minute, Metrics: m})
+				&skiplocked.Config{Concurrency: n, BatchSize: n, ClaimTTL: 5 * time.Minute, Metrics: m})
 			if err != nil {
 				return runResult{}, err
 			}

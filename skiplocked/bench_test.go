@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -117,6 +118,72 @@ func BenchmarkWorkerLoop(b *testing.B) {
 				b.Fatalf("completed %d of %d", got, b.N)
 			}
 		})
+	}
+}
+
+// BenchmarkWorkerSizes: one Worker with Concurrency = BatchSize = n drains
+// the queue with a no-op handler, timed from Run until the last completion
+// is recorded (as the bench program's B4 does). Reports jobs/s.
+func BenchmarkWorkerSizes(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			pool := benchPool(b)
+			queue := fmt.Sprintf("benchs-%d", benchQueue.Add(1))
+			enqueueN(b, pool, queue, b.N, 5)
+			if _, err := pool.Exec(context.Background(), "VACUUM ANALYZE pgfence.jobs"); err != nil {
+				b.Fatal(err)
+			}
+			m := &countCompleted{want: int64(b.N), done: make(chan struct{})}
+			w, err := skiplocked.NewWorker(pool, queue, func(context.Context, skiplocked.Job) error { return nil },
+				&skiplocked.Config{Concurrency: n, BatchSize: n, ClaimTTL: time.Minute, Metrics: m})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			b.ResetTimer()
+			start := time.Now()
+			runErr := make(chan error, 1)
+			go func() { runErr <- w.Run(ctx) }()
+			<-m.done
+			elapsed := time.Since(start)
+			b.StopTimer()
+			cancel()
+			if err := <-runErr; err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "jobs/s")
+			if c := m.claims.Load(); c > 0 {
+				b.ReportMetric(float64(m.claimMicros.Load())/float64(c)/1000, "ms/claim")
+				b.ReportMetric(float64(b.N)/float64(c), "jobs/claim")
+			}
+			if got := countState(b, pool, queue, skiplocked.StateCompleted); got != b.N {
+				b.Fatalf("completed %d of %d", got, b.N)
+			}
+		})
+	}
+}
+
+// countCompleted is an observe.Metrics that closes done when want rows
+// have been recorded as completed.
+type countCompleted struct {
+	n atomic.Int64
+	// claims and claimMicros count the claim statements and their time.
+	claims, claimMicros atomic.Int64
+	want                int64
+	done                chan struct{}
+	once                sync.Once
+}
+
+func (c *countCompleted) Add(_ context.Context, name string, delta float64, _ ...string) {
+	if name == observe.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
+		c.once.Do(func() { close(c.done) })
+	}
+}
+
+func (c *countCompleted) Observe(_ context.Context, name string, v float64, _ ...string) {
+	if name == observe.ClaimSeconds {
+		c.claims.Add(1)
+		c.claimMicros.Add(int64(v * 1e6))
 	}
 }
 

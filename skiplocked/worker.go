@@ -106,6 +106,7 @@ type Worker struct {
 
 	mu       sync.Mutex
 	inflight map[int64]*held
+	lostMu   sync.Mutex // one OnClaimLost call at a time
 }
 
 type held struct {
@@ -142,6 +143,11 @@ type result struct {
 
 // NewWorker checks its arguments and returns a worker that runs h over the
 // jobs of queue. It does no I/O. cfg may be nil.
+//
+// On a busy queue the worker overlaps up to three claim statements and two
+// outcome statements when pool has the connections for them (MaxConns of 8
+// or more; one is the listener's); with fewer it sends fewer at once, down
+// to one of each with pgxpool's default of 4 on a small machine.
 func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worker, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", ErrInvalidConfig)
@@ -208,7 +214,11 @@ func DefaultHolder() string { return holder.Default() }
 // [Worker.Summary] tells what it did.
 //
 // Claims are woken by NOTIFY on [NotifyChannel] and by polling every
-// [Config.PollInterval]. A failed database call is logged and retried;
+// [Config.PollInterval]. A handler's completion is written as soon as an
+// outcome writer is free, never held back to fill a batch: it waits at most
+// for the outcome statements already in flight (each bounded by
+// [Config.ClaimTTL]), so the delay is about one statement's round trip
+// while the database answers. A failed database call is logged and retried;
 // an outcome that cannot be written leaves the claim to expire, so a job may
 // run more than once, but a stale worker's outcome never overwrites a newer
 // claim's.
@@ -259,22 +269,28 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	if !w.cfg.PollOnly {
 		listenWG.Go(func() { w.listen(runCtx, wake) })
 	}
-	fetchWG.Go(func() { w.fetch(runCtx, slots, jobs, wake, drain, stopRun) })
-	for range w.cfg.Concurrency {
-		handlerWG.Go(func() { w.handle(jobBase, jobs, results, &stopping) })
+	claimers, writers := w.pipelines(capacity)
+	for i := range claimers {
+		fetchWG.Go(func() { w.fetch(runCtx, i == 0, slots, jobs, wake, drain, stopRun) })
 	}
-	completerWG.Go(func() { w.complete(bgCtx, results, slots, wake, drain) })
+	for range w.cfg.Concurrency {
+		handlerWG.Go(func() { w.handle(jobBase, jobs, results, slots, &stopping) })
+	}
+	for range writers {
+		completerWG.Go(func() { w.complete(bgCtx, results, wake, drain) })
+	}
 	bgWG.Go(func() { w.renewLoop(bgCtx) })
 
 	<-runCtx.Done()
 	stopping.Store(true)
 	fetchWG.Wait()
-	close(jobs) // the fetcher was the only sender
+	close(jobs) // the fetchers were the only senders
 	// Release claimed jobs that no handler has started, without waiting for
 	// a busy handler to take them (handlers release them too once stopping).
 	handlerWG.Go(func() {
 		for h := range jobs {
 			results <- result{h: h, outcome: outRelease}
+			<-slots
 		}
 	})
 	listenWG.Wait()
@@ -314,12 +330,40 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	return sum, nil
 }
 
+// maxClaimers and maxWriters bound the claim and outcome statements one
+// worker has in flight at once (see pipelines).
+const (
+	maxClaimers = 3
+	maxWriters  = 2
+)
+
+// pipelines returns how many fetchers claim at once and how many goroutines
+// write outcomes at once. One statement at a time leaves a worker bound by
+// the round trip (and commit) of each statement rather than by the
+// database's throughput, so a worker whose queue is busy overlaps up to
+// maxClaimers claims and maxWriters outcome statements. Each claim reserves
+// a whole batch of slots first, so the claims whose handler has not returned
+// stay within capacity; the counts also stay within the pool (one connection
+// is the listener's, one the renewals').
+func (w *Worker) pipelines(capacity int) (claimers, writers int) {
+	conns := int(w.pool.Config().MaxConns) - 2
+	if w.txHandler != nil {
+		conns -= w.cfg.Concurrency // each handler's transaction holds one
+	}
+	writers = max(1, min(maxWriters, conns/2))
+	claimers = max(1, min(maxClaimers, capacity/w.cfg.BatchSize, conns-writers))
+	return claimers, writers
+}
+
 // fetch claims batches when there is room and work is likely, and hands the
-// jobs to the handlers. In drain mode it ends the run (drained) when a claim
-// finds nothing, nothing is in flight and the queue has no available or
-// running job.
-func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *held, wake <-chan struct{}, drain bool, drained func()) {
-	poll := time.NewTimer(0) // claim once at start
+// jobs to the handlers. Several fetchers run at once (see pipelines): each
+// claims at start, the poller also every PollInterval; a fetcher that claimed
+// a full batch claims again at once and wakes an idle one, so on a busy queue
+// all of them claim, and on an idle queue one polls. In drain mode a fetcher
+// ends the run (drained) when a claim finds nothing, nothing is in flight
+// and the queue has no available or running job.
+func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jobs chan<- *held, wake chan struct{}, drain bool, drained func()) {
+	poll := time.NewTimer(0) // every fetcher claims once at start; only the poller polls
 	defer poll.Stop()
 	hungry := false
 	for {
@@ -332,7 +376,8 @@ func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *he
 			}
 		}
 		// Wait until a whole batch fits: the worker then never holds more
-		// than Concurrency + 2*BatchSize claims.
+		// than Concurrency + 2*BatchSize claims whose handler has not
+		// returned (a handler frees its slot when it hands its outcome over).
 		n := w.cfg.BatchSize
 		for i := range n {
 			select {
@@ -358,23 +403,26 @@ func (w *Worker) fetch(ctx context.Context, slots chan struct{}, jobs chan<- *he
 		for range n - len(claimed) {
 			<-slots
 		}
+		hs := make([]held, len(claimed)) // one allocation for the batch
 		w.mu.Lock()
-		hs := make([]*held, len(claimed))
 		for i, j := range claimed {
-			hs[i] = &held{ref: j.Ref(), job: j}
-			w.inflight[j.ID] = hs[i]
+			hs[i] = held{ref: j.Ref(), job: j}
+			w.inflight[j.ID] = &hs[i]
 		}
 		idle := len(w.inflight) == 0
 		w.mu.Unlock()
-		for _, h := range hs {
-			jobs <- h // never blocks: capacity = slots
+		for i := range hs {
+			jobs <- &hs[i] // never blocks: capacity = slots
 		}
 		hungry = err == nil && len(claimed) == n
+		if hungry {
+			poke(wake) // more is likely: let an idle fetcher claim too
+		}
 		if !hungry && drain && err == nil && idle && w.isDrained(ctx) {
 			drained()
 			return
 		}
-		if !hungry {
+		if !hungry && poller {
 			poll.Reset(w.cfg.PollInterval)
 		}
 	}

@@ -20,9 +20,11 @@ type Config struct {
 	// Concurrency is the number of jobs handled at once, 1..1000. Defaults to 4.
 	Concurrency int
 	// BatchSize is the most jobs one claim statement takes, 1..[MaxBatch].
-	// The worker holds at most Concurrency + 2*BatchSize claims, so the next
-	// batch is claimed while the current one is handled and the one before is
-	// being completed. Defaults to Concurrency.
+	// The worker holds at most Concurrency + 2*BatchSize claims whose
+	// handler has not returned, so the next batches are claimed while the
+	// current one is handled; a claim whose handler returned is held until
+	// its outcome is written, which is never delayed to fill a batch (see
+	// [Worker.Run]). Defaults to Concurrency.
 	BatchSize int
 	// ClaimTTL is the length of a leased claim on the database clock,
 	// [MinClaimTTL]..[MaxClaimTTL]. A claim of a worker that dies comes back
@@ -60,8 +62,9 @@ type Config struct {
 	// OnClaimLost, when set, is called once for each claim this worker lost,
 	// after the job's handler has returned, with the job's current token,
 	// state and holder in err. Use it to compensate for an effect done outside
-	// the database. It runs on the goroutine that writes outcomes (keep it
-	// short); a panic in it is recovered and logged. Defaults to nil.
+	// the database. It runs on a goroutine that writes outcomes, one call
+	// at a time (keep it short); a panic in it is recovered and logged.
+	// Defaults to nil.
 	OnClaimLost func(ctx context.Context, job Job, err *ClaimLostError)
 }
 

@@ -12,7 +12,10 @@ import (
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, stopping *atomic.Bool) {
+// handle runs handlers over the jobs handed to it and passes each outcome to
+// the writers. A job's slot is freed once its outcome is handed over: the
+// fetchers may then claim again while the outcome is being written.
+func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, slots <-chan struct{}, stopping *atomic.Bool) {
 	for h := range jobs {
 		w.mu.Lock()
 		if stopping.Load() || h.lost != nil {
@@ -23,6 +26,7 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 			} else {
 				results <- result{h: h, outcome: outRelease}
 			}
+			<-slots
 			continue
 		}
 		jctx, cancel := context.WithCancelCause(base)
@@ -40,6 +44,7 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		h.returned = true
 		w.mu.Unlock()
 		results <- r
+		<-slots
 	}
 }
 

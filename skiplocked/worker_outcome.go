@@ -32,8 +32,12 @@ func orBare(e *ClaimLostError, ref ClaimRef) *ClaimLostError {
 	return &ClaimLostError{JobID: ref.JobID, Token: ref.Token}
 }
 
-// complete writes outcomes, batching completions, and frees the slots.
-func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-chan struct{}, wake chan<- struct{}, drain bool) {
+// complete writes outcomes, batching completions. Several run at once (see
+// pipelines). A completion is never held back to fill a batch: each writer
+// takes every result waiting when it is free and writes them at once, so a
+// handler's completion waits at most for the outcome statements already in
+// flight, and batches grow only while the database is busy.
+func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<- struct{}, drain bool) {
 	const maxBatch = 1000
 	m := observe.OrNop(w.cfg.Metrics)
 	for first := range results {
@@ -80,9 +84,6 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, slots <-ch
 		}
 		idle := len(w.inflight) == 0
 		w.mu.Unlock()
-		for range batch {
-			<-slots
-		}
 		if drain && idle {
 			poke(wake) // the fetcher checks whether the queue is drained
 		}
@@ -99,6 +100,8 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg
 	if w.cfg.OnClaimLost == nil {
 		return
 	}
+	w.lostMu.Lock() // outcomes are written by several goroutines; the hook runs one call at a time
+	defer w.lostMu.Unlock()
 	defer func() {
 		if r := recover(); r != nil {
 			w.cfg.Logger.Error("skiplocked: OnClaimLost panicked", "job", e.JobID, "panic", fmt.Sprint(r))

@@ -14,43 +14,42 @@ import (
 
 const claimJobs = `-- name: ClaimJobs :many
 WITH due AS (
-    SELECT a.id, a.priority, a.run_at, false AS expired_dead
+    SELECT a.id, a.priority, a.run_at
     FROM pgfence.jobs a
     WHERE a.queue = $1 AND a.state = 'available' AND a.run_at <= now()
     ORDER BY a.priority, a.run_at, a.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT r.id, r.priority, r.run_at, r.attempts >= r.max_attempts AS expired_dead
+    SELECT r.id, r.priority, r.run_at
     FROM pgfence.jobs r
     WHERE r.queue = $1 AND r.state = 'running' AND r.claim_expires_at <= now()
     ORDER BY r.claim_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT c.id, c.expired_dead
-    FROM (SELECT d.id, d.priority, d.run_at, d.expired_dead FROM due d
+    SELECT c.id
+    FROM (SELECT d.id, d.priority, d.run_at FROM due d
           UNION ALL
-          SELECT e.id, e.priority, e.run_at, e.expired_dead FROM expired e) AS c
+          SELECT e.id, e.priority, e.run_at FROM expired e) AS c
     ORDER BY c.priority, c.run_at, c.id
     LIMIT $2
 ), claimed AS (
     UPDATE pgfence.jobs j
-    SET state            = CASE WHEN p.expired_dead THEN 'dead' ELSE 'running' END,
-        attempts         = CASE WHEN p.expired_dead THEN j.attempts ELSE j.attempts + 1 END,
-        holder       = CASE WHEN p.expired_dead THEN j.holder ELSE $3::text END,
-        claim_token      = CASE WHEN p.expired_dead THEN j.claim_token
+    SET state            = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'running' END,
+        attempts         = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.attempts ELSE j.attempts + 1 END,
+        holder       = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.holder ELSE $3::text END,
+        claim_token      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.claim_token
                                 ELSE nextval('pgfence.jobs_claim_token_seq') END,
-        claim_expires_at = CASE WHEN p.expired_dead THEN NULL
+        claim_expires_at = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN NULL
                                 ELSE now() + interval '1 millisecond' * $4::bigint END,
         last_error       = CASE WHEN j.state = 'running'
                                 THEN 'claim ' || j.claim_token || ' of ' || j.holder || ' expired at ' || j.claim_expires_at
                                 ELSE j.last_error END,
-        finished_at      = CASE WHEN p.expired_dead THEN now() END,
-        claim_outcome    = CASE WHEN p.expired_dead THEN 'expired' END,
+        finished_at      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN now() END,
+        claim_outcome    = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'expired' END,
         updated_at       = now()
-    FROM picked p
-    WHERE j.id = p.id
+    WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
     RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
 SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
@@ -88,7 +87,10 @@ type ClaimJobsRow struct {
 // queue (available and due, or running with an expired claim) with FOR UPDATE
 // SKIP LOCKED, gives each a new claim token and a claim expiry, and returns
 // them. An expired claim on a row that has no attempts left sends the row to
-// dead instead (not returned).
+// dead instead (not returned). The picked rows stay locked until the
+// UPDATE, so a running one is one whose claim expired (dead when it has no
+// attempts left). The UPDATE finds them by primary key (id = ANY): a join
+// with picked becomes, on a small table, a hash join over every row.
 func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) ([]ClaimJobsRow, error) {
 	rows, err := db.Query(ctx, claimJobs,
 		arg.Queue,
