@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,18 @@ func TestVersionBinary(t *testing.T) {
 	head, gitErr := exec.Command("git", "rev-parse", "HEAD").Output()
 	if gitErr == nil {
 		gitErr = exec.Command("git", "status", "--porcelain").Run()
+	}
+	if gitErr == nil {
+		// The go command stamps no revision in a linked worktree (`git
+		// worktree add`), whose git directory is not the repository's.
+		dir, err1 := exec.Command("git", "rev-parse", "--absolute-git-dir").Output()
+		common, err2 := exec.Command("git", "rev-parse", "--path-format=absolute", "--git-common-dir").Output()
+		switch {
+		case err1 != nil || err2 != nil:
+			gitErr = errors.Join(err1, err2)
+		case strings.TrimSpace(string(dir)) != strings.TrimSpace(string(common)):
+			gitErr = errors.New("a linked git worktree")
+		}
 	}
 	vcs := "-buildvcs=false"
 	if gitErr == nil {
