@@ -117,7 +117,17 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			backoff.Stop()
 		}
 	}()
-	woken, losses := false, 0 // the last sleep ended with a wake-up; wake-ups lost in a row
+	woken, losses, waits := false, 0, 0 // the last sleep ended with a wake-up; wake-ups lost in a row; sleeps
+	// queuedAt is taken before the first QueueGrant of this waiter is sent:
+	// a lease handed to it was granted after its queue row existed, so it
+	// ends no earlier than queuedAt + ttl (the same rule as a grant's send
+	// time + ttl).
+	var queuedAt time.Time
+	if l.lis != nil && l.isHot(name) {
+		// Waited for last time: queue at once (QueueGrant grants a free lock
+		// too), skipping the GrantLock that would most likely be refused.
+		w = l.lis.register(name)
+	}
 	for {
 		if l.isClosed() {
 			return nil, ErrClosed
@@ -132,6 +142,9 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		var wkey int64
 		if w != nil {
 			wkey, queued = w.wkey, true
+			if queuedAt.IsZero() {
+				queuedAt = time.Now()
+			}
 		}
 		lease, locked, wait, err := l.grant(ctx, name, ttl, kind, wkey)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
@@ -139,6 +152,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		}
 		if lease != nil {
 			got = true
+			l.setHot(name, w != nil && losses+waits > 0)
 			return lease, nil
 		}
 		if err != nil {
@@ -164,6 +178,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			// with each attempt: a release skips it once that has passed.
 			wait = ttl / 2
 		}
+		waits++
 		if l.waitHook != nil {
 			l.waitHook(name)
 		}
@@ -205,19 +220,58 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		case turnClosed:
 			return nil, ErrClosed
 		case turnHandoff:
-			// A release handed the lease to this waiter: read it (no write).
-			// If it is not there (the connection came back, or it already
-			// ended), the next attempt looks again.
+			// A release handed the lease to this waiter. Its notification
+			// carries the token and expiry; it is sent by the committed
+			// (durable) handoff and only after it. Local deadline: queuedAt +
+			// ttl. After a long wait that deadline is too short to be
+			// useful: read the lease instead (no write), as after a wake-up
+			// without payload (the connection came back). If it is not there
+			// (or already ended), the next attempt looks again.
+			if token, exp, ok := w.handedPayload(); ok && time.Since(queuedAt) < ttl/2 {
+				got = true
+				l.setHot(name, true)
+				return l.newLease(name, token, ttl, exp, queuedAt), nil
+			}
 			lease, err := l.handed(ctx, name, ttl, w.wkey)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err
 			}
 			if lease != nil {
 				got = true
+				l.setHot(name, true)
 				return lease, nil
 			}
 		}
 	}
+}
+
+// maxHot bounds the names a Locker remembers as hot.
+const maxHot = 4096
+
+// isHot reports whether the last Acquire of name through this Locker had to
+// wait.
+func (l *Locker) isHot(name string) bool {
+	l.hotMu.Lock()
+	_, ok := l.hot[name]
+	l.hotMu.Unlock()
+	return ok
+}
+
+// setHot records whether an Acquire of name had to wait.
+func (l *Locker) setHot(name string, hot bool) {
+	l.hotMu.Lock()
+	defer l.hotMu.Unlock()
+	if !hot {
+		delete(l.hot, name)
+		return
+	}
+	if l.hot == nil || len(l.hot) >= maxHot {
+		if _, ok := l.hot[name]; ok {
+			return
+		}
+		l.hot = make(map[string]struct{})
+	}
+	l.hot[name] = struct{}{}
 }
 
 // turnEnd says why waitTurn returned.

@@ -26,14 +26,15 @@ const (
 )
 
 // NotifyChannel is the PostgreSQL NOTIFY channel on which a release announces
-// the lock name (the payload). Each [Locker] LISTENs on it with one dedicated
-// connection to wake its waiters.
+// the lock name (the payload). The Lockers of one pool LISTEN on it with one
+// shared dedicated connection to wake their waiters.
 const NotifyChannel = "pgfence_lock_released"
 
 // HandoffChannel is the PostgreSQL NOTIFY channel on which a release that
 // handed its lease to the first waiter in the queue (pgfence.lock_queue)
-// announces that waiter's key (the payload). The Locker's LISTEN connection
-// listens on it too.
+// announces that waiter's key, the new token and the new expiry in
+// microseconds since the Unix epoch (payload "wkey token expiry_us"). The
+// LISTEN connection listens on it too.
 const HandoffChannel = "pgfence_lock_handoff"
 
 // DBTX is what the package needs from a database handle: *pgxpool.Pool,
@@ -68,8 +69,9 @@ type Config struct {
 	KeepAliveFraction float64
 	// PollOnly disables LISTEN, for PgBouncer in transaction pooling mode
 	// where LISTEN does not work: waiters then wake at the holder's expiry
-	// and every PollInterval. Defaults to false: one dedicated connection
-	// LISTENs on [NotifyChannel].
+	// and every PollInterval. Defaults to false: one dedicated connection,
+	// shared by the Lockers of the pool, LISTENs on [NotifyChannel] and
+	// [HandoffChannel].
 	PollOnly bool
 	// PollInterval is the longest a waiter sleeps without retrying: the
 	// fallback when a notification is missed, and the release detector in

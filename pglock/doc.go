@@ -47,7 +47,7 @@
 // # Waiting
 //
 // [Locker.Acquire] waits without polling: a release wakes the waiters of that
-// name through one LISTEN connection per Locker, and a timer at the holder's
+// name through one LISTEN connection per pool, and a timer at the holder's
 // expiry covers holders that crashed. [Config].PollOnly and
 // [Config].PollInterval serve setups where LISTEN does not work (PgBouncer in
 // transaction pooling mode). [Locker.TryAcquire] never waits.

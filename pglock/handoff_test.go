@@ -363,3 +363,151 @@ func TestHandoffCommitModes(t *testing.T) {
 		return err
 	})
 }
+
+// The handoff notification carries the token and expiry; the waiter trusts
+// only a well-formed one addressed to its own key. A malformed one, or one for
+// another key, is no lease: the waiter reads the queue (nothing was handed),
+// keeps waiting, and gets the real handoff with the next token.
+func TestHandoffPayloadChecked(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-payload"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	s := mustAcquire(t, owner, name, time.Minute)
+	w := newLocker(t, pool, &Config{Holder: "w", PollInterval: 30 * time.Second})
+	queued := waitSignal(w)
+	res := acquireAsync(ctx, w, name, time.Minute)
+	<-queued
+	var wkey int64
+	if err := pool.QueryRow(ctx, "SELECT wkey FROM pgfence.lock_queue WHERE name = $1", name).Scan(&wkey); err != nil {
+		t.Fatal(err)
+	}
+	// Each one wakes the waiter (its poll interval is 30s: a new sleep within
+	// 10s comes from the notification); it looks, finds nothing handed and
+	// sleeps again, still queued.
+	for _, p := range []string{
+		fmt.Sprint(wkey),                   // no token nor expiry: read, nothing handed
+		fmt.Sprintf("%d x 1", wkey),        // token not a number
+		fmt.Sprintf("%d 0 1", wkey),        // token 0
+		fmt.Sprintf("%d -5 1", wkey),       // negative token
+		fmt.Sprintf("%d 99 1 extra", wkey), // four fields
+		fmt.Sprintf("%d 99 1e9", wkey),     // expiry not an integer
+	} {
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, p); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-queued:
+		case r := <-res:
+			t.Fatalf("payload %q: waiter returned (%v, %v)", p, r.lease, r.err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("payload %q did not wake the waiter", p)
+		}
+	}
+	select {
+	case r := <-res:
+		t.Fatalf("waiter returned (%v, %v) on a notification that is no handoff", r.lease, r.err)
+	default:
+	}
+	if n := queueLen(t, pool, name); n != 1 {
+		t.Fatalf("%d waiters queued, want 1", n)
+	}
+	if info := inspect(t, pool, name); info.Holder != "owner" || info.Token != s.Token() {
+		t.Fatalf("lock changed: %+v", info)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() != s.Token()+1 {
+		t.Errorf("handed token %d, want %d", r.lease.Token(), s.Token()+1)
+	}
+	info := inspect(t, pool, name)
+	if !info.Held || info.Holder != "w" || info.Token != r.lease.Token() || !info.ExpiresAt.Equal(r.lease.ExpiresAt()) {
+		t.Errorf("row %+v, lease token %d expiry %v", info, r.lease.Token(), r.lease.ExpiresAt())
+	}
+	if left := time.Until(r.lease.Deadline()); left > time.Minute || left < 50*time.Second {
+		t.Errorf("handed lease's local deadline in %v, want within the TTL (1m) and counted from the wait's start", left)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Lockers of one pool share one LISTEN connection; it stays while one of them
+// is open and goes with the last.
+func TestListenerSharedPerPool(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	a, err := New(pool, &Config{Holder: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(pool, &Config{Holder: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	c := newLocker(t, pool, &Config{Holder: "c"})
+	hold := mustAcquire(t, c, "shared-a", time.Minute)
+	hold2 := mustAcquire(t, c, "shared-b", time.Minute)
+	ra := acquireAsync(ctx, a, "shared-a", time.Minute)
+	rb := acquireAsync(ctx, b, "shared-b", time.Minute)
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for end := time.Now().Add(20 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitFor("both waiters queued", func() bool { return queueLen(t, pool, "shared-a") == 1 && queueLen(t, pool, "shared-b") == 1 })
+	waitFor("the listener", func() bool { return a.lis.isUp() && b.lis.isUp() })
+	if n := listenBackends(t, pool); n != 1 {
+		t.Fatalf("%d LISTEN connections for three Lockers of one pool, want 1", n)
+	}
+	if err := hold.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-ra; r.err != nil {
+		t.Fatal(r.err)
+	} else if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// b and c still use it: b's waiter is woken through it.
+	if err := hold2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-rb:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second): // far below the 1s poll fallback × 5: the wake-up came by NOTIFY
+		t.Fatal("b's waiter not woken after a closed")
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("no LISTEN connection after the last Locker closed", func() bool { return listenBackends(t, pool) == 0 })
+	shared.mu.Lock()
+	_, left := shared.m[pool]
+	shared.mu.Unlock()
+	if left {
+		t.Error("the pool's shared listener is still registered")
+	}
+}

@@ -3,20 +3,42 @@ package pglock
 import (
 	mrand "math/rand/v2"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/notify"
 )
 
-// listener is the single LISTEN connection of a Locker. It multiplexes every
-// waiter: a notification on HandoffChannel wakes the one waiter whose key is
-// its payload (a release handed it the lease), one on NotifyChannel wakes the
-// waiters of the lock name in its payload (a release freed the lock), and
-// each (re)connection wakes every waiter so that a notification missed while
-// the connection was down is re-checked. The connection
-// starts with the first waiter and stops with the Locker.
+// listener is a Locker's handle on the LISTEN connection it shares with every
+// other open Locker of the same pool (one connection per pool, however many
+// Lockers: each NOTIFY signals every listening backend of the database, so
+// fewer listeners make every release cheaper). The connection multiplexes
+// every waiter: a notification on HandoffChannel wakes the one waiter whose
+// key starts its payload (a release handed it the lease), one on
+// NotifyChannel wakes the waiters of the lock name in its payload (a release
+// freed the lock), and each (re)connection wakes every waiter so that a
+// notification missed while the connection was down is re-checked. The
+// connection starts with the first waiter and stops with the last Locker of
+// the pool; its up/down lines go to the Logger of the Locker that opened it.
 type listener struct {
-	l *Locker
-	n *notify.Listener
+	l      *Locker
+	n      *notify.Listener
+	pool   *pgxpool.Pool
+	closed bool
+}
+
+// shared holds the LISTEN connection of each pool with open Lockers.
+var shared = struct {
+	mu sync.Mutex
+	m  map[*pgxpool.Pool]*sharedListener
+}{m: map[*pgxpool.Pool]*sharedListener{}}
+
+type sharedListener struct {
+	n    *notify.Listener
+	refs int // open Lockers using it
 }
 
 type waiter struct {
@@ -27,13 +49,40 @@ type waiter struct {
 	hch  <-chan struct{} // a release handed the lease to this waiter (or the connection came back)
 }
 
+// handedPayload returns the token and expiry (database clock) that the
+// release which handed the lease to w announced ("wkey token expiry_us"),
+// or ok = false if no such notification arrived or it does not parse.
+func (w *waiter) handedPayload() (token int64, expiresAt time.Time, ok bool) {
+	f := strings.Fields(w.hsub.Payload())
+	if len(f) != 3 || f[0] != strconv.FormatInt(w.wkey, 10) {
+		return 0, time.Time{}, false
+	}
+	token, err1 := strconv.ParseInt(f[1], 10, 64)
+	us, err2 := strconv.ParseInt(f[2], 10, 64)
+	if err1 != nil || err2 != nil || token <= 0 {
+		return 0, time.Time{}, false
+	}
+	return token, time.UnixMicro(us), true
+}
+
+// newListener returns l's handle on the LISTEN connection of its pool,
+// creating it (stopped) if l is the pool's first open Locker.
 func newListener(l *Locker) *listener {
-	return &listener{l: l, n: notify.New(l.pool, notify.Config{
-		Channels: []string{NotifyChannel, HandoffChannel},
-		Logger:   l.log,
-		DownMsg:  "pglock: LISTEN connection lost; waiters fall back to expiry timers until it is back",
-		UpMsg:    "pglock: listening",
-	})}
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	sl := shared.m[l.pool]
+	if sl == nil {
+		sl = &sharedListener{n: notify.New(l.pool, notify.Config{
+			Channels:      []string{NotifyChannel, HandoffChannel},
+			KeyedChannels: []string{HandoffChannel},
+			Logger:        l.log,
+			DownMsg:       "pglock: LISTEN connection lost; waiters fall back to expiry timers until it is back",
+			UpMsg:         "pglock: listening",
+		})}
+		shared.m[l.pool] = sl
+	}
+	sl.refs++
+	return &listener{l: l, n: sl.n, pool: l.pool}
 }
 
 // register adds a waiter for name, with a fresh random queue key, and starts
@@ -53,6 +102,27 @@ func (ls *listener) unregister(w *waiter) {
 	w.hsub.Close()
 }
 
-func (ls *listener) stop() { ls.n.Stop() }
+// stop gives up l's use of the connection; the last Locker of the pool stops
+// it. Safe to call more than once.
+func (ls *listener) stop() {
+	shared.mu.Lock()
+	if ls.closed {
+		shared.mu.Unlock()
+		return
+	}
+	ls.closed = true
+	sl := shared.m[ls.pool]
+	last := false
+	if sl != nil && sl.n == ls.n {
+		if sl.refs--; sl.refs == 0 {
+			delete(shared.m, ls.pool)
+			last = true
+		}
+	}
+	shared.mu.Unlock()
+	if last {
+		ls.n.Stop()
+	}
+}
 
 func (ls *listener) isUp() bool { return ls.n.Up() }

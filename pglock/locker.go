@@ -33,6 +33,9 @@ type Locker struct {
 	closedCh chan struct{}
 	wg       sync.WaitGroup // keep-alive goroutines
 
+	hotMu sync.Mutex
+	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
+
 	// waitHook, when set (tests), is called each time a waiter starts waiting.
 	waitHook func(name string)
 }

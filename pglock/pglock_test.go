@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -605,13 +606,17 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The release hands the lease to the queued waiter and notifies it alone,
-	// by its queue key.
+	// by its queue key, with the new token and expiry: "wkey token expiry_us".
 	n, err = conn.WaitForNotification(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, perr := strconv.ParseInt(n.Payload, 10, 64); n.Channel != HandoffChannel || perr != nil {
-		t.Errorf("notification %q %q, want %s with a queue key", n.Channel, n.Payload, HandoffChannel)
+	f := strings.Fields(n.Payload)
+	if n.Channel != HandoffChannel || len(f) != 3 {
+		t.Fatalf("notification %q %q, want %s with \"wkey token expiry_us\"", n.Channel, n.Payload, HandoffChannel)
+	}
+	if _, perr := strconv.ParseInt(f[0], 10, 64); perr != nil {
+		t.Errorf("payload %q: queue key %q is not an integer", n.Payload, f[0])
 	}
 	r := <-res
 	if r.err != nil {
@@ -619,6 +624,13 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 	}
 	if r.lease.Token() != s.Token()+1 {
 		t.Errorf("handed lease token %d, want %d", r.lease.Token(), s.Token()+1)
+	}
+	if want := fmt.Sprintf("%d %d", r.lease.Token(), r.lease.ExpiresAt().UnixMicro()); f[1]+" "+f[2] != want {
+		t.Errorf("payload %q: token and expiry %q, the lease has %q", n.Payload, f[1]+" "+f[2], want)
+	}
+	var dbExp time.Time
+	if err := pool.QueryRow(ctx, "SELECT expires_at FROM pgfence.locks WHERE name = $1", name).Scan(&dbExp); err != nil || !dbExp.Equal(r.lease.ExpiresAt()) {
+		t.Errorf("row expiry %v (%v), lease's %v", dbExp, err, r.lease.ExpiresAt())
 	}
 	// The grant kept the mark (other waiters may still sleep on it), so the
 	// next release notifies as well.

@@ -306,7 +306,7 @@ WITH nxt AS (
       AND l.holder = $2::text
       AND l.token = $3::bigint
       AND l.expires_at > now()
-    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since
+    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
     UPDATE pgfence.lock_queue AS q
     SET granted_token = rel.token
@@ -322,7 +322,9 @@ WITH nxt AS (
 )
 SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
        ((CASE WHEN rel.ticket IS NOT NULL
-                  THEN pg_notify('pgfence_lock_handoff', rel.wkey::text)::text
+                  THEN pg_notify('pgfence_lock_handoff',
+                                 rel.wkey::text || ' ' || rel.token::text || ' '
+                                 || (extract(epoch FROM rel.expires_at) * 1000000)::bigint::text)::text
              WHEN rel.waiting_since > now() - interval '100 seconds'
                   THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
 FROM rel
@@ -342,7 +344,9 @@ type ReleaseLockRow struct {
 // ReleaseLock ends a lease still held by (name, holder, token). If a live
 // waiter is queued for the name (pgfence.lock_queue), the lease is handed to
 // the first one in the same statement (token + 1, expiry now() + its TTL,
-// synchronous_commit on) and pgfence_lock_handoff is notified with its wkey;
+// synchronous_commit on) and pgfence_lock_handoff is notified with its wkey,
+// the new token and the new expiry in microseconds since the Unix epoch
+// (payload "wkey token expiry_us");
 // otherwise holder and expiry become NULL and, if a waiter marked the row in
 // the last 100 seconds, pgfence_lock_released is notified with the name.
 // Rows of granted or dead waiters of the name are deleted. No row = the lease

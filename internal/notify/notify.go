@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,6 +37,10 @@ const (
 type Config struct {
 	// Channels are LISTENed on, one LISTEN statement each. At least one.
 	Channels []string
+	// KeyedChannels are those of Channels whose payloads are "key data...":
+	// SubscribePayload subscriptions on them match the key (the payload up
+	// to its first space) instead of the whole payload.
+	KeyedChannels []string
 	// Logger receives a Warn line (DownMsg) per failed or lost connection and
 	// a Debug line (UpMsg) per established one. Defaults to discarding them.
 	Logger *slog.Logger
@@ -65,6 +70,7 @@ type Listener struct {
 }
 
 type channelSubs struct {
+	keyed     bool
 	any       map[*Subscription]struct{}
 	byPayload map[string]map[*Subscription]struct{}
 }
@@ -76,6 +82,7 @@ type Subscription struct {
 	payload string
 	any     bool
 	ch      chan struct{}
+	last    atomic.Pointer[string] // payload of the latest matching notification
 }
 
 // New returns a stopped Listener for pool. It panics if pool is nil or
@@ -100,6 +107,13 @@ func New(pool *pgxpool.Pool, cfg Config) *Listener {
 			panic("notify: empty channel name")
 		}
 		l.subs[c] = &channelSubs{any: map[*Subscription]struct{}{}, byPayload: map[string]map[*Subscription]struct{}{}}
+	}
+	for _, c := range cfg.KeyedChannels {
+		cs := l.subs[c]
+		if cs == nil {
+			panic("notify: keyed channel " + c + " is not one of Channels")
+		}
+		cs.keyed = true
 	}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
@@ -157,7 +171,10 @@ func (l *Listener) Subscribe(channel string) *Subscription {
 }
 
 // SubscribePayload is Subscribe limited to notifications on channel whose
-// payload equals payload; every (re)connection still wakes it.
+// payload equals payload (on a Config.KeyedChannels channel: whose payload up
+// to its first space equals payload); every (re)connection still wakes it.
+// The payload of the latest matching notification is kept (see
+// [Subscription.Payload]).
 func (l *Listener) SubscribePayload(channel, payload string) *Subscription {
 	return l.subscribe(channel, payload, false)
 }
@@ -206,6 +223,15 @@ func (s *Subscription) Close() {
 	}
 }
 
+// Payload returns the payload of the latest notification that woke the
+// subscription, or "" if only (re)connections did.
+func (s *Subscription) Payload() string {
+	if p := s.last.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 func (s *Subscription) wake() {
 	select {
 	case s.ch <- struct{}{}:
@@ -224,8 +250,18 @@ func (l *Listener) dispatch(channel, payload string) {
 	for s := range cs.any {
 		s.wake()
 	}
-	for s := range cs.byPayload[payload] {
-		s.wake()
+	key := payload
+	if cs.keyed {
+		if i := strings.IndexByte(payload, ' '); i >= 0 {
+			key = payload[:i]
+		}
+	}
+	if set := cs.byPayload[key]; len(set) > 0 {
+		p := &payload
+		for s := range set {
+			s.last.Store(p)
+			s.wake()
+		}
 	}
 }
 
