@@ -61,11 +61,11 @@ WITH nxt AS (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ), sc AS (
-    -- A handoff is a grant: durable. A plain release keeps the session's
-    -- setting: lost in a crash, it only keeps the lock until its expiry.
+    -- A handoff is a grant: durable. A plain release does not wait for the
+    -- flush: lost in a crash, it only keeps the lock until its expiry (the
+    -- token is not re-issued), and a later grant that saw it flushes it.
     SELECT set_config('synchronous_commit',
-                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on'
-                           ELSE current_setting('synchronous_commit') END, true) AS sync
+                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on' ELSE 'off' END, true) AS sync
 ), rel AS (
     UPDATE pgfence.locks AS l
     SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
