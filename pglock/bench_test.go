@@ -223,6 +223,9 @@ func warmUp(b *testing.B, l *Locker, names []string) {
 		_, _ = l.q.InsertLock(ctx, c, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
 		_, _ = l.q.ReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: 1})
 		_, _ = l.q.GrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
+		// The fast path's own prepared statements (grant() and release()).
+		_, _ = fastReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: 2})
+		_, _ = fastGrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
 		if _, err := c.Exec(ctx, "UPDATE bench_counter SET n = n + 1 WHERE id = $1", 0); err != nil {
 			b.Fatal(err)
 		}

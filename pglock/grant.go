@@ -46,9 +46,12 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
 			insert = false
 		} else {
-			var r dbsqlc.GrantLockRow
-			r, err = l.q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
+			var r fastGrantRow
+			r, err = fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
+			granted, token = err == nil, r.Token
+			if r.HasExpiry {
+				expiresAt = &r.ExpiresAt
+			}
 		}
 		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
 			// The pool handed out a connection whose backend was already

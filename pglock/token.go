@@ -142,7 +142,7 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		_, err = l.q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		_, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
 		return err
 	})
 	switch {
