@@ -152,7 +152,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		}
 		if lease != nil {
 			got = true
-			l.setHot(name, w != nil && losses+waits > 0)
+			l.setHot(name, w != nil && waits > 0)
 			return lease, nil
 		}
 		if err != nil {
@@ -249,8 +249,11 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 const maxHot = 4096
 
 // isHot reports whether the last Acquire of name through this Locker had to
-// wait.
+// wait. Without hot names (the uncontended case) it takes no lock.
 func (l *Locker) isHot(name string) bool {
+	if l.nHot.Load() == 0 {
+		return false
+	}
 	l.hotMu.Lock()
 	_, ok := l.hot[name]
 	l.hotMu.Unlock()
@@ -259,8 +262,12 @@ func (l *Locker) isHot(name string) bool {
 
 // setHot records whether an Acquire of name had to wait.
 func (l *Locker) setHot(name string, hot bool) {
+	if !hot && l.nHot.Load() == 0 {
+		return
+	}
 	l.hotMu.Lock()
 	defer l.hotMu.Unlock()
+	defer func() { l.nHot.Store(int64(len(l.hot))) }()
 	if !hot {
 		delete(l.hot, name)
 		return

@@ -42,47 +42,23 @@ type fastGrantRow struct {
 // fastGrantLock is dbsqlc.New().GrantLock(ctx, conn, arg): same SQL, same
 // semantics, same errors (refused = pgx.ErrNoRows).
 func fastGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLockParams) (fastGrantRow, error) {
-	st := fastStmts().grant
-	fc := fastConnFor(conn)
-	if st == nil || fc == nil {
-		return slowGrantLock(ctx, conn, arg)
-	}
 	var p [fastMaxParams]fastParam
 	p[grantHolder] = fastParam{text: arg.Holder}
 	p[grantTtlUs] = fastParam{int: arg.TtlUs}
 	p[grantName] = fastParam{text: arg.Name}
-	rr, err := fc.exec(ctx, conn, st, &p)
-	if errors.Is(err, errFastUnusable) {
-		return slowGrantLock(ctx, conn, arg)
-	}
-	if err != nil {
-		return fastGrantRow{}, err
-	}
-	var (
-		row    fastGrantRow
-		got    bool
-		decErr error
-	)
-	for rr.NextRow() {
-		if got {
-			continue // QueryRow scans the first row only
-		}
-		got = true
-		v := rr.Values()
-		row.Token, decErr = decodeInt8(v, 0)
-		if decErr == nil {
-			row.ExpiresAt, row.HasExpiry, decErr = decodeTimestamptz(v, 1, fc.loc)
-		}
-	}
-	if _, err := rr.Close(); err != nil {
-		fc.afterError(ctx, conn, st, err)
-		return fastGrantRow{}, err
-	}
+	fc, v, ok, err := fastQueryRow(ctx, conn, fastStmts().grant, &p)
 	switch {
-	case !got:
-		return fastGrantRow{}, pgx.ErrNoRows
-	case decErr != nil:
-		return fastGrantRow{}, decErr
+	case !ok:
+		return slowGrantLock(ctx, conn, arg)
+	case err != nil:
+		return fastGrantRow{}, err
+	}
+	var row fastGrantRow
+	if row.Token, err = decodeInt8(v, 0); err != nil {
+		return fastGrantRow{}, err
+	}
+	if row.ExpiresAt, row.HasExpiry, err = decodeTimestamptz(v, 1, fc.loc); err != nil {
+		return fastGrantRow{}, err
 	}
 	return row, nil
 }
@@ -99,49 +75,80 @@ func slowGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLock
 // fastReleaseLock is dbsqlc.New().ReleaseLock(ctx, conn, arg): same SQL,
 // same semantics, same errors (lost lease = pgx.ErrNoRows).
 func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error) {
-	st := fastStmts().release
-	fc := fastConnFor(conn)
-	if st == nil || fc == nil {
-		return fastQ.ReleaseLock(ctx, conn, arg)
-	}
 	var p [fastMaxParams]fastParam
 	p[releaseName] = fastParam{text: arg.Name}
 	p[releaseHolder] = fastParam{text: arg.Holder}
 	p[releaseToken] = fastParam{int: arg.Token}
-	rr, err := fc.exec(ctx, conn, st, &p)
-	if errors.Is(err, errFastUnusable) {
+	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().release, &p)
+	switch {
+	case !ok:
 		return fastQ.ReleaseLock(ctx, conn, arg)
-	}
-	if err != nil {
+	case err != nil:
 		return dbsqlc.ReleaseLockRow{}, err
 	}
-	var (
-		row    dbsqlc.ReleaseLockRow
-		got    bool
-		decErr error
-	)
+	var row dbsqlc.ReleaseLockRow
+	if row.HandedOff, err = decodeBool(v, 0); err != nil {
+		return dbsqlc.ReleaseLockRow{}, err
+	}
+	if row.Notified, err = decodeBool(v, 1); err != nil {
+		return dbsqlc.ReleaseLockRow{}, err
+	}
+	return row, nil
+}
+
+// fastQueryRow runs st with the parameters p and returns the values of its
+// first row, copied into the connection's scratch (valid until its next
+// statement), as QueryRow would scan them: no row = pgx.ErrNoRows. ok =
+// false means the fast path does not apply (nothing was sent): the caller
+// runs the generated method.
+func fastQueryRow(ctx context.Context, conn *pgxpool.Conn, st *fastStmt, p *[fastMaxParams]fastParam) (fc *fastConn, vals [][]byte, ok bool, err error) {
+	fc = fastConnFor(conn)
+	if st == nil || fc == nil {
+		return nil, nil, false, nil
+	}
+	rr, err := fc.exec(ctx, conn, st, p)
+	if errors.Is(err, errFastUnusable) {
+		return nil, nil, false, nil
+	}
+	if err != nil {
+		return fc, nil, true, err
+	}
+	got := false
 	for rr.NextRow() {
 		if got {
-			continue
+			continue // QueryRow scans the first row only
 		}
 		got = true
-		v := rr.Values()
-		row.HandedOff, decErr = decodeBool(v, 0)
-		if decErr == nil {
-			row.Notified, decErr = decodeBool(v, 1)
-		}
+		vals = fc.keepRow(rr.Values())
 	}
 	if _, err := rr.Close(); err != nil {
 		fc.afterError(ctx, conn, st, err)
-		return dbsqlc.ReleaseLockRow{}, err
+		return fc, nil, true, err
 	}
-	switch {
-	case !got:
-		return dbsqlc.ReleaseLockRow{}, pgx.ErrNoRows
-	case decErr != nil:
-		return dbsqlc.ReleaseLockRow{}, decErr
+	if !got {
+		return fc, nil, true, pgx.ErrNoRows
 	}
-	return row, nil
+	return fc, vals, true, nil
+}
+
+// keepRow copies a row's values (valid only until the next row is read) into
+// the connection's scratch, keeping NULLs as nil.
+func (fc *fastConn) keepRow(v [][]byte) [][]byte {
+	fc.row = fc.row[:0]
+	fc.rowBuf = fc.rowBuf[:0]
+	for _, b := range v {
+		fc.rowBuf = append(fc.rowBuf, b...)
+	}
+	start := 0
+	for _, b := range v {
+		if b == nil {
+			fc.row = append(fc.row, nil)
+			continue
+		}
+		fc.row = append(fc.row, fc.rowBuf[start:start+len(b):start+len(b)])
+		start += len(b)
+	}
+	return fc.row
 }
 
 // PostgreSQL type OIDs of the parameters and result columns.
@@ -301,6 +308,8 @@ type fastConn struct {
 	loc    *time.Location // pgx's timestamptz ScanLocation (nil: local time)
 	buf    []byte
 	vals   [fastMaxParams][]byte
+	row    [][]byte // the first row's values (see keepRow)
+	rowBuf []byte
 }
 
 const fastConnKey = "pgfence/pglock.fastConn"

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,6 +36,7 @@ type Locker struct {
 
 	hotMu sync.Mutex
 	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
+	nHot  atomic.Int64        // len(hot), read without hotMu
 
 	// waitHook, when set (tests), is called each time a waiter starts waiting.
 	waitHook func(name string)
