@@ -19,8 +19,8 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
-// The fast path runs GrantLock and ReleaseLock, the two statements of every
-// acquire+release cycle, straight on the connection's pgconn: a statement
+// The fast path runs GrantLock, ReleaseUnwaitedLock and ReleaseLock, the
+// statements of every acquire+release cycle, straight on the connection's pgconn: a statement
 // prepared once per connection under a fixed name, parameters encoded into
 // per-connection buffers, the result row decoded by hand. It sends the same
 // SQL with the same parameters as the generated methods (it learns both from
@@ -94,6 +94,24 @@ func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.Release
 		return dbsqlc.ReleaseLockRow{}, err
 	}
 	return row, nil
+}
+
+// fastReleaseUnwaitedLock is dbsqlc.New().ReleaseUnwaitedLock(ctx, conn,
+// arg): same SQL, same semantics, same errors (lost lease or possible
+// waiters = pgx.ErrNoRows).
+func fastReleaseUnwaitedLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseUnwaitedLockParams) (int64, error) {
+	var p [fastMaxParams]fastParam
+	p[releaseName] = fastParam{text: arg.Name}
+	p[releaseHolder] = fastParam{text: arg.Holder}
+	p[releaseToken] = fastParam{int: arg.Token}
+	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().unwaited, &p)
+	switch {
+	case !ok:
+		return fastQ.ReleaseUnwaitedLock(ctx, conn, arg)
+	case err != nil:
+		return 0, err
+	}
+	return decodeInt8(v, 0)
 }
 
 // fastQueryRow runs st with the parameters p and returns the values of its
@@ -198,9 +216,9 @@ type fastStmt struct {
 	resultFormats []int16
 }
 
-type fastStatements struct{ grant, release *fastStmt }
+type fastStatements struct{ grant, release, unwaited *fastStmt }
 
-// fastStmts learns both statements from the generated methods, once. A nil
+// fastStmts learns the statements from the generated methods, once. A nil
 // statement means its fast path is off.
 var fastStmts = sync.OnceValue(func() fastStatements {
 	return fastStatements{
@@ -210,6 +228,10 @@ var fastStmts = sync.OnceValue(func() fastStatements {
 		}, map[any]int{sentinelHolder: grantHolder, sentinelInt: grantTtlUs, sentinelName: grantName}),
 		release: recordStmt("release", []uint32{oidBool, oidBool}, func(db dbsqlc.DBTX) error {
 			_, err := fastQ.ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: sentinelName, Holder: sentinelHolder, Token: sentinelInt})
+			return err
+		}, map[any]int{sentinelName: releaseName, sentinelHolder: releaseHolder, sentinelInt: releaseToken}),
+		unwaited: recordStmt("unwaited", []uint32{oidInt8}, func(db dbsqlc.DBTX) error {
+			_, err := fastQ.ReleaseUnwaitedLock(context.Background(), db, dbsqlc.ReleaseUnwaitedLockParams{Name: sentinelName, Holder: sentinelHolder, Token: sentinelInt})
 			return err
 		}, map[any]int{sentinelName: releaseName, sentinelHolder: releaseHolder, sentinelInt: releaseToken}),
 	}

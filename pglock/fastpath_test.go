@@ -22,8 +22,8 @@ import (
 // its place.
 func TestFastPathRecordsGeneratedStatements(t *testing.T) {
 	st := fastStmts()
-	if st.grant == nil || st.release == nil {
-		t.Fatalf("fast path is off: grant %v, release %v", st.grant, st.release)
+	if st.grant == nil || st.release == nil || st.unwaited == nil {
+		t.Fatalf("fast path is off: grant %v, release %v, unwaited %v", st.grant, st.release, st.unwaited)
 	}
 	var rec recordingDBTX
 	_, _ = dbsqlc.New().GrantLock(context.Background(), &rec, dbsqlc.GrantLockParams{Holder: "h", TtlUs: 7, Name: "n"})
@@ -39,8 +39,15 @@ func TestFastPathRecordsGeneratedStatements(t *testing.T) {
 	}
 	checkArgs(t, "release", st.release, rec.args, [fastMaxParams]fastParam{releaseName: {text: "n"}, releaseHolder: {text: "h"}, releaseToken: {int: 9}})
 
-	if st.grant.name == st.release.name || !strings.HasPrefix(st.grant.name, "pgfence_fast_grant_") {
-		t.Errorf("statement names %q, %q", st.grant.name, st.release.name)
+	rec = recordingDBTX{}
+	_, _ = dbsqlc.New().ReleaseUnwaitedLock(context.Background(), &rec, dbsqlc.ReleaseUnwaitedLockParams{Name: "n", Holder: "h", Token: 9})
+	if rec.sql != st.unwaited.sql {
+		t.Errorf("unwaited release SQL differs from the generated method's:\n%s\n---\n%s", st.unwaited.sql, rec.sql)
+	}
+	checkArgs(t, "unwaited", st.unwaited, rec.args, [fastMaxParams]fastParam{releaseName: {text: "n"}, releaseHolder: {text: "h"}, releaseToken: {int: 9}})
+
+	if st.grant.name == st.release.name || st.release.name == st.unwaited.name || !strings.HasPrefix(st.grant.name, "pgfence_fast_grant_") {
+		t.Errorf("statement names %q, %q, %q", st.grant.name, st.release.name, st.unwaited.name)
 	}
 }
 
@@ -107,17 +114,20 @@ func TestFastPathRecordRefusesSurprises(t *testing.T) {
 	}
 }
 
-// fpImpl is one implementation of the two statements.
+// fpImpl is one implementation of the three statements.
 type fpImpl struct {
-	name    string
-	grant   func(context.Context, *pgxpool.Conn, dbsqlc.GrantLockParams) (fastGrantRow, error)
-	release func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error)
+	name     string
+	grant    func(context.Context, *pgxpool.Conn, dbsqlc.GrantLockParams) (fastGrantRow, error)
+	release  func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error)
+	unwaited func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseUnwaitedLockParams) (int64, error)
 }
 
 var fpImpls = []fpImpl{
-	{"fast", fastGrantLock, fastReleaseLock},
+	{"fast", fastGrantLock, fastReleaseLock, fastReleaseUnwaitedLock},
 	{"generated", slowGrantLock, func(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error) {
 		return dbsqlc.New().ReleaseLock(ctx, conn, arg)
+	}, func(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseUnwaitedLockParams) (int64, error) {
+		return dbsqlc.New().ReleaseUnwaitedLock(ctx, conn, arg)
 	}},
 }
 
@@ -186,6 +196,22 @@ func fpMarked(t testing.TB, db DBTX, name string, wkey int64) {
 	fpExec(t, db, `UPDATE pgfence.locks SET waiting_since = now() WHERE name = $1`, name)
 }
 
+// fpOldMark: held, and a waiter marked the row long ago (it has gone).
+func fpOldMark(t testing.TB, db DBTX, name string, wkey int64) {
+	t.Helper()
+	fpHeld(t, db, name, wkey)
+	fpExec(t, db, `UPDATE pgfence.locks SET waiting_since = now() - interval '101 seconds' WHERE name = $1`, name)
+}
+
+// fpGrantedRow: held, with the queue row of a waiter a release already
+// handed a lease to (deleted by the next ReleaseLock of the name).
+func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
+	t.Helper()
+	fpHeld(t, db, name, wkey)
+	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until, granted_token)
+		VALUES ($1, $2, 'waiter', 30000000, now() + interval '1 minute', 1)`, wkey, name)
+}
+
 func fpOverflow(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpFree(t, db, name, wkey)
@@ -201,9 +227,10 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 	pool := pgtest.PoolFor(t, pgtest.DSN(t))
 	ctx := testCtx(t, time.Minute)
 	type op struct {
-		release bool
-		holder  string
-		token   int64 // release; 0 = the current token
+		release  bool
+		unwaited bool // with release: ReleaseUnwaitedLock
+		holder   string
+		token    int64 // release; 0 = the current token
 	}
 	for i, c := range []struct {
 		name  string
@@ -226,6 +253,17 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 		{"release free", fpFree, op{release: true, holder: "other"}},
 		{"release handoff", fpQueued, op{release: true, holder: "other"}},
 		{"release marked", fpMarked, op{release: true, holder: "other"}},
+		{"release old mark", fpOldMark, op{release: true, holder: "other"}},
+		{"release granted row", fpGrantedRow, op{release: true, holder: "other"}},
+		{"unwaited release", fpHeld, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release wrong token", fpHeld, op{release: true, unwaited: true, holder: "other", token: 2}},
+		{"unwaited release wrong holder", fpHeld, op{release: true, unwaited: true, holder: "me"}},
+		{"unwaited release expired", fpExpired, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release free", fpFree, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release queued", fpQueued, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release granted row", fpGrantedRow, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release marked", fpMarked, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release old mark", fpOldMark, op{release: true, unwaited: true, holder: "other"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var results, states []string
@@ -242,9 +280,15 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 					if token == 0 {
 						_ = pool.QueryRow(ctx, "SELECT token FROM pgfence.locks WHERE name = $1", name).Scan(&token)
 					}
-					var r dbsqlc.ReleaseLockRow
-					r, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: c.op.holder, Token: token})
-					res = fmt.Sprintf("%+v", r)
+					if c.op.unwaited {
+						var got int64
+						got, err = impl.unwaited(ctx, conn, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: c.op.holder, Token: token})
+						res = fmt.Sprintf("token=%d", got)
+					} else {
+						var r dbsqlc.ReleaseLockRow
+						r, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: c.op.holder, Token: token})
+						res = fmt.Sprintf("%+v", r)
+					}
 				} else {
 					var r fastGrantRow
 					r, err = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: c.op.holder, TtlUs: 60e6})

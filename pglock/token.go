@@ -140,9 +140,28 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return o.db.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
+// release ends the lease (name, holder, token): ReleaseUnwaitedLock first
+// unless name is hot for this Locker, else (or when it refuses) ReleaseLock,
+// which hands the lease to the first live waiter. A lost lease is a
+// *LeaseLostError.
 func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
+	hot := l.isHot(name)
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		_, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		if !hot {
+			// Most locks have nobody waiting: one plain UPDATE. It
+			// refuses (no row) when the lease is lost or a waiter may be
+			// queued or about to be; ReleaseLock then decides.
+			_, err = fastReleaseUnwaitedLock(ctx, conn, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: holder, Token: token})
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+		}
+		r, err := fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
+		if err == nil && !hot && (r.HandedOff || r.Notified) {
+			// Waited for: the next release skips the plain UPDATE, and the
+			// next Acquire through this Locker queues at once.
+			l.setHot(name, true)
+		}
 		return err
 	})
 	switch {

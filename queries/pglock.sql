@@ -101,6 +101,31 @@ SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
                   THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
 FROM rel;
 
+-- name: ReleaseUnwaitedLock :one
+-- ReleaseUnwaitedLock is ReleaseLock for a lock nobody waits for, in one
+-- plain UPDATE: it ends the lease held by (name, holder, token) only if no
+-- waiter is queued for the name (no pgfence.lock_queue row at all) and no
+-- waiter marked the lock row in the last 100 seconds. ReleaseLock would then
+-- hand nothing over, delete no queue row and notify nobody; the result is
+-- the same row (holder and expiry NULL, token kept), committed without
+-- waiting for the flush like ReleaseLock's plain release. A waiter whose
+-- queue row or mark is not committed yet either conflicts on the lock row
+-- (its mark) or sees the release and tries again. No row = the lease was
+-- lost, or someone may be waiting: run ReleaseLock, which tells the two
+-- apart.
+UPDATE pgfence.locks AS l
+SET holder     = NULL,
+    renewed_at = NULL,
+    expires_at = NULL
+FROM (SELECT set_config('synchronous_commit', 'off', true) AS sync) AS sc
+WHERE l.name = sqlc.arg(name)::text
+  AND l.holder = sqlc.arg(holder)::text
+  AND l.token = sqlc.arg(token)::bigint
+  AND l.expires_at > now()
+  AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
+  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q WHERE q.name = sqlc.arg(name)::text)
+RETURNING l.token;
+
 -- name: QueueGrant :one
 -- QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
 -- lock exactly as GrantLock or InsertLock do and drops the waiter's queue row;

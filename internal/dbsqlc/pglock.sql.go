@@ -358,6 +358,45 @@ func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParam
 	return i, err
 }
 
+const releaseUnwaitedLock = `-- name: ReleaseUnwaitedLock :one
+UPDATE pgfence.locks AS l
+SET holder     = NULL,
+    renewed_at = NULL,
+    expires_at = NULL
+FROM (SELECT set_config('synchronous_commit', 'off', true) AS sync) AS sc
+WHERE l.name = $1::text
+  AND l.holder = $2::text
+  AND l.token = $3::bigint
+  AND l.expires_at > now()
+  AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
+  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q WHERE q.name = $1::text)
+RETURNING l.token
+`
+
+type ReleaseUnwaitedLockParams struct {
+	Name   string
+	Holder string
+	Token  int64
+}
+
+// ReleaseUnwaitedLock is ReleaseLock for a lock nobody waits for, in one
+// plain UPDATE: it ends the lease held by (name, holder, token) only if no
+// waiter is queued for the name (no pgfence.lock_queue row at all) and no
+// waiter marked the lock row in the last 100 seconds. ReleaseLock would then
+// hand nothing over, delete no queue row and notify nobody; the result is
+// the same row (holder and expiry NULL, token kept), committed without
+// waiting for the flush like ReleaseLock's plain release. A waiter whose
+// queue row or mark is not committed yet either conflicts on the lock row
+// (its mark) or sees the release and tries again. No row = the lease was
+// lost, or someone may be waiting: run ReleaseLock, which tells the two
+// apart.
+func (q *Queries) ReleaseUnwaitedLock(ctx context.Context, db DBTX, arg ReleaseUnwaitedLockParams) (int64, error) {
+	row := db.QueryRow(ctx, releaseUnwaitedLock, arg.Name, arg.Holder, arg.Token)
+	var token int64
+	err := row.Scan(&token)
+	return token, err
+}
+
 const renewLock = `-- name: RenewLock :one
 UPDATE pgfence.locks AS l
 SET expires_at = now() + $1::bigint * interval '1 microsecond',
