@@ -20,11 +20,11 @@ import (
 )
 
 // The fast path runs GrantLock, ReleaseUnwaitedLock and ReleaseLock, the
-// statements of every acquire+release cycle, straight on the connection's pgconn: a statement
-// prepared once per connection under a fixed name, parameters encoded into
-// per-connection buffers, the result row decoded by hand. It sends the same
-// SQL with the same parameters as the generated methods (it learns both from
-// them, see recordStmt) and returns the same results and errors; it only
+// statements of every acquire+release cycle, straight on the connection's
+// pgconn: a statement prepared once per connection under a fixed name,
+// parameters encoded into per-connection buffers, the result row decoded by
+// hand. It sends the same SQL with the same parameters as the generated
+// methods (it learns both from them, see recordStmt) and returns the same results and errors; it only
 // saves pgx's per-call allocations (argument boxing, rows, scan plans).
 // Whenever something is not as expected it calls the generated method.
 
