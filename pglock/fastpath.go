@@ -75,10 +75,7 @@ func slowGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLock
 // fastReleaseLock is dbsqlc.New().ReleaseLock(ctx, conn, arg): same SQL,
 // same semantics, same errors (lost lease = pgx.ErrNoRows).
 func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error) {
-	var p [fastMaxParams]fastParam
-	p[releaseName] = fastParam{text: arg.Name}
-	p[releaseHolder] = fastParam{text: arg.Holder}
-	p[releaseToken] = fastParam{int: arg.Token}
+	p := releaseParams(arg.Name, arg.Holder, arg.Token)
 	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().release, &p)
 	switch {
 	case !ok:
@@ -100,10 +97,7 @@ func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.Release
 // arg): same SQL, same semantics, same errors (lost lease or possible
 // waiters = pgx.ErrNoRows).
 func fastReleaseUnwaitedLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseUnwaitedLockParams) (int64, error) {
-	var p [fastMaxParams]fastParam
-	p[releaseName] = fastParam{text: arg.Name}
-	p[releaseHolder] = fastParam{text: arg.Holder}
-	p[releaseToken] = fastParam{int: arg.Token}
+	p := releaseParams(arg.Name, arg.Holder, arg.Token)
 	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().unwaited, &p)
 	switch {
 	case !ok:
@@ -112,6 +106,15 @@ func fastReleaseUnwaitedLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc
 		return 0, err
 	}
 	return decodeInt8(v, 0)
+}
+
+// releaseParams are the parameters of both release statements, by field.
+func releaseParams(name, holder string, token int64) [fastMaxParams]fastParam {
+	var p [fastMaxParams]fastParam
+	p[releaseName] = fastParam{text: name}
+	p[releaseHolder] = fastParam{text: holder}
+	p[releaseToken] = fastParam{int: token}
+	return p
 }
 
 // fastQueryRow runs st with the parameters p and returns the values of its
