@@ -112,24 +112,7 @@ func TestLockPathPlansOnce(t *testing.T) {
 		pass := func(n int) {
 			next := b
 			for range n {
-				queued := waitSignal(next)
-				res := acquireAsync(ctx, next, name, time.Minute)
-				select {
-				case <-queued:
-				case r := <-res:
-					t.Fatalf("the waiter did not wait: %v, %v", r.lease, r.err)
-				}
-				if err := lease.Release(ctx); err != nil {
-					t.Fatal(err)
-				}
-				r := <-res
-				if r.err != nil {
-					t.Fatal(r.err)
-				}
-				if r.lease.Token() != lease.Token()+1 {
-					t.Fatalf("handed token %d after %d", r.lease.Token(), lease.Token())
-				}
-				lease = r.lease
+				lease = handOver(t, ctx, lease, next, name, time.Minute)
 				if next == a {
 					next = b
 				} else {

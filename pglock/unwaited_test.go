@@ -137,25 +137,9 @@ func TestReleaseStatements(t *testing.T) {
 	// and ReleaseLock hands the lease to it.
 	lease = mustAcquire(t, l, name, time.Minute)
 	w := newLocker(t, pool, &Config{Holder: "waiter"})
-	queued := waitSignal(w)
-	res := acquireAsync(ctx, w, name, time.Minute)
-	select {
-	case <-queued:
-	case r := <-res:
-		t.Fatalf("the waiter did not wait: lease %v, %v", r.lease, r.err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	r := <-res
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	if r.lease.Token() != lease.Token()+1 {
-		t.Fatalf("waiter got token %d, want %d", r.lease.Token(), lease.Token()+1)
-	}
+	got := handOver(t, ctx, lease, w, name, time.Minute)
 	var handed int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.lock_queue WHERE name = $1 AND granted_token = $2", name, r.lease.Token()).Scan(&handed); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.lock_queue WHERE name = $1 AND granted_token = $2", name, got.Token()).Scan(&handed); err != nil {
 		t.Fatal(err)
 	}
 	if handed != 1 {
@@ -172,7 +156,7 @@ func TestReleaseStatements(t *testing.T) {
 	if !l.isHot(name) {
 		t.Errorf("a release that handed the lease over did not mark the name hot")
 	}
-	if err := r.lease.Release(ctx); err != nil {
+	if err := got.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

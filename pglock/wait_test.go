@@ -413,3 +413,28 @@ func TestWaitMarkWindows(t *testing.T) {
 		}
 	}
 }
+
+// handOver queues waiter for name (LISTEN mode), releases holding once the
+// waiter sleeps, and returns the lease the release handed to the waiter,
+// failing unless it is the next token.
+func handOver(t testing.TB, ctx context.Context, holding *Lease, waiter *Locker, name string, ttl time.Duration) *Lease {
+	t.Helper()
+	queued := waitSignal(waiter)
+	res := acquireAsync(ctx, waiter, name, ttl)
+	select {
+	case <-queued:
+	case r := <-res:
+		t.Fatalf("the waiter did not wait: lease %v, %v", r.lease, r.err)
+	}
+	if err := holding.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() != holding.Token()+1 {
+		t.Fatalf("waiter got token %d, want %d", r.lease.Token(), holding.Token()+1)
+	}
+	return r.lease
+}
