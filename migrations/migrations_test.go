@@ -241,21 +241,37 @@ func TestLocksTableConstraintsAndComments(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 
+	// The CHECK constraints bind the owner too (the integrity trigger exempts
+	// the owner from its rules of change, not from these): SQLSTATE 23514 and
+	// the constraint's name, on INSERT and on UPDATE.
+	if _, err := conn.Exec(ctx, "INSERT INTO pgfence.locks(name, token) VALUES ('held', 0)"); err != nil {
+		t.Fatal(err)
+	}
 	bad := []struct {
-		name, sql string
-		args      []any
+		name, sql, constraint string
+		args                  []any
 	}{
-		{"empty name", "INSERT INTO pgfence.locks(name) VALUES ($1)", []any{""}},
-		{"513-byte name", "INSERT INTO pgfence.locks(name) VALUES ($1)", []any{strings.Repeat("x", 513)}},
-		{"negative token", "INSERT INTO pgfence.locks(name, token) VALUES ('a', -1)", nil},
-		{"holder without expiry", "INSERT INTO pgfence.locks(name, holder) VALUES ('a', 'h')", nil},
+		{"empty name", "INSERT INTO pgfence.locks(name) VALUES ($1)", "locks_name_length", []any{""}},
+		{"513-byte name", "INSERT INTO pgfence.locks(name) VALUES ($1)", "locks_name_length", []any{strings.Repeat("x", 513)}},
+		{"negative token", "INSERT INTO pgfence.locks(name, token) VALUES ('a', -1)", "locks_token_nonnegative", nil},
+		{"holder without expiry", "INSERT INTO pgfence.locks(name, holder) VALUES ('a', 'h')", "locks_holder_has_expiry", nil},
+		{"expiry without holder", "UPDATE pgfence.locks SET expires_at = now() WHERE name = 'held'", "locks_holder_has_expiry", nil},
+		{"empty holder", "UPDATE pgfence.locks SET holder = '', expires_at = now() WHERE name = 'held'", "locks_holder_length", nil},
+		{"513-byte holder", "UPDATE pgfence.locks SET holder = $1, expires_at = now() WHERE name = 'held'", "locks_holder_length",
+			[]any{strings.Repeat("h", 513)}},
+		{"empty name by update", "UPDATE pgfence.locks SET name = '' WHERE name = 'held'", "locks_name_length", nil},
+		{"negative token by update", "UPDATE pgfence.locks SET token = -5 WHERE name = 'held'", "locks_token_nonnegative", nil},
 	}
 	for _, b := range bad {
 		_, err := conn.Exec(ctx, b.sql, b.args...)
 		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || pgErr.Code != "23514" {
-			t.Errorf("%s: err = %v, want check_violation 23514", b.name, err)
+		if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != b.constraint {
+			t.Errorf("%s: err = %v, want check_violation 23514 of %s", b.name, err, b.constraint)
 		}
+	}
+	var held string
+	if err := conn.QueryRow(ctx, "SELECT format('%s/%s/%s', token, holder, expires_at) FROM pgfence.locks WHERE name = 'held'").Scan(&held); err != nil || held != "0//" {
+		t.Errorf("row after refused updates: %q, %v; want token 0, no holder, no expiry", held, err)
 	}
 	if _, err := conn.Exec(ctx, "INSERT INTO pgfence.locks(name) VALUES ($1)", strings.Repeat("x", 512)); err != nil {
 		t.Errorf("512-byte name refused: %v", err)
