@@ -823,44 +823,8 @@ func TestLockIntegrityStateMachine(t *testing.T) {
 //	go test -run '^$' -bench LockIntegrity -count 5 ./internal/faultsuite/
 func BenchmarkLockIntegrity(b *testing.B) {
 	ctx := context.Background()
-	lockers := make([]*pglock.Locker, 2) // 0: trigger on, 1: trigger off
-	for i := range lockers {
-		cfg, err := pgxpool.ParseConfig(pgtest.DSN(b))
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.MaxConns = 1
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(pool.Close)
-		if i == 1 {
-			if _, err := pool.Exec(ctx, "ALTER TABLE pgfence.locks DISABLE TRIGGER locks_integrity"); err != nil {
-				b.Fatal(err)
-			}
-		}
-		l, err := pglock.New(pool, &pglock.Config{Holder: "bench", PollOnly: true})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = l.Close() })
-		lockers[i] = l
-		// Warm up: the first grant inserts the row and prepares the statements.
-		for range 10 {
-			s, err := l.TryAcquire(ctx, "bench", time.Minute)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Renew(ctx); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	var took [2][3]time.Duration // [on/off][grant, renew, release]
+	lockers := [2]*pglock.Locker{integrityLocker(b, false, 1), integrityLocker(b, true, 1)} // 0: trigger on, 1: off
+	var took [2][3]time.Duration                                                            // [on/off][grant, renew, release]
 	leases := make([]*pglock.Lease, 2)
 	b.ResetTimer()
 	for n := range b.N {
@@ -897,6 +861,111 @@ func BenchmarkLockIntegrity(b *testing.B) {
 		b.ReportMetric(off, "µs/"+op+"-off")
 		b.ReportMetric(on/off, "ratio-"+op)
 	}
+}
+
+// integrityLocker returns a polling Locker on a fresh database of the test
+// server, with the integrity trigger of pgfence.locks disabled if off, on a
+// pool of conns connections, warmed up: the row "bench" exists and the
+// statements are prepared on every connection in use.
+func integrityLocker(b *testing.B, off bool, conns int32) *pglock.Locker {
+	b.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	if off {
+		if _, err := pool.Exec(ctx, "ALTER TABLE pgfence.locks DISABLE TRIGGER locks_integrity"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	l, err := pglock.New(pool, &pglock.Config{Holder: "bench", PollOnly: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close() })
+	// Warm up: the first grant inserts the row and prepares the statements.
+	for range 10 {
+		s, err := l.TryAcquire(ctx, "bench", time.Minute)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Renew(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return l
+}
+
+// BenchmarkLockIntegrityConcurrent is BenchmarkLockIntegrity's question at
+// concurrency: 8 goroutines each loop TryAcquire + Release on a name of
+// their own (the B1 shape), with the integrity trigger and without it (two
+// databases of one server). Each iteration runs one phase of 25 cycles per
+// goroutine on each database, in alternating order, so both see the same
+// machine. It reports cycles per second for each and their ratio.
+//
+//	go test -run '^$' -bench LockIntegrityConcurrent -benchtime 40x ./internal/faultsuite/
+func BenchmarkLockIntegrityConcurrent(b *testing.B) {
+	const workers, cycles = 8, 25
+	ctx := context.Background()
+	lockers := [2]*pglock.Locker{integrityLocker(b, false, workers), integrityLocker(b, true, workers)} // 0: on, 1: off
+	phase := func(l *pglock.Locker) (time.Duration, error) {
+		errs := make(chan error, workers)
+		start := time.Now()
+		for w := range workers {
+			go func() {
+				name := fmt.Sprintf("bench-%d", w)
+				for range cycles {
+					s, err := l.TryAcquire(ctx, name, time.Minute)
+					if err == nil {
+						err = s.Release(ctx)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		var first error
+		for range workers {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return time.Since(start), first
+	}
+	for _, l := range lockers { // create the rows, prepare on every connection
+		if _, err := phase(l); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var took [2]time.Duration
+	b.ResetTimer()
+	for n := range b.N {
+		for _, i := range []int{n % 2, 1 - n%2} {
+			d, err := phase(lockers[i])
+			if err != nil {
+				b.Fatal(err)
+			}
+			took[i] += d
+		}
+	}
+	b.StopTimer()
+	rate := func(d time.Duration) float64 { return float64(b.N*workers*cycles) / d.Seconds() }
+	b.ReportMetric(rate(took[0]), "cycles/s-on")
+	b.ReportMetric(rate(took[1]), "cycles/s-off")
+	b.ReportMetric(rate(took[0])/rate(took[1]), "ratio-on/off")
 }
 
 // tokenOf is s's token, 0 for no lease.
