@@ -7,8 +7,9 @@
 //
 //	UPDATE t SET ..., fence = $token WHERE <key> AND fence < $token
 //
-// Zero rows changed means the writer was fenced out. This package says why,
-// in the same round trip:
+// Zero rows changed means the writer was fenced out, and this package returns
+// an error that says why ([Table.Update] reads the row in a second round trip
+// only after a refusal; the other statements say why in the same one):
 //
 //   - *[StaleTokenError] ([ErrStaleToken]): a newer grant already wrote the row;
 //     stop, the lock is lost.

@@ -13,8 +13,9 @@ import (
 )
 
 // Why a fenced write changed no row. Exactly one of these is returned when the
-// statement ran but the row was not written; the answer comes from the same
-// round trip as the write.
+// statement ran but the row was not written; the answer comes from the write's
+// own round trip, or for [Table.Update] from a read of the row right after the
+// refusal.
 var (
 	// ErrStaleToken: a newer grant already wrote the row (its fence is higher
 	// than the token). The caller lost its lock and must stop. The error is a

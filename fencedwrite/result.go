@@ -60,8 +60,9 @@ func classify(mode Mode, token, fence int64) error {
 }
 
 // refused explains a refused write. found and fence come from the statement
-// itself; when they do not explain the refusal, reread fetches the row's
-// fence with a fresh snapshot (one more round trip, only in that race).
+// itself (or, for an update, from a first re-read); when they do not explain
+// the refusal, reread fetches the row's fence with a fresh snapshot (one more
+// round trip, only in that race).
 func refused(ctx context.Context, mode Mode, token int64, found bool, fence int64,
 	reread func(context.Context) (bool, int64, error)) error {
 	if !found {

@@ -141,10 +141,11 @@ func ident(s string) string { return pgx.Identifier{s}.Sanitize() }
 func param(n int) string { return "$" + strconv.Itoa(n) }
 
 // build writes the statements. $1 is the token, then the key values, then
-// the set values. Each statement returns (applied, fence, ...): from the
-// write when it changed the row, else from the row as the statement's
-// snapshot saw it (the UNION ALL branch gated by NOT EXISTS runs only when
-// the write changed nothing).
+// the set values. Each statement returns (applied, fence, ...) from the write
+// when it changed the row. When it changed nothing, the update returns no row
+// (run re-reads the row to say why); the upsert, delete and read return the
+// row as the statement's snapshot saw it (the UNION ALL branch gated by NOT
+// EXISTS runs only when the write changed nothing).
 func (t *Table) build() {
 	s := t.spec
 	fence := ident(s.FenceColumn)
@@ -164,10 +165,13 @@ func (t *Table) build() {
 			curWhere + " AND NOT EXISTS (SELECT 1 FROM pgfence_w)"
 	}
 
+	// The update is the plain fenced UPDATE: an accepted write, the common
+	// case, costs no more than the hand-written statement. A refusal returns
+	// no row and run reads the row to say why (one more round trip, only
+	// then).
 	update := func(m Mode) string {
-		return "WITH pgfence_w AS (UPDATE " + t.name + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " +
-			fence + " = $1 WHERE " + keyWhere + " AND pgfence_t." + fence + " " + m.op() + " $1 RETURNING pgfence_t." + fence + ")" +
-			"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
+		return "UPDATE " + t.name + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " +
+			fence + " = $1 WHERE " + keyWhere + " AND pgfence_t." + fence + " " + m.op() + " $1 RETURNING true, pgfence_t." + fence
 	}
 	t.update = update(s.Mode)
 	t.updateReentrant = update(Reentrant)
@@ -258,8 +262,11 @@ func (t *Table) rereader(db DBTX, key []any) func(context.Context) (bool, int64,
 // the order of Spec.Key and Spec.Set) and its fence to token, if the row's
 // fence allows it (Strict: fence < token; Reentrant: fence <= token).
 // Otherwise it returns *[StaleTokenError], [ErrAlreadyApplied] or
-// [ErrNotFound], decided in the same round trip; a guard refusal is a
-// *[GuardError]. Bad input is rejected before any SQL runs.
+// [ErrNotFound]; a guard refusal is a *[GuardError]. An accepted write is one
+// round trip (the plain fenced UPDATE ... RETURNING); a refused one takes a
+// second, which reads the row to say why (if the row changed in between so
+// that it would now accept the write, the error is [ErrConcurrentChange]).
+// Bad input is rejected before any SQL runs.
 //
 // ctx bounds the statement. If it is cancelled while the statement runs the
 // write may or may not have been applied; in strict mode repeat it with the
@@ -269,7 +276,7 @@ func (t *Table) Update(ctx context.Context, db DBTX, token int64, key, set []any
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := t.run(ctx, db, t.update, t.spec.Mode, token, key, args, false)
+	res, err := t.run(ctx, db, t.update, t.spec.Mode, token, key, args, runUpdate)
 	return res, t.record(ctx, "update", token, err)
 }
 
@@ -282,7 +289,7 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token int64, key, set []any
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := t.run(ctx, db, t.upsert, t.spec.Mode, token, key, args, true)
+	res, err := t.run(ctx, db, t.upsert, t.spec.Mode, token, key, args, runUpsert)
 	return res, t.record(ctx, "upsert", token, err)
 }
 
@@ -295,7 +302,7 @@ func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Re
 	if err != nil {
 		return Result{}, err
 	}
-	res, err := t.run(ctx, db, t.delete, Reentrant, token, key, args, false)
+	res, err := t.run(ctx, db, t.delete, Reentrant, token, key, args, runDelete)
 	return res, t.record(ctx, "delete", token, err)
 }
 
@@ -352,13 +359,31 @@ var scanBufs = sync.Pool{New: func() any {
 	return sb
 }}
 
-func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, upsert bool) (Result, error) {
+// runKind says which statement run executes and how it answers a refusal.
+type runKind uint8
+
+const (
+	// runUpdate: a plain fenced UPDATE ... RETURNING; no row = refused or
+	// not found, and run re-reads the row to say which.
+	runUpdate runKind = iota
+	// runUpsert: returns (applied, fence, inserted), from the row as the
+	// statement saw it when refused.
+	runUpsert
+	// runDelete: returns (applied, fence), from the row as the statement saw
+	// it when refused; no row = not found.
+	runDelete
+)
+
+// run executes one fenced statement and turns a refusal into its error. A
+// write that changed nothing is always an error: code that checks only err
+// never takes it for a success.
+func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, kind runKind) (Result, error) {
 	if nilcheck.IsNil(db) {
 		return Result{}, errNilDB
 	}
 	sb := scanBufs.Get().(*scanBuf)
 	dest := sb.dest[:2]
-	if upsert {
+	if kind == runUpsert {
 		dest = sb.dest[:3]
 	}
 	err := db.QueryRow(ctx, sql, args...).Scan(dest...)
@@ -376,12 +401,14 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 		return Result{Fence: fence, Inserted: inserted}, nil
 	}
 	reread := t.rereader(db, key)
-	if upsert && !found {
+	if kind != runDelete && !found {
+		// The update refused without saying why, or the upsert's row went
+		// away under it: read the row now.
 		found, fence, err = reread(ctx)
 		if err != nil {
 			return Result{}, TranslateError(err)
 		}
-		if !found {
+		if kind == runUpsert && !found {
 			return Result{}, ErrConcurrentChange
 		}
 	}
@@ -478,7 +505,7 @@ func (t *Table) Modify(ctx context.Context, db Beginner, token int64, key []any,
 		if err != nil {
 			return err
 		}
-		res, err = t.run(ctx, tx, t.updateReentrant, Reentrant, token, key, args, false)
+		res, err = t.run(ctx, tx, t.updateReentrant, Reentrant, token, key, args, runUpdate)
 		return err
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package fencedwrite_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -30,6 +31,11 @@ func TestTableUpdateStrictAndReentrant(t *testing.T) {
 		Mode: fencedwrite.Reentrant})
 	if sql := strict.UpdateSQL(); !strings.Contains(sql, `"fence" < $1`) || !strings.Contains(sql, `"public"."invoices"`) {
 		t.Fatalf("strict SQL = %s", sql)
+	}
+	// An accepted write costs the hand-written statement: one plain UPDATE,
+	// no diagnosis branch (a refusal is explained by a read afterwards).
+	if sql := strict.UpdateSQL(); !strings.HasPrefix(sql, "UPDATE ") || strings.Contains(sql, "UNION") || strings.Contains(sql, "WITH") {
+		t.Fatalf("strict SQL is not a plain UPDATE: %s", sql)
 	}
 
 	t1 := grant(t, pool, "store-1")
@@ -64,6 +70,18 @@ func TestTableUpdateStrictAndReentrant(t *testing.T) {
 	t3 := grant(t, pool, "store-1")
 	if _, err := strict.Update(ctx, tx, t3, []any{int64(2)}, []any{"in-tx", "x"}); err != nil {
 		t.Fatal(err)
+	}
+	// A refusal inside the transaction is diagnosed by a read in the same
+	// transaction (it sees the transaction's own write) and leaves the
+	// transaction usable.
+	_, err = strict.Update(ctx, tx, t3, []any{int64(2)}, []any{"replay", "x"})
+	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	_, err = strict.Update(ctx, tx, t1, []any{int64(2)}, []any{"stale", "x"})
+	wantStale(t, err, t1, t3)
+	_, err = strict.Update(ctx, tx, t3, []any{int64(98)}, []any{"x", "y"})
+	wantIs(t, err, fencedwrite.ErrNotFound)
+	if got := queryString(t, tx, "SELECT pdf_url || ' ' || fence FROM invoices WHERE id = 2"); got != "in-tx "+strconv.FormatInt(t3, 10) {
+		t.Fatalf("row in the transaction after the refusals = %q", got)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
