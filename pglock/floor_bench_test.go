@@ -1,0 +1,274 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+)
+
+// floorRingSize is the number of clients passing the lease around in the
+// ring variants of BenchmarkHandoffFloor (B2's 8 clients).
+const floorRingSize = 8
+
+// floorHandoffSQL hands the lease of $2, held by ($3, $4), to holder $1 in
+// one single-row UPDATE of pgfence.locks (through the integrity trigger,
+// waiting for the flush as a grant must) and notifies the next client ($5).
+const floorHandoffSQL = `UPDATE pgfence.locks AS l
+SET token = l.token + 1, holder = $1::text, acquired_at = now(), renewed_at = NULL,
+    expires_at = now() + interval '1 minute'
+FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE l.name = $2::text AND l.holder = $3::text AND l.token = $4::bigint AND l.expires_at > now()
+RETURNING l.token, pg_notify('pgfence_floor', $5::text || ' ' || l.token::text)`
+
+// BenchmarkHandoffFloor measures, in SQL alone and side by side, what a
+// hot lock name can do on this server, to set a target for the handoff:
+//
+//   - barging: one connection releases and grants again
+//     (ReleaseUnwaitedLock + GrantLock), as a polling client that releases
+//     and asks again at once does, so nobody else is ever served;
+//   - ring: 8 clients pass the lease on in FIFO order, each handoff one
+//     single-row UPDATE of the lock row (floorHandoffSQL) plus a
+//     notification, the least a queue served in order can cost;
+//   - releaselock: the same ring through pglock's own statements: the
+//     holder's ReleaseLock hands the lease to the first queued waiter, and
+//     the holder queues again with QueueGrant.
+//
+// Each variant makes b.N grants, in three alternating rounds so all three
+// see the same machine. Reported: grants/s of each, and ring ÷ barging and
+// releaselock ÷ barging. A ring at or above barging says a FIFO handoff can
+// outrun polling on this server; releaselock below ring is the cost of
+// pglock's queue statements.
+//
+// Every grant waits for a WAL flush, the largest part of each step, so run
+// it against a server with fsync on (the tests' own throwaway cluster runs
+// with fsync off): PGFENCE_TEST_DATABASE_URL names one.
+//
+//	PGFENCE_TEST_DATABASE_URL=postgres://... go test -run '^$' -bench HandoffFloor -benchtime 3000x ./pglock/
+func BenchmarkHandoffFloor(b *testing.B) {
+	pool := benchPoolN(b, 2*floorRingSize+8)
+	ctx := benchCtx(b)
+	var spent [3]time.Duration
+	var grants [3]int
+	b.ResetTimer()
+	for round := range 3 {
+		n := b.N / 3
+		if round == 2 {
+			n = b.N - 2*(b.N/3)
+		}
+		if n == 0 {
+			continue
+		}
+		for v, run := range []func(context.Context, *pgxpool.Pool, string, int) (time.Duration, error){
+			floorBarging, floorRing, floorReleaseLock,
+		} {
+			d, err := run(ctx, pool, fmt.Sprintf("floor-%d-%d", round, v), n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			spent[v] += d
+			grants[v] += n
+		}
+	}
+	b.StopTimer()
+	rate := func(v int) float64 { return float64(grants[v]) / spent[v].Seconds() }
+	b.ReportMetric(rate(0), "barging-grants/s")
+	b.ReportMetric(rate(1), "ring-grants/s")
+	b.ReportMetric(rate(2), "releaselock-grants/s")
+	b.ReportMetric(rate(1)/rate(0), "ring/barging")
+	b.ReportMetric(rate(2)/rate(0), "releaselock/barging")
+}
+
+// floorBarging times n grants of name on one connection, each after a
+// release by the same client.
+func floorBarging(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Release()
+	q := dbsqlc.New()
+	const holder = "barger"
+	r, err := q.InsertLock(ctx, c, dbsqlc.InsertLockParams{Name: name, Holder: holder, TtlUs: time.Minute.Microseconds()})
+	if err != nil {
+		return 0, err
+	}
+	token := r.Token
+	t0 := time.Now()
+	for range n {
+		if _, err := q.ReleaseUnwaitedLock(ctx, c, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: holder, Token: token}); err != nil {
+			return 0, fmt.Errorf("release: %w", err)
+		}
+		g, err := q.GrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: holder, TtlUs: time.Minute.Microseconds()})
+		if err != nil {
+			return 0, fmt.Errorf("grant: %w", err)
+		}
+		token = g.Token
+	}
+	return time.Since(t0), nil
+}
+
+// floorRing times n single-statement handoffs of name around a ring of
+// floorRingSize clients. Every client has a live queue row that is never
+// handed anything, so the integrity trigger admits each handoff as it
+// admits ReleaseLock's.
+func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
+	holder := func(i int) string { return "ring-" + strconv.Itoa(i) }
+	r, err := dbsqlc.New().InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
+	if err != nil {
+		return 0, err
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until)
+		SELECT $1::bigint + g, $2::text, 'ring-' || g, 60000000, now() + interval '1 hour'
+		FROM generate_series(0, $3::int - 1) AS g`, time.Now().UnixNano()%(1<<40)<<8, name, floorRingSize); err != nil {
+		return 0, err
+	}
+	return floorRun(ctx, pool, "pgfence_floor", n, r.Token, func(payload string) (int, int64, bool) {
+		f := strings.Fields(payload)
+		if len(f) != 2 {
+			return 0, 0, false
+		}
+		i, err1 := strconv.Atoi(f[0])
+		t, err2 := strconv.ParseInt(f[1], 10, 64)
+		return i, t, err1 == nil && err2 == nil
+	}, func(ctx context.Context, i int, token int64) error {
+		next := (i + 1) % floorRingSize
+		var got int64
+		var sent string
+		return pool.QueryRow(ctx, floorHandoffSQL, holder(next), name, holder(i), token, strconv.Itoa(next)).Scan(&got, &sent)
+	})
+}
+
+// floorReleaseLock times n handoffs of name around a ring of floorRingSize
+// clients through pglock's statements: ReleaseLock hands the lease to the
+// first queued waiter and notifies it on HandoffChannel; the releasing
+// client then queues again with QueueGrant under a new key.
+func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
+	q := dbsqlc.New()
+	holder := func(i int) string { return "rl-" + strconv.Itoa(i) }
+	base := time.Now().UnixNano() % (1 << 40) << 8
+	var seq atomic.Int64
+	queue := func(ctx context.Context, i int) error {
+		// Keys of client i are base + i (mod floorRingSize).
+		wkey := base + int64(i) + floorRingSize*seq.Add(1)
+		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Wkey: wkey, Holder: holder(i), TtlUs: time.Minute.Microseconds(), Name: name})
+		if err == nil && row.Granted {
+			err = errors.New("a queueing client was granted the lease")
+		}
+		return err
+	}
+	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
+	if err != nil {
+		return 0, err
+	}
+	for i := 1; i < floorRingSize; i++ {
+		if err := queue(ctx, i); err != nil {
+			return 0, err
+		}
+	}
+	return floorRun(ctx, pool, HandoffChannel, n, r.Token, func(payload string) (int, int64, bool) {
+		f := strings.Fields(payload) // "wkey token expiry_us"
+		if len(f) != 3 {
+			return 0, 0, false
+		}
+		wkey, err1 := strconv.ParseInt(f[0], 10, 64)
+		t, err2 := strconv.ParseInt(f[1], 10, 64)
+		return int((wkey - base) % floorRingSize), t, err1 == nil && err2 == nil && wkey > base
+	}, func(ctx context.Context, i int, token int64) error {
+		res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: holder(i), Token: token})
+		if err != nil {
+			return err
+		}
+		if !res.HandedOff {
+			return errors.New("ReleaseLock handed the lease to nobody")
+		}
+		return queue(ctx, i)
+	})
+}
+
+// floorRun runs a ring: client 0 holds token first; every client, given
+// the lease (a notification on channel that parse maps to it), calls pass
+// to hand it on. It returns the time from the first pass until n grants
+// (handoffs) have been made.
+func floorRun(ctx context.Context, pool *pgxpool.Pool, channel string, n int, first int64,
+	parse func(payload string) (client int, token int64, ok bool),
+	pass func(ctx context.Context, client int, token int64) error) (time.Duration, error) {
+	lc, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer lc.Release()
+	if _, err := lc.Exec(ctx, "LISTEN "+channel); err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	turns := make([]chan int64, floorRingSize)
+	for i := range turns {
+		turns[i] = make(chan int64, 1)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the listener: one connection for the ring, as pglock shares one per pool
+		defer wg.Done()
+		for {
+			nt, err := lc.Conn().WaitForNotification(ctx)
+			if err != nil {
+				return
+			}
+			if i, t, ok := parse(nt.Payload); ok {
+				turns[i] <- t
+			}
+		}
+	}()
+	var made atomic.Int64
+	done := make(chan struct{})
+	errc := make(chan error, floorRingSize)
+	turns[0] <- first
+	t0 := time.Now()
+	var elapsed time.Duration
+	for i := range floorRingSize {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				var token int64
+				select {
+				case token = <-turns[i]:
+				case <-done:
+					return
+				case <-ctx.Done():
+					return
+				}
+				if err := pass(ctx, i, token); err != nil {
+					errc <- err
+					return
+				}
+				if made.Add(1) == int64(n) {
+					elapsed = time.Since(t0)
+					close(done)
+					return
+				}
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case err = <-errc:
+	}
+	cancel()
+	wg.Wait()
+	// The listening connection's wait was cancelled: close it (the pool
+	// drops a closed connection when it is released).
+	_ = lc.Conn().Close(context.Background())
+	return elapsed, err
+}
