@@ -5,7 +5,7 @@ TOOLS_BIN           := $(CURDIR)/.bin
 SQLC                := $(TOOLS_BIN)/sqlc
 STATICCHECK         := $(TOOLS_BIN)/staticcheck
 
-.PHONY: help demo test test-deps generate verify verify-generated lint tools bench bench-quick
+.PHONY: help demo test test-deps bench-deps generate verify verify-generated lint tools bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -40,8 +40,11 @@ lint: $(STATICCHECK) ## gofmt, go vet, staticcheck
 
 verify: lint verify-generated ## everything CI checks before the tests
 
-bench: ## benchmarks side by side: PostgreSQL limit, pglock, fencedwrite, skiplocked vs etcd, Redis, River (under 10 min)
+bench-deps: ## install the bench's peers (etcd-server, redis-server) when missing
+	@bash scripts/bench-deps.sh
+
+bench: bench-deps ## benchmarks side by side: PostgreSQL limit, pglock, fencedwrite, skiplocked vs etcd, Redis, River (under 10 min)
 	cd bench && go run .
 
-bench-quick: ## the same in under 2 minutes (results in bench/quick-results, not the committed bench/results)
+bench-quick: bench-deps ## the same in under 2 minutes (results in bench/quick-results, not the committed bench/results)
 	cd bench && go run . --quick --out quick-results
