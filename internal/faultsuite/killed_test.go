@@ -415,8 +415,12 @@ func TestKilledRenewer(t *testing.T) {
 				t.Errorf("round %d: contender token %d not above holder token %d", round, won.Token(), lease.Token())
 			}
 			reg.unregister(won)
-			if err := won.Release(ctx); err != nil {
-				t.Fatal(err)
+			// The contender's lease (TTL 400 ms) can expire while the checks
+			// above wait for the holder's Done on a loaded machine: its
+			// release is then refused as lost, which is right. Lost before
+			// its local deadline would be a bug.
+			if err := won.Release(ctx); err != nil && (!errors.Is(err, pglock.ErrLeaseLost) || time.Now().Before(won.Deadline())) {
+				t.Fatalf("round %d: contender's release (local deadline %v ago): %v", round, time.Since(won.Deadline()), err)
 			}
 		} else {
 			survived++
