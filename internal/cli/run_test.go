@@ -205,18 +205,32 @@ func (p *pgfenceProc) text(b *strings.Builder) string {
 // waitLine waits for a line containing s on ch.
 func waitLine(t *testing.T, p *pgfenceProc, ch <-chan stampedLine, s string, timeout time.Duration) stampedLine {
 	t.Helper()
+	l, found, eof := findLine(ch, s, timeout)
+	switch {
+	case found:
+		return l
+	case eof:
+		t.Fatalf("no line with %q before EOF", s)
+	default:
+		t.Fatalf("no line with %q within %v", s, timeout)
+	}
+	return l
+}
+
+// findLine reads ch until a line containing s (found), EOF (eof) or timeout.
+func findLine(ch <-chan stampedLine, s string, timeout time.Duration) (l stampedLine, found, eof bool) {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case l, ok := <-ch:
 			if !ok {
-				t.Fatalf("no line with %q before EOF", s)
+				return l, false, true
 			}
 			if strings.Contains(l.text, s) {
-				return l
+				return l, true, false
 			}
 		case <-deadline:
-			t.Fatalf("no line with %q within %v", s, timeout)
+			return stampedLine{}, false, false
 		}
 	}
 }
@@ -540,7 +554,9 @@ func TestRunSupervisorKilled(t *testing.T) {
 	if left := markerProcs(marker); len(left) > 0 {
 		t.Errorf("processes left when pgfence exited: %q", left)
 	}
-	if !strings.Contains(p.text(&p.stderr), "not releasing") {
+	// Read from the stderr pipe, which can lag the exit (the text gathered
+	// so far may not have the last lines yet).
+	if _, found, _ := findLine(p.errs, "not releasing", 30*time.Second); !found {
 		t.Errorf("stderr does not say the lease is left to expire")
 	}
 	if v := lockState(t, dsn, "sup"); v.State != "held" || v.Holder == nil || *v.Holder != "runner" {
