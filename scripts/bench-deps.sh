@@ -2,12 +2,14 @@
 # Installs the peers `make bench` compares pgfence with when they are
 # missing: etcd-server (P1) and redis-server (P2, and P3 the durable Redis).
 # The bench starts its own etcd and Redis servers on loopback ports of its
-# own; the services the Debian packages ship are kept from starting (a
-# policy-rc.d of our own while installing, unless the machine has one) and
-# disabled afterwards, so no stray server listens on the default ports.
+# own; the services the Debian packages ship are kept from starting and
+# disabled afterwards (install_without_services), so no stray server listens
+# on the default ports.
 # Without root or apt-get it only says what to install: the bench then
 # records those peers as "not measured" and runs everything else.
 set -euo pipefail
+# shellcheck source=apt-quiet.sh
+. "$(dirname "$0")/apt-quiet.sh"
 
 need=()
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need+=(etcd-server)
@@ -18,21 +20,5 @@ if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 0
 fi
 echo "bench-deps: installing ${need[*]}"
-own_policy=""
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-  chmod 755 /usr/sbin/policy-rc.d
-  own_policy=1
-fi
-rc=0
-{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } || rc=$?
-[ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
-[ "$rc" -eq 0 ] || exit "$rc"
-for svc in etcd redis-server; do
-  if [ -d /run/systemd/system ]; then
-    systemctl disable --now "$svc.service" >/dev/null 2>&1 || true
-  else
-    service "$svc" stop >/dev/null 2>&1 || true
-  fi
-  update-rc.d "$svc" disable >/dev/null 2>&1 || true
-done
+apt-get update -qq
+install_without_services --no-recommends etcd redis-server -- "${need[@]}"

@@ -9,30 +9,8 @@
 # looked up by the test harness (apt-get install postgresql).
 set -euo pipefail
 
-# install_promtool installs Debian's prometheus package for promtool without
-# running the Prometheus server it also ships: without recommends (exporters
-# with services of their own), with service starts denied while it installs
-# (a policy-rc.d of our own, unless the machine has one), and with the
-# service disabled afterwards, so no stray server listens on :9090.
-install_promtool() {
-  local own_policy=""
-  if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-    chmod 755 /usr/sbin/policy-rc.d
-    own_policy=1
-  fi
-  local rc=0
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || rc=$?
-  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
-  [ "$rc" -eq 0 ] || return "$rc"
-  if [ -d /run/systemd/system ]; then
-    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
-  else
-    deb-systemd-helper disable prometheus.service >/dev/null 2>&1 || true
-    service prometheus stop >/dev/null 2>&1 || true
-  fi
-  update-rc.d prometheus disable >/dev/null 2>&1 || true
-}
+# shellcheck source=apt-quiet.sh
+. "$(dirname "$0")/apt-quiet.sh"
 
 need=()
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
@@ -53,5 +31,7 @@ if [ ${#rest[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${rest[@]}" >/dev/null
 fi
 if [ ${#rest[@]} -lt ${#need[@]} ]; then
-  install_promtool
+  # Debian's prometheus package for its promtool, without the server it also
+  # ships (and without the exporters its recommends would bring).
+  install_without_services --no-recommends prometheus -- prometheus
 fi
