@@ -200,7 +200,8 @@ type importRun struct {
 	mu      sync.Mutex
 	procs   []*importerProc
 	started int
-	trapped map[int64]int64 // trap job → token of the claim stopped there
+	trapped map[int64]int64         // trap job → token of the claim stopped there
+	trapper map[int64]*importerProc // trap job → the process stopped there
 	lost    []lostReport
 	errs    []string
 	events  chan trapEvent
@@ -319,6 +320,7 @@ func (r *importRun) arrive(ev trapEvent) (trap, starved bool) {
 		return false, false
 	}
 	r.trapped[ev.job] = ev.tok
+	r.trapper[ev.job] = ev.p
 	ev.p.traps++
 	_ = ev.p.cmd.Process.Signal(syscall.SIGSTOP)
 	running := 0
@@ -416,7 +418,7 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 		t.Fatal(err)
 	}
 	r := &importRun{t: t, dsn: dsn, queue: queue, mode: mode, ttl: time.Second + 100*rtt, admin: admin,
-		trapped: map[int64]int64{}, events: make(chan trapEvent, 64)}
+		trapped: map[int64]int64{}, trapper: map[int64]*importerProc{}, events: make(chan trapEvent, 64)}
 	t.Cleanup(r.stopAll)
 	trapTimeout := 30*r.ttl + 2000*rtt
 	start := time.Now()
@@ -604,14 +606,27 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 				mode, l.proc, l.job, l.token, l.current, l.state, finalTok[l.job])
 		}
 	}
+	// Every trapped worker accounts for its stopped claim: it reports the
+	// loss, or (on a loaded machine, when the refused completion could not
+	// be written within its deadline) counts the outcome as unknown, never
+	// applied: the claim had already been taken over.
+	unreported := map[*importerProc][]int64{}
 	for id, tok := range r.trapped {
 		found := false
 		for _, l := range r.lost {
 			found = found || (l.job == id && l.token == tok)
 		}
 		if !found {
-			t.Errorf("%s import: the worker trapped on job %d (token %d) reported no lost claim", mode, id, tok)
+			p := r.trapper[id]
+			unreported[p] = append(unreported[p], id)
 		}
+	}
+	for p, jobs := range unreported {
+		if p.summary == nil || p.summary["unknown"] < len(jobs) {
+			t.Errorf("%s import: the worker %s trapped on jobs %v reported no lost claim for them (summary %v)", mode, p.name, jobs, p.summary)
+			continue
+		}
+		t.Logf("%s import: the worker %s trapped on jobs %v counted their outcomes as unknown (summary %v)", mode, p.name, jobs, p.summary)
 	}
 	if err := admin.QueryRow(ctx, `
 		SELECT count(*), count(*) - count(DISTINCT i.job_id),
