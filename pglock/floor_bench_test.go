@@ -272,3 +272,70 @@ func floorRun(ctx context.Context, pool *pgxpool.Pool, channel string, n int, fi
 	_ = lc.Conn().Close(context.Background())
 	return elapsed, err
 }
+
+// BenchmarkHotNameStatements times, one after another on one connection, the
+// statements a hot name costs per grant in LISTEN mode, so that their share
+// can be compared: a waiter's QueueGrant that queues it (no flush), the
+// holder's ReleaseLock that hands the lease to it (a grant: flushed), its
+// own ReleaseLock with nobody queued (no flush), and the GrantLock that
+// takes the lock back (flushed). Reported: microseconds per statement of
+// each kind. Run it against a server with fsync on, as BenchmarkHandoffFloor:
+//
+//	PGFENCE_TEST_DATABASE_URL=postgres://... go test -run '^$' -bench HotNameStatements -benchtime 2000x ./pglock/
+func BenchmarkHotNameStatements(b *testing.B) {
+	pool := benchPoolN(b, 1)
+	ctx := benchCtx(b)
+	q := dbsqlc.New()
+	name := fmt.Sprintf("hot-statements-%d", time.Now().UnixNano())
+	const ttlUs = int64(60e6)
+	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: "holder", TtlUs: ttlUs})
+	if err != nil {
+		b.Fatal(err)
+	}
+	token := r.Token
+	// Keys unique to this run: queue rows of earlier runs (other names) keep
+	// theirs until a release of their own name deletes them.
+	base := time.Now().UnixNano() % (1 << 40) << 16
+	var spent [4]time.Duration
+	timed := func(k int, f func() error) {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			b.Fatalf("statement %d: %v", k, err)
+		}
+		spent[k] += time.Since(t0)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		timed(0, func() error {
+			row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Name: name, Holder: "waiter", TtlUs: ttlUs, Wkey: base + int64(i)})
+			if err == nil && row.Granted {
+				err = errors.New("QueueGrant granted a held lock")
+			}
+			return err
+		})
+		timed(1, func() error {
+			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: "holder", Token: token})
+			if err == nil && !res.HandedOff {
+				err = errors.New("ReleaseLock handed the lease to nobody")
+			}
+			token++
+			return err
+		})
+		timed(2, func() error {
+			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: "waiter", Token: token})
+			if err == nil && res.HandedOff {
+				err = errors.New("ReleaseLock handed the lease over with nobody queued")
+			}
+			return err
+		})
+		timed(3, func() error {
+			g, err := q.GrantLock(ctx, pool, dbsqlc.GrantLockParams{Name: name, Holder: "holder", TtlUs: ttlUs})
+			token = g.Token
+			return err
+		})
+	}
+	b.StopTimer()
+	for k, unit := range []string{"queuegrant-us", "handoff-us", "release-us", "grant-us"} {
+		b.ReportMetric(float64(spent[k].Microseconds())/float64(b.N), unit)
+	}
+}
