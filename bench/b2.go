@@ -16,22 +16,46 @@ const b2PollInterval = 50 * time.Millisecond
 
 // handoff records release→next-grant latencies.
 type handoff struct {
-	epoch       time.Time
-	lastRelease atomic.Int64 // ns since epoch when the latest Release was called; 0 = none yet
-	mu          sync.Mutex
-	lat         []time.Duration
+	epoch        time.Time
+	lastRelease  atomic.Int64 // ns since epoch when the latest Release was called; 0 = none yet
+	lastReleased atomic.Int64 // ns since epoch when the latest Release returned; 0 = none yet
+	mu           sync.Mutex
+	lat          []time.Duration // Release called → next grant
+	call         []time.Duration // Release called → Release returned
+	wake         []time.Duration // Release returned → next grant
 }
 
 func (h *handoff) granted() {
 	now := time.Since(h.epoch)
-	if rel := h.lastRelease.Swap(0); rel != 0 {
-		h.mu.Lock()
-		h.lat = append(h.lat, now-time.Duration(rel))
-		h.mu.Unlock()
+	rel, done := h.lastRelease.Swap(0), h.lastReleased.Swap(0)
+	if rel == 0 {
+		return
 	}
+	h.mu.Lock()
+	h.lat = append(h.lat, now-time.Duration(rel))
+	if done >= rel {
+		// The grant came after that Release returned (a handoff's grant is
+		// committed before the Release that made it returns).
+		h.wake = append(h.wake, now-time.Duration(done))
+	}
+	h.mu.Unlock()
 }
 
-func (h *handoff) releasing() { h.lastRelease.Store(int64(time.Since(h.epoch))) }
+// releasing is called just before Release; released just after it returned,
+// with the time releasing returned.
+func (h *handoff) releasing() time.Duration {
+	now := time.Since(h.epoch)
+	h.lastRelease.Store(int64(now))
+	return now
+}
+
+func (h *handoff) released(start time.Duration) {
+	now := time.Since(h.epoch)
+	h.lastReleased.Store(int64(now))
+	h.mu.Lock()
+	h.call = append(h.call, now-start)
+	h.mu.Unlock()
+}
 
 func percentile(d []time.Duration, p float64) float64 {
 	if len(d) == 0 {
@@ -45,7 +69,7 @@ func percentile(d []time.Duration, p float64) float64 {
 
 // b2Variant: every client has its own Locker (as separate processes would)
 // and loops Acquire → Release on one name.
-type latSeries struct{ p50, p99 []float64 }
+type latSeries struct{ p50, p99, callP50, callP99, wakeP50 []float64 }
 
 func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockProbe) variant {
 	name := b2VariantName(poll)
@@ -82,12 +106,17 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockPro
 			h.granted()
 			pr.granted(w, 0, lease.Token(), st)
 			pr.releasing(w, 0)
-			h.releasing()
-			return lease.Release(ctx)
+			rs := h.releasing()
+			err = lease.Release(ctx)
+			h.released(rs)
+			return err
 		})
 		if err == nil && dur == b.cfg.dur {
 			lat.p50 = append(lat.p50, percentile(h.lat, 0.50))
 			lat.p99 = append(lat.p99, percentile(h.lat, 0.99))
+			lat.callP50 = append(lat.callP50, percentile(h.call, 0.50))
+			lat.callP99 = append(lat.callP99, percentile(h.call, 0.99))
+			lat.wakeP50 = append(lat.wakeP50, percentile(h.wake, 0.50))
 		}
 		return res, err
 	}}
@@ -141,7 +170,10 @@ func (b *bench) runB2(ctx context.Context) {
 		b.keep(keyB2, v.name, v.clients, res[i].rates)
 		if len(lat.p50) > 0 {
 			b.add(newRow(scen, v.name, v.clients, "release→grant p50 ms", lat.p50),
-				newRow(scen, v.name, v.clients, "release→grant p99 ms", lat.p99))
+				newRow(scen, v.name, v.clients, "release→grant p99 ms", lat.p99),
+				newRow(scen, v.name, v.clients, "release call p50 ms", lat.callP50),
+				newRow(scen, v.name, v.clients, "release call p99 ms", lat.callP99),
+				newRow(scen, v.name, v.clients, "release returned→grant p50 ms", lat.wakeP50))
 		}
 		listen := v.name == keyB2Listen
 		rows := b.addContentionRows(scen, v.name, v.clients, &probes[i].cont, listen)
