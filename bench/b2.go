@@ -69,7 +69,7 @@ func percentile(d []time.Duration, p float64) float64 {
 
 // b2Variant: every client has its own Locker (as separate processes would)
 // and loops Acquire → Release on one name.
-type latSeries struct{ p50, p99, callP50, callP99, wakeP50 []float64 }
+type latSeries struct{ p50, p99, callP50, callP99, wakeP50, cpu []float64 }
 
 func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockProbe) variant {
 	name := b2VariantName(poll)
@@ -96,6 +96,7 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockPro
 			lockers[w] = l
 		}
 		h := &handoff{epoch: time.Now()}
+		busy0, cpuOK := machineBusy()
 		pr := probe.start()
 		res, err := closedLoop(ctx, clients, dur, func(ctx context.Context, w, i int) error {
 			st := pr.begin()
@@ -117,6 +118,9 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockPro
 			lat.callP50 = append(lat.callP50, percentile(h.call, 0.50))
 			lat.callP99 = append(lat.callP99, percentile(h.call, 0.99))
 			lat.wakeP50 = append(lat.wakeP50, percentile(h.wake, 0.50))
+			if busy1, ok := machineBusy(); ok && cpuOK && res.ops > 0 {
+				lat.cpu = append(lat.cpu, float64(busy1-busy0)/float64(time.Millisecond)/float64(res.ops))
+			}
 		}
 		return res, err
 	}}
@@ -174,6 +178,11 @@ func (b *bench) runB2(ctx context.Context) {
 				newRow(scen, v.name, v.clients, "release call p50 ms", lat.callP50),
 				newRow(scen, v.name, v.clients, "release call p99 ms", lat.callP99),
 				newRow(scen, v.name, v.clients, "release returned→grant p50 ms", lat.wakeP50))
+			if len(lat.cpu) == len(lat.p50) {
+				b.add(newRow(scen, v.name, v.clients, "machine CPU ms per grant", lat.cpu))
+			} else {
+				b.add(notMeasured(scen, v.name, v.clients, "machine CPU ms per grant", "/proc/stat not readable"))
+			}
 		}
 		listen := v.name == keyB2Listen
 		rows := b.addContentionRows(scen, v.name, v.clients, &probes[i].cont, listen)
