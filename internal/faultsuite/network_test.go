@@ -557,42 +557,67 @@ func releaseOK(t *testing.T, lease *pglock.Lease) {
 	}
 }
 
-// TestKeepAliveSlowRoundTrips: with 750 ms of latency each way and a cold
-// connection, a keep-alive lease of 5.4 s must survive: renewals are timed
-// from the send time the local deadline counts from, not from when the
-// previous round trip returned.
+// TestKeepAliveSlowRoundTrips: with 1 s of latency each way, a keep-alive
+// lease must survive: renewals are timed from the send time the local
+// deadline counts from, not from when the previous round trip returned.
 //
-// A cold grant takes two round trips (prepare, then execute): 4d with d the
+// A grant takes two round trips (prepare, then execute): 4d with d the
 // one-way latency. A renewal takes one (pglock runs it unprepared, in one
 // round trip): 2d. Keep-alive starts when the grant returns, 4d after the
 // send the deadline counts from; with 4d above TTL/3 (+10% jitter) the first
-// renewal goes out at once and is back at 6d = 4.5 s, 0.9 s before the local
-// deadline. Timed from the grant's return instead, it would go out at
-// 4d + TTL/3 (-10% at the earliest) and be back at 6d + 0.3 TTL = 6.1 s, at
-// least 0.7 s after the deadline: the test tells the two apart by about the
-// same margin either way, wide enough for a loaded machine (scheduling
-// delays of the race-detector build, the proxy and the server all add to the
-// round trips). Earlier settings: 380 ms and 3.6 s left 0.56 s with
-// prepared renewals, and a run of two whole suites at once lost the lease;
-// 40 ms and 450 ms left about 140 ms.
+// renewal goes out at once and is back at 6d. Timed from the grant's return
+// instead, it would go out at 4d + TTL/3 (-10% at the earliest) and be back
+// at 6d + 0.3 TTL. With TTL = 7.2d (7.2 s) the first is back 1.2d = 1.2 s
+// before the local deadline and the second at least 0.96d = 0.96 s after it.
+//
+// A loaded machine (the race-detector build, the proxy's timers and the
+// server beside CPU-bound processes) adds o to every round trip, 3o to both
+// of those times. So the test first times warm round trips through the proxy
+// and adds 6 × the largest excess over 2d to the TTL: the correct timing
+// keeps 1.2d + 3o, while the wrong one is still 0.96d - 1.2o late, which
+// stays above zero up to o = 0.8d (800 ms per round trip). Earlier settings:
+// 750 ms and 5.4 s (0.9 s to spare) lost the lease at 5.47 s in a CI run
+// beside two CPU-bound processes; 380 ms and 3.6 s left 0.56 s with prepared
+// renewals, and a run of two whole suites at once lost the lease; 40 ms and
+// 450 ms left about 140 ms.
 func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	pool, proxy := proxiedPool(t, dsn, "keepalive-slow", 2)
-	const (
-		ttl   = 5400 * time.Millisecond
-		delay = 750 * time.Millisecond // 6 × delay ≈ 0.83 ttl
-	)
+	// Connect (and prepare SELECT 1) before the latency: a connection set
+	// up through it would take several round trips of its own.
+	for range 2 {
+		if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const delay = time.Second
 	proxy.Set(Delay, delay)
+	var excess time.Duration // the largest of two warm round trips, less 2d
+	for range 2 {
+		t0 := time.Now()
+		if _, err := pool.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+		excess = max(excess, time.Since(t0)-2*delay)
+	}
+	ttl := (72*delay/10 + 6*excess).Truncate(time.Millisecond)
+	t.Logf("round trip through the proxy: 2 × %v + %v; TTL %v", delay, excess, ttl)
 	locker, err := pglock.New(pool, &pglock.Config{Holder: "slow", KeepAlive: true, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer locker.Close()
+	t0 := time.Now()
 	lease, err := locker.Acquire(ctx, "slow", ttl)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if took := time.Since(t0); took < 4*delay {
+		// One round trip instead of two: keep-alive would start before TTL/3
+		// and the test could no longer tell the two timings apart.
+		t.Fatalf("the grant took %v, less than two round trips (%v)", took, 4*delay)
 	}
 	select {
 	case <-lease.Done():
