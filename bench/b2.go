@@ -181,7 +181,7 @@ func (b *bench) runB2(ctx context.Context) {
 			if len(lat.cpu) == len(lat.p50) {
 				b.add(newRow(scen, v.name, v.clients, "machine CPU ms per grant", lat.cpu))
 			} else {
-				b.add(notMeasured(scen, v.name, v.clients, "machine CPU ms per grant", "/proc/stat not readable"))
+				b.add(notMeasured(scen, v.name, v.clients, "machine CPU ms per grant", "/proc/stat not readable, or a repetition made no grant"))
 			}
 		}
 		listen := v.name == keyB2Listen
