@@ -29,7 +29,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 		return nil, ErrClosed
 	}
 	start := time.Now()
-	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry, 0)
+	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry, nil)
 	if err == nil && locked != nil {
 		err = locked
 	}
@@ -101,11 +101,21 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 	var w *waiter
 	queued, got := false, false // QueueGrant ran (the waiter may be in the queue); a lease is returned
 	defer func() {
-		if w != nil {
-			l.lis.unregister(w)
-			if queued && !got {
-				l.leaveQueue(name, w.wkey)
-			}
+		if w == nil {
+			return
+		}
+		l.lis.unregister(w)
+		// The row of w.wkey may serve this Locker's next wait of name
+		// (updated in place) once this wait is over in the database: it was
+		// handed the lease or granted it (QueueGrant ended it), or it left
+		// the queue. After a failure its state is unknown: the key is
+		// dropped and the row is deleted once its alive_until passes.
+		reuse := !queued || got
+		if queued && !got {
+			reuse = l.leaveQueue(name, w.wkey, w.waitID)
+		}
+		if reuse {
+			l.putSlot(name, w.wkey)
 		}
 	}()
 	var timer, backoff *time.Timer
@@ -126,7 +136,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 	if l.lis != nil && l.isHot(name) {
 		// Waited for last time: queue at once (QueueGrant grants a free lock
 		// too), skipping the GrantLock that would most likely be refused.
-		w = l.lis.register(name)
+		w = l.lis.register(name, l.takeSlot(name))
 	}
 	for {
 		if l.isClosed() {
@@ -139,14 +149,13 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		case l.lis != nil:
 			kind = attemptFirst // if refused, register and retry as a waiter at once
 		}
-		var wkey int64
 		if w != nil {
-			wkey, queued = w.wkey, true
+			queued = true
 			if queuedAt.IsZero() {
 				queuedAt = time.Now()
 			}
 		}
-		lease, locked, wait, err := l.grant(ctx, name, ttl, kind, wkey)
+		lease, locked, wait, err := l.grant(ctx, name, ttl, kind, w)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -164,7 +173,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			// Register before the next attempt: a release that commits after
 			// that attempt is then seen by the listener (or, if the listener
 			// is not up yet, its (re)connection wakes every waiter).
-			w = l.lis.register(name)
+			w = l.lis.register(name, l.takeSlot(name))
 			continue
 		}
 		if p := l.cfg.PollInterval; p > 0 && p < wait {
@@ -232,7 +241,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 				l.setHot(name, true)
 				return l.newLease(name, token, ttl, exp, queuedAt), nil
 			}
-			lease, err := l.handed(ctx, name, ttl, w.wkey)
+			lease, err := l.handed(ctx, name, ttl, w.wkey, w.waitID)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err
 			}
@@ -279,6 +288,51 @@ func (l *Locker) setHot(name string, hot bool) {
 		l.hot = make(map[string]struct{})
 	}
 	l.hot[name] = struct{}{}
+}
+
+// Bounds of the queue keys a Locker keeps for reuse (see takeSlot): names,
+// and keys per name (as many as its concurrent waits of the name).
+const (
+	maxSlotNames   = maxHot
+	maxSlotsByName = 64
+)
+
+// takeSlot returns a queue key of name whose wait is over, to reuse its row
+// in pgfence.lock_queue, or 0 (none: register picks a new random key). A
+// reused row is updated in place (a HOT update, no new index entry), where a
+// new key inserts a row that is deleted later, leaving a dead index entry
+// behind for VACUUM; on a hot name that is one per grant.
+func (l *Locker) takeSlot(name string) int64 {
+	l.hotMu.Lock()
+	defer l.hotMu.Unlock()
+	keys := l.slots[name]
+	if len(keys) == 0 {
+		return 0
+	}
+	k := keys[len(keys)-1]
+	if len(keys) == 1 {
+		delete(l.slots, name)
+	} else {
+		l.slots[name] = keys[:len(keys)-1]
+	}
+	return k
+}
+
+// putSlot keeps wkey, whose wait of name is over in the database, for the
+// next wait of name (takeSlot).
+func (l *Locker) putSlot(name string, wkey int64) {
+	l.hotMu.Lock()
+	defer l.hotMu.Unlock()
+	keys, ok := l.slots[name]
+	switch {
+	case !ok && len(l.slots) >= maxSlotNames:
+		return // the rows of keys not kept are deleted once dead
+	case len(keys) >= maxSlotsByName:
+		return
+	case l.slots == nil:
+		l.slots = make(map[string][]int64)
+	}
+	l.slots[name] = append(keys, wkey)
 }
 
 // turnEnd says why waitTurn returned.

@@ -203,13 +203,23 @@ func fpOldMark(t testing.TB, db DBTX, name string, wkey int64) {
 	fpExec(t, db, `UPDATE pgfence.locks SET waiting_since = now() - interval '101 seconds' WHERE name = $1`, name)
 }
 
-// fpGrantedRow: held, with the queue row of a waiter a release already
-// handed a lease to (deleted by the next ReleaseLock of the name).
+// fpGrantedRow: held, with the queue row of a wait a release already
+// handed a lease to (kept for its Locker's next wait).
 func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until, granted_token)
 		VALUES ($1, $2, 'waiter', 30000000, now() + interval '1 minute', 1)`, wkey, name)
+}
+
+// fpDeadEndedRow: held, with the queue row of a wait that ended without a
+// handoff (granted_token 0) and whose alive_until has passed (deleted by the
+// next ReleaseLock of the name).
+func fpDeadEndedRow(t testing.TB, db DBTX, name string, wkey int64) {
+	t.Helper()
+	fpHeld(t, db, name, wkey)
+	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until, granted_token)
+		VALUES ($1, $2, 'waiter', 30000000, now() - interval '1 second', 0)`, wkey, name)
 }
 
 func fpOverflow(t testing.TB, db DBTX, name string, wkey int64) {
@@ -255,6 +265,7 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 		{"release marked", fpMarked, op{release: true, holder: "other"}},
 		{"release old mark", fpOldMark, op{release: true, holder: "other"}},
 		{"release granted row", fpGrantedRow, op{release: true, holder: "other"}},
+		{"release dead ended row", fpDeadEndedRow, op{release: true, holder: "other"}},
 		{"unwaited release", fpHeld, op{release: true, unwaited: true, holder: "other"}},
 		{"unwaited release wrong token", fpHeld, op{release: true, unwaited: true, holder: "other", token: 2}},
 		{"unwaited release wrong holder", fpHeld, op{release: true, unwaited: true, holder: "me"}},
@@ -262,6 +273,7 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 		{"unwaited release free", fpFree, op{release: true, unwaited: true, holder: "other"}},
 		{"unwaited release queued", fpQueued, op{release: true, unwaited: true, holder: "other"}},
 		{"unwaited release granted row", fpGrantedRow, op{release: true, unwaited: true, holder: "other"}},
+		{"unwaited release dead ended row", fpDeadEndedRow, op{release: true, unwaited: true, holder: "other"}},
 		{"unwaited release marked", fpMarked, op{release: true, unwaited: true, holder: "other"}},
 		{"unwaited release old mark", fpOldMark, op{release: true, unwaited: true, holder: "other"}},
 	} {

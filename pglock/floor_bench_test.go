@@ -151,16 +151,18 @@ func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (tim
 // floorReleaseLock times n handoffs of name around a ring of floorRingSize
 // clients through pglock's statements: ReleaseLock hands the lease to the
 // first queued waiter and notifies it on HandoffChannel; the releasing
-// client then queues again with QueueGrant under a new key.
+// client then queues again with QueueGrant, reusing its row (its key, a new
+// wait id) as a Locker does.
 func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
 	q := dbsqlc.New()
 	holder := func(i int) string { return "rl-" + strconv.Itoa(i) }
 	base := time.Now().UnixNano() % (1 << 40) << 8
 	var seq atomic.Int64
 	queue := func(ctx context.Context, i int) error {
-		// Keys of client i are base + i (mod floorRingSize).
-		wkey := base + int64(i) + floorRingSize*seq.Add(1)
-		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Wkey: wkey, Holder: holder(i), TtlUs: time.Minute.Microseconds(), Name: name})
+		// The key of client i is base + i.
+		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{
+			Wkey: base + int64(i), WaitID: seq.Add(1), Holder: holder(i), TtlUs: time.Minute.Microseconds(), Name: name,
+		})
 		if err == nil && row.Granted {
 			err = errors.New("a queueing client was granted the lease")
 		}
@@ -176,13 +178,13 @@ func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n in
 		}
 	}
 	return floorRun(ctx, pool, HandoffChannel, n, r.Token, func(payload string) (int, int64, bool) {
-		f := strings.Fields(payload) // "wkey token expiry_us"
-		if len(f) != 3 {
+		f := strings.Fields(payload) // "wkey wait_id token expiry_us"
+		if len(f) != 4 {
 			return 0, 0, false
 		}
 		wkey, err1 := strconv.ParseInt(f[0], 10, 64)
-		t, err2 := strconv.ParseInt(f[1], 10, 64)
-		return int((wkey - base) % floorRingSize), t, err1 == nil && err2 == nil && wkey > base
+		t, err2 := strconv.ParseInt(f[2], 10, 64)
+		return int(wkey - base), t, err1 == nil && err2 == nil && wkey >= base && wkey < base+floorRingSize
 	}, func(ctx context.Context, i int, token int64) error {
 		res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: holder(i), Token: token})
 		if err != nil {

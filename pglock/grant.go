@@ -16,8 +16,9 @@ import (
 
 // grant makes one attempt (statements chosen by kind, see attemptKind). It
 // returns either a lease, or a LockedError with how long to wait for the
-// holder's expiry (database clock, plus jitter).
-func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind, wkey int64) (*Lease, *LockedError, time.Duration, error) {
+// holder's expiry (database clock, plus jitter). w is the waiter of an
+// attemptWait (nil otherwise).
+func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind, w *waiter) (*Lease, *LockedError, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
 	insert := false // the next statement is InsertLock (attemptTry, no row yet)
@@ -38,7 +39,9 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 		)
 		if mark {
 			var r dbsqlc.QueueGrantRow
-			r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Wkey: wkey})
+			r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
+				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Wkey: w.wkey, WaitID: w.waitID,
+			})
 			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
 		} else if insert {
 			var r dbsqlc.InsertLockRow
@@ -123,18 +126,18 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 	}
 }
 
-// handed reads the lease a release handed to the waiter wkey (HandedLock,
-// a read). It returns nil, nil when nothing was handed or it already
-// expired. The local deadline counts what the database says is left from the
-// send time, which is never later than the lease's true end.
-func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wkey int64) (*Lease, error) {
+// handed reads the lease a release handed to the wait (wkey, waitID)
+// (HandedLock, a read). It returns nil, nil when nothing was handed or it
+// already expired. The local deadline counts what the database says is left
+// from the send time, which is never later than the lease's true end.
+func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wkey, waitID int64) (*Lease, error) {
 	var (
 		r    dbsqlc.HandedLockRow
 		sent time.Time
 	)
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now()
-		r, err = l.q.HandedLock(ctx, conn, wkey)
+		r, err = l.q.HandedLock(ctx, conn, wkey, waitID)
 		return err
 	})
 	switch {
@@ -153,30 +156,33 @@ func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wke
 }
 
 // leaveQueue takes the waiter wkey out of the queue of name, and releases a
-// lease a release handed to it meanwhile (which hands it on to the next
-// waiter). Best effort, with its own timeout: the caller's context may be over.
-func (l *Locker) leaveQueue(name string, wkey int64) {
+// lease a release handed to its wait (waitID) meanwhile, which hands it on
+// to the next waiter. Best effort,
+// with its own timeout: the caller's context may be over. ok reports that the
+// row of wkey is gone, so the key may serve another wait.
+func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	var token int64
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		token, err = l.q.LeaveQueue(ctx, conn, wkey)
+		token, err = l.q.LeaveQueue(ctx, conn, wkey, waitID)
 		return err
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return // never queued, or already cleaned up
+		return true // never queued, or already cleaned up
 	case err != nil:
 		// The row stays until its alive_until passes: a release may hand the
 		// lease to it until then, and the lease then ends at its expiry.
 		l.log.Warn("pglock: leaving the wait queue failed; a lease handed to this waiter ends at its expiry", "name", name, "err", err)
-		return
+		return false
 	case token == 0:
-		return
+		return true
 	}
 	if err := l.release(ctx, name, l.holder, token); err != nil && !errors.Is(err, ErrLeaseLost) {
 		l.log.Warn("pglock: giving back a lease handed to a waiter that left failed; it ends at its expiry", "name", name, "token", token, "err", err)
 	}
+	return true
 }
 
 // leaveTimeout bounds leaveQueue.

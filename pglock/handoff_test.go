@@ -159,8 +159,8 @@ func TestHandoffLeave(t *testing.T) {
 	}
 
 	// A lease handed to a waiter that leaves is given back and handed on.
-	const wkey = 4242
-	if _, locked, _, err := quitter.grant(ctx, name, time.Minute, attemptWait, wkey); err != nil || locked == nil {
+	w := &waiter{wkey: 4242, waitID: 77}
+	if _, locked, _, err := quitter.grant(ctx, name, time.Minute, attemptWait, w); err != nil || locked == nil {
 		t.Fatalf("queueing: %v %v", locked, err)
 	}
 	next := newLocker(t, pool, &Config{Holder: "next"})
@@ -173,7 +173,9 @@ func TestHandoffLeave(t *testing.T) {
 	if info, err := Inspect(ctx, pool, name); err != nil || info.Holder != "quitter" || info.Token != s.Token()+1 {
 		t.Fatalf("after the release: %+v %v, want the lease handed to quitter", info, err)
 	}
-	quitter.leaveQueue(name, wkey)
+	if !quitter.leaveQueue(name, w.wkey, w.waitID) {
+		t.Fatal("leaving the queue failed")
+	}
 	r := <-res
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -386,8 +388,8 @@ func TestHandoffCommitModes(t *testing.T) {
 }
 
 // The handoff notification carries the token and expiry; the waiter trusts
-// only a well-formed one addressed to its own key. A malformed one, or one for
-// another key, is no lease: the waiter reads the queue (nothing was handed),
+// only a well-formed one addressed to its own key and the id of its own
+// wait. A malformed one, or one for another wait, is no lease: the waiter reads the queue (nothing was handed),
 // keeps waiting, and gets the real handoff with the next token.
 func TestHandoffPayloadChecked(t *testing.T) {
 	t.Parallel()
@@ -400,20 +402,23 @@ func TestHandoffPayloadChecked(t *testing.T) {
 	queued := waitSignal(w)
 	res := acquireAsync(ctx, w, name, time.Minute)
 	<-queued
-	var wkey int64
-	if err := pool.QueryRow(ctx, "SELECT wkey FROM pgfence.lock_queue WHERE name = $1", name).Scan(&wkey); err != nil {
+	var wkey, wait int64
+	if err := pool.QueryRow(ctx, "SELECT wkey, wait_id FROM pgfence.lock_queue WHERE name = $1", name).Scan(&wkey, &wait); err != nil {
 		t.Fatal(err)
 	}
 	// Each one wakes the waiter (its poll interval is 30s: a new sleep within
 	// 10s comes from the notification); it looks, finds nothing handed and
 	// sleeps again, still queued.
 	for _, p := range []string{
-		fmt.Sprint(wkey),                   // no token nor expiry: read, nothing handed
-		fmt.Sprintf("%d x 1", wkey),        // token not a number
-		fmt.Sprintf("%d 0 1", wkey),        // token 0
-		fmt.Sprintf("%d -5 1", wkey),       // negative token
-		fmt.Sprintf("%d 99 1 extra", wkey), // four fields
-		fmt.Sprintf("%d 99 1e9", wkey),     // expiry not an integer
+		fmt.Sprint(wkey),                            // no wait id, token nor expiry: read, nothing handed
+		fmt.Sprintf("%d %d x 1", wkey, wait),        // token not a number
+		fmt.Sprintf("%d %d 0 1", wkey, wait),        // token 0
+		fmt.Sprintf("%d %d -5 1", wkey, wait),       // negative token
+		fmt.Sprintf("%d %d 99 1 extra", wkey, wait), // five fields
+		fmt.Sprintf("%d %d 99 1e9", wkey, wait),     // expiry not an integer
+		fmt.Sprintf("%d 99 1", wkey),                // no wait id (three fields)
+		fmt.Sprintf("%d %d 99 1", wkey, wait+1),     // another wait of the key
+		fmt.Sprintf("%d 0 99 1", wkey),              // wait id 0
 	} {
 		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, p); err != nil {
 			t.Fatal(err)
@@ -530,5 +535,172 @@ func TestListenerSharedPerPool(t *testing.T) {
 	shared.mu.Unlock()
 	if left {
 		t.Error("the pool's shared listener is still registered")
+	}
+}
+
+// queueRows returns wkey, ticket, granted_token (-1 for NULL) and wait_id of
+// every queue row of name, in ticket order.
+func queueRows(t testing.TB, db DBTX, name string) [][4]int64 {
+	t.Helper()
+	rows, err := db.Query(context.Background(),
+		"SELECT wkey, ticket, coalesce(granted_token, -1), wait_id FROM pgfence.lock_queue WHERE name = $1 ORDER BY ticket", name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([4]int64, error) {
+		var v [4]int64
+		err := r.Scan(&v[0], &v[1], &v[2], &v[3])
+		return v, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// A Locker's next wait of a name reuses the queue row of its last one (same
+// key; new ticket and wait id) instead of inserting another; the lease handed to the
+// earlier wait, still held, is never returned to the new one, which waits for
+// its own handoff with the next token.
+func TestQueueRowReused(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "queue-reuse"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	s := mustAcquire(t, owner, name, time.Minute)
+	a := newLocker(t, pool, &Config{Holder: "a", PollInterval: 30 * time.Second})
+	waiting := waitSignal(a)
+	res := acquireAsync(ctx, a, name, time.Minute)
+	<-waiting
+	first := queueRows(t, pool, name)
+	if len(first) != 1 || first[0][2] != -1 {
+		t.Fatalf("queue rows %v, want one waiting row", first)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil || r.lease.Token() != s.Token()+1 {
+		t.Fatalf("first wait: %v, %v; want token %d", r.lease, r.err, s.Token()+1)
+	}
+	held := r.lease
+	if rows := queueRows(t, pool, name); len(rows) != 1 || rows[0] != [4]int64{first[0][0], first[0][1], held.Token(), first[0][3]} {
+		t.Fatalf("after the handoff the queue rows are %v, want %v with granted_token %d", rows, first, held.Token())
+	}
+
+	// The same Locker waits again while it still holds the handed lease:
+	// its queue row is handed token held.Token(), but that is the earlier
+	// wait's lease.
+	res = acquireAsync(ctx, a, name, time.Minute)
+	<-waiting
+	second := queueRows(t, pool, name)
+	if len(second) != 1 || second[0][0] != first[0][0] || second[0][1] <= first[0][1] || second[0][2] != -1 || second[0][3] == first[0][3] {
+		t.Fatalf("second wait: queue rows %v, want the row of key %d again, waiting, with a ticket after %d and a new wait id",
+			second, first[0][0], first[0][1])
+	}
+	select {
+	case r := <-res:
+		t.Fatalf("the second wait returned (%v, %v) while the first wait's lease is held", r.lease, r.err)
+	default:
+	}
+	// A late notification of the first handoff is no lease for the second wait.
+	late := fmt.Sprintf("%d %d %d %d", first[0][0], first[0][3], held.Token(), held.ExpiresAt().UnixMicro())
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, late); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-waiting:
+	case r := <-res:
+		t.Fatalf("the late notification %q ended the second wait: %v, %v", late, r.lease, r.err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = <-res
+	if r.err != nil || r.lease.Token() != held.Token()+1 {
+		t.Fatalf("second wait: %v, %v; want token %d", r.lease, r.err, held.Token()+1)
+	}
+	if info := inspect(t, pool, name); info.Holder != "a" || info.Token != r.lease.Token() {
+		t.Fatalf("lock %+v, want a holding token %d", info, r.lease.Token())
+	}
+	if rows := queueRows(t, pool, name); len(rows) != 1 || rows[0][2] != r.lease.Token() {
+		t.Fatalf("queue rows %v, want the one row with granted_token %d", rows, r.lease.Token())
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Clients looping on one name keep one queue row each: each inserts its row
+// once and reuses it for every later wait (no row is deleted), and the name
+// never has more rows than clients.
+func TestQueueRowsBoundedByWaiters(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, 2*time.Minute)
+	const (
+		clients = 4
+		rounds  = 30
+		name    = "queue-bounded"
+	)
+	// Count the row inserts and deletes of pgfence.lock_queue (this test's
+	// own database).
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE public.queue_changes (op text PRIMARY KEY, n bigint NOT NULL);
+		INSERT INTO public.queue_changes VALUES ('INSERT', 0), ('DELETE', 0);
+		CREATE FUNCTION public.count_queue_change() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN UPDATE public.queue_changes SET n = n + 1 WHERE op = TG_OP; RETURN NULL; END $$;
+		CREATE TRIGGER count_changes AFTER INSERT OR DELETE ON pgfence.lock_queue
+		FOR EACH ROW EXECUTE FUNCTION public.count_queue_change()`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for c := range clients {
+		l := newLocker(t, pool, &Config{Holder: fmt.Sprintf("c%d", c)})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				s, err := l.Acquire(ctx, name, time.Minute)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := s.Release(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var rows, keys int
+	if err := pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT wkey) FROM pgfence.lock_queue WHERE name = $1", name).Scan(&rows, &keys); err != nil {
+		t.Fatal(err)
+	}
+	if rows > clients {
+		t.Errorf("%d queue rows (%d keys) after %d acquires by %d clients, want at most one per client", rows, keys, clients*rounds, clients)
+	}
+	if n := queueLen(t, pool, name); n != 0 {
+		t.Errorf("%d rows still waiting after every client finished", n)
+	}
+	var inserts, deletes, waited int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT n FROM public.queue_changes WHERE op = 'INSERT'),
+		(SELECT n FROM public.queue_changes WHERE op = 'DELETE'),
+		(SELECT token FROM pgfence.locks WHERE name = $1)`, name).Scan(&inserts, &deletes, &waited); err != nil {
+		t.Fatal(err)
+	}
+	if inserts > clients || deletes != 0 {
+		t.Errorf("%d queue rows inserted and %d deleted over %d grants by %d clients, want at most one insert per client and no delete",
+			inserts, deletes, waited, clients)
+	}
+	if inserts == 0 {
+		t.Errorf("no client ever waited in %d grants: the test did not contend", waited)
 	}
 }

@@ -42,23 +42,26 @@ type sharedListener struct {
 }
 
 type waiter struct {
-	wkey int64 // the key a release that hands the lease to this waiter notifies
-	sub  *notify.Subscription
-	hsub *notify.Subscription
-	ch   <-chan struct{} // a release freed the lock; buffered 1: never lost, never blocks
-	hch  <-chan struct{} // a release handed the lease to this waiter (or the connection came back)
+	wkey   int64 // the key a release that hands the lease to this waiter notifies
+	waitID int64 // random, non-zero, new for every wait: a notification must carry it too
+	sub    *notify.Subscription
+	hsub   *notify.Subscription
+	ch     <-chan struct{} // a release freed the lock; buffered 1: never lost, never blocks
+	hch    <-chan struct{} // a release handed the lease to this waiter (or the connection came back)
 }
 
 // handedPayload returns the token and expiry (database clock) that the
-// release which handed the lease to w announced ("wkey token expiry_us"),
-// or ok = false if no such notification arrived or it does not parse.
+// release which handed the lease to this wait of w announced ("wkey wait_id
+// token expiry_us"), or ok = false if no such notification arrived, it does
+// not parse, or it names another wait: a late notification for an earlier
+// wait that used the same key (whose lease is not this wait's).
 func (w *waiter) handedPayload() (token int64, expiresAt time.Time, ok bool) {
 	f := strings.Fields(w.hsub.Payload())
-	if len(f) != 3 || f[0] != strconv.FormatInt(w.wkey, 10) {
+	if len(f) != 4 || f[0] != strconv.FormatInt(w.wkey, 10) || f[1] != strconv.FormatInt(w.waitID, 10) {
 		return 0, time.Time{}, false
 	}
-	token, err1 := strconv.ParseInt(f[1], 10, 64)
-	us, err2 := strconv.ParseInt(f[2], 10, 64)
+	token, err1 := strconv.ParseInt(f[2], 10, 64)
+	us, err2 := strconv.ParseInt(f[3], 10, 64)
 	if err1 != nil || err2 != nil || token <= 0 {
 		return 0, time.Time{}, false
 	}
@@ -85,16 +88,22 @@ func newListener(l *Locker) *listener {
 	return &listener{l: l, n: sl.n, pool: l.pool}
 }
 
-// register adds a waiter for name, with a fresh random queue key, and starts
-// the connection on first use.
-func (ls *listener) register(name string) *waiter {
-	wkey := mrand.Int64()
+// register adds a waiter for name with the queue key wkey (0: a fresh random
+// one) and a fresh random wait id, and starts the connection on first use.
+func (ls *listener) register(name string, wkey int64) *waiter {
+	for wkey == 0 {
+		wkey = mrand.Int64()
+	}
+	waitID := int64(0)
+	for waitID == 0 {
+		waitID = mrand.Int64()
+	}
 	sub := ls.n.SubscribePayload(NotifyChannel, name)
 	hsub := ls.n.SubscribePayload(HandoffChannel, strconv.FormatInt(wkey, 10))
 	if !ls.l.isClosed() {
 		ls.n.Start()
 	}
-	return &waiter{wkey: wkey, sub: sub, hsub: hsub, ch: sub.C(), hch: hsub.C()}
+	return &waiter{wkey: wkey, waitID: waitID, sub: sub, hsub: hsub, ch: sub.C(), hch: hsub.C()}
 }
 
 func (ls *listener) unregister(w *waiter) {

@@ -37,6 +37,7 @@ type Locker struct {
 	hotMu sync.Mutex
 	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
 	nHot  atomic.Int64        // len(hot), read without hotMu
+	slots map[string][]int64  // per name, queue keys whose wait is over (see takeSlot); under hotMu
 
 	// waitHook, when set (tests), is called each time a waiter starts waiting.
 	waitHook func(name string)

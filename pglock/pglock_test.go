@@ -606,17 +606,22 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The release hands the lease to the queued waiter and notifies it alone,
-	// by its queue key, with the new token and expiry: "wkey token expiry_us".
+	// by its queue key and the id of its wait, with the new token and
+	// expiry: "wkey wait_id token expiry_us".
 	n, err = conn.WaitForNotification(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := strings.Fields(n.Payload)
-	if n.Channel != HandoffChannel || len(f) != 3 {
-		t.Fatalf("notification %q %q, want %s with \"wkey token expiry_us\"", n.Channel, n.Payload, HandoffChannel)
+	if n.Channel != HandoffChannel || len(f) != 4 {
+		t.Fatalf("notification %q %q, want %s with \"wkey wait_id token expiry_us\"", n.Channel, n.Payload, HandoffChannel)
 	}
 	if _, perr := strconv.ParseInt(f[0], 10, 64); perr != nil {
 		t.Errorf("payload %q: queue key %q is not an integer", n.Payload, f[0])
+	}
+	var wait string
+	if err := pool.QueryRow(ctx, "SELECT wait_id::text FROM pgfence.lock_queue WHERE wkey = $1", f[0]).Scan(&wait); err != nil || f[1] != wait {
+		t.Errorf("payload %q: wait id %q, the queue row has %q (%v)", n.Payload, f[1], wait, err)
 	}
 	r := <-res
 	if r.err != nil {
@@ -625,8 +630,8 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 	if r.lease.Token() != s.Token()+1 {
 		t.Errorf("handed lease token %d, want %d", r.lease.Token(), s.Token()+1)
 	}
-	if want := fmt.Sprintf("%d %d", r.lease.Token(), r.lease.ExpiresAt().UnixMicro()); f[1]+" "+f[2] != want {
-		t.Errorf("payload %q: token and expiry %q, the lease has %q", n.Payload, f[1]+" "+f[2], want)
+	if want := fmt.Sprintf("%d %d", r.lease.Token(), r.lease.ExpiresAt().UnixMicro()); f[2]+" "+f[3] != want {
+		t.Errorf("payload %q: token and expiry %q, the lease has %q", n.Payload, f[2]+" "+f[3], want)
 	}
 	var dbExp time.Time
 	if err := pool.QueryRow(ctx, "SELECT expires_at FROM pgfence.locks WHERE name = $1", name).Scan(&dbExp); err != nil || !dbExp.Equal(r.lease.ExpiresAt()) {

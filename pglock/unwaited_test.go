@@ -37,7 +37,8 @@ func TestReleaseUnwaitedLock(t *testing.T) {
 		{"expired", fpExpired, "other", 0, false},
 		{"free", fpFree, "other", 0, false},
 		{"queued waiter", fpQueued, "other", 0, false},
-		{"granted queue row", fpGrantedRow, "other", 0, false},
+		{"queue row of an ended wait", fpGrantedRow, "other", 0, true},
+		{"dead queue row of an ended wait", fpDeadEndedRow, "other", 0, false},
 		{"recent mark", fpMarked, "other", 0, false},
 		{"SQL-looking holder", fpHeld, "other' OR true --", 0, false},
 	} {

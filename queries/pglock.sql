@@ -45,14 +45,15 @@ RETURNING l.expires_at, now()::timestamptz AS db_now;
 -- waiter is queued for the name (pgfence.lock_queue), the lease is handed to
 -- the first one in the same statement (token + 1, expiry now() + its TTL,
 -- synchronous_commit on) and pgfence_lock_handoff is notified with its wkey,
--- the new token and the new expiry in microseconds since the Unix epoch
--- (payload "wkey token expiry_us");
+-- the wait_id of its wait, the new token and the new expiry in microseconds
+-- since the Unix epoch (payload "wkey wait_id token expiry_us");
 -- otherwise holder and expiry become NULL and, if a waiter marked the row in
 -- the last 100 seconds, pgfence_lock_released is notified with the name.
--- Rows of granted or dead waiters of the name are deleted. No row = the lease
--- was lost; nothing changed.
+-- Rows of dead waiters of the name (alive_until passed) are deleted; rows of
+-- ended waits stay for their Locker to reuse. No row = the lease was lost;
+-- nothing changed.
 WITH nxt AS (
-    SELECT q.ticket, q.wkey, q.holder, q.ttl_us
+    SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
     FROM pgfence.lock_queue AS q
     WHERE q.name = sqlc.arg(name)::text
       AND q.granted_token IS NULL
@@ -78,24 +79,25 @@ WITH nxt AS (
       AND l.holder = sqlc.arg(holder)::text
       AND l.token = sqlc.arg(token)::bigint
       AND l.expires_at > now()
-    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since, l.expires_at
+    RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
     UPDATE pgfence.lock_queue AS q
     SET granted_token = rel.token
     FROM rel
-    WHERE q.ticket = rel.ticket
+    WHERE q.wkey = rel.wkey
+      AND q.ticket = rel.ticket
     RETURNING q.ticket
 ), gc AS (
     DELETE FROM pgfence.lock_queue AS q
     USING rel
     WHERE q.name = rel.name
-      AND (q.granted_token IS NOT NULL OR q.alive_until <= now())
+      AND q.alive_until <= now()
     RETURNING q.ticket
 )
 SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
        ((CASE WHEN rel.ticket IS NOT NULL
                   THEN pg_notify('pgfence_lock_handoff',
-                                 rel.wkey::text || ' ' || rel.token::text || ' '
+                                 rel.wkey::text || ' ' || rel.wait_id::text || ' ' || rel.token::text || ' '
                                  || (extract(epoch FROM rel.expires_at) * 1000000)::bigint::text)::text
              WHEN rel.waiting_since > now() - interval '100 seconds'
                   THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
@@ -104,11 +106,14 @@ FROM rel;
 -- name: ReleaseUnwaitedLock :one
 -- ReleaseUnwaitedLock is ReleaseLock for a lock nobody waits for, in one
 -- plain UPDATE: it ends the lease held by (name, holder, token) only if no
--- waiter is queued for the name (no pgfence.lock_queue row at all) and no
+-- waiter is queued for the name (no pgfence.lock_queue row of the name still
+-- waiting, granted_token NULL, and none past its alive_until) and no
 -- waiter marked the lock row in the last 100 seconds. ReleaseLock would then
 -- hand nothing over, delete no queue row and notify nobody; the result is
 -- the same row (holder and expiry NULL, token kept), committed without
--- waiting for the flush like ReleaseLock's plain release. A waiter whose
+-- waiting for the flush like ReleaseLock's plain release. Rows of ended waits
+-- whose alive_until has passed also send the release to ReleaseLock, which
+-- deletes them. A waiter whose
 -- queue row or mark is not committed yet either conflicts on the lock row
 -- (its mark) or sees the release and tries again. No row = the lease was
 -- lost, or someone may be waiting: run ReleaseLock, which tells the two
@@ -123,23 +128,30 @@ WHERE l.name = sqlc.arg(name)::text
   AND l.token = sqlc.arg(token)::bigint
   AND l.expires_at > now()
   AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
-  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q WHERE q.name = sqlc.arg(name)::text)
+  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
+                  WHERE q.name = sqlc.arg(name)::text
+                    AND (q.granted_token IS NULL OR q.alive_until <= now()))
 RETURNING l.token;
 
 -- name: QueueGrant :one
 -- QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
--- lock exactly as GrantLock or InsertLock do and drops the waiter's queue row;
--- returns a lease a release handed to the waiter (wkey); or, the lock being
--- held by someone else, queues the waiter (or, once half its TTL is gone,
--- pushes its alive_until to now() + its TTL), marks the row for wake-up as WaitGrant does and returns granted
--- = false with the holder and its expiry. It commits with synchronous_commit
--- on when it granted, off otherwise. No row = the lock changed under the
--- statement: try again at once.
+-- lock exactly as GrantLock or InsertLock do and ends the waiter's wait
+-- (granted_token 0: no release serves the row again); returns a lease a
+-- release handed to this wait (wkey, wait_id); or, the lock being held by
+-- someone else, queues the wait (or, once half its TTL is gone, pushes its
+-- alive_until to now() + its TTL), marks the row for wake-up as WaitGrant
+-- does and returns granted = false with the holder and its expiry. A wait
+-- whose wait_id the row of wkey does not have yet (a new wait of the key)
+-- reuses that row, left by an ended wait, with a new ticket (an update in
+-- place); nothing handed to an earlier wait is returned. It commits with
+-- synchronous_commit on when it granted, off otherwise. No row = the lock
+-- changed under the statement: try again at once.
 WITH handed AS (
     SELECT l.token, l.expires_at
     FROM pgfence.lock_queue AS q
     JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
     WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND q.wait_id = sqlc.arg(wait_id)::bigint
       AND l.expires_at > now()
 ), upd AS (
     UPDATE pgfence.locks AS l
@@ -175,12 +187,25 @@ WITH handed AS (
       AND NOT EXISTS (SELECT 1 FROM handed)
     RETURNING l.holder, l.expires_at
 ), enq AS (
-    INSERT INTO pgfence.lock_queue AS q (wkey, name, holder, ttl_us, alive_until)
-    SELECT sqlc.arg(wkey)::bigint, sqlc.arg(name)::text, sqlc.arg(holder)::text, sqlc.arg(ttl_us)::bigint,
-           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    -- Unless this wait is queued already: a new wait, or this wait's row is
+    -- gone (deleted as dead) or was handed a lease that has ended since.
+    -- Queue with a new ticket, reusing the row of wkey if there is one.
+    INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, ttl_us, alive_until)
+    SELECT sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.arg(name)::text, sqlc.arg(holder)::text,
+           sqlc.arg(ttl_us)::bigint, now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
     FROM cur
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e WHERE e.wkey = sqlc.arg(wkey)::bigint)
-    ON CONFLICT (wkey) DO NOTHING
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
+                      WHERE e.wkey = sqlc.arg(wkey)::bigint
+                        AND e.wait_id = sqlc.arg(wait_id)::bigint
+                        AND e.granted_token IS NULL)
+    ON CONFLICT (wkey) DO UPDATE
+    SET ticket        = DEFAULT,
+        wait_id       = EXCLUDED.wait_id,
+        name          = EXCLUDED.name,
+        holder        = EXCLUDED.holder,
+        ttl_us        = EXCLUDED.ttl_us,
+        alive_until   = EXCLUDED.alive_until,
+        granted_token = NULL
     RETURNING q.ticket
 ), refresh AS (
     -- Only once half of the waiter's TTL is gone: a row locked by a refresh
@@ -189,13 +214,17 @@ WITH handed AS (
     SET alive_until = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
     FROM cur
     WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND q.wait_id = sqlc.arg(wait_id)::bigint
       AND q.name = sqlc.arg(name)::text
       AND q.granted_token IS NULL
       AND q.alive_until < now() + (sqlc.arg(ttl_us)::bigint / 2) * interval '1 microsecond'
     RETURNING q.ticket
-), drop_own AS (
-    DELETE FROM pgfence.lock_queue AS q
+), end_own AS (
+    -- Granted here: this wait is over, no release may serve its row.
+    UPDATE pgfence.lock_queue AS q
+    SET granted_token = 0
     WHERE q.wkey = sqlc.arg(wkey)::bigint
+      AND q.granted_token IS NULL
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
     RETURNING q.ticket
 ), dur AS (
@@ -221,23 +250,26 @@ FROM (
 ) AS r CROSS JOIN dur;
 
 -- name: HandedLock :one
--- HandedLock returns the lease a release handed to the waiter wkey, if it is
--- still held (token, expiry, database time). No row = nothing was handed (or
--- it already expired). Reads only.
+-- HandedLock returns the lease a release handed to the wait (wkey, wait_id),
+-- if it is still held (token, expiry, database time). No row = nothing was
+-- handed (or it already expired). Reads only.
 SELECT l.token, l.expires_at, now()::timestamptz AS db_now
 FROM pgfence.lock_queue AS q
 JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
 WHERE q.wkey = sqlc.arg(wkey)::bigint
+  AND q.wait_id = sqlc.arg(wait_id)::bigint
   AND l.expires_at > now();
 
 -- name: LeaveQueue :one
 -- LeaveQueue removes the waiter wkey from the queue and returns the token of
--- a lease a release handed to it meanwhile (0 if none): the caller releases
--- that lease. A concurrent release that picked this row finishes first (the
--- row is locked), so its handoff is seen here.
+-- a lease a release handed to its wait wait_id meanwhile (0 if none, or if
+-- the row holds another wait's grant): the caller releases that lease. A concurrent release that
+-- picked this row finishes first (the row is locked), so its handoff is seen
+-- here.
 DELETE FROM pgfence.lock_queue AS q
 WHERE q.wkey = sqlc.arg(wkey)::bigint
-RETURNING COALESCE(q.granted_token, 0)::bigint AS granted_token;
+RETURNING (CASE WHEN q.wait_id = sqlc.arg(wait_id)::bigint THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
+          AS granted_token;
 
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now

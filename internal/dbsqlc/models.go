@@ -128,11 +128,11 @@ type PgfenceLock struct {
 	WaitingSince *time.Time
 }
 
-// Waiters of held pglock leases, in arrival order (ticket). A release hands the lease to the first live waiter of its name. Never used to decide who holds a lock: pgfence.locks does.
+// Waiters of held pglock leases, in arrival order (ticket), one reusable row per waiter key. A release hands the lease to the first live waiter of its name. Never used to decide who holds a lock: pgfence.locks does.
 type PgfenceLockQueue struct {
-	// Arrival order: the lowest live ticket of a name is served first.
+	// Arrival order: the lowest live ticket of a name is served first. A new ticket for every wait of the row.
 	Ticket int64
-	// Random key the waiter listens for on channel pgfence_lock_handoff.
+	// Key the waiter listens for on channel pgfence_lock_handoff; random, reused by its Locker for the next wait.
 	Wkey int64
 	// Lock name waited for.
 	Name string
@@ -142,8 +142,10 @@ type PgfenceLockQueue struct {
 	TtlUs int64
 	// The waiter is skipped (and its row deleted) once this time passes: it refreshes it while it waits.
 	AliveUntil time.Time
-	// Token of the lease a release handed to this waiter; NULL while it waits.
+	// Token of the lease a release handed to this wait; NULL while it waits; 0 once the wait ended without one.
 	GrantedToken pgtype.Int8
+	// Random number of the current wait of the row, drawn by the waiter; sent with wkey in the handoff notification.
+	WaitID int64
 }
 
 type PgfenceLockStatus struct {

@@ -51,6 +51,7 @@ SELECT l.token, l.expires_at, now()::timestamptz AS db_now
 FROM pgfence.lock_queue AS q
 JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
 WHERE q.wkey = $1::bigint
+  AND q.wait_id = $2::bigint
   AND l.expires_at > now()
 `
 
@@ -60,11 +61,11 @@ type HandedLockRow struct {
 	DbNow     time.Time
 }
 
-// HandedLock returns the lease a release handed to the waiter wkey, if it is
-// still held (token, expiry, database time). No row = nothing was handed (or
-// it already expired). Reads only.
-func (q *Queries) HandedLock(ctx context.Context, db DBTX, wkey int64) (HandedLockRow, error) {
-	row := db.QueryRow(ctx, handedLock, wkey)
+// HandedLock returns the lease a release handed to the wait (wkey, wait_id),
+// if it is still held (token, expiry, database time). No row = nothing was
+// handed (or it already expired). Reads only.
+func (q *Queries) HandedLock(ctx context.Context, db DBTX, wkey int64, waitID int64) (HandedLockRow, error) {
+	row := db.QueryRow(ctx, handedLock, wkey, waitID)
 	var i HandedLockRow
 	err := row.Scan(&i.Token, &i.ExpiresAt, &i.DbNow)
 	return i, err
@@ -103,15 +104,17 @@ func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams)
 const leaveQueue = `-- name: LeaveQueue :one
 DELETE FROM pgfence.lock_queue AS q
 WHERE q.wkey = $1::bigint
-RETURNING COALESCE(q.granted_token, 0)::bigint AS granted_token
+RETURNING (CASE WHEN q.wait_id = $2::bigint THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
+          AS granted_token
 `
 
 // LeaveQueue removes the waiter wkey from the queue and returns the token of
-// a lease a release handed to it meanwhile (0 if none): the caller releases
-// that lease. A concurrent release that picked this row finishes first (the
-// row is locked), so its handoff is seen here.
-func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, wkey int64) (int64, error) {
-	row := db.QueryRow(ctx, leaveQueue, wkey)
+// a lease a release handed to its wait wait_id meanwhile (0 if none, or if
+// the row holds another wait's grant): the caller releases that lease. A concurrent release that
+// picked this row finishes first (the row is locked), so its handoff is seen
+// here.
+func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, wkey int64, waitID int64) (int64, error) {
+	row := db.QueryRow(ctx, leaveQueue, wkey, waitID)
 	var granted_token int64
 	err := row.Scan(&granted_token)
 	return granted_token, err
@@ -156,62 +159,80 @@ WITH handed AS (
     FROM pgfence.lock_queue AS q
     JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
     WHERE q.wkey = $1::bigint
+      AND q.wait_id = $2::bigint
       AND l.expires_at > now()
 ), upd AS (
     UPDATE pgfence.locks AS l
     SET token         = l.token + 1,
-        holder        = $2::text,
+        holder        = $3::text,
         acquired_at   = now(),
         renewed_at    = NULL,
-        expires_at    = now() + $3::bigint * interval '1 microsecond'
-    WHERE l.name = $4::text
+        expires_at    = now() + $4::bigint * interval '1 microsecond'
+    WHERE l.name = $5::text
       AND (l.holder IS NULL OR l.expires_at <= now())
     RETURNING l.token, l.expires_at
 ), ins AS (
     INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT $4::text, 1, $2::text, now(), NULL,
-           now() + $3::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $4::text)
+    SELECT $5::text, 1, $3::text, now(), NULL,
+           now() + $4::bigint * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $5::text)
     ON CONFLICT (name) DO NOTHING
     RETURNING l.token, l.expires_at
 ), cur AS (
     SELECT l.holder, l.expires_at, l.waiting_since
     FROM pgfence.locks AS l
-    WHERE l.name = $4::text
+    WHERE l.name = $5::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
       AND NOT EXISTS (SELECT 1 FROM handed)
 ), m AS (
     UPDATE pgfence.locks AS l
     SET waiting_since = now()
-    WHERE l.name = $4::text
+    WHERE l.name = $5::text
       AND l.holder IS NOT NULL
       AND l.expires_at > now()
       AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
       AND NOT EXISTS (SELECT 1 FROM handed)
     RETURNING l.holder, l.expires_at
 ), enq AS (
-    INSERT INTO pgfence.lock_queue AS q (wkey, name, holder, ttl_us, alive_until)
-    SELECT $1::bigint, $4::text, $2::text, $3::bigint,
-           now() + $3::bigint * interval '1 microsecond'
+    -- Unless this wait is queued already: a new wait, or this wait's row is
+    -- gone (deleted as dead) or was handed a lease that has ended since.
+    -- Queue with a new ticket, reusing the row of wkey if there is one.
+    INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, ttl_us, alive_until)
+    SELECT $1::bigint, $2::bigint, $5::text, $3::text,
+           $4::bigint, now() + $4::bigint * interval '1 microsecond'
     FROM cur
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e WHERE e.wkey = $1::bigint)
-    ON CONFLICT (wkey) DO NOTHING
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
+                      WHERE e.wkey = $1::bigint
+                        AND e.wait_id = $2::bigint
+                        AND e.granted_token IS NULL)
+    ON CONFLICT (wkey) DO UPDATE
+    SET ticket        = DEFAULT,
+        wait_id       = EXCLUDED.wait_id,
+        name          = EXCLUDED.name,
+        holder        = EXCLUDED.holder,
+        ttl_us        = EXCLUDED.ttl_us,
+        alive_until   = EXCLUDED.alive_until,
+        granted_token = NULL
     RETURNING q.ticket
 ), refresh AS (
     -- Only once half of the waiter's TTL is gone: a row locked by a refresh
     -- is skipped by a concurrent release.
     UPDATE pgfence.lock_queue AS q
-    SET alive_until = now() + $3::bigint * interval '1 microsecond'
+    SET alive_until = now() + $4::bigint * interval '1 microsecond'
     FROM cur
     WHERE q.wkey = $1::bigint
-      AND q.name = $4::text
+      AND q.wait_id = $2::bigint
+      AND q.name = $5::text
       AND q.granted_token IS NULL
-      AND q.alive_until < now() + ($3::bigint / 2) * interval '1 microsecond'
+      AND q.alive_until < now() + ($4::bigint / 2) * interval '1 microsecond'
     RETURNING q.ticket
-), drop_own AS (
-    DELETE FROM pgfence.lock_queue AS q
+), end_own AS (
+    -- Granted here: this wait is over, no release may serve its row.
+    UPDATE pgfence.lock_queue AS q
+    SET granted_token = 0
     WHERE q.wkey = $1::bigint
+      AND q.granted_token IS NULL
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
     RETURNING q.ticket
 ), dur AS (
@@ -239,6 +260,7 @@ FROM (
 
 type QueueGrantParams struct {
 	Wkey   int64
+	WaitID int64
 	Holder string
 	TtlUs  int64
 	Name   string
@@ -253,16 +275,21 @@ type QueueGrantRow struct {
 }
 
 // QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
-// lock exactly as GrantLock or InsertLock do and drops the waiter's queue row;
-// returns a lease a release handed to the waiter (wkey); or, the lock being
-// held by someone else, queues the waiter (or, once half its TTL is gone,
-// pushes its alive_until to now() + its TTL), marks the row for wake-up as WaitGrant does and returns granted
-// = false with the holder and its expiry. It commits with synchronous_commit
-// on when it granted, off otherwise. No row = the lock changed under the
-// statement: try again at once.
+// lock exactly as GrantLock or InsertLock do and ends the waiter's wait
+// (granted_token 0: no release serves the row again); returns a lease a
+// release handed to this wait (wkey, wait_id); or, the lock being held by
+// someone else, queues the wait (or, once half its TTL is gone, pushes its
+// alive_until to now() + its TTL), marks the row for wake-up as WaitGrant
+// does and returns granted = false with the holder and its expiry. A wait
+// whose wait_id the row of wkey does not have yet (a new wait of the key)
+// reuses that row, left by an ended wait, with a new ticket (an update in
+// place); nothing handed to an earlier wait is returned. It commits with
+// synchronous_commit on when it granted, off otherwise. No row = the lock
+// changed under the statement: try again at once.
 func (q *Queries) QueueGrant(ctx context.Context, db DBTX, arg QueueGrantParams) (QueueGrantRow, error) {
 	row := db.QueryRow(ctx, queueGrant,
 		arg.Wkey,
+		arg.WaitID,
 		arg.Holder,
 		arg.TtlUs,
 		arg.Name,
@@ -280,7 +307,7 @@ func (q *Queries) QueueGrant(ctx context.Context, db DBTX, arg QueueGrantParams)
 
 const releaseLock = `-- name: ReleaseLock :one
 WITH nxt AS (
-    SELECT q.ticket, q.wkey, q.holder, q.ttl_us
+    SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
     FROM pgfence.lock_queue AS q
     WHERE q.name = $1::text
       AND q.granted_token IS NULL
@@ -306,24 +333,25 @@ WITH nxt AS (
       AND l.holder = $2::text
       AND l.token = $3::bigint
       AND l.expires_at > now()
-    RETURNING n.ticket, n.wkey, l.token, l.name, l.waiting_since, l.expires_at
+    RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
     UPDATE pgfence.lock_queue AS q
     SET granted_token = rel.token
     FROM rel
-    WHERE q.ticket = rel.ticket
+    WHERE q.wkey = rel.wkey
+      AND q.ticket = rel.ticket
     RETURNING q.ticket
 ), gc AS (
     DELETE FROM pgfence.lock_queue AS q
     USING rel
     WHERE q.name = rel.name
-      AND (q.granted_token IS NOT NULL OR q.alive_until <= now())
+      AND q.alive_until <= now()
     RETURNING q.ticket
 )
 SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
        ((CASE WHEN rel.ticket IS NOT NULL
                   THEN pg_notify('pgfence_lock_handoff',
-                                 rel.wkey::text || ' ' || rel.token::text || ' '
+                                 rel.wkey::text || ' ' || rel.wait_id::text || ' ' || rel.token::text || ' '
                                  || (extract(epoch FROM rel.expires_at) * 1000000)::bigint::text)::text
              WHEN rel.waiting_since > now() - interval '100 seconds'
                   THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
@@ -345,12 +373,13 @@ type ReleaseLockRow struct {
 // waiter is queued for the name (pgfence.lock_queue), the lease is handed to
 // the first one in the same statement (token + 1, expiry now() + its TTL,
 // synchronous_commit on) and pgfence_lock_handoff is notified with its wkey,
-// the new token and the new expiry in microseconds since the Unix epoch
-// (payload "wkey token expiry_us");
+// the wait_id of its wait, the new token and the new expiry in microseconds
+// since the Unix epoch (payload "wkey wait_id token expiry_us");
 // otherwise holder and expiry become NULL and, if a waiter marked the row in
 // the last 100 seconds, pgfence_lock_released is notified with the name.
-// Rows of granted or dead waiters of the name are deleted. No row = the lease
-// was lost; nothing changed.
+// Rows of dead waiters of the name (alive_until passed) are deleted; rows of
+// ended waits stay for their Locker to reuse. No row = the lease was lost;
+// nothing changed.
 func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (ReleaseLockRow, error) {
 	row := db.QueryRow(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
 	var i ReleaseLockRow
@@ -369,7 +398,9 @@ WHERE l.name = $1::text
   AND l.token = $3::bigint
   AND l.expires_at > now()
   AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
-  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q WHERE q.name = $1::text)
+  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
+                  WHERE q.name = $1::text
+                    AND (q.granted_token IS NULL OR q.alive_until <= now()))
 RETURNING l.token
 `
 
@@ -381,11 +412,14 @@ type ReleaseUnwaitedLockParams struct {
 
 // ReleaseUnwaitedLock is ReleaseLock for a lock nobody waits for, in one
 // plain UPDATE: it ends the lease held by (name, holder, token) only if no
-// waiter is queued for the name (no pgfence.lock_queue row at all) and no
+// waiter is queued for the name (no pgfence.lock_queue row of the name still
+// waiting, granted_token NULL, and none past its alive_until) and no
 // waiter marked the lock row in the last 100 seconds. ReleaseLock would then
 // hand nothing over, delete no queue row and notify nobody; the result is
 // the same row (holder and expiry NULL, token kept), committed without
-// waiting for the flush like ReleaseLock's plain release. A waiter whose
+// waiting for the flush like ReleaseLock's plain release. Rows of ended waits
+// whose alive_until has passed also send the release to ReleaseLock, which
+// deletes them. A waiter whose
 // queue row or mark is not committed yet either conflicts on the lock row
 // (its mark) or sees the release and tries again. No row = the lease was
 // lost, or someone may be waiting: run ReleaseLock, which tells the two
