@@ -21,8 +21,9 @@
 -- and the old row versions are pruned from the heap page without VACUUM. The
 -- index on ticket goes (a handoff sorts the few rows of one name instead), the
 -- primary key moves to wkey. A row whose wait ended keeps a granted_token
--- (0 if nothing was handed to it) and is never served again until it is
--- re-queued; rows whose alive_until has passed are still deleted.
+-- (0 if nothing was handed to it), is never served again until it is
+-- re-queued, and is kept 10 seconds (its alive_until) for that; rows whose
+-- alive_until has passed are still deleted by the next release of the name.
 
 -- +goose Up
 SET LOCAL search_path = pg_catalog, pg_temp;

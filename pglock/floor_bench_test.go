@@ -295,9 +295,9 @@ func BenchmarkHotNameStatements(b *testing.B) {
 		b.Fatal(err)
 	}
 	token := r.Token
-	// Keys unique to this run: queue rows of earlier runs (other names) keep
-	// theirs until a release of their own name deletes them.
-	base := time.Now().UnixNano() % (1 << 40) << 16
+	// A key unique to this run, reused with a new wait id by every wait, as
+	// a Locker does.
+	wkey := time.Now().UnixNano() % (1 << 40) << 16
 	var spent [4]time.Duration
 	timed := func(k int, f func() error) {
 		t0 := time.Now()
@@ -309,7 +309,7 @@ func BenchmarkHotNameStatements(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		timed(0, func() error {
-			row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Name: name, Holder: "waiter", TtlUs: ttlUs, Wkey: base + int64(i)})
+			row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Name: name, Holder: "waiter", TtlUs: ttlUs, Wkey: wkey, WaitID: int64(i) + 1})
 			if err == nil && row.Granted {
 				err = errors.New("QueueGrant granted a held lock")
 			}

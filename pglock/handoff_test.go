@@ -588,6 +588,15 @@ func TestQueueRowReused(t *testing.T) {
 	if rows := queueRows(t, pool, name); len(rows) != 1 || rows[0] != [4]int64{first[0][0], first[0][1], held.Token(), first[0][3]} {
 		t.Fatalf("after the handoff the queue rows are %v, want %v with granted_token %d", rows, first, held.Token())
 	}
+	// The ended wait's row is kept 10 seconds for the next wait, then a
+	// release deletes it.
+	var keptFor time.Duration
+	if err := pool.QueryRow(ctx, "SELECT alive_until - now() FROM pgfence.lock_queue WHERE name = $1", name).Scan(&keptFor); err != nil {
+		t.Fatal(err)
+	}
+	if keptFor <= 0 || keptFor > 10*time.Second {
+		t.Fatalf("the ended wait's row is kept for %v more, want at most 10s", keptFor)
+	}
 
 	// The same Locker waits again while it still holds the handed lease:
 	// its queue row is handed token held.Token(), but that is the earlier

@@ -49,9 +49,9 @@ RETURNING l.expires_at, now()::timestamptz AS db_now;
 -- since the Unix epoch (payload "wkey wait_id token expiry_us");
 -- otherwise holder and expiry become NULL and, if a waiter marked the row in
 -- the last 100 seconds, pgfence_lock_released is notified with the name.
--- Rows of dead waiters of the name (alive_until passed) are deleted; rows of
--- ended waits stay for their Locker to reuse. No row = the lease was lost;
--- nothing changed.
+-- Rows of the name whose alive_until has passed are deleted: dead waiters,
+-- and ended waits (kept 10 seconds for their Locker's next wait). No row =
+-- the lease was lost; nothing changed.
 WITH nxt AS (
     SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
     FROM pgfence.lock_queue AS q
@@ -81,8 +81,13 @@ WITH nxt AS (
       AND l.expires_at > now()
     RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
+    -- The wait is over: the row stays for its Locker's next wait of the
+    -- name for 10 seconds, then the next release deletes it (gc). Only a
+    -- release of this lease (by the waiter) can run gc before it expires,
+    -- so the row is there for the waiter to read its lease.
     UPDATE pgfence.lock_queue AS q
-    SET granted_token = rel.token
+    SET granted_token = rel.token,
+        alive_until   = now() + interval '10 seconds'
     FROM rel
     WHERE q.wkey = rel.wkey
       AND q.ticket = rel.ticket
@@ -220,9 +225,11 @@ WITH handed AS (
       AND q.alive_until < now() + (sqlc.arg(ttl_us)::bigint / 2) * interval '1 microsecond'
     RETURNING q.ticket
 ), end_own AS (
-    -- Granted here: this wait is over, no release may serve its row.
+    -- Granted here: this wait is over, no release may serve its row; it
+    -- stays for the Locker's next wait for 10 seconds, as after a handoff.
     UPDATE pgfence.lock_queue AS q
-    SET granted_token = 0
+    SET granted_token = 0,
+        alive_until   = now() + interval '10 seconds'
     WHERE q.wkey = sqlc.arg(wkey)::bigint
       AND q.granted_token IS NULL
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
