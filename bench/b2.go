@@ -95,6 +95,14 @@ func (b *bench) b2Variant(poll bool, clients int, lat *latSeries, probe *lockPro
 			}
 			lockers[w] = l
 		}
+		// The LISTEN connection opens before the timed loop, as etcd's
+		// sessions and Redis's connections do: a service opens it once, at
+		// start-up (Locker.Listen), not per run.
+		for _, l := range lockers {
+			if err := l.Listen(ctx); err != nil {
+				return runResult{}, err
+			}
+		}
 		h := &handoff{epoch: time.Now()}
 		busy0, cpuOK := machineBusy()
 		pr := probe.start()

@@ -142,6 +142,39 @@ func ExampleLocker_TryAcquire() {
 	// Output: busy: held by billing-7f9c
 }
 
+// A worker opens its LISTEN connection at start-up, before it takes work, so
+// that its first wait on a busy lock is woken like every later one.
+func ExampleLocker_Listen() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "worker-3c1d"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	readyCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := locker.Listen(readyCtx); err != nil {
+		log.Fatal("not ready: ", err)
+	}
+	fmt.Println("listening")
+
+	lease, err := locker.Acquire(ctx, "ledger-export", time.Minute)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	fmt.Println("holding", lease.Name())
+	// Output:
+	// listening
+	// holding ledger-export
+}
+
 // A process that stopped without releasing (or whose acquisition had an
 // unknown outcome) finds its grant with Inspect and adopts it under the same
 // holder identity, with the same token.

@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"context"
 	mrand "math/rand/v2"
 	"strconv"
 	"strings"
@@ -135,3 +136,21 @@ func (ls *listener) stop() {
 }
 
 func (ls *listener) isUp() bool { return ls.n.Up() }
+
+// listen starts the connection and waits until it is LISTENing, ctx ends
+// or closed is closed.
+func (ls *listener) listen(ctx context.Context, closed <-chan struct{}) error {
+	sub := ls.n.Subscribe(NotifyChannel) // every (re)connection wakes it
+	defer sub.Close()
+	ls.n.Start()
+	for !ls.n.Up() {
+		select {
+		case <-ctx.Done():
+			return &DBError{Op: "listen", Err: context.Cause(ctx)}
+		case <-closed:
+			return ErrClosed
+		case <-sub.C():
+		}
+	}
+	return nil
+}

@@ -117,6 +117,28 @@ func (m metrics) Observe(ctx context.Context, name string, value float64, labels
 // Holder returns the identity stored in the rows of this Locker's leases.
 func (l *Locker) Holder() string { return l.holder }
 
+// Listen opens the LISTEN connection that wakes this Locker's waiters now,
+// instead of at the first Acquire that has to wait, and returns once it is
+// listening. The connection is the one the open Lockers of the pool share, so
+// one Listen serves them all. Waiting does not need it: without it, the first
+// waits of a process start the connection, and a lease handed to a waiter
+// before it is listening is noticed only when it is (every waiter is then
+// woken to look), which on a busy server can be a noticeable stall. Call it
+// at start-up, before taking traffic, where that matters; it also makes a
+// readiness check for the LISTEN path. When ctx ends first the error is a
+// [*DBError] matching ctx's error, and the connection keeps trying in the
+// background; a closed Locker returns [ErrClosed]; with Config.PollOnly
+// there is no connection and Listen returns nil at once.
+func (l *Locker) Listen(ctx context.Context) error {
+	if l.isClosed() {
+		return ErrClosed
+	}
+	if l.lis == nil {
+		return nil
+	}
+	return l.lis.listen(ctx, l.closedCh)
+}
+
 // Close stops the listener and every keep-alive, and ends the Context of each
 // live lease with cause [ErrClosed]. It does not release leases in the
 // database (Close does no SQL): release them first, or they stay held until

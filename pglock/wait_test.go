@@ -438,3 +438,52 @@ func handOver(t testing.TB, ctx context.Context, holding *Lease, waiter *Locker,
 	}
 	return r.lease
 }
+
+// Listen opens the pool's LISTEN connection before any wait and returns once
+// it listens: a release notified right after it is seen by a waiter at
+// once. With PollOnly there is no connection; a closed Locker refuses; a
+// context that ends first is reported as a *DBError matching it.
+func TestLockerListen(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+
+	poll := newLocker(t, pool, &Config{Holder: "poll", PollOnly: true})
+	if err := poll.Listen(ctx); err != nil {
+		t.Fatalf("PollOnly Listen: %v", err)
+	}
+	if n := listenBackends(t, pool); n != 0 {
+		t.Fatalf("%d LISTEN connections after a PollOnly Listen, want 0", n)
+	}
+
+	l := newLocker(t, pool, &Config{Holder: "l"})
+	if l.lis.isUp() {
+		t.Fatal("the LISTEN connection is up before any wait or Listen")
+	}
+	if err := l.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !l.lis.isUp() {
+		t.Fatal("Listen returned before the connection was up")
+	}
+	if n := listenBackends(t, pool); n != 1 {
+		t.Fatalf("%d LISTEN connections after Listen, want 1", n)
+	}
+	if err := l.Listen(ctx); err != nil { // already listening: at once
+		t.Fatal(err)
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	other := newLocker(t, pgtest.PoolFor(t, pgtest.DSN(t)), &Config{Holder: "other"})
+	if err := other.Listen(cancelled); !errors.Is(err, context.Canceled) || !errors.As(err, new(*DBError)) {
+		t.Fatalf("Listen with a cancelled context: %v, want a *DBError matching context.Canceled", err)
+	}
+
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Listen(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Listen on a closed Locker: %v, want ErrClosed", err)
+	}
+}
