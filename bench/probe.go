@@ -56,17 +56,19 @@ type probeRun struct {
 }
 
 type probeWorker struct {
-	grants int64
-	waits  []time.Duration
-	bypass []int64
-	gaps   []time.Duration
-	_      [64]byte // keep workers' counters off each other's cache lines
+	grants  int64
+	arrival time.Duration   // wait of the worker's first acquire of the run
+	waits   []time.Duration // waits of its later acquires
+	bypass  []int64
+	gaps    []time.Duration
+	_       [64]byte // keep workers' counters off each other's cache lines
 }
 
 // contentionSeries holds one value per timed repetition of each contention
 // metric.
 type contentionSeries struct {
-	waitP50, waitP99, waitMax []float64 // ms
+	waitP50, waitP99, waitMax []float64 // ms, every acquire but each client's first of the run
+	arrivalMax                []float64 // ms, the longest first acquire of a client in the run
 	fairness                  []float64 // Jain's index over per-client grants
 	bypassP99, bypassMax      []float64 // grants to others during one acquire
 	gapMean                   []float64 // mean ms between successive grants
@@ -109,13 +111,17 @@ func (p *lockProbe) finish(timed, ok bool) {
 		return
 	}
 	var (
-		waits  []time.Duration
-		bypass []int64
-		gaps   []time.Duration
-		counts = make([]float64, len(r.workers))
+		waits    []time.Duration
+		arrivals []time.Duration
+		bypass   []int64
+		gaps     []time.Duration
+		counts   = make([]float64, len(r.workers))
 	)
 	for i := range r.workers {
 		w := &r.workers[i]
+		if w.grants > 0 {
+			arrivals = append(arrivals, w.arrival)
+		}
 		waits = append(waits, w.waits...)
 		bypass = append(bypass, w.bypass...)
 		gaps = append(gaps, w.gaps...)
@@ -128,6 +134,7 @@ func (p *lockProbe) finish(timed, ok bool) {
 	c.waitP50 = append(c.waitP50, percentile(waits, 0.50))
 	c.waitP99 = append(c.waitP99, percentile(waits, 0.99))
 	c.waitMax = append(c.waitMax, percentile(waits, 1))
+	c.arrivalMax = append(c.arrivalMax, percentile(arrivals, 1))
 	c.fairness = append(c.fairness, jainIndex(counts))
 	slices.Sort(bypass)
 	c.bypassP99 = append(c.bypassP99, float64(bypass[int(0.99*float64(len(bypass)-1))]))
@@ -178,8 +185,14 @@ func (r *probeRun) granted(w, slot int, token int64, s acquireStart) {
 	now := time.Now()
 	n := r.seq.Add(1) // this grant's number in the run
 	pw := &r.workers[w]
+	if pw.grants == 0 {
+		// Every client arrives at once when the run starts: its first wait
+		// is the arrival, reported apart from the steady contention.
+		pw.arrival = now.Sub(s.at)
+	} else {
+		pw.waits = append(pw.waits, now.Sub(s.at))
+	}
 	pw.grants++
-	pw.waits = append(pw.waits, now.Sub(s.at))
 	pw.bypass = append(pw.bypass, n-1-s.seq)
 	at := int64(now.Sub(r.epoch))
 	if prev := r.lastGrant.Swap(at); prev != 0 {
@@ -234,6 +247,7 @@ func (b *bench) addContentionRows(scen, variant string, clients int, c *contenti
 		newRow(scen, variant, clients, "acquire wait p50 ms", c.waitP50),
 		newRow(scen, variant, clients, "acquire wait p99 ms", c.waitP99),
 		newRow(scen, variant, clients, "acquire wait max ms", c.waitMax),
+		newRow(scen, variant, clients, "first acquire wait max ms (all clients arriving together)", c.arrivalMax),
 		newRow(scen, variant, clients, "mean grant interval ms", c.gapMean),
 		perGap,
 		fair,

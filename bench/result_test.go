@@ -250,13 +250,15 @@ func TestLockProbeSafety(t *testing.T) {
 }
 
 // TestLockProbeContention replays a known grant order on a hot name and
-// checks the bypass counts and the fairness index.
+// checks the bypass counts, the fairness index, and that each client's first
+// acquire of the run (the arrival) is counted apart from the later waits.
 func TestLockProbeContention(t *testing.T) {
 	t.Parallel()
 	p := newLockProbe("B2 x", "v", 3, 1, true, true)
 	r := p.start()
-	s1 := r.begin() // client 1 starts waiting before any grant
-	s2 := r.begin() // so does client 2
+	s1 := r.begin()                 // client 1 starts waiting before any grant
+	s2 := r.begin()                 // so does client 2
+	s1.at = s1.at.Add(-time.Second) // and has been waiting a second
 	tok := int64(0)
 	grant := func(w int, s acquireStart) {
 		tok++
@@ -280,6 +282,17 @@ func TestLockProbeContention(t *testing.T) {
 	}
 	if !p.safety.OK() || p.safety.Grants != 5 {
 		t.Errorf("safety: %+v", p.safety)
+	}
+	// Client 1's one-second wait is its arrival: in the arrival row, not in
+	// the waits (client 0's second and third acquires, each at once).
+	if len(c.arrivalMax) != 1 || c.arrivalMax[0] < 1000 {
+		t.Errorf("first acquire wait max = %v ms, want ≥ 1000", c.arrivalMax)
+	}
+	if len(c.waitMax) != 1 || c.waitMax[0] >= 1000 {
+		t.Errorf("acquire wait max = %v ms, want client 0's later waits only (< 1000)", c.waitMax)
+	}
+	if n := len(r.workers[0].waits) + len(r.workers[1].waits) + len(r.workers[2].waits); n != 2 {
+		t.Errorf("%d waits recorded, want 2 (every acquire but the first of each client)", n)
 	}
 	// A warm-up (not timed) adds no contention figures.
 	r = p.start()
