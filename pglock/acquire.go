@@ -136,7 +136,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 	if l.lis != nil && l.isHot(name) {
 		// Waited for last time: queue at once (QueueGrant grants a free lock
 		// too), skipping the GrantLock that would most likely be refused.
-		w = l.lis.register(name, l.takeSlot(name))
+		w = l.lis.register(name)
 	}
 	for {
 		if l.isClosed() {
@@ -173,7 +173,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			// Register before the next attempt: a release that commits after
 			// that attempt is then seen by the listener (or, if the listener
 			// is not up yet, its (re)connection wakes every waiter).
-			w = l.lis.register(name, l.takeSlot(name))
+			w = l.lis.register(name)
 			continue
 		}
 		if p := l.cfg.PollInterval; p > 0 && p < wait {

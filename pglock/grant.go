@@ -157,9 +157,9 @@ func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wke
 
 // leaveQueue takes the waiter wkey out of the queue of name, and releases a
 // lease a release handed to its wait (waitID) meanwhile, which hands it on
-// to the next waiter. Best effort,
-// with its own timeout: the caller's context may be over. ok reports that the
-// row of wkey is gone, so the key may serve another wait.
+// to the next waiter. Best effort, with its own timeout: the caller's
+// context may be over. ok reports that the row of wkey is gone, so the key
+// may serve another wait.
 func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()

@@ -89,22 +89,31 @@ func newListener(l *Locker) *listener {
 	return &listener{l: l, n: sl.n, pool: l.pool}
 }
 
-// register adds a waiter for name with the queue key wkey (0: a fresh random
-// one) and a fresh random wait id, and starts the connection on first use.
-func (ls *listener) register(name string, wkey int64) *waiter {
-	for wkey == 0 {
-		wkey = mrand.Int64()
+// register adds a waiter for name, with the queue key of an ended wait of
+// name that its Locker kept (takeSlot) or else a fresh random one, and a
+// fresh random wait id, and starts the connection on first use.
+func (ls *listener) register(name string) *waiter {
+	wkey := ls.l.takeSlot(name)
+	if wkey == 0 {
+		wkey = randNonZero()
 	}
-	waitID := int64(0)
-	for waitID == 0 {
-		waitID = mrand.Int64()
-	}
+	waitID := randNonZero()
 	sub := ls.n.SubscribePayload(NotifyChannel, name)
 	hsub := ls.n.SubscribePayload(HandoffChannel, strconv.FormatInt(wkey, 10))
 	if !ls.l.isClosed() {
 		ls.n.Start()
 	}
 	return &waiter{wkey: wkey, waitID: waitID, sub: sub, hsub: hsub, ch: sub.C(), hch: hsub.C()}
+}
+
+// randNonZero returns a random positive int64 (0 means "none" for keys and
+// wait ids).
+func randNonZero() int64 {
+	for {
+		if v := mrand.Int64(); v != 0 {
+			return v
+		}
+	}
 }
 
 func (ls *listener) unregister(w *waiter) {
