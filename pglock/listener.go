@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	mrand "math/rand/v2"
 	"strconv"
 	"strings"
@@ -146,20 +147,12 @@ func (ls *listener) stop() {
 
 func (ls *listener) isUp() bool { return ls.n.Up() }
 
-// listen starts the connection and waits until it is LISTENing, ctx ends
-// or closed is closed.
+// listen starts the connection and waits until it is LISTENing, a
+// connection attempt fails, ctx ends or closed is closed.
 func (ls *listener) listen(ctx context.Context, closed <-chan struct{}) error {
-	sub := ls.n.Subscribe(NotifyChannel) // every (re)connection wakes it
-	defer sub.Close()
-	ls.n.Start()
-	for !ls.n.Up() {
-		select {
-		case <-ctx.Done():
-			return &DBError{Op: "listen", Err: context.Cause(ctx)}
-		case <-closed:
-			return ErrClosed
-		case <-sub.C():
-		}
+	err := ls.n.WaitUp(ctx, closed, ErrClosed)
+	if err == nil || errors.Is(err, ErrClosed) {
+		return err
 	}
-	return nil
+	return &DBError{Op: "listen", Err: err}
 }

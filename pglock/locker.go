@@ -125,10 +125,13 @@ func (l *Locker) Holder() string { return l.holder }
 // before it is listening is noticed only when it is (every waiter is then
 // woken to look), which on a busy server can be a noticeable stall. Call it
 // at start-up, before taking traffic, where that matters; it also makes a
-// readiness check for the LISTEN path. When ctx ends first the error is a
-// [*DBError] matching ctx's error, and the connection keeps trying in the
-// background; a closed Locker returns [ErrClosed]; with Config.PollOnly
-// there is no connection and Listen returns nil at once.
+// readiness check for the LISTEN path. If a connection attempt fails first
+// (server down, wrong database or password) the error is a [*DBError]
+// wrapping that attempt's error; if ctx ends first, a [*DBError] matching
+// ctx's error (and the latest failed attempt's, if any). Either way the
+// connection keeps trying in the background and Listen may be called again.
+// A closed Locker returns [ErrClosed]; with Config.PollOnly there is no
+// connection and Listen returns nil at once.
 func (l *Locker) Listen(ctx context.Context) error {
 	if l.isClosed() {
 		return ErrClosed

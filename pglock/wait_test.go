@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -485,5 +488,70 @@ func TestLockerListen(t *testing.T) {
 	}
 	if err := l.Listen(ctx); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Listen on a closed Locker: %v, want ErrClosed", err)
+	}
+}
+
+// Listen on a pool whose LISTEN connection cannot be made returns the
+// connection attempt's error, as a *DBError, without waiting for its
+// context to end: a readiness check at start-up says what is wrong.
+func TestLockerListenFailedConnection(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := testCtx(t, time.Minute)
+
+	// A database that does not exist: the server answers 3D000.
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Database = "pgfence_listen_no_such_db"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	l := newLocker(t, pool, &Config{Holder: "nodb"})
+	err = l.Listen(ctx)
+	var dbErr *DBError
+	var pgErr *pgconn.PgError
+	switch {
+	case !errors.As(err, &dbErr) || dbErr.Op != "listen":
+		t.Fatalf("Listen on a missing database: %v, want a *DBError of op listen", err)
+	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
+		t.Fatalf("Listen on a missing database returned only when its context ended: %v", err)
+	case !errors.As(err, &pgErr) || pgErr.Code != "3D000":
+		t.Fatalf("Listen on a missing database: %v, want the server's 3D000 inside", err)
+	}
+	if l.lis.isUp() {
+		t.Fatal("the LISTEN connection is up on a missing database")
+	}
+	// Called again, it waits for the next attempt, which fails the same way.
+	if err := l.Listen(ctx); !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		t.Fatalf("second Listen on a missing database: %v, want 3D000", err)
+	}
+
+	// Nothing listens on the port: the attempt is refused.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg2, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg2.ConnConfig.Host, cfg2.ConnConfig.Port = "127.0.0.1", uint16(port)
+	cfg2.ConnConfig.Fallbacks = nil
+	pool2, err := pgxpool.NewWithConfig(ctx, cfg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool2.Close)
+	l2 := newLocker(t, pool2, &Config{Holder: "noserver"})
+	if err := l2.Listen(ctx); !errors.As(err, &dbErr) || ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Listen with no server on the port: %v, want a *DBError matching ECONNREFUSED before the context ends", err)
 	}
 }

@@ -16,6 +16,7 @@ package notify
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"strings"
@@ -64,9 +65,14 @@ type Listener struct {
 	started  bool
 	stopped  bool
 	up       bool
-	connects int // successful connections so far (tests)
-	cancel   context.CancelFunc
-	done     chan struct{}
+	connects int   // successful connections so far (tests)
+	failures int   // connection attempts (and sessions) that failed so far
+	lastErr  error // the error of the latest failure
+	// changed is closed, and replaced, whenever the connection goes up or
+	// an attempt fails: WaitUp waits on it.
+	changed chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 type channelSubs struct {
@@ -101,6 +107,7 @@ func New(pool *pgxpool.Pool, cfg Config) *Listener {
 		downMsg:  cfg.DownMsg,
 		upMsg:    cfg.UpMsg,
 		subs:     make(map[string]*channelSubs, len(cfg.Channels)),
+		changed:  make(chan struct{}),
 	}
 	for _, c := range l.channels {
 		if c == "" {
@@ -161,6 +168,40 @@ func (l *Listener) Up() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.up
+}
+
+// WaitUp starts the connection if it is not started and waits until it is
+// LISTENing (nil), a connection attempt that had not failed when WaitUp was
+// called fails (its error; the Listener goes on retrying), done is closed
+// (errDone) or ctx ends (ctx's error, with the latest failure's joined to it
+// if there was one). A stopped Listener never comes up: WaitUp then waits
+// for done or ctx.
+func (l *Listener) WaitUp(ctx context.Context, done <-chan struct{}, errDone error) error {
+	l.Start()
+	l.mu.Lock()
+	f0 := l.failures
+	l.mu.Unlock()
+	for {
+		l.mu.Lock()
+		up, failures, lastErr, changed := l.up, l.failures, l.lastErr, l.changed
+		l.mu.Unlock()
+		switch {
+		case up:
+			return nil
+		case failures > f0:
+			return lastErr
+		}
+		select {
+		case <-ctx.Done():
+			if lastErr != nil {
+				return errors.Join(context.Cause(ctx), lastErr)
+			}
+			return context.Cause(ctx)
+		case <-done:
+			return errDone
+		case <-changed:
+		}
+	}
 }
 
 // Subscribe returns a subscription woken by every notification on channel,
@@ -274,6 +315,7 @@ func (l *Listener) setUp(up bool) {
 		return
 	}
 	l.connects++
+	l.signalChange()
 	for _, cs := range l.subs {
 		for s := range cs.any {
 			s.wake()
@@ -284,6 +326,21 @@ func (l *Listener) setUp(up bool) {
 			}
 		}
 	}
+}
+
+// failed records a failed connection attempt or a lost session.
+func (l *Listener) failed(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failures++
+	l.lastErr = err
+	l.signalChange()
+}
+
+// signalChange wakes WaitUp calls; l.mu is held.
+func (l *Listener) signalChange() {
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // run keeps the connection open until ctx ends (see the package
@@ -298,6 +355,7 @@ func (l *Listener) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		l.failed(err)
 		if !upAt.IsZero() && time.Since(upAt) >= maxBackoff {
 			backoff = minBackoff
 		}
