@@ -39,15 +39,19 @@ RETURNING l.token, pg_notify('pgfence_floor', $5::text || ' ' || l.token::text)`
 //   - ring: 8 clients pass the lease on in FIFO order, each handoff one
 //     single-row UPDATE of the lock row (floorHandoffSQL) plus a
 //     notification, the least a queue served in order can cost;
+//   - ringrequeue: the ring, with each client queueing again (QueueGrant,
+//     on a lock held by nobody in the ring) after it passed the lease on,
+//     as a waiter of a queue served in order must announce every wait: the
+//     least such a queue can cost, with the statement pglock queues with;
 //   - releaselock: the same ring through pglock's own statements: the
 //     holder's ReleaseLock hands the lease to the first queued waiter, and
 //     the holder queues again with QueueGrant.
 //
-// Each variant makes b.N grants, in three alternating rounds so all three
-// see the same machine. Reported: grants/s of each, and ring ÷ barging and
-// releaselock ÷ barging. A ring at or above barging says a FIFO handoff can
-// outrun polling on this server; releaselock below ring is the cost of
-// pglock's queue statements.
+// Each variant makes b.N grants, in three alternating rounds so all of them
+// see the same machine. Reported: grants/s of each, and each ÷ barging. A
+// ring at or above barging says a FIFO handoff can outrun polling on this
+// server; ringrequeue below ring is the cost of queueing every wait;
+// releaselock below ringrequeue is the rest of pglock's handoff statement.
 //
 // Every grant waits for a WAL flush, the largest part of each step, so run
 // it against a server with fsync on (the tests' own throwaway cluster runs
@@ -57,8 +61,8 @@ RETURNING l.token, pg_notify('pgfence_floor', $5::text || ' ' || l.token::text)`
 func BenchmarkHandoffFloor(b *testing.B) {
 	pool := benchPoolN(b, 2*floorRingSize+8)
 	ctx := benchCtx(b)
-	var spent [3]time.Duration
-	var grants [3]int
+	var spent [4]time.Duration
+	var grants [4]int
 	b.ResetTimer()
 	for round := range 3 {
 		n := b.N / 3
@@ -69,7 +73,7 @@ func BenchmarkHandoffFloor(b *testing.B) {
 			continue
 		}
 		for v, run := range []func(context.Context, *pgxpool.Pool, string, int) (time.Duration, error){
-			floorBarging, floorRing, floorReleaseLock,
+			floorBarging, floorRing, floorRingRequeue, floorReleaseLock,
 		} {
 			d, err := run(ctx, pool, fmt.Sprintf("floor-%d-%d", round, v), n)
 			if err != nil {
@@ -83,9 +87,11 @@ func BenchmarkHandoffFloor(b *testing.B) {
 	rate := func(v int) float64 { return float64(grants[v]) / spent[v].Seconds() }
 	b.ReportMetric(rate(0), "barging-grants/s")
 	b.ReportMetric(rate(1), "ring-grants/s")
-	b.ReportMetric(rate(2), "releaselock-grants/s")
+	b.ReportMetric(rate(2), "ringrequeue-grants/s")
+	b.ReportMetric(rate(3), "releaselock-grants/s")
 	b.ReportMetric(rate(1)/rate(0), "ring/barging")
-	b.ReportMetric(rate(2)/rate(0), "releaselock/barging")
+	b.ReportMetric(rate(2)/rate(0), "ringrequeue/barging")
+	b.ReportMetric(rate(3)/rate(0), "releaselock/barging")
 }
 
 // floorBarging times n grants of name on one connection, each after a
@@ -122,6 +128,27 @@ func floorBarging(ctx context.Context, pool *pgxpool.Pool, name string, n int) (
 // handed anything, so the integrity trigger admits each handoff as it
 // admits ReleaseLock's.
 func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
+	return floorRingWith(ctx, pool, name, n, false)
+}
+
+// floorRingRequeue is floorRing with every client queueing again after each
+// pass: a QueueGrant with a new wait id on name + "-requeue", a lock held by
+// a client outside the ring for the whole run, so that it queues (updates
+// its row in place, as a Locker's next wait does) and never grants.
+func floorRingRequeue(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
+	return floorRingWith(ctx, pool, name, n, true)
+}
+
+func floorRingWith(ctx context.Context, pool *pgxpool.Pool, name string, n int, requeue bool) (time.Duration, error) {
+	q := dbsqlc.New()
+	requeueName := name + "-requeue"
+	base := time.Now().UnixNano() % (1 << 40) << 8
+	var seq atomic.Int64
+	if requeue {
+		if _, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: requeueName, Holder: "outside", TtlUs: time.Hour.Microseconds()}); err != nil {
+			return 0, err
+		}
+	}
 	holder := func(i int) string { return "ring-" + strconv.Itoa(i) }
 	r, err := dbsqlc.New().InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
 	if err != nil {
@@ -129,7 +156,7 @@ func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (tim
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until)
 		SELECT $1::bigint + g, $2::text, 'ring-' || g, 60000000, now() + interval '1 hour'
-		FROM generate_series(0, $3::int - 1) AS g`, time.Now().UnixNano()%(1<<40)<<8, name, floorRingSize); err != nil {
+		FROM generate_series(0, $3::int - 1) AS g`, base, name, floorRingSize); err != nil {
 		return 0, err
 	}
 	return floorRun(ctx, pool, "pgfence_floor", n, r.Token, func(payload string) (int, int64, bool) {
@@ -144,7 +171,20 @@ func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (tim
 		next := (i + 1) % floorRingSize
 		var got int64
 		var sent string
-		return pool.QueryRow(ctx, floorHandoffSQL, holder(next), name, holder(i), token, strconv.Itoa(next)).Scan(&got, &sent)
+		err := pool.QueryRow(ctx, floorHandoffSQL, holder(next), name, holder(i), token, strconv.Itoa(next)).Scan(&got, &sent)
+		if err != nil || !requeue {
+			return err
+		}
+		// The client's requeue key: base + floorRingSize + i, next to the
+		// ring's rows (base + i).
+		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{
+			Wkey: base + floorRingSize + int64(i), WaitID: seq.Add(1), Holder: holder(i),
+			TtlUs: time.Minute.Microseconds(), Name: requeueName,
+		})
+		if err == nil && row.Granted {
+			err = errors.New("a requeueing ring client was granted the lock held outside the ring")
+		}
+		return err
 	})
 }
 
