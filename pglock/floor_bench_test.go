@@ -150,7 +150,7 @@ func floorRingWith(ctx context.Context, pool *pgxpool.Pool, name string, n int, 
 		}
 	}
 	holder := func(i int) string { return "ring-" + strconv.Itoa(i) }
-	r, err := dbsqlc.New().InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
+	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
 	if err != nil {
 		return 0, err
 	}

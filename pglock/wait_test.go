@@ -499,19 +499,25 @@ func TestLockerListenFailedConnection(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	ctx := testCtx(t, time.Minute)
 
+	// poolOf opens a pool on the test server's settings changed by edit.
+	poolOf := func(edit func(*pgconn.Config)) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		edit(&cfg.ConnConfig.Config)
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+
 	// A database that does not exist: the server answers 3D000.
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.Database = "pgfence_listen_no_such_db"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := poolOf(func(c *pgconn.Config) { c.Database = "pgfence_listen_no_such_db" })
 	l := newLocker(t, pool, &Config{Holder: "nodb"})
-	err = l.Listen(ctx)
+	err := l.Listen(ctx)
 	var dbErr *DBError
 	var pgErr *pgconn.PgError
 	switch {
@@ -539,17 +545,9 @@ func TestLockerListenFailedConnection(t *testing.T) {
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
-	cfg2, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg2.ConnConfig.Host, cfg2.ConnConfig.Port = "127.0.0.1", uint16(port)
-	cfg2.ConnConfig.Fallbacks = nil
-	pool2, err := pgxpool.NewWithConfig(ctx, cfg2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool2.Close)
+	pool2 := poolOf(func(c *pgconn.Config) {
+		c.Host, c.Port, c.Fallbacks = "127.0.0.1", uint16(port), nil
+	})
 	l2 := newLocker(t, pool2, &Config{Holder: "noserver"})
 	if err := l2.Listen(ctx); !errors.As(err, &dbErr) || ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("Listen with no server on the port: %v, want a *DBError matching ECONNREFUSED before the context ends", err)
