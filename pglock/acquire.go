@@ -229,18 +229,12 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 		case turnClosed:
 			return nil, ErrClosed
 		case turnHandoff:
-			// A release handed the lease to this waiter. Its notification
-			// carries the token and expiry; it is sent by the committed
-			// (durable) handoff and only after it. Local deadline: queuedAt +
-			// ttl. After a long wait that deadline is too short to be
-			// useful: read the lease instead (no write), as after a wake-up
-			// without payload (the connection came back). If it is not there
+			// A notification says a release handed the lease to this wait.
+			// It only wakes: any role that can read pgfence.lock_queue can
+			// send one with this wait's key and id, and a payload proves
+			// nothing. The lease is the one the database shows granted to
+			// this wait (HandedLock, a read, no commit); if it is not there
 			// (or already ended), the next attempt looks again.
-			if token, exp, ok := w.handedPayload(); ok && time.Since(queuedAt) < ttl/2 {
-				got = true
-				l.setHot(name, true)
-				return l.newLease(name, token, ttl, exp, queuedAt), nil
-			}
 			lease, err := l.handed(ctx, name, ttl, w.wkey, w.waitID)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err

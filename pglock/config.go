@@ -32,9 +32,11 @@ const NotifyChannel = "pgfence_lock_released"
 
 // HandoffChannel is the PostgreSQL NOTIFY channel on which a release that
 // handed its lease to the first waiter in the queue (pgfence.lock_queue)
-// announces that waiter's key, the ticket of its wait, the new token and the
-// new expiry in microseconds since the Unix epoch (payload "wkey ticket
-// token expiry_us"). The LISTEN connection listens on it too.
+// announces that waiter's key, the id of its wait, the new token and the new
+// expiry in microseconds since the Unix epoch (payload "wkey wait_id token
+// expiry_us"). The LISTEN connection listens on it too. A notification only
+// wakes the waiter: any role that can connect may send one, so the waiter
+// reads its grant in the database before it returns a lease.
 const HandoffChannel = "pgfence_lock_handoff"
 
 // DBTX is what the package needs from a database handle: *pgxpool.Pool,

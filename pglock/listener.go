@@ -5,9 +5,7 @@ import (
 	"errors"
 	mrand "math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -50,24 +48,6 @@ type waiter struct {
 	hsub   *notify.Subscription
 	ch     <-chan struct{} // a release freed the lock; buffered 1: never lost, never blocks
 	hch    <-chan struct{} // a release handed the lease to this waiter (or the connection came back)
-}
-
-// handedPayload returns the token and expiry (database clock) that the
-// release which handed the lease to this wait of w announced ("wkey wait_id
-// token expiry_us"), or ok = false if no such notification arrived, it does
-// not parse, or it names another wait: a late notification for an earlier
-// wait that used the same key (whose lease is not this wait's).
-func (w *waiter) handedPayload() (token int64, expiresAt time.Time, ok bool) {
-	f := strings.Fields(w.hsub.Payload())
-	if len(f) != 4 || f[0] != strconv.FormatInt(w.wkey, 10) || f[1] != strconv.FormatInt(w.waitID, 10) {
-		return 0, time.Time{}, false
-	}
-	token, err1 := strconv.ParseInt(f[2], 10, 64)
-	us, err2 := strconv.ParseInt(f[3], 10, 64)
-	if err1 != nil || err2 != nil || token <= 0 {
-		return 0, time.Time{}, false
-	}
-	return token, time.UnixMicro(us), true
 }
 
 // newListener returns l's handle on the LISTEN connection of its pool,
