@@ -21,7 +21,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,7 +87,6 @@ type Subscription struct {
 	payload string
 	any     bool
 	ch      chan struct{}
-	last    atomic.Pointer[string] // payload of the latest matching notification
 }
 
 // New returns a stopped Listener for pool. It panics if pool is nil or
@@ -214,8 +212,8 @@ func (l *Listener) Subscribe(channel string) *Subscription {
 // SubscribePayload is Subscribe limited to notifications on channel whose
 // payload equals payload (on a Config.KeyedChannels channel: whose payload up
 // to its first space equals payload); every (re)connection still wakes it.
-// The payload of the latest matching notification is kept (see
-// [Subscription.Payload]).
+// A wake-up carries no data: any role that may connect can NOTIFY, so a
+// subscriber reads what it needs from the database.
 func (l *Listener) SubscribePayload(channel, payload string) *Subscription {
 	return l.subscribe(channel, payload, false)
 }
@@ -264,15 +262,6 @@ func (s *Subscription) Close() {
 	}
 }
 
-// Payload returns the payload of the latest notification that woke the
-// subscription, or "" if only (re)connections did.
-func (s *Subscription) Payload() string {
-	if p := s.last.Load(); p != nil {
-		return *p
-	}
-	return ""
-}
-
 func (s *Subscription) wake() {
 	select {
 	case s.ch <- struct{}{}:
@@ -298,9 +287,7 @@ func (l *Listener) dispatch(channel, payload string) {
 		}
 	}
 	if set := cs.byPayload[key]; len(set) > 0 {
-		p := &payload
 		for s := range set {
-			s.last.Store(p)
 			s.wake()
 		}
 	}
