@@ -261,6 +261,10 @@ func TestLocksTableConstraintsAndComments(t *testing.T) {
 			[]any{strings.Repeat("h", 513)}},
 		{"empty name by update", "UPDATE pgfence.locks SET name = '' WHERE name = 'held'", "locks_name_length", nil},
 		{"negative token by update", "UPDATE pgfence.locks SET token = -5 WHERE name = 'held'", "locks_token_nonnegative", nil},
+		{"16 MiB of metadata", "UPDATE pgfence.locks SET metadata = pg_catalog.to_jsonb(pg_catalog.repeat('m', 16 << 20)) WHERE name = 'held'",
+			"locks_metadata_size", nil},
+		{"16 MiB job payload", "INSERT INTO pgfence.jobs(queue, payload) VALUES ('q', pg_catalog.to_jsonb(pg_catalog.repeat('p', 16 << 20)))",
+			"jobs_payload_size", nil},
 	}
 	for _, b := range bad {
 		_, err := conn.Exec(ctx, b.sql, b.args...)

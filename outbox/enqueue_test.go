@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
@@ -176,5 +177,66 @@ func TestEnqueueBadInput(t *testing.T) {
 	var stored string
 	if err := b.pool.QueryRow(b.ctx, "SELECT idempotency_key FROM pgfence.outbox WHERE id = $1", r.ID).Scan(&stored); err != nil || stored != key {
 		t.Fatalf("stored key %q, %v", stored, err)
+	}
+}
+
+// TestEnqueueKeysScopedByLock: an idempotency key is unique per lock. The
+// holder of another lock enqueueing a key first does not take it: each lock
+// records its own intent under the key (both delivered), and the same lock
+// with the same key is still one intent.
+func TestEnqueueKeysScopedByLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	squatter := b.grant(t, "other:lock")
+	honest := b.grant(t, "settle:store-7")
+	in := intent("settle:7:day1")
+	sq := in
+	sq.LockName = "other:lock"
+	sq.Payload = json.RawMessage(`{"amount":1}`)
+	first, err := outbox.Enqueue(b.ctx, b.pool, squatter.Token(), sq)
+	if err != nil || first.Duplicate {
+		t.Fatalf("squatter's enqueue: %+v, %v", first, err)
+	}
+	mine, err := outbox.Enqueue(b.ctx, b.pool, honest.Token(), in)
+	if err != nil || mine.Duplicate || mine.ID == first.ID || mine.LockName != "settle:store-7" || mine.Token != honest.Token() {
+		t.Fatalf("the lock's own enqueue after another lock took the key: %+v, %v; want a new intent of settle:store-7", mine, err)
+	}
+	again, err := outbox.Enqueue(b.ctx, b.pool, honest.Token(), in)
+	if err != nil || !again.Duplicate || again.ID != mine.ID {
+		t.Fatalf("same lock, same key again: %+v, %v; want a duplicate of %d", again, err, mine.ID)
+	}
+	var payload string
+	if err := b.pool.QueryRow(b.ctx, "SELECT payload::text FROM pgfence.outbox WHERE id = $1", mine.ID).Scan(&payload); err != nil || payload != `{"amount": 100}` {
+		t.Fatalf("the lock's intent holds %q (%v), want its own payload", payload, err)
+	}
+	if intents, jobs := b.counts(t); intents != 2 || jobs != 2 {
+		t.Fatalf("%d intents, %d jobs; want 2 and 2", intents, jobs)
+	}
+}
+
+// TestEnqueuePayloadServerLimit: the payload limit is the table's too (CHECK
+// outbox_payload_size): a payload within the client's check whose stored
+// text form is over it is refused with ErrInvalidPayload, and plain SQL
+// through pgfence.outbox_enqueue is refused by the server. Nothing recorded.
+func TestEnqueuePayloadServerLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := b.grant(t, "settle:store-7")
+	in := intent("settle:7:big")
+	in.Payload = json.RawMessage("[" + strings.Repeat("1,", outbox.MaxPayloadBytes/2-2) + "1]")
+	if len(in.Payload) > outbox.MaxPayloadBytes {
+		t.Fatalf("test payload is %d bytes", len(in.Payload))
+	}
+	if _, err := outbox.Enqueue(b.ctx, b.pool, l.Token(), in); !errors.Is(err, outbox.ErrInvalidPayload) {
+		t.Fatalf("payload over the server's limit: %v, want ErrInvalidPayload", err)
+	}
+	big := `"` + strings.Repeat("x", 16<<20) + `"`
+	_, err := b.pool.Exec(b.ctx, "SELECT * FROM pgfence.outbox_enqueue($1, $2, 'payments', 'k-big', $3::jsonb)", "settle:store-7", l.Token(), big)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "outbox_payload_size" {
+		t.Fatalf("16 MiB through plain SQL: %v, want a violation of outbox_payload_size", err)
+	}
+	if intents, jobs := b.counts(t); intents != 0 || jobs != 0 {
+		t.Fatalf("%d intents, %d jobs recorded; want none", intents, jobs)
 	}
 }

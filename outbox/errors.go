@@ -141,6 +141,9 @@ func translate(op, lock string, err error) error {
 	case fencedwrite.SQLStateInvalidToken:
 		return fmt.Errorf("%w: %w", ErrInvalidToken, fencedwrite.TranslateError(err))
 	}
+	if pgerr.PayloadTooLarge(err) {
+		return fmt.Errorf("%w: larger than the server's limit of %d bytes (text form): %w", ErrInvalidPayload, MaxPayloadBytes, err)
+	}
 	if op == "" {
 		op = "statement"
 	}

@@ -214,7 +214,7 @@ func translate(op string, err error) error {
 		kind = ErrUnknownColumn
 	case code == pgerr.SequenceGeneratorLimit:
 		kind = ErrTokenExhausted
-	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText:
+	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText || pgerr.PayloadTooLarge(err):
 		kind = ErrInvalidPayload
 	case pgerr.IsConnectionLost(err) || errors.Is(err, pgx.ErrTxClosed):
 		kind = ErrConnection

@@ -158,14 +158,14 @@ type EnqueueParams struct {
 	MaxAttempts int
 	// MaxPayloadBytes bounds len(Payload): a larger payload is refused with
 	// [ErrInvalidPayload] before any SQL runs. 0 means
-	// [DefaultMaxPayloadBytes]; a negative value means no limit (PostgreSQL's
-	// own jsonb limit of about 255 MB still applies, after the client has
-	// encoded the whole payload).
+	// [DefaultMaxPayloadBytes], which is also the table's own limit (CHECK
+	// jobs_payload_size, on the stored text form, refused with the same
+	// error): a value above it, or negative, is refused with [ErrInvalidJob].
 	MaxPayloadBytes int
 }
 
 // DefaultMaxPayloadBytes is the payload limit of [EnqueueParams] when
-// MaxPayloadBytes is 0: 1 MiB. Jobs carry references to large data (a file
+// MaxPayloadBytes is 0, and the most the table takes: 1 MiB. Jobs carry references to large data (a file
 // name, an object key), not the data.
 const DefaultMaxPayloadBytes = 1 << 20
 
@@ -174,10 +174,13 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 		return p, err
 	}
 	limit := p.MaxPayloadBytes
-	if limit == 0 {
+	switch {
+	case limit == 0:
 		limit = DefaultMaxPayloadBytes
+	case limit < 0 || limit > DefaultMaxPayloadBytes:
+		return p, fmt.Errorf("%w: MaxPayloadBytes %d is outside 1..%d (the table's limit)", ErrInvalidJob, limit, DefaultMaxPayloadBytes)
 	}
-	if limit > 0 && len(p.Payload) > limit {
+	if len(p.Payload) > limit {
 		return p, fmt.Errorf("%w: %d bytes (queue %q), the limit is %d (EnqueueParams.MaxPayloadBytes)",
 			ErrInvalidPayload, len(p.Payload), p.Queue, limit)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -266,18 +267,46 @@ func bigPayload(n int) json.RawMessage {
 	return b
 }
 
-// TestPayloadLimitCanBeLifted: a payload above the default limit is stored
-// when the caller lifts the limit.
-func TestPayloadLimitCanBeLifted(t *testing.T) {
+// TestPayloadServerLimit: the 1 MiB limit is the table's (CHECK
+// jobs_payload_size), not only the client's: a limit above it is refused
+// before any SQL, and a payload over it sent by any client, through this
+// package's statements or plain SQL, is refused by the server with the same
+// error. Nothing is stored.
+func TestPayloadServerLimit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	p := bigPayload(skiplocked.DefaultMaxPayloadBytes + 10)
-	job, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: -1})
-	if err != nil {
-		t.Fatal(err)
+	for _, limit := range []int{-1, skiplocked.DefaultMaxPayloadBytes + 1} {
+		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: limit}); !errors.Is(err, skiplocked.ErrInvalidJob) {
+			t.Fatalf("MaxPayloadBytes %d: err = %v, want ErrInvalidJob", limit, err)
+		}
 	}
-	if got, err := skiplocked.GetJob(ctx, pool, job.ID); err != nil || len(got.Payload) != len(p) {
-		t.Fatalf("GetJob = %d bytes, %v; want %d", len(got.Payload), err, len(p))
+	// Plain SQL, as another client would send it.
+	_, err := pool.Exec(ctx, "INSERT INTO pgfence.jobs (queue, payload) VALUES ('big', $1::jsonb)", string(p))
+	if code := pgerrCode(err); code != "23514" {
+		t.Fatalf("plain INSERT of %d bytes: %v, want SQLSTATE 23514", len(p), err)
 	}
+	// A payload within the client's limit whose stored text form is over the
+	// server's (jsonb prints ", " between elements): refused by the server,
+	// translated to ErrInvalidPayload.
+	arr := []byte("[" + strings.Repeat("1,", skiplocked.DefaultMaxPayloadBytes/2-2) + "1]")
+	if len(arr) > skiplocked.DefaultMaxPayloadBytes {
+		t.Fatalf("test payload is %d bytes", len(arr))
+	}
+	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: arr}); !errors.Is(err, skiplocked.ErrInvalidPayload) {
+		t.Fatalf("payload over the server's limit: err = %v, want ErrInvalidPayload", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.jobs WHERE queue = 'big'").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d jobs stored (%v), want 0", n, err)
+	}
+}
+
+func pgerrCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
 }

@@ -18,6 +18,7 @@ import (
 // SQLSTATE codes and classes pgfence reacts to (PostgreSQL Appendix A).
 const (
 	NumericValueOutOfRange    = "22003"
+	CheckViolation            = "23514"
 	InvalidParameterValue     = "22023"
 	InvalidTextRepresentation = "22P02"
 	InvalidJSONText           = "22032"
@@ -45,6 +46,30 @@ func Code(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// Constraint returns the name of the constraint the first *pgconn.PgError in
+// err's chain violated, or "".
+func Constraint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.ConstraintName
+	}
+	return ""
+}
+
+// PayloadTooLarge reports whether err is a violation of one of the size
+// limits pgfence's schema enforces on payloads (jobs_payload_size,
+// outbox_payload_size): the same error as the packages' own checks.
+func PayloadTooLarge(err error) bool {
+	if Code(err) != CheckViolation {
+		return false
+	}
+	switch Constraint(err) {
+	case "jobs_payload_size", "outbox_payload_size":
+		return true
+	}
+	return false
 }
 
 // SessionGone reports whether a SQLSTATE means the server ended the session:
