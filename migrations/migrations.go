@@ -102,6 +102,16 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 			err = uerr
 		}
 	}()
+	// A migrated database needs nothing: and CREATE SCHEMA IF NOT EXISTS
+	// needs CREATE on the database even when the schema exists, which a
+	// read-only role running status or version does not have.
+	var exists bool
+	if err := conn.QueryRowContext(ctx, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", VersionTable).Scan(&exists); err != nil {
+		return fmt.Errorf("migrations: look for %s: %w", VersionTable, err)
+	}
+	if exists {
+		return nil
+	}
 	if _, err := conn.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
 		return fmt.Errorf("migrations: create schema %s: %w", Schema, err)
 	}

@@ -205,7 +205,7 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		lockExpr = "t." + pgx.Identifier{lockCol}.Sanitize() + "::text"
 	}
 	q := fmt.Sprintf(`SELECT ARRAY[%s], %s, %s, l.token
-		FROM %s t LEFT JOIN pgfence.locks l ON l.name = %s
+		FROM %s t LEFT JOIN pgfence.lock_status l ON l.name = %s
 		ORDER BY %s LIMIT %d`,
 		strings.Join(keyExprs, ", "), fence, lockExpr,
 		ident.Sanitize(), lockExpr,

@@ -1,0 +1,90 @@
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DocRole creates, in the database of dsn, the role that a ```sql block of
+// docs/observability.md creates (the block holding "CREATE ROLE <role>"),
+// with exactly the grants that block gives, under a name unique to the test
+// (roles are shared by every database of the server). Lines granting the role to a user (GRANT <role> TO ...)
+// are left out. It returns the role's name and a DSN of dsn's database as
+// that role. The role is dropped when t ends. dsn must be a superuser's.
+// Tests use it so that the documented grants are the ones tested.
+func DocRole(t testing.TB, dsn, role string) (name, roleDSN string) {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	doc := filepath.Join(filepath.Dir(file), "..", "..", "docs", "observability.md")
+	b, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	var block string
+	for _, m := range regexp.MustCompile("(?s)```sql\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], "CREATE ROLE "+role+" ") {
+			block = m[1]
+		}
+	}
+	if block == "" {
+		t.Fatalf("pgtest: docs/observability.md has no sql block creating role %s", role)
+	}
+	name = fmt.Sprintf("%s_%d_%04d", role, time.Now().UnixNano()%1_000_000, rand.IntN(10000))
+	re := regexp.MustCompile(`\b` + regexp.QuoteMeta(role) + `\b`)
+	var stmts []string
+	for _, s := range strings.Split(block, ";") {
+		s = strings.TrimSpace(s)
+		if s == "" || regexp.MustCompile(`(?i)^GRANT\s+`+regexp.QuoteMeta(role)+`\s+TO\b`).MatchString(s) {
+			continue
+		}
+		s = re.ReplaceAllString(s, name)
+		s = regexp.MustCompile(`(?i)\bNOLOGIN\b`).ReplaceAllString(s, "LOGIN")
+		stmts = append(stmts, s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer admin.Close()
+	for _, s := range stmts {
+		if _, err := admin.Exec(ctx, s); err != nil {
+			t.Fatalf("pgtest: documented grant %q: %v", s, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Logf("pgtest: drop role %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		id := pgx.Identifier{name}.Sanitize()
+		for _, s := range []string{"DROP OWNED BY " + id, "DROP ROLE IF EXISTS " + id} {
+			if _, err := conn.Exec(ctx, s); err != nil {
+				t.Logf("pgtest: %s: %v", s, err)
+			}
+		}
+	})
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("pgtest: DocRole needs a URL DSN: %v", err)
+	}
+	u.User = url.User(name)
+	return name, u.String()
+}
