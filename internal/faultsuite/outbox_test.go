@@ -544,7 +544,7 @@ func TestOutboxFaults(t *testing.T) {
 			recorded[k] = lease.Token()
 		}
 		if b%3 == 2 {
-			again := fmt.Sprintf("settle:%d:0", b-1)
+			again := keys[0] // keys are unique per lock: a key this lock recorded
 			r, err := outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: again,
 				Payload: json.RawMessage(`{"again":true}`)})
 			if err != nil || !r.Duplicate {
