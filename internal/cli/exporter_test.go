@@ -235,6 +235,14 @@ func TestExporterFlagErrors(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("basic_auth_users:\n  u: plaintext\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	noUsers := filepath.Join(dir, "no-users.yml")
+	if err := os.WriteFile(noUsers, []byte("basic_auth_users: {}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	anyCert := filepath.Join(dir, "any-cert.yml")
+	if err := os.WriteFile(anyCert, []byte("tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: RequireAnyClientCert\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -247,6 +255,8 @@ func TestExporterFlagErrors(t *testing.T) {
 		{[]string{"--path", "metrics"}, "--path"},
 		{[]string{"--web-config-file", filepath.Join(dir, "absent.yml")}, "absent.yml"},
 		{[]string{"--web-config-file", bad}, "bcrypt"},
+		{[]string{"--web-config-file", noUsers}, "basic_auth_users lists no user"},
+		{[]string{"--web-config-file", anyCert}, "RequireAnyClientCert takes any client certificate"},
 	} {
 		// No database is needed: flags are checked first.
 		r := run(t, "postgres://nobody@127.0.0.1:1/none", append([]string{"exporter"}, tc.args...)...)

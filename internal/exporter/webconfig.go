@@ -25,7 +25,10 @@ import (
 // WebConfig is the part of the Prometheus exporters' web configuration file
 // (the format of --web.config.file) that pgfence supports: TLS and basic
 // auth. Any other key is an error, so a setting pgfence would ignore (say,
-// a cipher list) is never silently dropped. Example:
+// a cipher list) is never silently dropped, and so is a setting that would
+// not do what it says: a client_ca_file that the client_auth_type does not
+// verify against, a client_auth_type that takes unverified certificates, an
+// empty basic_auth_users. Example:
 //
 //	tls_server_config:
 //	  cert_file: exporter.crt        # relative to the file's directory
@@ -52,10 +55,12 @@ type TLSServerConfig struct {
 	KeyFile  string `yaml:"key_file"`
 	// ClientCAFile, if set, holds the CAs that sign client certificates.
 	ClientCAFile string `yaml:"client_ca_file"`
-	// ClientAuthType is one of Go's tls.ClientAuthType names:
-	// NoClientCert, RequestClientCert, RequireAnyClientCert,
-	// VerifyClientCertIfGiven, RequireAndVerifyClientCert. The default is
-	// RequireAndVerifyClientCert with ClientCAFile, else NoClientCert.
+	// ClientAuthType is NoClientCert (no ClientCAFile),
+	// VerifyClientCertIfGiven or RequireAndVerifyClientCert (both need
+	// ClientCAFile). The default is RequireAndVerifyClientCert with
+	// ClientCAFile, else NoClientCert. RequestClientCert and
+	// RequireAnyClientCert are refused: they take any certificate, a
+	// self-signed one too, and nothing checks it afterwards.
 	ClientAuthType string `yaml:"client_auth_type"`
 	// MinVersion is TLS12 (default) or TLS13.
 	MinVersion string `yaml:"min_version"`
@@ -79,13 +84,31 @@ func LoadWebConfig(path string) (*WebConfig, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("web config %s: only one YAML document is allowed", path)
 	}
-	if err := c.prepare(filepath.Dir(path)); err != nil {
+	// Whether the sections are present at all, even empty or null (which
+	// leaves them empty or nil): the keys were checked above.
+	var present struct {
+		TLS   yaml.Node `yaml:"tls_server_config"`
+		Users yaml.Node `yaml:"basic_auth_users"`
+	}
+	if err := yaml.Unmarshal(data, &present); err != nil {
+		return nil, fmt.Errorf("web config %s: %w", path, err)
+	}
+	if present.TLS.Kind != 0 && c.TLSServerConfig == nil {
+		c.TLSServerConfig = &TLSServerConfig{} // refused below: no cert_file, no key_file
+	}
+	if err := c.prepare(filepath.Dir(path), present.Users.Kind != 0); err != nil {
 		return nil, fmt.Errorf("web config %s: %w", path, err)
 	}
 	return &c, nil
 }
 
-func (c *WebConfig) prepare(dir string) error {
+func (c *WebConfig) prepare(dir string, usersGiven bool) error {
+	if usersGiven && len(c.BasicAuthUsers) == 0 {
+		// The exporters' toolkit serves without authentication then; a
+		// file that names basic auth and lists no one is a mistake.
+		return errors.New("basic_auth_users lists no user: the exporter would serve without authentication; " +
+			"list at least one user, or remove the key")
+	}
 	if len(c.BasicAuthUsers) > 0 {
 		c.users = map[string][]byte{}
 		maxCost := bcrypt.MinCost
@@ -156,17 +179,20 @@ func (c *WebConfig) prepare(dir string) error {
 		if t.ClientCAFile != "" {
 			return errors.New("tls_server_config: client_ca_file is set but client_auth_type is NoClientCert")
 		}
-	case "RequestClientCert":
-		cfg.ClientAuth = tls.RequestClientCert
-	case "RequireAnyClientCert":
-		cfg.ClientAuth = tls.RequireAnyClientCert
+	case "RequestClientCert", "RequireAnyClientCert":
+		// Go's TLS does not verify these against ClientCAs, and pgfence
+		// never looks at the certificate afterwards: a self-signed one
+		// would pass, so the setting would authenticate no one.
+		return fmt.Errorf("tls_server_config: client_auth_type %s takes any client certificate, self-signed too, "+
+			"without checking it against client_ca_file; use RequireAndVerifyClientCert (or VerifyClientCertIfGiven) "+
+			"with client_ca_file, or NoClientCert without it", auth)
 	case "VerifyClientCertIfGiven":
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven
 	case "RequireAndVerifyClientCert":
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	default:
-		return fmt.Errorf("tls_server_config: client_auth_type %q is not one of NoClientCert, RequestClientCert, "+
-			"RequireAnyClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert", auth)
+		return fmt.Errorf("tls_server_config: client_auth_type %q is not one of NoClientCert, "+
+			"VerifyClientCertIfGiven, RequireAndVerifyClientCert", auth)
 	}
 	if (cfg.ClientAuth == tls.VerifyClientCertIfGiven || cfg.ClientAuth == tls.RequireAndVerifyClientCert) && cfg.ClientCAs == nil {
 		return fmt.Errorf("tls_server_config: client_auth_type %s needs client_ca_file", auth)

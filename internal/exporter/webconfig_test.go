@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log"
 	"math/big"
@@ -282,20 +283,24 @@ func TestExportWebConfigRefused(t *testing.T) {
 	writeFile(t, dir, "ca.crt", ca.pem)
 	good := hash(t, "pw")
 	for name, tc := range map[string]struct{ yaml, want string }{
-		"unknown key":        {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites"},
-		"unknown section":    {"http_server_config:\n  http2: false\n", "http_server_config"},
-		"plain password":     {"basic_auth_users:\n  u: hunter2\n", "bcrypt"},
-		"colon in user":      {"basic_auth_users:\n  \"a:b\": " + good + "\n", "without ':'"},
-		"no key file":        {"tls_server_config:\n  cert_file: s.crt\n", "key_file"},
-		"missing cert":       {"tls_server_config:\n  cert_file: nope.crt\n  key_file: s.key\n", "nope.crt"},
-		"old TLS":            {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  min_version: TLS10\n", "TLS12 or TLS13"},
-		"bad client auth":    {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: Sometimes\n", "client_auth_type"},
-		"verify without CA":  {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: RequireAndVerifyClientCert\n", "needs client_ca_file"},
-		"CA without policy":  {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_ca_file: ca.crt\n  client_auth_type: NoClientCert\n", "NoClientCert"},
-		"CA file not PEM":    {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_ca_file: s.key\n", "no PEM certificate"},
-		"two documents":      {"basic_auth_users:\n  u: " + good + "\n---\nbasic_auth_users: {}\n", "one YAML document"},
-		"not YAML":           {"tls_server_config: [", "yaml"},
-		"wrong type of user": {"basic_auth_users: [a, b]\n", "yaml"},
+		"unknown key":         {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "cipher_suites"},
+		"unknown section":     {"http_server_config:\n  http2: false\n", "http_server_config"},
+		"plain password":      {"basic_auth_users:\n  u: hunter2\n", "bcrypt"},
+		"colon in user":       {"basic_auth_users:\n  \"a:b\": " + good + "\n", "without ':'"},
+		"no key file":         {"tls_server_config:\n  cert_file: s.crt\n", "key_file"},
+		"missing cert":        {"tls_server_config:\n  cert_file: nope.crt\n  key_file: s.key\n", "nope.crt"},
+		"old TLS":             {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  min_version: TLS10\n", "TLS12 or TLS13"},
+		"bad client auth":     {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: Sometimes\n", "client_auth_type"},
+		"verify without CA":   {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_auth_type: RequireAndVerifyClientCert\n", "needs client_ca_file"},
+		"CA without policy":   {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_ca_file: ca.crt\n  client_auth_type: NoClientCert\n", "NoClientCert"},
+		"CA file not PEM":     {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\n  client_ca_file: s.key\n", "no PEM certificate"},
+		"two documents":       {"basic_auth_users:\n  u: " + good + "\n---\nbasic_auth_users: {}\n", "one YAML document"},
+		"not YAML":            {"tls_server_config: [", "yaml"},
+		"wrong type of user":  {"basic_auth_users: [a, b]\n", "yaml"},
+		"no users":            {"basic_auth_users: {}\n", "basic_auth_users lists no user"},
+		"null users":          {"basic_auth_users:\n", "basic_auth_users lists no user"},
+		"null TLS section":    {"tls_server_config:\n", "cert_file and key_file are both required"},
+		"null users with TLS": {"tls_server_config:\n  cert_file: s.crt\n  key_file: s.key\nbasic_auth_users: ~\n", "basic_auth_users lists no user"},
 	} {
 		path := writeFile(t, dir, strings.ReplaceAll(name, " ", "_")+".yml", []byte(tc.yaml))
 		_, err := LoadWebConfig(path)
@@ -310,5 +315,130 @@ func TestExportWebConfigRefused(t *testing.T) {
 	c, err := LoadWebConfig(writeFile(t, dir, "empty.yml", nil))
 	if err != nil || c.TLS() != nil || c.HasBasicAuth() {
 		t.Fatalf("empty file: %v", err)
+	}
+}
+
+// selfSigned returns a client certificate that signs itself (no CA).
+func selfSigned(t *testing.T, cn string) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(99),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+// TestExportWebConfigClientAuthTypes runs every client_auth_type, with and
+// without client_ca_file, through real TLS handshakes with a certificate of
+// the client CA, a self-signed certificate and none. A configuration either
+// verifies client certificates against client_ca_file or asks for none: one
+// that would take an unverified certificate (RequestClientCert,
+// RequireAnyClientCert: pgfence never looks at the certificate afterwards) or
+// a client_ca_file it would not use is refused at start-up.
+func TestExportWebConfigClientAuthTypes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	serverCA, clientCA := newTestCA(t, "server CA"), newTestCA(t, "client CA")
+	crt, key := serverCA.issue(t, "exporter", x509.ExtKeyUsageServerAuth)
+	writeFile(t, dir, "server.crt", crt)
+	writeFile(t, dir, "server.key", key)
+	writeFile(t, dir, "clients.crt", clientCA.pem)
+	ccrt, ckey := clientCA.issue(t, "prometheus", x509.ExtKeyUsageClientAuth)
+	signed, err := tls.X509KeyPair(ccrt, ckey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := selfSigned(t, "prometheus")
+	roots := x509.NewCertPool()
+	roots.AddCert(serverCA.cert)
+
+	const ok, refused = http.StatusOK, 0 // refused: the handshake fails
+	type want struct{ signed, self, none int }
+	for _, tc := range []struct {
+		auth   string // "" leaves client_auth_type out
+		ca     bool
+		reject string // LoadWebConfig's error must mention it
+		want   want
+	}{
+		{auth: "", ca: false, want: want{ok, ok, ok}}, // no client certificate is asked for
+		{auth: "", ca: true, want: want{ok, refused, refused}},
+		{auth: "NoClientCert", ca: false, want: want{ok, ok, ok}},
+		{auth: "NoClientCert", ca: true, reject: "client_ca_file is set but client_auth_type is NoClientCert"},
+		{auth: "RequestClientCert", ca: false, reject: "RequestClientCert takes any client certificate"},
+		{auth: "RequestClientCert", ca: true, reject: "RequestClientCert takes any client certificate"},
+		{auth: "RequireAnyClientCert", ca: false, reject: "RequireAnyClientCert takes any client certificate"},
+		{auth: "RequireAnyClientCert", ca: true, reject: "RequireAnyClientCert takes any client certificate"},
+		{auth: "VerifyClientCertIfGiven", ca: false, reject: "VerifyClientCertIfGiven needs client_ca_file"},
+		{auth: "VerifyClientCertIfGiven", ca: true, want: want{ok, refused, ok}},
+		{auth: "RequireAndVerifyClientCert", ca: false, reject: "RequireAndVerifyClientCert needs client_ca_file"},
+		{auth: "RequireAndVerifyClientCert", ca: true, want: want{ok, refused, refused}},
+	} {
+		name := fmt.Sprintf("%s/ca=%v", tc.auth, tc.ca)
+		yml := "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+		if tc.ca {
+			yml += "  client_ca_file: clients.crt\n"
+		}
+		if tc.auth != "" {
+			yml += "  client_auth_type: " + tc.auth + "\n"
+		}
+		c, err := LoadWebConfig(writeFile(t, dir, fmt.Sprintf("web-%s-%v.yml", tc.auth, tc.ca), []byte(yml)))
+		if tc.reject != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.reject) {
+				t.Errorf("%s: err = %v, want it refused mentioning %q", name, err, tc.reject)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		srv := serveTLS(t, c.TLS(), okHandler)
+		for _, cl := range []struct {
+			what  string
+			certs []tls.Certificate
+			want  int
+		}{
+			{"CA-signed certificate", []tls.Certificate{signed}, tc.want.signed},
+			{"self-signed certificate", []tls.Certificate{self}, tc.want.self},
+			{"no certificate", nil, tc.want.none},
+		} {
+			ccfg := &tls.Config{RootCAs: roots}
+			if cl.certs != nil {
+				// Sent whatever CAs the server names as acceptable (with
+				// Certificates, Go's client would keep back a certificate of
+				// another issuer, and the server would never see it).
+				ccfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cl.certs[0], nil }
+			}
+			hc := &http.Client{Transport: &http.Transport{TLSClientConfig: ccfg}, Timeout: 30 * time.Second}
+			resp, err := hc.Get(srv.URL)
+			switch {
+			case cl.want == refused && err == nil:
+				resp.Body.Close()
+				t.Errorf("%s, %s: status %d, want the handshake refused", name, cl.what, resp.StatusCode)
+			case cl.want == refused && !strings.Contains(err.Error(), "tls: "):
+				t.Errorf("%s, %s: %v, want a TLS alert", name, cl.what, err)
+			case cl.want != refused && err != nil:
+				t.Errorf("%s, %s: %v, want %d", name, cl.what, err, cl.want)
+			case cl.want != refused:
+				resp.Body.Close()
+				if resp.StatusCode != cl.want {
+					t.Errorf("%s, %s: status %d, want %d", name, cl.what, resp.StatusCode, cl.want)
+				}
+			}
+		}
 	}
 }
