@@ -73,8 +73,9 @@ func (a *app) advisoryCommand() *cobra.Command {
 				if client == "" {
 					client = "local"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\t%s\t%s\t%s\t%s\n", r.Key, r.Mode, r.Granted, r.PID, r.User,
-					r.ApplicationName, client, r.State, r.BackendStart.UTC().Format(time.RFC3339))
+				// Role and application names are chosen by whoever connects.
+				fmt.Fprintf(tw, "%s\t%s\t%v\t%d\t%s\t%s\t%s\t%s\t%s\n", termSafe(r.Key), termSafe(r.Mode), r.Granted, r.PID,
+					termSafe(r.User), termSafe(r.ApplicationName), termSafe(client), termSafe(r.State), r.BackendStart.UTC().Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},

@@ -93,7 +93,11 @@ FORGED.`,
 				}
 			} else {
 				tw := tabwriter.NewWriter(a.env.Stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintf(tw, "%s\tFENCE\tLOCK\tLOCK TOKEN\tSTATUS\n", strings.ToUpper(strings.Join(keys, ",")))
+				header := make([]string, len(keys))
+				for i, k := range keys {
+					header[i] = termSafe(strings.ToUpper(k)) // column names: any characters
+				}
+				fmt.Fprintf(tw, "%s\tFENCE\tLOCK\tLOCK TOKEN\tSTATUS\n", strings.Join(header, ","))
 				for _, r := range rows {
 					tok := "-"
 					if r.LockToken != nil {

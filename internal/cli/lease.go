@@ -60,7 +60,7 @@ func (a *app) takeLease(ctx context.Context, f *leaseFlags, keepAlive bool) (*pg
 		var le *pglock.LockedError
 		switch {
 		case errors.As(err, &le):
-			return nil, nil, nil, withCode(ExitLockBusy, fmt.Errorf("lock %q is busy: held by %s until %s", le.Name, le.Holder, le.ExpiresAt.UTC().Format(time.RFC3339)))
+			return nil, nil, nil, withCode(ExitLockBusy, fmt.Errorf("lock %s is busy: held by %s until %s", termSafe(le.Name), termSafe(le.Holder), le.ExpiresAt.UTC().Format(time.RFC3339)))
 		case errors.Is(err, pglock.ErrInvalidName), errors.Is(err, pglock.ErrInvalidTTL), errors.Is(err, pglock.ErrInvalidHolder):
 			return nil, nil, nil, withCode(ExitUsage, err)
 		}
@@ -260,34 +260,12 @@ func (a *app) releaseCommand() *cobra.Command {
 			if err := locker.ReleaseToken(cmd.Context(), f.lock, f.holder, f.token); err != nil {
 				return leaseErr(err)
 			}
-			fmt.Fprintf(a.env.Stdout, "released %s (token %d)\n", f.lock, f.token)
+			fmt.Fprintf(a.env.Stdout, "released %s (token %d)\n", termSafe(f.lock), f.token)
 			return nil
 		},
 	}
 	f.register(cmd)
 	return cmd
-}
-
-func shellQuote(s string) string {
-	safe := s != ""
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == '/' || r == ':') {
-			safe = false
-			break
-		}
-	}
-	if safe {
-		return s
-	}
-	out := "'"
-	for _, r := range s {
-		if r == '\'' {
-			out += `'\''`
-		} else {
-			out += string(r)
-		}
-	}
-	return out + "'"
 }
 
 // lockedWriter serialises writes to w on mu.

@@ -1,18 +1,12 @@
 package cli
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
@@ -172,83 +166,9 @@ func expiresIn(v lockView) string {
 	return d.Round(100 * time.Millisecond).String()
 }
 
-// termSafe returns s for printing in a table or text output: unchanged when
-// it is valid UTF-8 made of printable characters and spaces, otherwise
-// quoted as a Go string literal (strconv.Quote: "\x1b[2J", "a\nb",
-// "\u202e", "\xff"). Lock names, holders and metadata come from the
-// database, where anyone who can take a lock can write them; printed raw, an
-// escape sequence could clear the screen or retitle the terminal, a newline
-// or tab could forge rows and columns, a bidirectional override could
-// reorder what is shown. A value that begins with a double quote is quoted
-// too, so a printed value is never ambiguous. --json output is escaped by
-// the JSON encoder instead, and carries the exact value.
-func termSafe(s string) string {
-	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) {
-		return strconv.Quote(s)
-	}
-	for _, r := range s {
-		if r != ' ' && !strconv.IsPrint(r) {
-			return strconv.Quote(s)
-		}
-	}
-	return s
-}
-
-// termSafeOr is [termSafe] of *s, or def when s is nil.
-func termSafeOr(s *string, def string) string {
-	if s == nil {
-		return def
-	}
-	return termSafe(*s)
-}
-
 func timeOr(t *time.Time) string {
 	if t == nil {
 		return "-"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05Z")
-}
-
-// writeJSON prints v as indented JSON. Characters a terminal may act on that
-// encoding/json leaves raw (DEL, C1 controls, format characters such as
-// bidirectional overrides) are written as \u escapes: they can only occur
-// inside JSON strings, where the escape stands for the same character, so the
-// values decode exactly as stored.
-func writeJSON(w io.Writer, v any) error {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return err
-	}
-	_, err := w.Write(escapeJSONControls(buf.Bytes()))
-	return err
-}
-
-// escapeJSONControls rewrites the DEL, C1 control and format characters of
-// JSON text produced by encoding/json (valid UTF-8, C0 controls already
-// escaped) as \u escapes.
-func escapeJSONControls(b []byte) []byte {
-	var out []byte
-	for i := 0; i < len(b); {
-		r, size := utf8.DecodeRune(b[i:])
-		if r != utf8.RuneError && r != '\n' && (unicode.IsControl(r) || unicode.Is(unicode.Cf, r)) {
-			if out == nil {
-				out = append(make([]byte, 0, len(b)+16), b[:i]...)
-			}
-			if r > 0xFFFF {
-				r1, r2 := utf16.EncodeRune(r)
-				out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
-			} else {
-				out = fmt.Appendf(out, `\u%04x`, r)
-			}
-		} else if out != nil {
-			out = append(out, b[i:i+size]...)
-		}
-		i += size
-	}
-	if out == nil {
-		return b
-	}
-	return out
 }

@@ -91,7 +91,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	} else if isUsage(err) {
 		code = ExitUsage
 	}
-	fmt.Fprintf(env.Stderr, "pgfence: %v\n", err)
+	fmt.Fprintf(env.Stderr, "pgfence: %s\n", termLine(err.Error())) // errors may carry database strings
 	return code
 }
 

@@ -248,7 +248,7 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		a.releaseLease(ctx, lease, notes)
 		return err
 	}
-	fmt.Fprintf(notes, "pgfence: lock %q held, token %d; started %s (pid %d)\n", lease.Name(), lease.Token(), args[0], tree.pid())
+	notef(notes, "pgfence: lock %q held, token %d; started %s (pid %d)", lease.Name(), lease.Token(), args[0], tree.pid())
 	var (
 		lost        bool
 		got         os.Signal
@@ -263,15 +263,15 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		case <-leaseDone:
 			leaseDone = nil
 			lost = true
-			fmt.Fprintf(notes, "pgfence: lease on %q lost (%v); stopping %s and every process it started (SIGTERM, SIGKILL after %v)\n", lease.Name(), lease.Err(), args[0], grace)
+			notef(notes, "pgfence: lease on %q lost (%v); stopping %s and every process it started (SIGTERM, SIGKILL after %v)", lease.Name(), lease.Err(), args[0], grace)
 			tree.stop()
 		case s := <-sigs:
 			if got == nil {
 				got = s
-				fmt.Fprintf(notes, "pgfence: got %v; stopping %s and every process it started (SIGTERM, SIGKILL after %v)\n", s, args[0], grace)
+				notef(notes, "pgfence: got %v; stopping %s and every process it started (SIGTERM, SIGKILL after %v)", s, args[0], grace)
 				tree.stop()
 			} else {
-				fmt.Fprintf(notes, "pgfence: got %v again; sending SIGKILL to %s and every process it started\n", s, args[0])
+				notef(notes, "pgfence: got %v again; sending SIGKILL to %s and every process it started", s, args[0])
 				tree.kill()
 			}
 		case s := <-jc:
@@ -297,12 +297,12 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 	if !lost && lease.Err() != nil {
 		// Lost while the command ended: it may have run without the lease.
 		lost = true
-		fmt.Fprintf(notes, "pgfence: lease on %q lost (%v) as %s ended\n", lease.Name(), lease.Err(), args[0])
+		notef(notes, "pgfence: lease on %q lost (%v) as %s ended", lease.Name(), lease.Err(), args[0])
 	}
 	if !res.gone {
 		// Fail closed: the lease is not handed on while something may still
 		// run under it; it expires on the database clock instead.
-		fmt.Fprintf(notes, "pgfence: not releasing %q: processes of %s may still run (%v); the lease expires at %s (database clock)\n",
+		notef(notes, "pgfence: not releasing %q: processes of %s may still run (%v); the lease expires at %s (database clock)",
 			lease.Name(), args[0], res.err, lease.ExpiresAt().UTC().Format(time.RFC3339))
 	} else if !lost {
 		if rerr := a.releaseLease(ctx, lease, notes); errors.Is(rerr, pglock.ErrLeaseLost) {
@@ -329,7 +329,7 @@ func (a *app) releaseLease(ctx context.Context, lease *pglock.Lease, notes io.Wr
 	defer cancel()
 	err := lease.Release(rctx)
 	if err != nil {
-		fmt.Fprintf(notes, "pgfence: release %q: %v\n", lease.Name(), err)
+		notef(notes, "pgfence: release %q: %v", lease.Name(), err)
 	}
 	return err
 }

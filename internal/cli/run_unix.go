@@ -92,7 +92,7 @@ func (t *groupTree) supervise() {
 				return
 			}
 			if !stopping {
-				fmt.Fprintf(t.spec.notes, "pgfence: %s ended but processes of its group still run; stopping them\n", t.spec.args[0])
+				notef(t.spec.notes, "pgfence: %s ended but processes of its group still run; stopping them", t.spec.args[0])
 				toStop()
 			}
 		}
