@@ -170,6 +170,17 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 	if regclass == nil {
 		return nil, withCode(ExitNotFound, fmt.Errorf("no table %s", ident.Sanitize()))
 	}
+	// Row-level security policies are the table owner's code, run as the
+	// reader; a superuser bypasses them.
+	var rls bool
+	if err := pool.QueryRow(ctx, `SELECT c.relrowsecurity AND c.relowner OPERATOR(pg_catalog.<>) r.oid AND NOT r.rolsuper
+		FROM pg_catalog.pg_class c, pg_catalog.pg_roles r
+		WHERE c.oid OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, *regclass).Scan(&rls); err != nil {
+		return nil, err
+	}
+	if rls {
+		return nil, fmt.Errorf("table %s has row-level security: not read, its policies are code of the table's owner (run this as the owner or a superuser)", ident.Sanitize())
+	}
 	cols := append([]string{fenceCol}, keys...)
 	if lockCol != "" {
 		cols = append(cols, lockCol)
@@ -181,14 +192,28 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		if err := checkIdent(c); err != nil {
 			return nil, err
 		}
-		var typ string
-		err := pool.QueryRow(ctx, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-			WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped`, *regclass, c).Scan(&typ)
+		// builtin: a type of pg_catalog, not a domain, so that printing the
+		// column (::text) runs no code the table's owner defined; textual: a
+		// lock name read as text without a cast function.
+		var (
+			typ              string
+			builtin, textual bool
+		)
+		err := pool.QueryRow(ctx, `SELECT pg_catalog.format_type(a.atttypid, a.atttypmod),
+				t.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace AND t.typtype OPERATOR(pg_catalog.<>) 'd',
+				a.atttypid OPERATOR(pg_catalog.=) ANY ('{text,varchar,bpchar,name}'::pg_catalog.regtype[]::pg_catalog.oid[])
+			FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+			WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $2
+			  AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped`, *regclass, c).Scan(&typ, &builtin, &textual)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, withCode(ExitNotFound, fmt.Errorf("table %s has no column %q", ident.Sanitize(), c))
 		}
 		if err != nil {
 			return nil, err
+		}
+		if !builtin || (c == lockCol && !textual) {
+			return nil, fmt.Errorf("column %q of %s is of type %s: not read, its conversion to text could run code of the table's owner (lock names: text, varchar, char or name; keys: built-in types)",
+				c, ident.Sanitize(), typ)
 		}
 		if c == fenceCol && typ != "bigint" {
 			return nil, fmt.Errorf("column %q of %s is %s, want bigint (a fence column)", c, ident.Sanitize(), typ)

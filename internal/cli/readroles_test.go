@@ -25,7 +25,8 @@ func TestOnCallRoleGrants(t *testing.T) {
 		INSERT INTO pgfence.locks(name, token) VALUES ('store:1', 5);
 		INSERT INTO pgfence.jobs(queue, payload) VALUES ('q', '{"secret": 1}');
 		CREATE TABLE catalogue (sku text PRIMARY KEY, store_lock text, fence bigint NOT NULL DEFAULT 0);
-		INSERT INTO catalogue VALUES ('a', 'store:1', 5);`); err != nil {
+		INSERT INTO catalogue VALUES ('a', 'store:1', 5);
+		SELECT pgfence.guard('catalogue', lock_name_column => 'store_lock');`); err != nil {
 		t.Fatal(err)
 	}
 	role, oncall := pgtest.DocRole(t, dsn, "pgfence_oncall")
@@ -42,6 +43,10 @@ func TestOnCallRoleGrants(t *testing.T) {
 		}
 	}
 	op := pgtest.PoolFor(t, oncall)
+	var forged int64
+	if err := op.QueryRow(ctx, "SELECT forged_rows FROM pgfence.guarded_fences WHERE unchecked IS NULL").Scan(&forged); err != nil || forged != 0 {
+		t.Errorf("guarded_fences as the on-call role: forged %d, %v", forged, err)
+	}
 	for _, q := range []string{
 		"SELECT wkey, wait_id FROM pgfence.lock_queue",
 		"SELECT payload FROM pgfence.jobs",
