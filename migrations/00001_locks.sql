@@ -6,6 +6,7 @@
 -- directory.
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE SCHEMA IF NOT EXISTS pgfence;
 COMMENT ON SCHEMA pgfence IS
   'pgfence: lease locks with fencing tokens, fenced writes and row claiming. See the pgfence README.';
@@ -45,5 +46,6 @@ COMMENT ON COLUMN pgfence.locks.metadata IS
   'Optional JSON set by the holder for operators (job id, version, ...). Never used for decisions.';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 -- The schema is kept: it holds pgfence.goose_db_version.
 DROP TABLE IF EXISTS pgfence.locks;

@@ -3,6 +3,7 @@
 -- cluster-wide NOTIFY commit lock.
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 ALTER TABLE pgfence.locks ADD COLUMN IF NOT EXISTS waiting_since timestamptz;
 
 COMMENT ON COLUMN pgfence.locks.waiting_since IS
@@ -11,4 +12,5 @@ COMMENT ON COLUMN pgfence.locks.waiting_since IS
   'Never used to decide who holds the lock.';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 ALTER TABLE pgfence.locks DROP COLUMN IF EXISTS waiting_since;

@@ -13,6 +13,7 @@
 --          governing lock (a forged or mistyped token), or no lock governs the row
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE SCHEMA IF NOT EXISTS pgfence;
 
 CREATE TABLE pgfence.fenced_values (
@@ -258,6 +259,7 @@ COMMENT ON FUNCTION pgfence.guard(regclass, text, text, text, text) IS
   'Re-attaching replaces the previous guard. Detach with pgfence.unguard().';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 -- +goose StatementBegin
 DO $down$
 DECLARE

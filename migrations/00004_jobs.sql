@@ -3,6 +3,7 @@
 -- per-row claim token. See the skiplocked package and the README.
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE SCHEMA IF NOT EXISTS pgfence;
 
 CREATE SEQUENCE pgfence.jobs_claim_token_seq
@@ -115,6 +116,7 @@ COMMENT ON TRIGGER jobs_notify ON pgfence.jobs IS
   'Wakes listening workers when jobs are inserted (NOTIFY pgfence_jobs, payload = queue).';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 DROP TABLE IF EXISTS pgfence.jobs;
 DROP FUNCTION IF EXISTS pgfence.jobs_notify();
 DROP SEQUENCE IF EXISTS pgfence.jobs_claim_token_seq;

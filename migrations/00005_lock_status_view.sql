@@ -1,6 +1,7 @@
 -- Views for operators: what a DBA reads in psql at 2 a.m.
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE VIEW pgfence.lock_status AS
 SELECT l.name,
        (CASE WHEN l.holder IS NULL THEN 'free'
@@ -27,4 +28,5 @@ COMMENT ON COLUMN pgfence.lock_status.seconds_since_grant IS
 COMMENT ON COLUMN pgfence.lock_status.token IS 'Fencing token of the latest grant (never decreases).';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 DROP VIEW IF EXISTS pgfence.lock_status;

@@ -2,6 +2,7 @@
 -- of guarded tables next to their locks' tokens.
 
 -- +goose Up
+SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE VIEW pgfence.job_summary AS
 SELECT queue,
        state,
@@ -59,6 +60,7 @@ COMMENT ON VIEW pgfence.guarded_fences IS
   'Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention.';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 DROP VIEW IF EXISTS pgfence.guarded_fences;
 DROP FUNCTION IF EXISTS pgfence.guarded_fence_status();
 DROP VIEW IF EXISTS pgfence.job_summary;

@@ -158,6 +158,7 @@ $check$;
 -- +goose StatementEnd
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 -- The functions stay pinned: resetting would reopen the hole, and nothing
 -- depends on the unpinned form (jobs_notify behaves as in 00004). The
 -- guarded_fences view goes back to its definition of 00006; the other views

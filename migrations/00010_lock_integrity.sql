@@ -237,6 +237,7 @@ COMMENT ON TRIGGER locks_integrity_truncate ON pgfence.locks IS
   'Lock rows are never deleted: TRUNCATE is refused except for the owner and superusers.';
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 DROP TRIGGER IF EXISTS locks_integrity_truncate ON pgfence.locks;
 DROP TRIGGER IF EXISTS locks_integrity ON pgfence.locks;
 DROP FUNCTION IF EXISTS pgfence.locks_integrity();

@@ -84,6 +84,7 @@ WHERE j.state = 'dead'
 GROUP BY j.queue;
 
 -- +goose Down
+SET LOCAL search_path = pg_catalog, pg_temp;
 DROP TRIGGER IF EXISTS jobs_count_dead_insert ON pgfence.jobs;
 DROP TRIGGER IF EXISTS jobs_count_dead_update ON pgfence.jobs;
 DROP FUNCTION IF EXISTS pgfence.jobs_count_dead();

@@ -100,11 +100,22 @@ COMMENT ON FUNCTION pgfence.lock_column_unsafe(regclass, text) IS
   'Why reading column col of tbl as a lock name could run code of the table''s owner (a type other than text, '
   'varchar, char or name: a domain or a type with its own cast), or NULL.';
 
-ALTER FUNCTION pgfence.guard(regclass, text, text, text, text, text) RENAME TO attach_guard;
+-- (These statements run through EXECUTE: sqlc, which reads the migrations as
+-- the schema, cannot follow a renamed function or a view created by EXECUTE.)
+-- +goose StatementBegin
+DO $rename$
+BEGIN
+    EXECUTE 'ALTER FUNCTION pgfence.guard(regclass, text, text, text, text, text) RENAME TO attach_guard';
+END
+$rename$;
+-- +goose StatementEnd
 COMMENT ON FUNCTION pgfence.attach_guard(regclass, text, text, text, text, text) IS
   'The body of pgfence.guard, without its checks of the lock source: call pgfence.guard.';
 
 -- +goose StatementBegin
+DO $create$
+BEGIN
+    EXECUTE $guard$
 CREATE FUNCTION pgfence.guard(
     tbl                  regclass,
     lock_name            text DEFAULT NULL,
@@ -143,15 +154,24 @@ BEGIN
     END IF;
     PERFORM pgfence.attach_guard(tbl, lock_name, lock_name_column, fence_column, mode, lock_name_expression);
 END
-$fn$;
+$fn$
+$guard$;
+END
+$create$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION pgfence.guard(regclass, text, text, text, text, text) IS
   'Attach the fencing guard to tbl: every UPDATE, INSERT and DELETE must carry the latest token of the row''s lock '
   '(lock_name, lock_name_column or lock_name_expression; fence_column; mode strict or reentrant). Refuses a lock '
   'source that could run code of another role than pg_catalog''s.';
 
-DROP VIEW pgfence.guarded_fences;
-DROP FUNCTION pgfence.guarded_fence_status();
+-- +goose StatementBegin
+DO $drop$
+BEGIN
+    EXECUTE 'DROP VIEW pgfence.guarded_fences';
+    EXECUTE 'DROP FUNCTION pgfence.guarded_fence_status()';
+END
+$drop$;
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.guarded_fence_status()
@@ -236,12 +256,18 @@ COMMENT ON VIEW pgfence.guarded_fences IS
 -- +goose Down
 SET LOCAL search_path = pg_catalog, pg_temp;
 
-DROP VIEW pgfence.guarded_fences;
-DROP FUNCTION pgfence.guarded_fence_status();
-DROP FUNCTION pgfence.guard(regclass, text, text, text, text, text);
-ALTER FUNCTION pgfence.attach_guard(regclass, text, text, text, text, text) RENAME TO guard;
-DROP FUNCTION pgfence.lock_source_unsafe(regclass, text);
-DROP FUNCTION pgfence.lock_column_unsafe(regclass, text);
+-- +goose StatementBegin
+DO $down$
+BEGIN
+    EXECUTE 'DROP VIEW pgfence.guarded_fences';
+    EXECUTE 'DROP FUNCTION pgfence.guarded_fence_status()';
+    EXECUTE 'DROP FUNCTION pgfence.guard(regclass, text, text, text, text, text)';
+    EXECUTE 'ALTER FUNCTION pgfence.attach_guard(regclass, text, text, text, text, text) RENAME TO guard';
+    EXECUTE 'DROP FUNCTION pgfence.lock_source_unsafe(regclass, text)';
+    EXECUTE 'DROP FUNCTION pgfence.lock_column_unsafe(regclass, text)';
+END
+$down$;
+-- +goose StatementEnd
 
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.guarded_fence_status()

@@ -22,7 +22,7 @@ type PgfenceFencedValue struct {
 	UpdatedAt time.Time
 }
 
-// Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention.
+// Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention; so does a row with unchecked set (its table was not read).
 type PgfenceGuardedFence struct {
 	GuardedFenceStatus interface{}
 }
