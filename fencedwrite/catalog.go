@@ -74,6 +74,8 @@ type TableInfo struct {
 	Columns    []Column
 	UniqueKeys [][]string // primary key and unique indexes without predicate or expressions
 	Guarded    bool       // a pgfence guard is attached
+
+	builtin map[string]bool // columns of a type of schema pg_catalog
 }
 
 // Column returns the named column.
@@ -119,8 +121,10 @@ func Inspect(ctx context.Context, db DBTX, table string) (*TableInfo, error) {
 	ti := &TableInfo{Schema: t.Schema, Name: t.Name, UniqueKeys: t.UniqueKeys,
 		Guarded: slices.Contains(t.Triggers, guardTrigger)}
 	ti.Columns = make([]Column, len(t.Columns))
+	ti.builtin = make(map[string]bool, len(t.Columns))
 	for i, c := range t.Columns {
 		ti.Columns[i] = Column{Name: c.Name, Type: c.Type, NotNull: c.NotNull, HasDefault: c.HasDefault}
+		ti.builtin[c.Name] = c.Builtin
 	}
 	return ti, nil
 }

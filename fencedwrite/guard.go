@@ -112,7 +112,7 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 		}
 		lockCol = &opts.LockNameColumn
 	}
-	_, err = db.Exec(ctx, `SELECT pgfence.guard($1::regclass, lock_name => $2, lock_name_column => $3,
+	_, err = db.Exec(ctx, `SELECT pgfence.guard($1::pg_catalog.regclass, lock_name => $2, lock_name_column => $3,
 		fence_column => $4, mode => $5, lock_name_expression => $6)`,
 		ti.Qualified(), lockName, lockCol, opts.FenceColumn, opts.Mode.String(), lockExpr)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerr.InvalidParameterValue {
@@ -129,7 +129,7 @@ func Unguard(ctx context.Context, db DBTX, table string) (bool, error) {
 		return false, err
 	}
 	var removed bool
-	if err := db.QueryRow(ctx, "SELECT pgfence.unguard($1::regclass)", ti.Qualified()).Scan(&removed); err != nil {
+	if err := db.QueryRow(ctx, "SELECT pgfence.unguard($1::pg_catalog.regclass)", ti.Qualified()).Scan(&removed); err != nil {
 		return false, TranslateError(err)
 	}
 	return removed, nil

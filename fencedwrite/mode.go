@@ -31,9 +31,9 @@ func (m Mode) String() string {
 // op returns the SQL comparison of the mode.
 func (m Mode) op() string {
 	if m == Reentrant {
-		return "<="
+		return "OPERATOR(pg_catalog.<=)"
 	}
-	return "<"
+	return "OPERATOR(pg_catalog.<)"
 }
 
 func (m Mode) valid() bool { return m == Strict || m == Reentrant }

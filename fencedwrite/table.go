@@ -92,7 +92,7 @@ func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 		return nil, fmt.Errorf("%w: %s (%s)", ErrKeyNotUnique, ti.Qualified(), strings.Join(spec.Key, ", "))
 	}
 	t := &Table{spec: spec, name: ti.Qualified(), label: ti.Schema + "." + ti.Name}
-	t.build()
+	t.build(ti.builtin)
 	observe.InitTable(ctx, observe.OrNop(spec.Metrics), t.label)
 	return t, nil
 }
@@ -146,13 +146,26 @@ func param(n int) string { return "$" + strconv.Itoa(n) }
 // (run re-reads the row to say why); the upsert, delete and read return the
 // row as the statement's snapshot saw it (the UNION ALL branch gated by NOT
 // EXISTS runs only when the write changed nothing).
-func (t *Table) build() {
+//
+// Every operator on the fence, on xmax and on a key column of a built-in
+// type is named OPERATOR(pg_catalog.op), so no operator another role
+// creates on the caller's search_path runs. A key column of a type from
+// another schema (an extension's citext, a domain of the application) keeps
+// the bare = of its own type, resolved as the application's own statements
+// resolve it.
+func (t *Table) build(builtin map[string]bool) {
 	s := t.spec
 	fence := ident(s.FenceColumn)
+	eq := func(col string) string {
+		if builtin[col] {
+			return " OPERATOR(pg_catalog.=) "
+		}
+		return " = "
+	}
 	var where, cur []string
 	for i, k := range s.Key {
-		where = append(where, "pgfence_t."+ident(k)+" = "+param(2+i))
-		cur = append(cur, "pgfence_c."+ident(k)+" = "+param(2+i))
+		where = append(where, "pgfence_t."+ident(k)+eq(k)+param(2+i))
+		cur = append(cur, "pgfence_c."+ident(k)+eq(k)+param(2+i))
 	}
 	keyWhere := strings.Join(where, " AND ")
 	curWhere := strings.Join(cur, " AND ")
@@ -196,14 +209,14 @@ func (t *Table) build() {
 	t.upsert = "WITH pgfence_w AS (INSERT INTO " + t.name + " AS pgfence_t (" + strings.Join(cols, ", ") + ") VALUES (" +
 		strings.Join(vals, ", ") + ") ON CONFLICT (" + strings.Join(conflict, ", ") + ") DO UPDATE SET " +
 		strings.Join(excl, ", ") + " WHERE pgfence_t." + fence + " " + s.Mode.op() + " excluded." + fence +
-		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax = 0) AS inserted)" +
+		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax OPERATOR(pg_catalog.=) 0) AS inserted)" +
 		"\nSELECT true, " + fence + ", inserted FROM pgfence_w" + refusedBranch(", false")
 
 	// The delete names its token with pgfence.use_token, which a guarded
 	// table's trigger reads (a DELETE has no new row to carry it).
 	t.delete = "WITH pgfence_tok AS MATERIALIZED (SELECT pgfence.use_token($1) AS token), pgfence_w AS (DELETE FROM " +
 		t.name + " AS pgfence_t USING pgfence_tok WHERE " + keyWhere +
-		" AND pgfence_t." + fence + " <= pgfence_tok.token RETURNING pgfence_t." + fence + ")" +
+		" AND pgfence_t." + fence + " OPERATOR(pg_catalog.<=) pgfence_tok.token RETURNING pgfence_t." + fence + ")" +
 		"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
 
 	var ret, retCur []string
@@ -212,12 +225,12 @@ func (t *Table) build() {
 		retCur = append(retCur, "pgfence_c."+ident(c))
 	}
 	t.read = "WITH pgfence_w AS (UPDATE " + t.name + " AS pgfence_t SET " + fence + " = $1 WHERE " + keyWhere +
-		" AND pgfence_t." + fence + " <= $1 RETURNING pgfence_t." + fence + ", " + strings.Join(ret, ", ") + ")" +
+		" AND pgfence_t." + fence + " OPERATOR(pg_catalog.<=) $1 RETURNING pgfence_t." + fence + ", " + strings.Join(ret, ", ") + ")" +
 		"\nSELECT true, pgfence_w.* FROM pgfence_w" + refusedBranch(", "+strings.Join(retCur, ", "))
 
 	var rk []string
 	for i, k := range s.Key {
-		rk = append(rk, ident(k)+" = "+param(1+i))
+		rk = append(rk, ident(k)+eq(k)+param(1+i))
 	}
 	t.reread = "SELECT " + fence + " FROM " + t.name + " WHERE " + strings.Join(rk, " AND ")
 }

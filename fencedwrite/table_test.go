@@ -29,7 +29,7 @@ func TestTableUpdateStrictAndReentrant(t *testing.T) {
 	strict := prepare(t, pool, fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"pdf_url", "status"}})
 	reent := prepare(t, pool, fencedwrite.Spec{Table: "public.invoices", Key: []string{"id"}, Set: []string{"pdf_url", "status"},
 		Mode: fencedwrite.Reentrant})
-	if sql := strict.UpdateSQL(); !strings.Contains(sql, `"fence" < $1`) || !strings.Contains(sql, `"public"."invoices"`) {
+	if sql := strict.UpdateSQL(); !strings.Contains(sql, `"fence" OPERATOR(pg_catalog.<) $1`) || !strings.Contains(sql, `"public"."invoices"`) {
 		t.Fatalf("strict SQL = %s", sql)
 	}
 	// An accepted write costs the hand-written statement: one plain UPDATE,

@@ -198,7 +198,7 @@ type sessionLocker struct{ id int64 }
 var _ lock.SessionLocker = sessionLocker{}
 
 func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, "SELECT pg_advisory_lock($1)", l.id); err != nil {
+	if _, err := conn.ExecContext(ctx, "SELECT pg_catalog.pg_advisory_lock($1)", l.id); err != nil {
 		return fmt.Errorf("migrations: take advisory lock %d: %w", l.id, err)
 	}
 	return nil
@@ -206,7 +206,7 @@ func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 
 func (l sessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 	var ok bool
-	if err := conn.QueryRowContext(ctx, "SELECT pg_advisory_unlock($1)", l.id).Scan(&ok); err != nil {
+	if err := conn.QueryRowContext(ctx, "SELECT pg_catalog.pg_advisory_unlock($1)", l.id).Scan(&ok); err != nil {
 		return fmt.Errorf("migrations: release advisory lock %d: %w", l.id, err)
 	}
 	if !ok {

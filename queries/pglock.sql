@@ -5,14 +5,14 @@
 -- or has no row yet (InsertLock creates it). At the bigint maximum it fails
 -- with SQLSTATE 22003 and changes nothing. docs/design.md explains the shape.
 UPDATE pgfence.locks AS l
-SET token       = l.token + 1,
-    holder      = sqlc.arg(holder)::text,
-    acquired_at = now(),
+SET token       = (l.token OPERATOR(pg_catalog.+) 1),
+    holder      = sqlc.arg(holder)::pg_catalog.text,
+    acquired_at = pg_catalog.now(),
     renewed_at  = NULL,
-    expires_at  = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE l.name = sqlc.arg(name)::text
-  AND (l.holder IS NULL OR l.expires_at <= now())
+    expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+  AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
 RETURNING l.token, l.expires_at;
 
 -- name: InsertLock :one
@@ -20,9 +20,9 @@ RETURNING l.token, l.expires_at;
 -- 1, expiry now() + ttl_us microseconds, synchronous_commit on. No row when a
 -- concurrent first grant inserted it (try GrantLock again).
 INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
-       now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+SELECT sqlc.arg(name)::pg_catalog.text, 1, sqlc.arg(holder)::pg_catalog.text, pg_catalog.now(), NULL,
+       (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
 ON CONFLICT (name) DO NOTHING
 RETURNING l.token, l.expires_at;
 
@@ -31,14 +31,14 @@ RETURNING l.token, l.expires_at;
 -- ttl_us microseconds, synchronous_commit on. No row = the lease was lost
 -- (expired, released or re-granted).
 UPDATE pgfence.locks AS l
-SET expires_at = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond',
-    renewed_at = now()
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE l.name = sqlc.arg(name)::text
-  AND l.holder = sqlc.arg(holder)::text
-  AND l.token = sqlc.arg(token)::bigint
-  AND l.expires_at > now()
-RETURNING l.expires_at, now()::timestamptz AS db_now;
+SET expires_at = (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond')),
+    renewed_at = pg_catalog.now()
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+  AND (l.holder OPERATOR(pg_catalog.=) sqlc.arg(holder)::pg_catalog.text)
+  AND (l.token OPERATOR(pg_catalog.=) sqlc.arg(token)::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+RETURNING l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now;
 
 -- name: ReleaseLock :one
 -- ReleaseLock ends a lease still held by (name, holder, token). If a live
@@ -55,9 +55,9 @@ RETURNING l.expires_at, now()::timestamptz AS db_now;
 WITH nxt AS (
     SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
     FROM pgfence.lock_queue AS q
-    WHERE q.name = sqlc.arg(name)::text
+    WHERE (q.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
       AND q.granted_token IS NULL
-      AND q.alive_until > now()
+      AND (q.alive_until OPERATOR(pg_catalog.>) pg_catalog.now())
     ORDER BY q.ticket
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -65,20 +65,20 @@ WITH nxt AS (
     -- A handoff is a grant: durable. A plain release does not wait for the
     -- flush: lost in a crash, it only keeps the lock until its expiry (the
     -- token is not re-issued), and a later grant that saw it flushes it.
-    SELECT set_config('synchronous_commit',
+    SELECT pg_catalog.set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on' ELSE 'off' END, true) AS sync
 ), rel AS (
     UPDATE pgfence.locks AS l
-    SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
+    SET token       = (l.token OPERATOR(pg_catalog.+) CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END),
         holder      = n.holder,
-        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE now() END,
+        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE pg_catalog.now() END,
         renewed_at  = NULL,
-        expires_at  = now() + n.ttl_us * interval '1 microsecond'
+        expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) (n.ttl_us OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM sc LEFT JOIN nxt AS n ON true
-    WHERE l.name = sqlc.arg(name)::text
-      AND l.holder = sqlc.arg(holder)::text
-      AND l.token = sqlc.arg(token)::bigint
-      AND l.expires_at > now()
+    WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+      AND (l.holder OPERATOR(pg_catalog.=) sqlc.arg(holder)::pg_catalog.text)
+      AND (l.token OPERATOR(pg_catalog.=) sqlc.arg(token)::bigint)
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
     RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
     -- The wait is over: the row stays for its Locker's next wait of the
@@ -87,25 +87,24 @@ WITH nxt AS (
     -- so the row is there for the waiter to read its lease.
     UPDATE pgfence.lock_queue AS q
     SET granted_token = rel.token,
-        alive_until   = now() + interval '10 seconds'
+        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
     FROM rel
-    WHERE q.wkey = rel.wkey
-      AND q.ticket = rel.ticket
+    WHERE (q.wkey OPERATOR(pg_catalog.=) rel.wkey)
+      AND (q.ticket OPERATOR(pg_catalog.=) rel.ticket)
     RETURNING q.ticket
 ), gc AS (
     DELETE FROM pgfence.lock_queue AS q
     USING rel
-    WHERE q.name = rel.name
-      AND q.alive_until <= now()
+    WHERE (q.name OPERATOR(pg_catalog.=) rel.name)
+      AND (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())
     RETURNING q.ticket
 )
 SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
        ((CASE WHEN rel.ticket IS NOT NULL
-                  THEN pg_notify('pgfence_lock_handoff',
-                                 rel.wkey::text || ' ' || rel.wait_id::text || ' ' || rel.token::text || ' '
-                                 || (extract(epoch FROM rel.expires_at) * 1000000)::bigint::text)::text
-             WHEN rel.waiting_since > now() - interval '100 seconds'
-                  THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
+                  THEN pg_catalog.pg_notify('pgfence_lock_handoff',
+                                 ((((((rel.wkey::pg_catalog.text OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.wait_id::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.token::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) ((extract(epoch FROM rel.expires_at) OPERATOR(pg_catalog.*) 1000000))::bigint::pg_catalog.text))::pg_catalog.text
+             WHEN (rel.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds'))
+                  THEN pg_catalog.pg_notify('pgfence_lock_released', rel.name)::pg_catalog.text END) IS NOT NULL)::boolean AS notified
 FROM rel;
 
 -- name: ReleaseUnwaitedLock :one
@@ -127,15 +126,15 @@ UPDATE pgfence.locks AS l
 SET holder     = NULL,
     renewed_at = NULL,
     expires_at = NULL
-FROM (SELECT set_config('synchronous_commit', 'off', true) AS sync) AS sc
-WHERE l.name = sqlc.arg(name)::text
-  AND l.holder = sqlc.arg(holder)::text
-  AND l.token = sqlc.arg(token)::bigint
-  AND l.expires_at > now()
-  AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'off', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+  AND (l.holder OPERATOR(pg_catalog.=) sqlc.arg(holder)::pg_catalog.text)
+  AND (l.token OPERATOR(pg_catalog.=) sqlc.arg(token)::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+  AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds')))
   AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
-                  WHERE q.name = sqlc.arg(name)::text
-                    AND (q.granted_token IS NULL OR q.alive_until <= now()))
+                  WHERE (q.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+                    AND (q.granted_token IS NULL OR (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())))
 RETURNING l.token;
 
 -- name: QueueGrant :one
@@ -154,41 +153,41 @@ RETURNING l.token;
 WITH handed AS (
     SELECT l.token, l.expires_at
     FROM pgfence.lock_queue AS q
-    JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
-    WHERE q.wkey = sqlc.arg(wkey)::bigint
-      AND q.wait_id = sqlc.arg(wait_id)::bigint
-      AND l.expires_at > now()
+    JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
+    WHERE (q.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
+      AND (q.wait_id OPERATOR(pg_catalog.=) sqlc.arg(wait_id)::bigint)
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
 ), upd AS (
     UPDATE pgfence.locks AS l
-    SET token         = l.token + 1,
-        holder        = sqlc.arg(holder)::text,
-        acquired_at   = now(),
+    SET token         = (l.token OPERATOR(pg_catalog.+) 1),
+        holder        = sqlc.arg(holder)::pg_catalog.text,
+        acquired_at   = pg_catalog.now(),
         renewed_at    = NULL,
-        expires_at    = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    WHERE l.name = sqlc.arg(name)::text
-      AND (l.holder IS NULL OR l.expires_at <= now())
+        expires_at    = (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+    WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
+      AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
     RETURNING l.token, l.expires_at
 ), ins AS (
     INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT sqlc.arg(name)::text, 1, sqlc.arg(holder)::text, now(), NULL,
-           now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = sqlc.arg(name)::text)
+    SELECT sqlc.arg(name)::pg_catalog.text, 1, sqlc.arg(holder)::pg_catalog.text, pg_catalog.now(), NULL,
+           (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE (e.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text))
     ON CONFLICT (name) DO NOTHING
     RETURNING l.token, l.expires_at
 ), cur AS (
     SELECT l.holder, l.expires_at, l.waiting_since
     FROM pgfence.locks AS l
-    WHERE l.name = sqlc.arg(name)::text
+    WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
       AND l.holder IS NOT NULL
-      AND l.expires_at > now()
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
       AND NOT EXISTS (SELECT 1 FROM handed)
 ), m AS (
     UPDATE pgfence.locks AS l
-    SET waiting_since = now()
-    WHERE l.name = sqlc.arg(name)::text
+    SET waiting_since = pg_catalog.now()
+    WHERE (l.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
       AND l.holder IS NOT NULL
-      AND l.expires_at > now()
-      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+      AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds')))
       AND NOT EXISTS (SELECT 1 FROM handed)
     RETURNING l.holder, l.expires_at
 ), enq AS (
@@ -196,12 +195,12 @@ WITH handed AS (
     -- gone (deleted as dead) or was handed a lease that has ended since.
     -- Queue with a new ticket, reusing the row of wkey if there is one.
     INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, ttl_us, alive_until)
-    SELECT sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.arg(name)::text, sqlc.arg(holder)::text,
-           sqlc.arg(ttl_us)::bigint, now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    SELECT sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.arg(name)::pg_catalog.text, sqlc.arg(holder)::pg_catalog.text,
+           sqlc.arg(ttl_us)::bigint, (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM cur
     WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
-                      WHERE e.wkey = sqlc.arg(wkey)::bigint
-                        AND e.wait_id = sqlc.arg(wait_id)::bigint
+                      WHERE (e.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
+                        AND (e.wait_id OPERATOR(pg_catalog.=) sqlc.arg(wait_id)::bigint)
                         AND e.granted_token IS NULL)
     ON CONFLICT (wkey) DO UPDATE
     SET ticket        = DEFAULT,
@@ -216,21 +215,21 @@ WITH handed AS (
     -- Only once half of the waiter's TTL is gone: a row locked by a refresh
     -- is skipped by a concurrent release.
     UPDATE pgfence.lock_queue AS q
-    SET alive_until = now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+    SET alive_until = (pg_catalog.now() OPERATOR(pg_catalog.+) (sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM cur
-    WHERE q.wkey = sqlc.arg(wkey)::bigint
-      AND q.wait_id = sqlc.arg(wait_id)::bigint
-      AND q.name = sqlc.arg(name)::text
+    WHERE (q.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
+      AND (q.wait_id OPERATOR(pg_catalog.=) sqlc.arg(wait_id)::bigint)
+      AND (q.name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text)
       AND q.granted_token IS NULL
-      AND q.alive_until < now() + (sqlc.arg(ttl_us)::bigint / 2) * interval '1 microsecond'
+      AND (q.alive_until OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.+) (((sqlc.arg(ttl_us)::bigint OPERATOR(pg_catalog./) 2)) OPERATOR(pg_catalog.*) interval '1 microsecond')))
     RETURNING q.ticket
 ), end_own AS (
     -- Granted here: this wait is over, no release may serve its row; it
     -- stays for the Locker's next wait for 10 seconds, as after a handoff.
     UPDATE pgfence.lock_queue AS q
     SET granted_token = 0,
-        alive_until   = now() + interval '10 seconds'
-    WHERE q.wkey = sqlc.arg(wkey)::bigint
+        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
+    WHERE (q.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
       AND q.granted_token IS NULL
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
     RETURNING q.ticket
@@ -239,33 +238,33 @@ WITH handed AS (
     -- wait mark lost with the server is written again by the waiter when its
     -- listener reconnects (off). A grant returns a row, so this is evaluated
     -- whenever one happened; it reads upd and ins, so it runs after them.
-    SELECT set_config('synchronous_commit',
+    SELECT pg_catalog.set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
                       true) AS sync
 )
 SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
 FROM (
-    SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
+    SELECT true AS granted, handed.token, handed.expires_at, NULL::pg_catalog.text AS holder, pg_catalog.now()::pg_catalog.timestamptz AS db_now FROM handed
     UNION ALL
-    SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
+    SELECT true, upd.token, upd.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM upd
     UNION ALL
-    SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+    SELECT true, ins.token, ins.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM ins
     UNION ALL
-    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
+    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), pg_catalog.now()::pg_catalog.timestamptz
     FROM cur LEFT JOIN m ON true
-    WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+    WHERE m.holder IS NOT NULL OR (cur.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds'))
 ) AS r CROSS JOIN dur;
 
 -- name: HandedLock :one
 -- HandedLock returns the lease a release handed to the wait (wkey, wait_id),
 -- if it is still held (token, expiry, database time). No row = nothing was
 -- handed (or it already expired). Reads only.
-SELECT l.token, l.expires_at, now()::timestamptz AS db_now
+SELECT l.token, l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.lock_queue AS q
-JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
-WHERE q.wkey = sqlc.arg(wkey)::bigint
-  AND q.wait_id = sqlc.arg(wait_id)::bigint
-  AND l.expires_at > now();
+JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
+WHERE (q.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
+  AND (q.wait_id OPERATOR(pg_catalog.=) sqlc.arg(wait_id)::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now());
 
 -- name: LeaveQueue :one
 -- LeaveQueue removes the waiter wkey from the queue and returns the token of
@@ -274,15 +273,15 @@ WHERE q.wkey = sqlc.arg(wkey)::bigint
 -- picked this row finishes first (the row is locked), so its handoff is seen
 -- here.
 DELETE FROM pgfence.lock_queue AS q
-WHERE q.wkey = sqlc.arg(wkey)::bigint
-RETURNING (CASE WHEN q.wait_id = sqlc.arg(wait_id)::bigint THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
+WHERE (q.wkey OPERATOR(pg_catalog.=) sqlc.arg(wkey)::bigint)
+RETURNING (CASE WHEN (q.wait_id OPERATOR(pg_catalog.=) sqlc.arg(wait_id)::bigint) THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
           AS granted_token;
 
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now
 -- (database clock).
 SELECT name, token, holder, expires_at,
-       COALESCE(holder IS NOT NULL AND expires_at > now(), false)::boolean AS held,
-       now()::timestamptz AS db_now
+       COALESCE(holder IS NOT NULL AND (expires_at OPERATOR(pg_catalog.>) pg_catalog.now()), false)::boolean AS held,
+       pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.locks
-WHERE name = sqlc.arg(name)::text;
+WHERE (name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text);

@@ -109,17 +109,23 @@ func NewTxClaimer(ctx context.Context, db DBTX, spec Spec) (*TxClaimer, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
-	c, err := buildTxClaimer(spec)
+	c, err := buildTxClaimer(spec, nil)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkCatalog(ctx, db); err != nil {
+	builtin, err := c.checkCatalog(ctx, db)
+	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return buildTxClaimer(spec, builtin)
 }
 
-func buildTxClaimer(spec Spec) (*TxClaimer, error) {
+// buildTxClaimer checks spec and writes the statement. A condition on a
+// column whose type is one of PostgreSQL's own (builtin) names its operator
+// OPERATOR(pg_catalog.op), so no operator another role creates on the
+// caller's search_path runs; a column of another schema's type (citext, a
+// domain) keeps the bare operator of its own type.
+func buildTxClaimer(spec Spec, builtin map[string]bool) (*TxClaimer, error) {
 	if err := checkLimit(spec.Limit); err != nil {
 		return nil, err
 	}
@@ -156,19 +162,25 @@ func buildTxClaimer(spec Spec) (*TxClaimer, error) {
 		}
 		col := pgx.Identifier{cond.Column}.Sanitize()
 		c.columns = append(c.columns, cond.Column)
+		op := func(o string) string {
+			if builtin[cond.Column] {
+				return "OPERATOR(pg_catalog." + o + ")"
+			}
+			return o
+		}
 		switch cond.Op {
 		case OpEq, OpNe, OpLt, OpLe, OpGt, OpGe:
 			if cond.Value == nil {
 				return nil, fmt.Errorf("%w: %s %s with a nil value (use OpIsNull)", ErrInvalidSpec, cond.Column, cond.Op)
 			}
 			c.args = append(c.args, cond.Value)
-			where = append(where, col+" "+string(cond.Op)+" $"+strconv.Itoa(len(c.args)))
+			where = append(where, col+" "+op(string(cond.Op))+" $"+strconv.Itoa(len(c.args)))
 		case OpIn:
 			if cond.Value == nil {
 				return nil, fmt.Errorf("%w: %s IN needs a slice value", ErrInvalidSpec, cond.Column)
 			}
 			c.args = append(c.args, cond.Value)
-			where = append(where, col+" = ANY($"+strconv.Itoa(len(c.args))+")")
+			where = append(where, col+" "+op("=")+" ANY($"+strconv.Itoa(len(c.args))+")")
 		case OpIsNull, OpIsNotNull:
 			if cond.Value != nil {
 				return nil, fmt.Errorf("%w: %s %s takes no value", ErrInvalidSpec, cond.Column, cond.Op)
@@ -209,21 +221,26 @@ func buildTxClaimer(spec Spec) (*TxClaimer, error) {
 	return c, nil
 }
 
-func (c *TxClaimer) checkCatalog(ctx context.Context, db DBTX) error {
+// checkCatalog checks the table and columns exist and returns which
+// columns are of a built-in type.
+func (c *TxClaimer) checkCatalog(ctx context.Context, db DBTX) (map[string]bool, error) {
 	tn := pgident.TableName{Schema: c.spec.Schema, Name: c.spec.Table}
 	t, err := pgident.Lookup(ctx, db, tn)
 	if errors.Is(err, pgident.ErrUnknownTable) {
-		return fmt.Errorf("%w: %v", ErrUnknownTable, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnknownTable, err)
 	}
 	if err != nil {
-		return translate("look up table", err)
+		return nil, translate("look up table", err)
 	}
+	builtin := make(map[string]bool, len(c.columns))
 	for _, col := range c.columns {
-		if _, ok := t.Column(col); !ok {
-			return fmt.Errorf("%w: %s.%s", ErrUnknownColumn, tn, pgident.Quote(col))
+		tc, ok := t.Column(col)
+		if !ok {
+			return nil, fmt.Errorf("%w: %s.%s", ErrUnknownColumn, tn, pgident.Quote(col))
 		}
+		builtin[col] = tc.Builtin
 	}
-	return nil
+	return builtin, nil
 }
 
 // SQL returns the claim statement, for logging or EXPLAIN. Its parameters

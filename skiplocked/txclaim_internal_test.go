@@ -30,7 +30,7 @@ func FuzzBuildTxClaimer(f *testing.F) {
 			Table: table, Key: []string{column},
 			Where:            []Cond{{Column: column, Op: OpEq, Value: 1}},
 			TrustedFilterSQL: trusted, OrderBy: []Order{{Column: column}}, Limit: 10,
-		})
+		}, map[string]bool{column: true})
 		if err != nil {
 			if !errors.Is(err, ErrInvalidIdentifier) && !errors.Is(err, ErrInvalidSpec) {
 				t.Fatalf("untyped error %v", err)

@@ -69,9 +69,22 @@ func TestTxClaimerSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `SELECT "id", "store_id" FROM "public"."import_rows" WHERE "status" = $1 AND "store_id" = ANY($2) AND "imported_at" IS NULL AND (times < 3) ORDER BY "store_id" DESC, "id" LIMIT $3 FOR UPDATE SKIP LOCKED`
+	want := `SELECT "id", "store_id" FROM "public"."import_rows" WHERE "status" OPERATOR(pg_catalog.=) $1 AND "store_id" OPERATOR(pg_catalog.=) ANY($2) AND "imported_at" IS NULL AND (times < 3) ORDER BY "store_id" DESC, "id" LIMIT $3 FOR UPDATE SKIP LOCKED`
 	if c.SQL() != want {
 		t.Fatalf("SQL =\n%s\nwant\n%s", c.SQL(), want)
+	}
+	// A column of a type from another schema keeps its own type's operator.
+	if _, err := pool.Exec(ctx, `CREATE DOMAIN public.import_state AS text;
+		ALTER TABLE import_rows ADD COLUMN state public.import_state`); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{Table: "import_rows", Key: []string{"id"},
+		Where: []skiplocked.Cond{{Column: "state", Op: skiplocked.OpNe, Value: "x"}}, Limit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(dc.SQL(), `"state" <> $1`) {
+		t.Fatalf("condition on a domain column: %s", dc.SQL())
 	}
 	type key struct {
 		ID      int64 `db:"id"`
@@ -209,7 +222,7 @@ func TestTxClaimerMixedCaseNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `SELECT "ID" FROM "Imports"."Rows" WHERE "Done" = $1 ORDER BY "ID" LIMIT $2 FOR UPDATE SKIP LOCKED`; c.SQL() != want {
+	if want := `SELECT "ID" FROM "Imports"."Rows" WHERE "Done" OPERATOR(pg_catalog.=) $1 ORDER BY "ID" LIMIT $2 FOR UPDATE SKIP LOCKED`; c.SQL() != want {
 		t.Fatalf("SQL = %s", c.SQL())
 	}
 	tx, err := pool.Begin(ctx)

@@ -45,10 +45,10 @@ func ExampleGenerate() {
 	// -- Apply it after every writer of the table sends tokens. Attaching again replaces an earlier guard.
 	//
 	// -- +goose Up
-	// SELECT pgfence.guard('"invoices"'::regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'reentrant');
+	// SELECT pgfence.guard('"invoices"'::pg_catalog.regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'reentrant');
 	//
 	// -- +goose Down
-	// SELECT pgfence.unguard('"invoices"'::regclass);
+	// SELECT pgfence.unguard('"invoices"'::pg_catalog.regclass);
 }
 
 func ExampleGenerate_rejectsSQL() {

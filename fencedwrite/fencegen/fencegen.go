@@ -465,10 +465,10 @@ func guardSQL(table fencedwrite.TableName, fence string, g *fencedwrite.GuardOpt
 	if g.LockNameColumn != "" {
 		lock = "lock_name_column => '" + g.LockNameColumn + "'"
 	}
-	return fmt.Sprintf("SELECT pgfence.guard('%s'::regclass, %s, fence_column => '%s', mode => '%s')",
+	return fmt.Sprintf("SELECT pgfence.guard('%s'::pg_catalog.regclass, %s, fence_column => '%s', mode => '%s')",
 		table, lock, fence, g.Mode)
 }
 
 func unguardSQL(table fencedwrite.TableName) string {
-	return fmt.Sprintf("SELECT pgfence.unguard('%s'::regclass)", table)
+	return fmt.Sprintf("SELECT pgfence.unguard('%s'::pg_catalog.regclass)", table)
 }

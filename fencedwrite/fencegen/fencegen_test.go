@@ -91,7 +91,7 @@ func TestGenerateOutput(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		`SELECT pgfence.guard('"billing"."Invoices"'::regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'strict');`,
+		`SELECT pgfence.guard('"billing"."Invoices"'::pg_catalog.regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'strict');`,
 		"-- +goose Down\nSELECT pgfence.unguard(",
 	} {
 		if !strings.Contains(guard, want) {
@@ -109,8 +109,8 @@ func TestGenerateOutput(t *testing.T) {
 		"-- name: FencedUpdateInvoices :one",
 		"-- name: FencedUpdateInvoicesReentrant :one",
 		"-- name: FencedReadInvoices :one",
-		`t."fence" < @token::bigint`,
-		`t."fence" <= @token::bigint`,
+		`t."fence" OPERATOR(pg_catalog.<) @token::bigint`,
+		`t."fence" OPERATOR(pg_catalog.<=) @token::bigint`,
 		`t."token" = @token_value`, // a column named token does not clash with the fencing token
 	} {
 		if !strings.Contains(qs, want) {
@@ -466,7 +466,7 @@ sql:
 		t.Fatal(err)
 	}
 	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'invoices'::regclass AND attname = 'fence'").Scan(&n); err != nil || n != 0 {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'invoices'::pg_catalog.regclass AND attname = 'fence'").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("fence column after down: %d, %v", n, err)
 	}
 }

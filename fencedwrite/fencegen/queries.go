@@ -33,7 +33,7 @@ func (p *plan) queries() string {
 	excl = append(excl, f+" = excluded."+f)
 
 	tblLit := "'" + strings.ReplaceAll(tbl, "'", "''") + "'"
-	keyText := "pg_catalog.jsonb_build_object(" + strings.Join(keyParams, ", ") + ")::text"
+	keyText := "pg_catalog.jsonb_build_object(" + strings.Join(keyParams, ", ") + ")::pg_catalog.text"
 	found := "c." + q(p.opts.Key[0]) + " IS NOT NULL"
 	// refused is the second branch: it runs only when the write changed no
 	// row, and raises. The LEFT JOIN from one row tells "no such row" apart.
@@ -60,11 +60,11 @@ func (p *plan) queries() string {
 		"-- FencedUpdate"+p.name+" sets the row's columns and its fence to the token if the fence is\n"+
 			"-- lower (strict: one write per row per grant). It returns the new fence. A refused write is an\n"+
 			"-- error (SQLSTATE PF003 stale token, PF004 already applied, PF005 no such row, PF006 concurrent\n"+
-			"-- change, PF007 invalid token): pass it to fencedwrite.TranslateError.\n", "<", "strict"))
+			"-- change, PF007 invalid token): pass it to fencedwrite.TranslateError.\n", "OPERATOR(pg_catalog.<)", "strict"))
 	b.WriteString(update("FencedUpdate"+p.name+"Reentrant",
 		"-- FencedUpdate"+p.name+"Reentrant is the re-entrant form (fence <= token): a grant may write\n"+
 			"-- the same row again, e.g. after FencedRead"+p.name+". It returns the new fence; a refused\n"+
-			"-- write is an error (see fencedwrite.TranslateError).\n", "<=", "reentrant"))
+			"-- write is an error (see fencedwrite.TranslateError).\n", "OPERATOR(pg_catalog.<=)", "reentrant"))
 
 	b.WriteString("-- name: FencedUpsert" + p.name + " :one\n" +
 		"-- FencedUpsert" + p.name + " inserts the row with fence = token, or updates it if its fence is\n" +
@@ -72,8 +72,8 @@ func (p *plan) queries() string {
 		"-- refused write is an error (see fencedwrite.TranslateError).\n" +
 		"WITH w AS (\n    INSERT INTO " + tbl + " AS t (" + strings.Join(cols, ", ") + ")\n    VALUES (" + strings.Join(vals, ", ") + ")\n" +
 		"    ON CONFLICT (" + strings.Join(keyCols, ", ") + ") DO UPDATE SET " + strings.Join(excl, ", ") + "\n" +
-		"    WHERE t." + f + " < excluded." + f + "\n" +
-		"    RETURNING t." + f + ", (t.xmax = 0) AS inserted\n)\nSELECT w." + f + ", w.inserted FROM w\n" +
+		"    WHERE t." + f + " OPERATOR(pg_catalog.<) excluded." + f + "\n" +
+		"    RETURNING t." + f + ", (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted\n)\nSELECT w." + f + ", w.inserted FROM w\n" +
 		refused("strict", "@token::bigint", ", false"))
 
 	b.WriteString("-- name: FencedDelete" + p.name + " :one\n" +
@@ -82,7 +82,7 @@ func (p *plan) queries() string {
 		"-- pgfence.use_token, so it also passes a guarded table. It returns the deleted row's fence;\n" +
 		"-- a refused delete is an error (see fencedwrite.TranslateError).\n" +
 		"WITH tok AS MATERIALIZED (\n    SELECT pgfence.use_token(@token::bigint) AS token\n), w AS (\n" +
-		"    DELETE FROM " + tbl + " AS t USING tok\n    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " <= tok.token\n" +
+		"    DELETE FROM " + tbl + " AS t USING tok\n    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) tok.token\n" +
 		"    RETURNING t." + f + "\n)\nSELECT w." + f + " FROM w\n" + refused("reentrant", "@token::bigint", ""))
 
 	b.WriteString("-- name: FencedRead" + p.name + " :one\n" +
@@ -91,7 +91,7 @@ func (p *plan) queries() string {
 		"-- row. Write back with FencedUpdate" + p.name + "Reentrant and the same token. A refused read\n" +
 		"-- is an error (see fencedwrite.TranslateError).\n" +
 		"WITH w AS (\n    UPDATE " + tbl + " AS t\n    SET " + f + " = @token::bigint\n" +
-		"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " <= @token::bigint\n" +
+		"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) @token::bigint\n" +
 		"    RETURNING t." + f + ", " + strings.Join(prefixed("t.", p.opts.Key, p.opts.Set), ", ") + "\n)\n" +
 		"SELECT w." + f + ", " + strings.Join(ret, ", ") + " FROM w\n" +
 		strings.TrimSuffix(refused("reentrant", "@token::bigint", ", "+strings.Join(retCur, ", ")), "\n"))

@@ -85,8 +85,11 @@ func scanMigrations(dir string, p *plan) (*existingMigrations, error) {
 	})
 	tbl := p.table.String()
 	addPrefix := "ALTER TABLE " + tbl + " ADD COLUMN "
-	guardPrefix := "SELECT pgfence.guard('" + tbl + "'::regclass"
+	// Files generated before v0.1.0 name the type regclass unqualified.
+	guardPrefix := "SELECT pgfence.guard('" + tbl + "'::pg_catalog.regclass"
+	oldGuardPrefix := "SELECT pgfence.guard('" + tbl + "'::regclass"
 	unguard := unguardSQL(p.table)
+	oldUnguard := strings.Replace(unguard, "::pg_catalog.regclass", "::regclass", 1)
 	for _, g := range gens {
 		for _, st := range g.up {
 			switch {
@@ -94,8 +97,9 @@ func scanMigrations(dir string, p *plan) (*existingMigrations, error) {
 				if _, ok := ex.addColumn[st]; !ok {
 					ex.addColumn[st] = g.path
 				}
-			case strings.HasPrefix(st, guardPrefix), st == unguard:
-				ex.guard, ex.guardPath = st, g.path
+			case strings.HasPrefix(st, guardPrefix), strings.HasPrefix(st, oldGuardPrefix), st == unguard, st == oldUnguard:
+				// Compared in the current form.
+				ex.guard, ex.guardPath = strings.Replace(st, "'::regclass", "'::pg_catalog.regclass", 1), g.path
 				if strings.Contains(st, "fence_column => '"+p.fence+"'") {
 					ex.guardOnFence = true
 				}

@@ -101,7 +101,7 @@ func TestWriteGuardLater(t *testing.T) {
 	wp = mustWrite(t, opts, d, "up to date 00002_pgfence_fence_invoices.sql\ncreate 00007_pgfence_guard_invoices.sql\nup to date fenced_invoices.sql")
 	g = string(wp.Steps[1].Data)
 	if !strings.Contains(g, "mode => 'reentrant');\n") ||
-		!strings.Contains(g, "-- +goose Down\n-- Restores the guard this migration replaced.\nSELECT pgfence.guard('\"invoices\"'::regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'strict');\n") {
+		!strings.Contains(g, "-- +goose Down\n-- Restores the guard this migration replaced.\nSELECT pgfence.guard('\"invoices\"'::pg_catalog.regclass, lock_name => 'invoices', fence_column => 'fence', mode => 'strict');\n") {
 		t.Errorf("replacing guard migration:\n%s", g)
 	}
 	// Back to strict: the newest guard is reentrant, so a new migration again.

@@ -107,7 +107,7 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 		defer cancel()
 		_, _ = pool.Exec(cctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 		// Demo locks only: an application's lock rows are never deleted.
-		_, _ = pool.Exec(cctx, "DELETE FROM pgfence.locks WHERE name LIKE $1", lockPrefix+"%")
+		_, _ = pool.Exec(cctx, "DELETE FROM pgfence.locks WHERE name OPERATOR(pg_catalog.~~) $1", lockPrefix+"%")
 	}()
 
 	exe, err := os.Executable()
@@ -138,7 +138,7 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 		}
 		var balance int
 		var fence int64
-		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT balance, fence FROM %s WHERE id = 1", table)).Scan(&balance, &fence); err != nil {
+		if err := pool.QueryRow(ctx, fmt.Sprintf("SELECT balance, fence FROM %s WHERE (id OPERATOR(pg_catalog.=) 1)", table)).Scan(&balance, &fence); err != nil {
 			return err
 		}
 		want := demoStart + demoAmountA + demoAmountB

@@ -113,7 +113,7 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 		// later write is refused.
 		_, err = w.fw.Read(ctx, w.pool, tok, []any{1}, &balance)
 	} else {
-		err = w.pool.QueryRow(ctx, "SELECT balance FROM "+w.table+" WHERE id = 1").Scan(&balance)
+		err = w.pool.QueryRow(ctx, "SELECT balance FROM "+w.table+" WHERE (id OPERATOR(pg_catalog.=) 1)").Scan(&balance)
 	}
 	if err != nil {
 		return false, fmt.Errorf("read: %w", err)
@@ -158,7 +158,7 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 
 func (w *worker) write(ctx context.Context, tok int64, balance int) error {
 	if !w.fenced {
-		_, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1 WHERE id = 1", balance)
+		_, err := w.pool.Exec(ctx, "UPDATE "+w.table+" SET balance = $1 WHERE id OPERATOR(pg_catalog.=) 1", balance)
 		return err
 	}
 	_, err := w.fw.Update(ctx, w.pool, tok, []any{1}, []any{balance})

@@ -164,7 +164,7 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		return nil, err
 	}
 	var regclass *uint32
-	if err := pool.QueryRow(ctx, "SELECT to_regclass($1)::oid", ident.Sanitize()).Scan(&regclass); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid", ident.Sanitize()).Scan(&regclass); err != nil {
 		return nil, err
 	}
 	if regclass == nil {
@@ -173,9 +173,9 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 	// Row-level security policies are the table owner's code, run as the
 	// reader; a superuser bypasses them.
 	var rls bool
-	if err := pool.QueryRow(ctx, `SELECT c.relrowsecurity AND c.relowner OPERATOR(pg_catalog.<>) r.oid AND NOT r.rolsuper
+	if err := pool.QueryRow(ctx, `SELECT c.relrowsecurity AND (c.relowner OPERATOR(pg_catalog.<>) r.oid) AND NOT r.rolsuper
 		FROM pg_catalog.pg_class c, pg_catalog.pg_roles r
-		WHERE c.oid OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, *regclass).Scan(&rls); err != nil {
+		WHERE (c.oid OPERATOR(pg_catalog.=) $1) AND (r.rolname OPERATOR(pg_catalog.=) current_user)`, *regclass).Scan(&rls); err != nil {
 		return nil, err
 	}
 	if rls {
@@ -200,11 +200,11 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 			builtin, textual bool
 		)
 		err := pool.QueryRow(ctx, `SELECT pg_catalog.format_type(a.atttypid, a.atttypmod),
-				t.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace AND t.typtype OPERATOR(pg_catalog.<>) 'd',
-				a.atttypid OPERATOR(pg_catalog.=) ANY ('{text,varchar,bpchar,name}'::pg_catalog.regtype[]::pg_catalog.oid[])
-			FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
-			WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $2
-			  AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped`, *regclass, c).Scan(&typ, &builtin, &textual)
+				(t.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace) AND (t.typtype OPERATOR(pg_catalog.<>) 'd'),
+				(a.atttypid OPERATOR(pg_catalog.=) ANY ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.bpchar,pg_catalog.name}'::pg_catalog.regtype[]::pg_catalog.oid[]))
+			FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON (t.oid OPERATOR(pg_catalog.=) a.atttypid)
+			WHERE (a.attrelid OPERATOR(pg_catalog.=) $1) AND (a.attname OPERATOR(pg_catalog.=) $2)
+			  AND (a.attnum OPERATOR(pg_catalog.>) 0) AND NOT a.attisdropped`, *regclass, c).Scan(&typ, &builtin, &textual)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil, withCode(ExitNotFound, fmt.Errorf("table %s has no column %q", ident.Sanitize(), c))
 		}
@@ -222,19 +222,19 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 
 	keyExprs := make([]string, len(keys))
 	for i, k := range keys {
-		keyExprs[i] = "COALESCE(t." + pgx.Identifier{k}.Sanitize() + "::text, 'NULL')"
+		keyExprs[i] = "COALESCE(t." + pgx.Identifier{k}.Sanitize() + "::pg_catalog.text, 'NULL')"
 	}
 	fence := "t." + pgx.Identifier{fenceCol}.Sanitize()
 	var lockExpr string
 	args := []any{}
 	if lockName != "" {
-		lockExpr = "$1::text"
+		lockExpr = "$1::pg_catalog.text"
 		args = append(args, lockName)
 	} else {
-		lockExpr = "t." + pgx.Identifier{lockCol}.Sanitize() + "::text"
+		lockExpr = "t." + pgx.Identifier{lockCol}.Sanitize() + "::pg_catalog.text"
 	}
 	q := fmt.Sprintf(`SELECT ARRAY[%s], %s, %s, l.token
-		FROM %s t LEFT JOIN pgfence.lock_status l ON l.name = %s
+		FROM %s t LEFT JOIN pgfence.lock_status l ON (l.name OPERATOR(pg_catalog.=) %s)
 		ORDER BY %s LIMIT %d`,
 		strings.Join(keyExprs, ", "), fence, lockExpr,
 		ident.Sanitize(), lockExpr,

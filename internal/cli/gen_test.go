@@ -36,7 +36,7 @@ func TestGenFenced(t *testing.T) {
 		t.Fatalf("gen: %+v", r)
 	}
 	q, err := os.ReadFile(filepath.Join(qry, "fenced_invoices.sql"))
-	if err != nil || !strings.Contains(string(q), "FencedUpdateInvoicesReentrant") || !strings.Contains(string(q), `"fence" < @token`) {
+	if err != nil || !strings.Contains(string(q), "FencedUpdateInvoicesReentrant") || !strings.Contains(string(q), `"fence" OPERATOR(pg_catalog.<) @token`) {
 		t.Fatalf("query file: %v\n%s", err, q)
 	}
 	// The migration is a working goose migration.

@@ -62,7 +62,7 @@ every intent deleted) exits with code 3. Counting reads every intent.`,
 			}
 			defer pool.Close()
 			var exists bool
-			if err := pool.QueryRow(ctx, "SELECT to_regclass('pgfence.outbox_status') IS NOT NULL").Scan(&exists); err != nil {
+			if err := pool.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.outbox_status') IS NOT NULL").Scan(&exists); err != nil {
 				return err
 			}
 			if !exists {

@@ -207,7 +207,7 @@ func (a *app) connectMigrated(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	var ok bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass('pgfence.locks') IS NOT NULL").Scan(&ok); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.locks') IS NOT NULL").Scan(&ok); err != nil {
 		pool.Close()
 		return nil, err
 	}

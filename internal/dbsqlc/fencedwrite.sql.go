@@ -11,7 +11,7 @@ import (
 )
 
 const fenceOf = `-- name: FenceOf :one
-SELECT fence FROM pgfence.fenced_values WHERE key = $1
+SELECT fence FROM pgfence.fenced_values WHERE (key OPERATOR(pg_catalog.=) $1)
 `
 
 // FenceOf reads a row's current fence with a fresh snapshot (used only when a
@@ -26,13 +26,13 @@ func (q *Queries) FenceOf(ctx context.Context, db DBTX, key string) (int64, erro
 const fencedValueDelete = `-- name: FencedValueDelete :one
 WITH w AS (
     DELETE FROM pgfence.fenced_values v
-    WHERE v.key = $1 AND v.fence <= $2::bigint
+    WHERE (v.key OPERATOR(pg_catalog.=) $1) AND (v.fence OPERATOR(pg_catalog.<=) $2::bigint)
     RETURNING v.fence
 )
 SELECT true AS applied, w.fence FROM w
 UNION ALL
 SELECT false, c.fence FROM pgfence.fenced_values c
-WHERE c.key = $1 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueDeleteRow struct {
@@ -52,13 +52,13 @@ const fencedValueRead = `-- name: FencedValueRead :one
 WITH w AS (
     UPDATE pgfence.fenced_values v
     SET fence = $1::bigint
-    WHERE v.key = $2 AND v.fence <= $1::bigint
+    WHERE (v.key OPERATOR(pg_catalog.=) $2) AND (v.fence OPERATOR(pg_catalog.<=) $1::bigint)
     RETURNING v.value, v.fence, v.updated_at
 )
 SELECT true AS applied, w.value, w.fence, w.updated_at FROM w
 UNION ALL
 SELECT false, c.value, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE c.key = $2 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $2) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueReadRow struct {
@@ -86,14 +86,14 @@ const fencedValueUpdate = `-- name: FencedValueUpdate :one
 
 WITH w AS (
     UPDATE pgfence.fenced_values v
-    SET value = $1, fence = $2::bigint, updated_at = now()
-    WHERE v.key = $3 AND v.fence < $2::bigint
+    SET value = $1, fence = $2::bigint, updated_at = pg_catalog.now()
+    WHERE (v.key OPERATOR(pg_catalog.=) $3) AND (v.fence OPERATOR(pg_catalog.<) $2::bigint)
     RETURNING v.fence, v.updated_at
 )
 SELECT true AS applied, w.fence, w.updated_at FROM w
 UNION ALL
 SELECT false, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE c.key = $3 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $3) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueUpdateParams struct {
@@ -129,14 +129,14 @@ func (q *Queries) FencedValueUpdate(ctx context.Context, db DBTX, arg FencedValu
 const fencedValueUpdateReentrant = `-- name: FencedValueUpdateReentrant :one
 WITH w AS (
     UPDATE pgfence.fenced_values v
-    SET value = $1, fence = $2::bigint, updated_at = now()
-    WHERE v.key = $3 AND v.fence <= $2::bigint
+    SET value = $1, fence = $2::bigint, updated_at = pg_catalog.now()
+    WHERE (v.key OPERATOR(pg_catalog.=) $3) AND (v.fence OPERATOR(pg_catalog.<=) $2::bigint)
     RETURNING v.fence, v.updated_at
 )
 SELECT true AS applied, w.fence, w.updated_at FROM w
 UNION ALL
 SELECT false, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE c.key = $3 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $3) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueUpdateReentrantParams struct {
@@ -162,16 +162,16 @@ func (q *Queries) FencedValueUpdateReentrant(ctx context.Context, db DBTX, arg F
 const fencedValueUpsert = `-- name: FencedValueUpsert :one
 WITH w AS (
     INSERT INTO pgfence.fenced_values AS t (key, value, fence, updated_at)
-    VALUES ($1, $2, $3::bigint, now())
+    VALUES ($1, $2, $3::bigint, pg_catalog.now())
     ON CONFLICT (key) DO UPDATE
     SET value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at
-    WHERE t.fence < excluded.fence
-    RETURNING t.fence, t.updated_at, (t.xmax = 0) AS inserted
+    WHERE (t.fence OPERATOR(pg_catalog.<) excluded.fence)
+    RETURNING t.fence, t.updated_at, (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted
 )
 SELECT true AS applied, w.fence, w.updated_at, w.inserted FROM w
 UNION ALL
 SELECT false, c.fence, c.updated_at, false FROM pgfence.fenced_values c
-WHERE c.key = $1 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueUpsertParams struct {
@@ -203,16 +203,16 @@ func (q *Queries) FencedValueUpsert(ctx context.Context, db DBTX, arg FencedValu
 const fencedValueUpsertReentrant = `-- name: FencedValueUpsertReentrant :one
 WITH w AS (
     INSERT INTO pgfence.fenced_values AS t (key, value, fence, updated_at)
-    VALUES ($1, $2, $3::bigint, now())
+    VALUES ($1, $2, $3::bigint, pg_catalog.now())
     ON CONFLICT (key) DO UPDATE
     SET value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at
-    WHERE t.fence <= excluded.fence
-    RETURNING t.fence, t.updated_at, (t.xmax = 0) AS inserted
+    WHERE (t.fence OPERATOR(pg_catalog.<=) excluded.fence)
+    RETURNING t.fence, t.updated_at, (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted
 )
 SELECT true AS applied, w.fence, w.updated_at, w.inserted FROM w
 UNION ALL
 SELECT false, c.fence, c.updated_at, false FROM pgfence.fenced_values c
-WHERE c.key = $1 AND NOT EXISTS (SELECT 1 FROM w)
+WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
 `
 
 type FencedValueUpsertReentrantParams struct {
@@ -242,7 +242,7 @@ func (q *Queries) FencedValueUpsertReentrant(ctx context.Context, db DBTX, arg F
 }
 
 const getFencedValue = `-- name: GetFencedValue :one
-SELECT key, value, fence, updated_at FROM pgfence.fenced_values WHERE key = $1
+SELECT key, value, fence, updated_at FROM pgfence.fenced_values WHERE (key OPERATOR(pg_catalog.=) $1)
 `
 
 // GetFencedValue is a plain, unfenced read (for display; not for read-modify-write).
@@ -259,11 +259,11 @@ func (q *Queries) GetFencedValue(ctx context.Context, db DBTX, key string) (Pgfe
 }
 
 const listGuardedTables = `-- name: ListGuardedTables :many
-SELECT relid::text AS table_name, fence_column, lock_name, lock_name_column, lock_name_expression, mode,
+SELECT relid::pg_catalog.text AS table_name, fence_column, lock_name, lock_name_column, lock_name_expression, mode,
        trigger_function, guarded_at, guarded_by,
-       EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = g.relid) AS table_exists
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE (c.oid OPERATOR(pg_catalog.=) g.relid)) AS table_exists
 FROM pgfence.guarded_tables g
-ORDER BY relid::text
+ORDER BY relid::pg_catalog.text
 `
 
 type ListGuardedTablesRow struct {

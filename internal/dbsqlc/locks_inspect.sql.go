@@ -11,11 +11,11 @@ import (
 )
 
 const getLock = `-- name: GetLock :one
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
-       COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
-       now()::timestamptz AS db_now
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::pg_catalog.text AS state,
+       COALESCE(((extract(epoch FROM ((expires_at OPERATOR(pg_catalog.-) pg_catalog.now()))) OPERATOR(pg_catalog.*) 1000))::bigint, 0)::bigint AS expires_in_ms,
+       pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.lock_status
-WHERE name = $1
+WHERE (name OPERATOR(pg_catalog.=) $1)
 `
 
 type GetLockRow struct {
@@ -52,12 +52,12 @@ func (q *Queries) GetLock(ctx context.Context, db DBTX, name string) (GetLockRow
 }
 
 const listLocks = `-- name: ListLocks :many
-SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::text AS state,
-       COALESCE((extract(epoch FROM (expires_at - now())) * 1000)::bigint, 0)::bigint AS expires_in_ms,
-       now()::timestamptz AS db_now
+SELECT name, token, holder, acquired_at, renewed_at, expires_at, metadata, state::pg_catalog.text AS state,
+       COALESCE(((extract(epoch FROM ((expires_at OPERATOR(pg_catalog.-) pg_catalog.now()))) OPERATOR(pg_catalog.*) 1000))::bigint, 0)::bigint AS expires_in_ms,
+       pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.lock_status
-WHERE name LIKE $1
-  AND state = ANY ($2::text[])
+WHERE (name OPERATOR(pg_catalog.~~) $1::pg_catalog.text)
+  AND (state OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[]))
 ORDER BY name
 LIMIT $3
 `

@@ -13,7 +13,7 @@ import (
 const getOutboxIntent = `-- name: GetOutboxIntent :one
 SELECT id, topic, idempotency_key, lock_name, token, payload, created_at
 FROM pgfence.outbox
-WHERE id = $1
+WHERE (id OPERATOR(pg_catalog.=) $1)
 `
 
 // GetOutboxIntent reads the intent a dispatcher's job delivers (same id).
@@ -33,11 +33,11 @@ func (q *Queries) GetOutboxIntent(ctx context.Context, db DBTX, id int64) (Pgfen
 }
 
 const outboxEnqueue = `-- name: OutboxEnqueue :one
-SELECT e.intent_id::bigint AS id, e.duplicate::boolean AS duplicate, e.intent_topic::text AS topic,
-       e.intent_lock_name::text AS lock_name, e.intent_token::bigint AS token, e.enqueued_at::timestamptz AS created_at
+SELECT e.intent_id::bigint AS id, e.duplicate::boolean AS duplicate, e.intent_topic::pg_catalog.text AS topic,
+       e.intent_lock_name::pg_catalog.text AS lock_name, e.intent_token::bigint AS token, e.enqueued_at::pg_catalog.timestamptz AS created_at
 FROM pgfence.outbox_enqueue(
-    $1::text, $2::bigint, $3::text, $4::text,
-    $5::jsonb, $6::integer, $7::timestamptz) AS e
+    $1::pg_catalog.text, $2::bigint, $3::pg_catalog.text, $4::pg_catalog.text,
+    $5::pg_catalog.jsonb, $6::integer, $7::pg_catalog.timestamptz) AS e
 `
 
 type OutboxEnqueueParams struct {
@@ -94,7 +94,7 @@ SELECT topic,
        expired_claims::bigint AS expired_claims,
        delivered::bigint AS delivered,
        dead::bigint AS dead,
-       COALESCE(oldest_undelivered_seconds, 0)::float8 AS oldest_undelivered_seconds
+       COALESCE(oldest_undelivered_seconds, 0)::pg_catalog.float8 AS oldest_undelivered_seconds
 FROM pgfence.outbox_status
 ORDER BY topic
 `

@@ -12,14 +12,14 @@ import (
 
 const grantLock = `-- name: GrantLock :one
 UPDATE pgfence.locks AS l
-SET token       = l.token + 1,
-    holder      = $1::text,
-    acquired_at = now(),
+SET token       = (l.token OPERATOR(pg_catalog.+) 1),
+    holder      = $1::pg_catalog.text,
+    acquired_at = pg_catalog.now(),
     renewed_at  = NULL,
-    expires_at  = now() + $2::bigint * interval '1 microsecond'
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE l.name = $3::text
-  AND (l.holder IS NULL OR l.expires_at <= now())
+    expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) ($2::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) $3::pg_catalog.text)
+  AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
 RETURNING l.token, l.expires_at
 `
 
@@ -47,12 +47,12 @@ func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (
 }
 
 const handedLock = `-- name: HandedLock :one
-SELECT l.token, l.expires_at, now()::timestamptz AS db_now
+SELECT l.token, l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.lock_queue AS q
-JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
-WHERE q.wkey = $1::bigint
-  AND q.wait_id = $2::bigint
-  AND l.expires_at > now()
+JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
+WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
+  AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
 `
 
 type HandedLockRow struct {
@@ -73,9 +73,9 @@ func (q *Queries) HandedLock(ctx context.Context, db DBTX, wkey int64, waitID in
 
 const insertLock = `-- name: InsertLock :one
 INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-SELECT $1::text, 1, $2::text, now(), NULL,
-       now() + $3::bigint * interval '1 microsecond'
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
+SELECT $1::pg_catalog.text, 1, $2::pg_catalog.text, pg_catalog.now(), NULL,
+       (pg_catalog.now() OPERATOR(pg_catalog.+) ($3::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
 ON CONFLICT (name) DO NOTHING
 RETURNING l.token, l.expires_at
 `
@@ -103,8 +103,8 @@ func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams)
 
 const leaveQueue = `-- name: LeaveQueue :one
 DELETE FROM pgfence.lock_queue AS q
-WHERE q.wkey = $1::bigint
-RETURNING (CASE WHEN q.wait_id = $2::bigint THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
+WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
+RETURNING (CASE WHEN (q.wait_id OPERATOR(pg_catalog.=) $2::bigint) THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
           AS granted_token
 `
 
@@ -122,10 +122,10 @@ func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, wkey int64, waitID in
 
 const lockHolder = `-- name: LockHolder :one
 SELECT name, token, holder, expires_at,
-       COALESCE(holder IS NOT NULL AND expires_at > now(), false)::boolean AS held,
-       now()::timestamptz AS db_now
+       COALESCE(holder IS NOT NULL AND (expires_at OPERATOR(pg_catalog.>) pg_catalog.now()), false)::boolean AS held,
+       pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.locks
-WHERE name = $1::text
+WHERE (name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
 `
 
 type LockHolderRow struct {
@@ -157,41 +157,41 @@ const queueGrant = `-- name: QueueGrant :one
 WITH handed AS (
     SELECT l.token, l.expires_at
     FROM pgfence.lock_queue AS q
-    JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.holder = q.holder
-    WHERE q.wkey = $1::bigint
-      AND q.wait_id = $2::bigint
-      AND l.expires_at > now()
+    JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
+    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
+      AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
 ), upd AS (
     UPDATE pgfence.locks AS l
-    SET token         = l.token + 1,
-        holder        = $3::text,
-        acquired_at   = now(),
+    SET token         = (l.token OPERATOR(pg_catalog.+) 1),
+        holder        = $3::pg_catalog.text,
+        acquired_at   = pg_catalog.now(),
         renewed_at    = NULL,
-        expires_at    = now() + $4::bigint * interval '1 microsecond'
-    WHERE l.name = $5::text
-      AND (l.holder IS NULL OR l.expires_at <= now())
+        expires_at    = (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
+      AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
     RETURNING l.token, l.expires_at
 ), ins AS (
     INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT $5::text, 1, $3::text, now(), NULL,
-           now() + $4::bigint * interval '1 microsecond'
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = $5::text)
+    SELECT $5::pg_catalog.text, 1, $3::pg_catalog.text, pg_catalog.now(), NULL,
+           (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
+    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE (e.name OPERATOR(pg_catalog.=) $5::pg_catalog.text))
     ON CONFLICT (name) DO NOTHING
     RETURNING l.token, l.expires_at
 ), cur AS (
     SELECT l.holder, l.expires_at, l.waiting_since
     FROM pgfence.locks AS l
-    WHERE l.name = $5::text
+    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
       AND l.holder IS NOT NULL
-      AND l.expires_at > now()
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
       AND NOT EXISTS (SELECT 1 FROM handed)
 ), m AS (
     UPDATE pgfence.locks AS l
-    SET waiting_since = now()
-    WHERE l.name = $5::text
+    SET waiting_since = pg_catalog.now()
+    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
       AND l.holder IS NOT NULL
-      AND l.expires_at > now()
-      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+      AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds')))
       AND NOT EXISTS (SELECT 1 FROM handed)
     RETURNING l.holder, l.expires_at
 ), enq AS (
@@ -199,12 +199,12 @@ WITH handed AS (
     -- gone (deleted as dead) or was handed a lease that has ended since.
     -- Queue with a new ticket, reusing the row of wkey if there is one.
     INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, ttl_us, alive_until)
-    SELECT $1::bigint, $2::bigint, $5::text, $3::text,
-           $4::bigint, now() + $4::bigint * interval '1 microsecond'
+    SELECT $1::bigint, $2::bigint, $5::pg_catalog.text, $3::pg_catalog.text,
+           $4::bigint, (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM cur
     WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
-                      WHERE e.wkey = $1::bigint
-                        AND e.wait_id = $2::bigint
+                      WHERE (e.wkey OPERATOR(pg_catalog.=) $1::bigint)
+                        AND (e.wait_id OPERATOR(pg_catalog.=) $2::bigint)
                         AND e.granted_token IS NULL)
     ON CONFLICT (wkey) DO UPDATE
     SET ticket        = DEFAULT,
@@ -219,21 +219,21 @@ WITH handed AS (
     -- Only once half of the waiter's TTL is gone: a row locked by a refresh
     -- is skipped by a concurrent release.
     UPDATE pgfence.lock_queue AS q
-    SET alive_until = now() + $4::bigint * interval '1 microsecond'
+    SET alive_until = (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM cur
-    WHERE q.wkey = $1::bigint
-      AND q.wait_id = $2::bigint
-      AND q.name = $5::text
+    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
+      AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
+      AND (q.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
       AND q.granted_token IS NULL
-      AND q.alive_until < now() + ($4::bigint / 2) * interval '1 microsecond'
+      AND (q.alive_until OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.+) ((($4::bigint OPERATOR(pg_catalog./) 2)) OPERATOR(pg_catalog.*) interval '1 microsecond')))
     RETURNING q.ticket
 ), end_own AS (
     -- Granted here: this wait is over, no release may serve its row; it
     -- stays for the Locker's next wait for 10 seconds, as after a handoff.
     UPDATE pgfence.lock_queue AS q
     SET granted_token = 0,
-        alive_until   = now() + interval '10 seconds'
-    WHERE q.wkey = $1::bigint
+        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
+    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
       AND q.granted_token IS NULL
       AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
     RETURNING q.ticket
@@ -242,21 +242,21 @@ WITH handed AS (
     -- wait mark lost with the server is written again by the waiter when its
     -- listener reconnects (off). A grant returns a row, so this is evaluated
     -- whenever one happened; it reads upd and ins, so it runs after them.
-    SELECT set_config('synchronous_commit',
+    SELECT pg_catalog.set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
                       true) AS sync
 )
 SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
 FROM (
-    SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder, now()::timestamptz AS db_now FROM handed
+    SELECT true AS granted, handed.token, handed.expires_at, NULL::pg_catalog.text AS holder, pg_catalog.now()::pg_catalog.timestamptz AS db_now FROM handed
     UNION ALL
-    SELECT true, upd.token, upd.expires_at, NULL::text, now()::timestamptz FROM upd
+    SELECT true, upd.token, upd.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM upd
     UNION ALL
-    SELECT true, ins.token, ins.expires_at, NULL::text, now()::timestamptz FROM ins
+    SELECT true, ins.token, ins.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM ins
     UNION ALL
-    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), now()::timestamptz
+    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), pg_catalog.now()::pg_catalog.timestamptz
     FROM cur LEFT JOIN m ON true
-    WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+    WHERE m.holder IS NOT NULL OR (cur.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds'))
 ) AS r CROSS JOIN dur
 `
 
@@ -311,9 +311,9 @@ const releaseLock = `-- name: ReleaseLock :one
 WITH nxt AS (
     SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
     FROM pgfence.lock_queue AS q
-    WHERE q.name = $1::text
+    WHERE (q.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
       AND q.granted_token IS NULL
-      AND q.alive_until > now()
+      AND (q.alive_until OPERATOR(pg_catalog.>) pg_catalog.now())
     ORDER BY q.ticket
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -321,20 +321,20 @@ WITH nxt AS (
     -- A handoff is a grant: durable. A plain release does not wait for the
     -- flush: lost in a crash, it only keeps the lock until its expiry (the
     -- token is not re-issued), and a later grant that saw it flushes it.
-    SELECT set_config('synchronous_commit',
+    SELECT pg_catalog.set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on' ELSE 'off' END, true) AS sync
 ), rel AS (
     UPDATE pgfence.locks AS l
-    SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
+    SET token       = (l.token OPERATOR(pg_catalog.+) CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END),
         holder      = n.holder,
-        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE now() END,
+        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE pg_catalog.now() END,
         renewed_at  = NULL,
-        expires_at  = now() + n.ttl_us * interval '1 microsecond'
+        expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) (n.ttl_us OPERATOR(pg_catalog.*) interval '1 microsecond'))
     FROM sc LEFT JOIN nxt AS n ON true
-    WHERE l.name = $1::text
-      AND l.holder = $2::text
-      AND l.token = $3::bigint
-      AND l.expires_at > now()
+    WHERE (l.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+      AND (l.holder OPERATOR(pg_catalog.=) $2::pg_catalog.text)
+      AND (l.token OPERATOR(pg_catalog.=) $3::bigint)
+      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
     RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
 ), handed AS (
     -- The wait is over: the row stays for its Locker's next wait of the
@@ -343,25 +343,24 @@ WITH nxt AS (
     -- so the row is there for the waiter to read its lease.
     UPDATE pgfence.lock_queue AS q
     SET granted_token = rel.token,
-        alive_until   = now() + interval '10 seconds'
+        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
     FROM rel
-    WHERE q.wkey = rel.wkey
-      AND q.ticket = rel.ticket
+    WHERE (q.wkey OPERATOR(pg_catalog.=) rel.wkey)
+      AND (q.ticket OPERATOR(pg_catalog.=) rel.ticket)
     RETURNING q.ticket
 ), gc AS (
     DELETE FROM pgfence.lock_queue AS q
     USING rel
-    WHERE q.name = rel.name
-      AND q.alive_until <= now()
+    WHERE (q.name OPERATOR(pg_catalog.=) rel.name)
+      AND (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())
     RETURNING q.ticket
 )
 SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
        ((CASE WHEN rel.ticket IS NOT NULL
-                  THEN pg_notify('pgfence_lock_handoff',
-                                 rel.wkey::text || ' ' || rel.wait_id::text || ' ' || rel.token::text || ' '
-                                 || (extract(epoch FROM rel.expires_at) * 1000000)::bigint::text)::text
-             WHEN rel.waiting_since > now() - interval '100 seconds'
-                  THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL)::boolean AS notified
+                  THEN pg_catalog.pg_notify('pgfence_lock_handoff',
+                                 ((((((rel.wkey::pg_catalog.text OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.wait_id::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.token::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) ((extract(epoch FROM rel.expires_at) OPERATOR(pg_catalog.*) 1000000))::bigint::pg_catalog.text))::pg_catalog.text
+             WHEN (rel.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds'))
+                  THEN pg_catalog.pg_notify('pgfence_lock_released', rel.name)::pg_catalog.text END) IS NOT NULL)::boolean AS notified
 FROM rel
 `
 
@@ -399,15 +398,15 @@ UPDATE pgfence.locks AS l
 SET holder     = NULL,
     renewed_at = NULL,
     expires_at = NULL
-FROM (SELECT set_config('synchronous_commit', 'off', true) AS sync) AS sc
-WHERE l.name = $1::text
-  AND l.holder = $2::text
-  AND l.token = $3::bigint
-  AND l.expires_at > now()
-  AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'off', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+  AND (l.holder OPERATOR(pg_catalog.=) $2::pg_catalog.text)
+  AND (l.token OPERATOR(pg_catalog.=) $3::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+  AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds')))
   AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
-                  WHERE q.name = $1::text
-                    AND (q.granted_token IS NULL OR q.alive_until <= now()))
+                  WHERE (q.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
+                    AND (q.granted_token IS NULL OR (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())))
 RETURNING l.token
 `
 
@@ -440,14 +439,14 @@ func (q *Queries) ReleaseUnwaitedLock(ctx context.Context, db DBTX, arg ReleaseU
 
 const renewLock = `-- name: RenewLock :one
 UPDATE pgfence.locks AS l
-SET expires_at = now() + $1::bigint * interval '1 microsecond',
-    renewed_at = now()
-FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE l.name = $2::text
-  AND l.holder = $3::text
-  AND l.token = $4::bigint
-  AND l.expires_at > now()
-RETURNING l.expires_at, now()::timestamptz AS db_now
+SET expires_at = (pg_catalog.now() OPERATOR(pg_catalog.+) ($1::bigint OPERATOR(pg_catalog.*) interval '1 microsecond')),
+    renewed_at = pg_catalog.now()
+FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
+WHERE (l.name OPERATOR(pg_catalog.=) $2::pg_catalog.text)
+  AND (l.holder OPERATOR(pg_catalog.=) $3::pg_catalog.text)
+  AND (l.token OPERATOR(pg_catalog.=) $4::bigint)
+  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+RETURNING l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now
 `
 
 type RenewLockParams struct {

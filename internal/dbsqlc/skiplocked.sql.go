@@ -16,14 +16,14 @@ const claimJobs = `-- name: ClaimJobs :many
 WITH due AS (
     SELECT a.id, a.priority, a.run_at
     FROM pgfence.jobs a
-    WHERE a.queue = $1 AND a.state = 'available' AND a.run_at <= now()
+    WHERE (a.queue OPERATOR(pg_catalog.=) $1) AND (a.state OPERATOR(pg_catalog.=) 'available') AND (a.run_at OPERATOR(pg_catalog.<=) pg_catalog.now())
     ORDER BY a.priority, a.run_at, a.id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), expired AS (
     SELECT r.id, r.priority, r.run_at
     FROM pgfence.jobs r
-    WHERE r.queue = $1 AND r.state = 'running' AND r.claim_expires_at <= now()
+    WHERE (r.queue OPERATOR(pg_catalog.=) $1) AND (r.state OPERATOR(pg_catalog.=) 'running') AND (r.claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now())
     ORDER BY r.claim_expires_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -36,24 +36,24 @@ WITH due AS (
     LIMIT $2
 ), claimed AS (
     UPDATE pgfence.jobs j
-    SET state            = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'running' END,
-        attempts         = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.attempts ELSE j.attempts + 1 END,
-        holder       = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.holder ELSE $3::text END,
-        claim_token      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.claim_token
-                                ELSE nextval('pgfence.jobs_claim_token_seq') END,
-        claim_expires_at = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN NULL
-                                ELSE now() + interval '1 millisecond' * $4::bigint END,
-        last_error       = CASE WHEN j.state = 'running'
-                                THEN 'claim ' || j.claim_token || ' of ' || j.holder || ' expired at ' || j.claim_expires_at
+    SET state            = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN 'dead' ELSE 'running' END,
+        attempts         = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.attempts ELSE (j.attempts OPERATOR(pg_catalog.+) 1) END,
+        holder       = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.holder ELSE $3::pg_catalog.text END,
+        claim_token      = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.claim_token
+                                ELSE pg_catalog.nextval('pgfence.jobs_claim_token_seq') END,
+        claim_expires_at = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN NULL
+                                ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $4::bigint)) END,
+        last_error       = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running')
+                                THEN ((((('claim ' OPERATOR(pg_catalog.||) j.claim_token) OPERATOR(pg_catalog.||) ' of ') OPERATOR(pg_catalog.||) j.holder) OPERATOR(pg_catalog.||) ' expired at ') OPERATOR(pg_catalog.||) j.claim_expires_at)
                                 ELSE j.last_error END,
-        finished_at      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN now() END,
-        claim_outcome    = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'expired' END,
-        updated_at       = now()
-    WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        finished_at      = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN pg_catalog.now() END,
+        claim_outcome    = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN 'expired' END,
+        updated_at       = pg_catalog.now()
+    WHERE (j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p)))
     RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
 )
 SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
-WHERE claimed.state = 'running'
+WHERE (claimed.state OPERATOR(pg_catalog.=) 'running')
 ORDER BY claimed.priority, claimed.run_at, claimed.id
 `
 
@@ -135,7 +135,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 
 const claimJobsTx = `-- name: ClaimJobsTx :many
 SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
-WHERE queue = $1 AND state = 'available' AND run_at <= now()
+WHERE (queue OPERATOR(pg_catalog.=) $1) AND (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now())
 ORDER BY priority, run_at, id
 LIMIT $2
 FOR UPDATE SKIP LOCKED
@@ -183,8 +183,8 @@ func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJob
 
 const completeJobTx = `-- name: CompleteJobTx :execrows
 UPDATE pgfence.jobs
-SET state = 'completed', finished_at = now(), updated_at = now()
-WHERE id = $1 AND state = 'available'
+SET state = 'completed', finished_at = pg_catalog.now(), updated_at = pg_catalog.now()
+WHERE (id OPERATOR(pg_catalog.=) $1) AND (state OPERATOR(pg_catalog.=) 'available')
 `
 
 // CompleteJobTx marks a job claimed by ClaimJobsTx completed, in the same
@@ -199,9 +199,9 @@ func (q *Queries) CompleteJobTx(ctx context.Context, db DBTX, id int64) (int64, 
 
 const completeJobs = `-- name: CompleteJobs :many
 UPDATE pgfence.jobs j
-SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::bigint[]) AS claim_token) AS c
-WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = pg_catalog.now(), updated_at = pg_catalog.now()
+FROM (SELECT pg_catalog.unnest($1::bigint[]) AS id, pg_catalog.unnest($2::bigint[]) AS claim_token) AS c
+WHERE (j.id OPERATOR(pg_catalog.=) c.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
 RETURNING j.id
 `
 
@@ -230,8 +230,8 @@ func (q *Queries) CompleteJobs(ctx context.Context, db DBTX, ids []int64, claimT
 
 const deleteFinishedJobs = `-- name: DeleteFinishedJobs :execrows
 DELETE FROM pgfence.jobs
-WHERE id IN (SELECT f.id FROM pgfence.jobs f
-             WHERE f.state IN ('completed', 'dead') AND f.finished_at < $1::timestamptz
+WHERE id OPERATOR(pg_catalog.=) ANY (SELECT f.id FROM pgfence.jobs f
+             WHERE (f.state OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'dead']::pg_catalog.text[])) AND (f.finished_at OPERATOR(pg_catalog.<) $1::pg_catalog.timestamptz)
              ORDER BY f.finished_at
              LIMIT $2)
 `
@@ -249,7 +249,7 @@ func (q *Queries) DeleteFinishedJobs(ctx context.Context, db DBTX, finishedBefor
 const enqueueJob = `-- name: EnqueueJob :one
 
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
-VALUES ($1, $2, $3, coalesce($4::timestamptz, now()), $5)
+VALUES ($1, $2, $3, coalesce($4::pg_catalog.timestamptz, pg_catalog.now()), $5)
 RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
@@ -297,11 +297,11 @@ func (q *Queries) EnqueueJob(ctx context.Context, db DBTX, arg EnqueueJobParams)
 
 const enqueueJobs = `-- name: EnqueueJobs :many
 INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
-SELECT t.queue, t.payload::jsonb, t.priority,
-       CASE WHEN t.run_now THEN now() ELSE t.run_at END, t.max_attempts
-FROM (SELECT unnest($1::text[]) AS queue, unnest($2::text[]) AS payload,
-             unnest($3::smallint[]) AS priority, unnest($4::timestamptz[]) AS run_at,
-             unnest($5::boolean[]) AS run_now, unnest($6::integer[]) AS max_attempts) AS t
+SELECT t.queue, t.payload::pg_catalog.jsonb, t.priority,
+       CASE WHEN t.run_now THEN pg_catalog.now() ELSE t.run_at END, t.max_attempts
+FROM (SELECT pg_catalog.unnest($1::pg_catalog.text[]) AS queue, pg_catalog.unnest($2::pg_catalog.text[]) AS payload,
+             pg_catalog.unnest($3::smallint[]) AS priority, pg_catalog.unnest($4::pg_catalog.timestamptz[]) AS run_at,
+             pg_catalog.unnest($5::boolean[]) AS run_now, pg_catalog.unnest($6::integer[]) AS max_attempts) AS t
 RETURNING id
 `
 
@@ -344,15 +344,15 @@ func (q *Queries) EnqueueJobs(ctx context.Context, db DBTX, arg EnqueueJobsParam
 
 const failJob = `-- name: FailJob :one
 UPDATE pgfence.jobs
-SET state            = CASE WHEN attempts >= max_attempts OR $1::boolean THEN 'dead' ELSE 'available' END,
-    run_at           = CASE WHEN attempts >= max_attempts OR $1::boolean THEN run_at
-                            ELSE now() + interval '1 millisecond' * $2::bigint END,
-    finished_at      = CASE WHEN attempts >= max_attempts OR $1::boolean THEN now() END,
-    last_error       = $3::text,
+SET state            = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN 'dead' ELSE 'available' END,
+    run_at           = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN run_at
+                            ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $2::bigint)) END,
+    finished_at      = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN pg_catalog.now() END,
+    last_error       = $3::pg_catalog.text,
     claim_expires_at = NULL,
     claim_outcome    = 'failed',
-    updated_at       = now()
-WHERE id = $4 AND claim_token = $5::bigint AND state = 'running'
+    updated_at       = pg_catalog.now()
+WHERE (id OPERATOR(pg_catalog.=) $4) AND (claim_token OPERATOR(pg_catalog.=) $5::bigint) AND (state OPERATOR(pg_catalog.=) 'running')
 RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
@@ -399,14 +399,14 @@ func (q *Queries) FailJob(ctx context.Context, db DBTX, arg FailJobParams) (Pgfe
 
 const failJobTx = `-- name: FailJobTx :one
 UPDATE pgfence.jobs
-SET attempts    = attempts + 1,
-    state       = CASE WHEN attempts + 1 >= max_attempts OR $1::boolean THEN 'dead' ELSE 'available' END,
-    run_at      = CASE WHEN attempts + 1 >= max_attempts OR $1::boolean THEN run_at
-                       ELSE now() + interval '1 millisecond' * $2::bigint END,
-    finished_at = CASE WHEN attempts + 1 >= max_attempts OR $1::boolean THEN now() END,
-    last_error  = $3::text,
-    updated_at  = now()
-WHERE id = $4 AND state = 'available'
+SET attempts    = (attempts OPERATOR(pg_catalog.+) 1),
+    state       = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN 'dead' ELSE 'available' END,
+    run_at      = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN run_at
+                       ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $2::bigint)) END,
+    finished_at = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN pg_catalog.now() END,
+    last_error  = $3::pg_catalog.text,
+    updated_at  = pg_catalog.now()
+WHERE (id OPERATOR(pg_catalog.=) $4) AND (state OPERATOR(pg_catalog.=) 'available')
 RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
 `
 
@@ -449,7 +449,7 @@ func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (
 }
 
 const getJob = `-- name: GetJob :one
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE id = $1
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) $1)
 `
 
 // GetJob returns one job.
@@ -478,7 +478,7 @@ func (q *Queries) GetJob(ctx context.Context, db DBTX, id int64) (PgfenceJob, er
 }
 
 const getJobClaims = `-- name: GetJobClaims :many
-SELECT id, state, claim_token, holder, claim_outcome FROM pgfence.jobs WHERE id = ANY($1::bigint[])
+SELECT id, state, claim_token, holder, claim_outcome FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) ANY($1::bigint[]))
 `
 
 type GetJobClaimsRow struct {
@@ -520,17 +520,17 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 
 const heartbeatJobs = `-- name: HeartbeatJobs :many
 WITH c AS (
-    SELECT unnest($2::bigint[]) AS id, unnest($3::bigint[]) AS claim_token
+    SELECT pg_catalog.unnest($2::bigint[]) AS id, pg_catalog.unnest($3::bigint[]) AS claim_token
 ), held AS (
     SELECT h.id
-    FROM pgfence.jobs h JOIN c ON c.id = h.id AND c.claim_token = h.claim_token
-    WHERE h.state = 'running'
+    FROM pgfence.jobs h JOIN c ON (c.id OPERATOR(pg_catalog.=) h.id) AND (c.claim_token OPERATOR(pg_catalog.=) h.claim_token)
+    WHERE (h.state OPERATOR(pg_catalog.=) 'running')
     FOR UPDATE OF h SKIP LOCKED
 )
 UPDATE pgfence.jobs j
-SET claim_expires_at = now() + interval '1 millisecond' * $1::bigint, updated_at = now()
+SET claim_expires_at = (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $1::bigint)), updated_at = pg_catalog.now()
 FROM held, c
-WHERE j.id = held.id AND c.id = j.id AND j.claim_token = c.claim_token AND j.state = 'running'
+WHERE (j.id OPERATOR(pg_catalog.=) held.id) AND (c.id OPERATOR(pg_catalog.=) j.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
 RETURNING j.id, j.claim_expires_at
 `
 
@@ -569,14 +569,14 @@ func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsP
 }
 
 const queueDepth = `-- name: QueueDepth :one
-SELECT count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
-       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
-       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
-       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
-       count(*) FILTER (WHERE state = 'completed')                              AS completed,
-       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+SELECT pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.>) pg_catalog.now()))           AS scheduled,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.>) pg_catalog.now()))   AS running,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))  AS expired,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'completed'))                              AS completed,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'dead'))                                   AS dead
 FROM pgfence.jobs
-WHERE queue = $1
+WHERE (queue OPERATOR(pg_catalog.=) $1)
 `
 
 type QueueDepthRow struct {
@@ -605,12 +605,12 @@ func (q *Queries) QueueDepth(ctx context.Context, db DBTX, queue string) (QueueD
 
 const queueDepths = `-- name: QueueDepths :many
 SELECT queue,
-       count(*) FILTER (WHERE state = 'available' AND run_at <= now())          AS available,
-       count(*) FILTER (WHERE state = 'available' AND run_at > now())           AS scheduled,
-       count(*) FILTER (WHERE state = 'running' AND claim_expires_at > now())   AS running,
-       count(*) FILTER (WHERE state = 'running' AND claim_expires_at <= now())  AS expired,
-       count(*) FILTER (WHERE state = 'completed')                              AS completed,
-       count(*) FILTER (WHERE state = 'dead')                                   AS dead
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.>) pg_catalog.now()))           AS scheduled,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.>) pg_catalog.now()))   AS running,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))  AS expired,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'completed'))                              AS completed,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'dead'))                                   AS dead
 FROM pgfence.jobs
 GROUP BY queue
 ORDER BY queue
@@ -656,7 +656,7 @@ func (q *Queries) QueueDepths(ctx context.Context, db DBTX) ([]QueueDepthsRow, e
 }
 
 const queueHasJobs = `-- name: QueueHasJobs :one
-SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE queue = $1) AS found
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE (queue OPERATOR(pg_catalog.=) $1)) AS found
 `
 
 // QueueHasJobs reports whether a queue has any job, finished or not (a
@@ -669,8 +669,8 @@ func (q *Queries) QueueHasJobs(ctx context.Context, db DBTX, queue string) (bool
 }
 
 const queueHasUnfinished = `-- name: QueueHasUnfinished :one
-SELECT EXISTS (SELECT 1 FROM pgfence.jobs a WHERE a.queue = $1 AND a.state = 'available')
-    OR EXISTS (SELECT 1 FROM pgfence.jobs r WHERE r.queue = $1 AND r.state = 'running') AS unfinished
+SELECT EXISTS (SELECT 1 FROM pgfence.jobs a WHERE (a.queue OPERATOR(pg_catalog.=) $1) AND (a.state OPERATOR(pg_catalog.=) 'available'))
+    OR EXISTS (SELECT 1 FROM pgfence.jobs r WHERE (r.queue OPERATOR(pg_catalog.=) $1) AND (r.state OPERATOR(pg_catalog.=) 'running')) AS unfinished
 `
 
 // QueueHasUnfinished reports whether a queue has a job that is available
@@ -685,10 +685,10 @@ func (q *Queries) QueueHasUnfinished(ctx context.Context, db DBTX, queue string)
 
 const releaseJobs = `-- name: ReleaseJobs :many
 UPDATE pgfence.jobs j
-SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, claim_outcome = 'released',
-    updated_at = now()
-FROM (SELECT unnest($1::bigint[]) AS id, unnest($2::bigint[]) AS claim_token) AS c
-WHERE j.id = c.id AND j.claim_token = c.claim_token AND j.state = 'running'
+SET state = 'available', attempts = greatest((j.attempts OPERATOR(pg_catalog.-) 1), 0), claim_expires_at = NULL, claim_outcome = 'released',
+    updated_at = pg_catalog.now()
+FROM (SELECT pg_catalog.unnest($1::bigint[]) AS id, pg_catalog.unnest($2::bigint[]) AS claim_token) AS c
+WHERE (j.id OPERATOR(pg_catalog.=) c.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
 RETURNING j.id
 `
 

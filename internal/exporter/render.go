@@ -43,7 +43,7 @@ func (e *Exporter) collect(ctx context.Context) (*snapshot, error) {
 		limit = time.Until(dl)
 	}
 	ms := strconv.FormatInt(max(limit.Milliseconds(), 1), 10)
-	if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)", ms); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_catalog.set_config('statement_timeout', $1, true), pg_catalog.set_config('lock_timeout', $1, true)", ms); err != nil {
 		return nil, fmt.Errorf("set timeouts: %w", err)
 	}
 	tables, err := e.q.ExporterTables(ctx, tx)

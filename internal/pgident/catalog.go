@@ -41,6 +41,9 @@ type Column struct {
 	NotNull    bool   `json:"not_null"`
 	HasDefault bool   `json:"has_default"` // a default or a generation expression
 	Generated  bool   `json:"generated"`   // GENERATED ALWAYS AS (...) STORED
+	// Builtin: the column's type is one of PostgreSQL's own (schema
+	// pg_catalog), whose operators statements name as OPERATOR(pg_catalog.op).
+	Builtin bool `json:"builtin"`
 }
 
 // Table is what [Lookup] reads from the catalog.
@@ -87,28 +90,29 @@ func IsUniqueKey(keys [][]string, cols []string) bool {
 // parameter; to_regclass parses its quoted form, resolves it through
 // search_path and returns NULL (no row) when it does not exist.
 const lookupSQL = `
-SELECT c.oid, n.nspname::text, c.relname::text, c.relkind::text,
-       ARRAY(SELECT t.tgname::text FROM pg_catalog.pg_trigger t
-             WHERE t.tgrelid = c.oid AND NOT t.tgisinternal ORDER BY 1),
-       COALESCE((SELECT json_agg(json_build_object(
-                        'name', a.attname::text,
+SELECT c.oid, n.nspname::pg_catalog.text, c.relname::pg_catalog.text, c.relkind::pg_catalog.text,
+       ARRAY(SELECT t.tgname::pg_catalog.text FROM pg_catalog.pg_trigger t
+             WHERE (t.tgrelid OPERATOR(pg_catalog.=) c.oid) AND NOT t.tgisinternal ORDER BY 1),
+       COALESCE((SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
+                        'name', a.attname::pg_catalog.text,
                         'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
                         'not_null', a.attnotnull,
                         'has_default', a.atthasdef,
-                        'generated', a.attgenerated <> '') ORDER BY a.attnum)
-                 FROM pg_catalog.pg_attribute a
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'),
-       COALESCE((SELECT json_agg(ARRAY(
-                        SELECT a.attname::text
-                        FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-                        JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                        WHERE k.ord <= i.indnkeyatts
+                        'generated', (a.attgenerated OPERATOR(pg_catalog.<>) ''),
+                        'builtin', (ty.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)) ORDER BY a.attnum)
+                 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON (ty.oid OPERATOR(pg_catalog.=) a.atttypid)
+                 WHERE (a.attrelid OPERATOR(pg_catalog.=) c.oid) AND (a.attnum OPERATOR(pg_catalog.>) 0) AND NOT a.attisdropped), '[]'),
+       COALESCE((SELECT pg_catalog.json_agg(ARRAY(
+                        SELECT a.attname::pg_catalog.text
+                        FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, ord)
+                        JOIN pg_catalog.pg_attribute a ON (a.attrelid OPERATOR(pg_catalog.=) i.indrelid) AND (a.attnum OPERATOR(pg_catalog.=) k.attnum)
+                        WHERE (k.ord OPERATOR(pg_catalog.<=) i.indnkeyatts)
                         ORDER BY k.ord) ORDER BY i.indisprimary DESC, i.indexrelid)
                  FROM pg_catalog.pg_index i
-                 WHERE i.indrelid = c.oid AND i.indisunique AND i.indisvalid
+                 WHERE (i.indrelid OPERATOR(pg_catalog.=) c.oid) AND i.indisunique AND i.indisvalid
                    AND i.indpred IS NULL AND i.indexprs IS NULL), '[]')
-FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = pg_catalog.to_regclass($1)`
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON (n.oid OPERATOR(pg_catalog.=) c.relnamespace)
+WHERE (c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1))`
 
 // Lookup reads table t from the catalog through q: its columns, unique keys
 // and triggers. It returns a *[TableError] when t does not exist or is not an

@@ -24,6 +24,7 @@ func TestLookupTable(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	if _, err := pool.Exec(ctx, `
+		CREATE DOMAIN item_label AS text;
 		CREATE TABLE items (
 			id       bigint PRIMARY KEY,
 			gone     int,
@@ -31,7 +32,8 @@ func TestLookupTable(t *testing.T) {
 			code     varchar(20) NOT NULL,
 			qty      int,
 			"Mixed"  int,
-			doubled  int GENERATED ALWAYS AS (qty * 2) STORED
+			doubled  int GENERATED ALWAYS AS (qty * 2) STORED,
+			label    item_label
 		);
 		ALTER TABLE items DROP COLUMN gone;
 		CREATE UNIQUE INDEX items_code_tenant ON items (code, tenant);
@@ -54,12 +56,13 @@ func TestLookupTable(t *testing.T) {
 			t.Fatalf("Lookup(%s) = %+v", name, got)
 		}
 		wantCols := []Column{
-			{Name: "id", Type: "bigint", NotNull: true},
-			{Name: "tenant", Type: "text", NotNull: true, HasDefault: true},
-			{Name: "code", Type: "character varying(20)", NotNull: true},
-			{Name: "qty", Type: "integer"},
-			{Name: "Mixed", Type: "integer"},
-			{Name: "doubled", Type: "integer", HasDefault: true, Generated: true},
+			{Name: "id", Type: "bigint", NotNull: true, Builtin: true},
+			{Name: "tenant", Type: "text", NotNull: true, HasDefault: true, Builtin: true},
+			{Name: "code", Type: "character varying(20)", NotNull: true, Builtin: true},
+			{Name: "qty", Type: "integer", Builtin: true},
+			{Name: "Mixed", Type: "integer", Builtin: true},
+			{Name: "doubled", Type: "integer", HasDefault: true, Generated: true, Builtin: true},
+			{Name: "label", Type: "item_label"}, // a domain of schema public
 		}
 		if !reflect.DeepEqual(got.Columns, wantCols) {
 			t.Errorf("columns\n got %+v\nwant %+v", got.Columns, wantCols)

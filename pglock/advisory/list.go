@@ -53,14 +53,14 @@ type LockInfo struct {
 
 // listSQL lists the advisory locks of the current database with their
 // holders. Keys are recombined in Go from classid/objid/objsubid.
-const listSQL = `SELECT l.classid::bigint, l.objid::bigint, l.objsubid::int2, l.mode, l.granted,
-       coalesce(l.pid, 0), coalesce(a.usename::text, ''), coalesce(a.application_name, ''),
-       coalesce(host(a.client_addr), ''), coalesce(a.client_port, -1), coalesce(a.state, ''),
+const listSQL = `SELECT l.classid::bigint, l.objid::bigint, l.objsubid::pg_catalog.int2, l.mode, l.granted,
+       coalesce(l.pid, 0), coalesce(a.usename::pg_catalog.text, ''), coalesce(a.application_name, ''),
+       coalesce(pg_catalog.host(a.client_addr), ''), coalesce(a.client_port, -1), coalesce(a.state, ''),
        a.backend_start, a.query_start
 FROM pg_catalog.pg_locks l
-LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory'
-  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+LEFT JOIN pg_catalog.pg_stat_activity a ON (a.pid OPERATOR(pg_catalog.=) l.pid)
+WHERE (l.locktype OPERATOR(pg_catalog.=) 'advisory')
+  AND (l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database WHERE (datname OPERATOR(pg_catalog.=) pg_catalog.current_database())))
 ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAST, l.pid`
 
 // List returns the advisory locks held or awaited in the current database,

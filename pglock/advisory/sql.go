@@ -18,7 +18,7 @@ const execMode = pgx.QueryExecModeExec
 // keyArgs returns the SQL argument list and the values for k.
 func keyArgs(k Key) (string, []any) {
 	if a, b, ok := k.Pair(); ok {
-		return "$1::int4, $2::int4", []any{execMode, a, b}
+		return "$1::integer, $2::integer", []any{execMode, a, b}
 	}
 	v, _ := k.Int64()
 	return "$1::bigint", []any{execMode, v}
@@ -27,13 +27,13 @@ func keyArgs(k Key) (string, []any) {
 // fnName returns the name of the advisory lock function for the given
 // scope, kind and mode. The result is one of a fixed set of identifiers.
 func fnName(kind string, xact bool, mode Mode) string {
-	name := "pg_" + kind
+	name := "pg_catalog.pg_" + kind
 	if xact {
 		name += "_xact"
 	}
 	name += "_lock"
 	if kind == "advisory_unlock" {
-		name = "pg_advisory_unlock"
+		name = "pg_catalog.pg_advisory_unlock"
 	}
 	if mode == Shared {
 		name += "_shared"
@@ -56,12 +56,12 @@ func xactTryLockSQL(k Key, mode Mode) (string, []any) {
 
 func sessionLockSQL(k Key, mode Mode) (string, []any) {
 	args, vals := keyArgs(k)
-	return fmt.Sprintf("SELECT true, pg_backend_pid() FROM %s(%s) AS l", fnName("advisory", false, mode), args), vals
+	return fmt.Sprintf("SELECT true, pg_catalog.pg_backend_pid() FROM %s(%s) AS l", fnName("advisory", false, mode), args), vals
 }
 
 func sessionTryLockSQL(k Key, mode Mode) (string, []any) {
 	args, vals := keyArgs(k)
-	return fmt.Sprintf("SELECT %s(%s), pg_backend_pid()", fnName("try_advisory", false, mode), args), vals
+	return fmt.Sprintf("SELECT %s(%s), pg_catalog.pg_backend_pid()", fnName("try_advisory", false, mode), args), vals
 }
 
 func unlockSQL(k Key, mode Mode) (string, []any) {
@@ -84,15 +84,15 @@ func heldSQL(k Key, mode Mode) (string, []any) {
 		v, _ := k.Int64()
 		classid, objid = uint32(uint64(v)>>32), uint32(v)
 	}
-	return `SELECT pg_backend_pid(), EXISTS (
+	return `SELECT pg_catalog.pg_backend_pid(), EXISTS (
 	SELECT 1 FROM pg_catalog.pg_locks
-	WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND granted
-	  AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
-	  AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3::int2 AND mode = $4)`,
+	WHERE (locktype OPERATOR(pg_catalog.=) 'advisory') AND (pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AND granted
+	  AND (database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database WHERE (datname OPERATOR(pg_catalog.=) pg_catalog.current_database())))
+	  AND (classid OPERATOR(pg_catalog.=) $1::bigint::pg_catalog.oid) AND (objid OPERATOR(pg_catalog.=) $2::bigint::pg_catalog.oid) AND (objsubid OPERATOR(pg_catalog.=) $3::pg_catalog.int2) AND (mode OPERATOR(pg_catalog.=) $4))`,
 		[]any{execMode, int64(classid), int64(objid), objsubid, pgMode}
 }
 
-const pidSQL = "SELECT pg_backend_pid()"
+const pidSQL = "SELECT pg_catalog.pg_backend_pid()"
 
 // ctxErr returns err, joined with ctx's error when ctx ended, so that
 // errors.Is(err, context.Canceled) or context.DeadlineExceeded holds after
