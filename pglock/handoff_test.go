@@ -600,7 +600,10 @@ func TestQueueRowReused(t *testing.T) {
 
 	// The same Locker waits again while it still holds the handed lease:
 	// its queue row is handed token held.Token(), but that is the earlier
-	// wait's lease.
+	// wait's lease. The first wait may have signalled more than once (a
+	// release wake-up beaten by its own handoff, then the handoff): drop
+	// those signals, so that the next one is the second wait's.
+	drainSignals(waiting)
 	res = acquireAsync(ctx, a, name, time.Minute)
 	<-waiting
 	second := queueRows(t, pool, name)

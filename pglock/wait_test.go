@@ -32,6 +32,18 @@ func waitSignal(l *Locker) <-chan string {
 	return ch
 }
 
+// drainSignals drops the signals already sent on ch (by a wait that has
+// returned), so that the next receive is a later wait's.
+func drainSignals(ch <-chan string) {
+	for {
+		select {
+		case <-ch:
+		default:
+			return
+		}
+	}
+}
+
 type acquired struct {
 	lease *Lease
 	err   error
@@ -394,6 +406,7 @@ func TestWaitMarkWindows(t *testing.T) {
 	}{{"40 seconds", true}, {"10 seconds", false}} {
 		s := mustAcquire(t, a, "win", time.Minute)
 		setMark(c.age)
+		drainSignals(waiting) // the last round's wait may have signalled twice
 		res := acquireAsync(ctx, b, "win", time.Minute)
 		<-waiting
 		age := markAge()
