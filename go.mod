@@ -3,6 +3,7 @@ module github.com/pgfence/pgfence
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/puddle/v2 v2.2.3
 	github.com/pressly/goose/v3 v3.30.0

@@ -667,10 +667,15 @@ func TestQueueRowsBoundedByWaiters(t *testing.T) {
 		FOR EACH ROW EXECUTE FUNCTION public.count_queue_change()`); err != nil {
 		t.Fatal(err)
 	}
+	// A gate holds the lock until every client waits for it, so the run
+	// contends however the clients are scheduled.
+	gate := mustAcquire(t, newLocker(t, pool, &Config{Holder: "gate"}), name, time.Minute)
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
+	var signals []<-chan string
 	for c := range clients {
 		l := newLocker(t, pool, &Config{Holder: fmt.Sprintf("c%d", c)})
+		signals = append(signals, waitSignal(l))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -686,6 +691,16 @@ func TestQueueRowsBoundedByWaiters(t *testing.T) {
 				}
 			}
 		}()
+	}
+	for _, waiting := range signals {
+		select {
+		case <-waiting:
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	if err := gate.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	wg.Wait()
 	close(errs)

@@ -1,0 +1,270 @@
+package history
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/outbox"
+	"github.com/pgfence/pgfence/pglock"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+// Client records the operations of one client of the recorder. After an
+// operation with an unknown outcome it takes a new client id (the old one
+// stays open in the history), as a real client that lost track of a request
+// would. A Client is not safe for concurrent use: give each goroutine one.
+type Client struct {
+	r  *Recorder
+	id int
+}
+
+// NewClient returns a client with a new id.
+func (r *Recorder) NewClient() *Client { return &Client{r: r, id: r.Client()} }
+
+// ID is the client's current id.
+func (c *Client) ID() int { return c.id }
+
+func (c *Client) begin(in Input) *Pending { return c.r.Begin(c.id, in) }
+
+// end records out for p; an unknown outcome moves c to a new id.
+func (c *Client) end(p *Pending, out Output) {
+	p.End(out)
+	if out.Outcome == Unknown {
+		c.id = c.r.Client()
+	}
+}
+
+// at converts a local monotonic time to the recorder's clock.
+func (c *Client) at(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return int64(t.Sub(c.r.start))
+}
+
+// invalid reports errors refused before any SQL ran: nothing is recorded.
+func invalid(err error) bool {
+	var inv *pglock.InvalidError
+	return errors.As(err, &inv) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
+		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) ||
+		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
+		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
+		errors.Is(err, skiplocked.ErrInvalidToken)
+}
+
+// Acquire records l.Acquire (wait) or l.TryAcquire of name.
+func (c *Client) Acquire(ctx context.Context, l *pglock.Locker, name string, ttl time.Duration, wait bool) (*pglock.Lease, error) {
+	p := c.begin(Input{Kind: Acquire, Key: name, Holder: l.Holder(), TTL: ttl})
+	var (
+		lease *pglock.Lease
+		err   error
+	)
+	if wait {
+		lease, err = l.Acquire(ctx, name, ttl)
+	} else {
+		lease, err = l.TryAcquire(ctx, name, ttl)
+	}
+	c.endAcquire(p, lease, err)
+	return lease, err
+}
+
+func (c *Client) endAcquire(p *Pending, lease *pglock.Lease, err error) {
+	var locked *pglock.LockedError
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK, Token: lease.Token(), Expires: Micros(lease.ExpiresAt()), Deadline: c.at(lease.Deadline())})
+	case invalid(err):
+	case errors.As(err, &locked) && locked.Err == nil:
+		// Refused: the holder and its expiry when the answer named them.
+		c.end(p, Output{Outcome: Busy, Holder: locked.Holder, Expires: Micros(locked.ExpiresAt)})
+	default:
+		// Cut, timed out while waiting (a handoff may have been granted
+		// and given back), a grant too slow to use (granted and given
+		// back): it may have taken effect.
+		c.end(p, Output{Outcome: Unknown})
+	}
+}
+
+// Renew records lease.Renew.
+func (c *Client) Renew(ctx context.Context, lease *pglock.Lease) error {
+	p := c.begin(Input{Kind: Renew, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token(), TTL: lease.TTL()})
+	err := lease.Renew(ctx)
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK, Expires: Micros(lease.ExpiresAt()), Deadline: c.at(lease.Deadline())})
+	case errors.Is(err, pglock.ErrReleased), errors.Is(err, pglock.ErrLeaseLost) && !errors.Is(err, context.DeadlineExceeded):
+		// Refused by the database, or the lease had ended (no SQL).
+		c.end(p, Output{Outcome: Lost})
+	default:
+		// A connection error, or the local deadline passed while the
+		// renewal was in flight: the database may have extended it.
+		c.end(p, Output{Outcome: Unknown})
+	}
+	return err
+}
+
+// Release records lease.Release. A second release of a released lease runs
+// no SQL and is not recorded.
+func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
+	if errors.Is(lease.Err(), pglock.ErrReleased) {
+		return lease.Release(ctx)
+	}
+	p := c.begin(Input{Kind: Release, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token()})
+	err := lease.Release(ctx)
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK})
+	case errors.Is(err, pglock.ErrLeaseLost):
+		c.end(p, Output{Outcome: Lost})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+	return err
+}
+
+// Inspect records pglock.Inspect of name. A failed read changes nothing and
+// is not recorded.
+func (c *Client) Inspect(ctx context.Context, db pglock.DBTX, name string) (pglock.LockInfo, error) {
+	p := c.begin(Input{Kind: Inspect, Key: name})
+	info, err := pglock.Inspect(ctx, db, name)
+	if err != nil {
+		return info, err
+	}
+	c.end(p, Output{Outcome: OK, Token: info.Token, Holder: info.Holder, Expires: Micros(info.ExpiresAt), DBNow: Micros(info.DBNow)})
+	return info, nil
+}
+
+// RowKey is the history key of the fenced_values row key.
+func RowKey(key string) string { return "fenced_values/" + key }
+
+// Write records fencedwrite.UpsertValue of key under lock's token.
+func (c *Client) Write(ctx context.Context, db fencedwrite.DBTX, lock string, token int64, mode fencedwrite.Mode, key, value string) error {
+	m := "strict"
+	if mode == fencedwrite.Reentrant {
+		m = "reentrant"
+	}
+	doc, _ := json.Marshal(value)
+	p := c.begin(Input{Kind: Write, Key: RowKey(key), Lock: lock, Token: token, Mode: m, Value: value})
+	_, err := fencedwrite.UpsertValue(ctx, db, token, mode, key, doc)
+	c.endRow(p, err)
+	return err
+}
+
+// Read records fencedwrite.ReadValue of key under lock's token.
+func (c *Client) Read(ctx context.Context, db fencedwrite.DBTX, lock string, token int64, key string) (string, error) {
+	p := c.begin(Input{Kind: Read, Key: RowKey(key), Lock: lock, Token: token})
+	v, err := fencedwrite.ReadValue(ctx, db, token, key)
+	if err != nil {
+		c.endRow(p, err)
+		return "", err
+	}
+	var s string
+	if uerr := json.Unmarshal(v.Value, &s); uerr != nil {
+		s = "undecodable:" + string(v.Value)
+	}
+	c.end(p, Output{Outcome: OK, Value: s, Fence: v.Fence})
+	return s, nil
+}
+
+func (c *Client) endRow(p *Pending, err error) {
+	var stale *fencedwrite.StaleTokenError
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK})
+	case invalid(err):
+	case errors.As(err, &stale):
+		c.end(p, Output{Outcome: Stale, Fence: stale.Fence})
+	case errors.Is(err, fencedwrite.ErrAlreadyApplied):
+		c.end(p, Output{Outcome: Applied})
+	case errors.Is(err, fencedwrite.ErrNotFound):
+		c.end(p, Output{Outcome: NotFound})
+	case errors.Is(err, fencedwrite.ErrConcurrentChange):
+		c.end(p, Output{Outcome: Refused})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+}
+
+// Enqueue records outbox.Enqueue of an intent under lock's token.
+func (c *Client) Enqueue(ctx context.Context, db outbox.DBTX, lock string, token int64, key string) error {
+	p := c.begin(Input{Kind: Enqueue, Key: lock, Token: token, Value: key})
+	_, err := outbox.Enqueue(ctx, db, token, outbox.Intent{LockName: lock, Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK})
+	case invalid(err):
+	case errors.Is(err, outbox.ErrStaleToken):
+		c.end(p, Output{Outcome: Stale})
+	case errors.Is(err, outbox.ErrTokenNotIssued):
+		c.end(p, Output{Outcome: NotIssued})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+	return err
+}
+
+// JobKey is the history key of a job.
+func JobKey(id int64) string { return "job/" + strconv.FormatInt(id, 10) }
+
+// Claim records skiplocked.Claim as one claim operation per job it returned.
+// A claim whose outcome is unknown is recorded on every job of known (the
+// jobs of its queue): it may have taken any of them.
+func (c *Client) Claim(ctx context.Context, db skiplocked.DBTX, cp skiplocked.ClaimParams, known []int64) ([]skiplocked.Job, error) {
+	call := c.r.Now()
+	jobs, err := skiplocked.Claim(ctx, db, cp)
+	ret := c.r.Now()
+	if ret <= call {
+		ret = call + 1
+	}
+	var ops []Op
+	in := Input{Kind: Claim, Holder: cp.Holder, TTL: cp.TTL}
+	switch {
+	case err == nil:
+		for _, j := range jobs {
+			in.Key = JobKey(j.ID)
+			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: ret,
+				Output: Output{Outcome: OK, Token: j.ClaimToken, Expires: Micros(j.ClaimExpiresAt)}})
+		}
+	case invalid(err):
+	default:
+		for _, id := range known {
+			in.Key = JobKey(id)
+			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: math.MaxInt64, Output: Output{Outcome: Unknown}})
+		}
+		defer func() { c.id = c.r.Client() }()
+	}
+	c.r.Add(ops...)
+	return jobs, err
+}
+
+// Complete records skiplocked.Complete of a claim.
+func (c *Client) Complete(ctx context.Context, db skiplocked.DBTX, ref skiplocked.ClaimRef) error {
+	p := c.begin(Input{Kind: Complete, Key: JobKey(ref.JobID), Token: ref.Token})
+	err := skiplocked.Complete(ctx, db, ref)
+	c.endJob(p, err)
+	return err
+}
+
+// Fail records skiplocked.Fail of a claim (back to available after retry).
+func (c *Client) Fail(ctx context.Context, db skiplocked.DBTX, ref skiplocked.ClaimRef, retry time.Duration) error {
+	p := c.begin(Input{Kind: Fail, Key: JobKey(ref.JobID), Token: ref.Token})
+	_, err := skiplocked.Fail(ctx, db, ref, skiplocked.FailParams{Error: "history workload", RetryIn: retry})
+	c.endJob(p, err)
+	return err
+}
+
+func (c *Client) endJob(p *Pending, err error) {
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK})
+	case errors.Is(err, skiplocked.ErrClaimLost):
+		c.end(p, Output{Outcome: Lost})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+}

@@ -1,0 +1,231 @@
+// Package history records what each client of a test saw (every lease,
+// fenced-write, claim and outbox operation with its call and return time, its
+// input and its output, including the database's clock where the statement
+// returned it) and checks the history: porcupine models of a lease, a fenced
+// row and a job claim decide whether some order of the operations consistent
+// with real time explains every output, and separate real-time checks cover
+// what a sequential model cannot say (a lease is granted again only after
+// its expiry on the database clock and after its holder's local deadline;
+// every accepted token came from a grant that started first).
+//
+// An operation whose outcome is unknown (its connection was cut, its
+// context ended mid-statement) has an open return: it may have taken effect
+// at any time after its call, or never, and the models fork on it. The
+// client that issued it goes on under a new client id, as etcd's robustness
+// suite does. The package is for tests only.
+package history
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Kind is the kind of an operation.
+type Kind string
+
+// The operations recorded.
+const (
+	Acquire  Kind = "acquire"  // a grant of a lease (TryAcquire, Acquire, a handoff to a waiter)
+	Renew    Kind = "renew"    // a renewal of a held lease
+	Release  Kind = "release"  // a release of a held lease
+	Inspect  Kind = "inspect"  // a read of a lock row (token, holder, expiry, database now)
+	Enqueue  Kind = "enqueue"  // an outbox intent under a lease's token
+	Write    Kind = "write"    // a fenced write of a row
+	Read     Kind = "read"     // a fenced read of a row (raises its fence)
+	Claim    Kind = "claim"    // a leased claim of a job
+	Complete Kind = "complete" // completion of a claimed job
+	Fail     Kind = "fail"     // a failed attempt of a claimed job (back to available)
+)
+
+// Outcome is what an operation returned.
+type Outcome string
+
+// The outcomes. Not every kind has every outcome.
+const (
+	OK        Outcome = "ok"        // granted, renewed, released, accepted, completed
+	Busy      Outcome = "busy"      // acquire: someone else holds the lease
+	Lost      Outcome = "lost"      // renew, release, complete, fail: the lease or claim was not ours any more
+	Stale     Outcome = "stale"     // write, read, enqueue: refused, a newer token wrote the row
+	Applied   Outcome = "applied"   // write: refused, this token already wrote the row (strict)
+	NotFound  Outcome = "notfound"  // write, read: no such row
+	NotIssued Outcome = "notissued" // enqueue: the lock never issued the token
+	Refused   Outcome = "refused"   // write: not applied, reason unknown (the row changed concurrently)
+	Unknown   Outcome = "unknown"   // cut: may or may not have taken effect
+)
+
+// Input is what a client asked for. Key names the object: a lock name for
+// lease operations, the row for fenced ones, the job id for claims.
+type Input struct {
+	Kind   Kind
+	Key    string
+	Lock   string        // write, read: the lock whose token guards the row
+	Holder string        // lease operations: the holder name
+	Token  int64         // renew, release, enqueue, write, read, complete, fail: the token used
+	TTL    time.Duration // acquire, renew, claim
+	Mode   string        // write: "strict" or "reentrant"
+	Value  string        // write: the value written
+}
+
+// Output is what the client saw. Times are microseconds since the Unix
+// epoch on the database clock; 0 means not returned.
+type Output struct {
+	Outcome Outcome
+	Token   int64  // acquire, claim: the token granted; inspect: the row's token
+	Expires int64  // acquire, renew, claim: the new expiry; busy, inspect: the holder's expiry
+	DBNow   int64  // the database's now() of the statement, when it returned one
+	Holder  string // busy, inspect: the current holder ("" if none)
+	Value   string // read: the value
+	Fence   int64  // write, read refused: the row's fence
+	// Deadline is the holder's local deadline after an acquire or renew
+	// (nanoseconds on the recorder's clock, 0 if not known): the checks
+	// require that nobody else is granted the lease before it.
+	Deadline int64
+}
+
+// Op is one recorded operation.
+type Op struct {
+	Client int
+	Input  Input
+	Output Output
+	Call   int64 // nanoseconds since the recorder started, monotonic
+	Return int64 // math.MaxInt64 when the outcome is unknown
+}
+
+// Recorder collects operations from concurrent clients. The zero value is
+// not usable; call New.
+type Recorder struct {
+	mu      sync.Mutex
+	start   time.Time
+	ops     []Op
+	clients int
+}
+
+// New returns an empty recorder whose clock starts now.
+func New() *Recorder { return &Recorder{start: time.Now()} }
+
+// Client returns a new client id. A client whose operation ended with an
+// unknown outcome must take a new id before its next operation.
+func (r *Recorder) Client() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.clients++
+	return r.clients - 1
+}
+
+// Now is the recorder's clock: nanoseconds since New, monotonic.
+func (r *Recorder) Now() int64 { return int64(time.Since(r.start)) }
+
+// Pending is an operation that has been called and not returned yet.
+type Pending struct {
+	r      *Recorder
+	client int
+	in     Input
+	call   int64
+}
+
+// Begin records the call of an operation by client.
+func (r *Recorder) Begin(client int, in Input) *Pending {
+	return &Pending{r: r, client: client, in: in, call: r.Now()}
+}
+
+// End records the return of p with out. An Unknown outcome gets an open
+// return.
+func (p *Pending) End(out Output) {
+	ret := p.r.Now()
+	if out.Outcome == Unknown {
+		ret = math.MaxInt64
+	}
+	if ret <= p.call {
+		ret = p.call + 1
+	}
+	p.r.mu.Lock()
+	p.r.ops = append(p.r.ops, Op{Client: p.client, Input: p.in, Output: out, Call: p.call, Return: ret})
+	p.r.mu.Unlock()
+}
+
+// Call is when p was called, on the recorder's clock.
+func (p *Pending) Call() int64 { return p.call }
+
+// Ops returns a copy of the operations recorded so far, in return order.
+func (r *Recorder) Ops() []Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Op(nil), r.ops...)
+}
+
+// Add appends operations recorded elsewhere (another recorder's clock must
+// be this one's; tests use it to build histories by hand).
+func (r *Recorder) Add(ops ...Op) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ops = append(r.ops, ops...)
+}
+
+// Micros converts a database time to the microseconds Output uses (0 for
+// the zero time).
+func Micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+// MarshalJSON writes the history as one JSON object per operation.
+func (r *Recorder) MarshalJSON() ([]byte, error) { return json.Marshal(r.Ops()) }
+
+func (o Op) String() string {
+	ret := "?"
+	if o.Return != math.MaxInt64 {
+		ret = fmt.Sprint(o.Return)
+	}
+	return fmt.Sprintf("client %d [%d, %s] %s", o.Client, o.Call, ret, describe(o.Input, o.Output))
+}
+
+func describe(in Input, out Output) string {
+	s := fmt.Sprintf("%s(%s", in.Kind, in.Key)
+	if in.Holder != "" {
+		s += " holder=" + in.Holder
+	}
+	if in.Token != 0 {
+		s += fmt.Sprintf(" token=%d", in.Token)
+	}
+	if in.Mode != "" {
+		s += " " + in.Mode
+	}
+	if in.Value != "" {
+		s += " value=" + in.Value
+	}
+	s += ") -> " + string(out.Outcome)
+	if out.Token != 0 {
+		s += fmt.Sprintf(" token=%d", out.Token)
+	}
+	if out.Holder != "" {
+		s += " holder=" + out.Holder
+	}
+	if out.Expires != 0 {
+		s += fmt.Sprintf(" expires=%d", out.Expires)
+	}
+	if out.DBNow != 0 {
+		s += fmt.Sprintf(" now=%d", out.DBNow)
+	}
+	if out.Value != "" {
+		s += " value=" + out.Value
+	}
+	if out.Fence != 0 {
+		s += fmt.Sprintf(" fence=%d", out.Fence)
+	}
+	return s
+}
+
+func toPorcupine(ops []Op) []porcupine.Operation {
+	out := make([]porcupine.Operation, len(ops))
+	for i, o := range ops {
+		out[i] = porcupine.Operation{ClientId: o.Client, Input: o.Input, Call: o.Call, Output: o.Output, Return: o.Return}
+	}
+	return out
+}

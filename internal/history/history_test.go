@@ -1,0 +1,211 @@
+package history
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const ms = int64(time.Millisecond)
+
+// op builds an operation called at call ms and returned at ret ms (ret < 0:
+// unknown) on the recorder's clock.
+func op(client int, call, ret int64, in Input, out Output) Op {
+	r := ret * ms
+	if ret < 0 {
+		r = math.MaxInt64
+	}
+	return Op{Client: client, Input: in, Output: out, Call: call * ms, Return: r}
+}
+
+// grant is an acquire of lock "L" by holder returning token with its expiry
+// at db µs + ttl; the local deadline is call + ttl.
+func grant(client int, call, ret int64, holder string, token, db int64, ttl time.Duration) Op {
+	return op(client, call, ret, Input{Kind: Acquire, Key: "L", Holder: holder, TTL: ttl},
+		Output{Outcome: OK, Token: token, Expires: db + ttl.Microseconds(), Deadline: call*ms + int64(ttl)})
+}
+
+func release(client int, call, ret int64, holder string, token int64, out Outcome) Op {
+	return op(client, call, ret, Input{Kind: Release, Key: "L", Holder: holder, Token: token}, Output{Outcome: out})
+}
+
+func write(client int, call, ret int64, token int64, mode, value string, out Outcome) Op {
+	return op(client, call, ret, Input{Kind: Write, Key: "row", Lock: "L", Token: token, Mode: mode, Value: value}, Output{Outcome: out})
+}
+
+func checks(vs []Violation) string {
+	var s []string
+	for _, v := range vs {
+		s = append(s, v.Check)
+	}
+	return strings.Join(s, ",")
+}
+
+const sec = int64(time.Second / time.Microsecond) // µs
+
+func TestCheckHistories(t *testing.T) {
+	ttl := time.Second
+	cases := []struct {
+		name string
+		ops  []Op
+		want string // the violated checks, "" = legal
+	}{
+		{"sequential grants with releases", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 2, 4000, ttl), write(1, 6, 7, 2, "strict", "b", OK), release(1, 8, 9, "b", 2, OK),
+		}, ""},
+		{"a grant after the expiry, without release", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			grant(1, 1100, 1101, "b", 2, 1100*1000, ttl),
+			write(1, 1102, 1103, 2, "strict", "b", OK),
+			write(0, 1104, 1105, 1, "strict", "a", Stale),
+		}, ""},
+		{"a grant over a live lease", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			grant(1, 500, 501, "b", 2, 500*1000, ttl),
+		}, "lease,expiry,deadline"},
+		{"a token issued twice", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 1, 4000, ttl),
+		}, "lease"},
+		{"a token skipped", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 3, 4000, ttl),
+		}, "lease"},
+		{"a skipped token explained by a cut grant", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			op(1, 3, -1, Input{Kind: Acquire, Key: "L", Holder: "c", TTL: ttl}, Output{Outcome: Unknown}),
+			grant(2, 1100, 1101, "b", 3, 1100*1000, ttl),
+		}, ""},
+		{"a release by the previous holder accepted", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			grant(1, 1100, 1101, "b", 2, 1100*1000, ttl),
+			release(0, 1102, 1103, "a", 1, OK),
+		}, "lease"},
+		{"a cut release may have applied", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			release(0, 2, -1, "a", 1, Unknown),
+			grant(1, 10, 11, "b", 2, 10*1000, ttl),
+		}, ""},
+		{"a renewal extends the expiry", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			op(0, 500, 501, Input{Kind: Renew, Key: "L", Holder: "a", Token: 1, TTL: ttl}, Output{Outcome: OK, Expires: 500*1000 + sec, Deadline: 1500 * ms}),
+			grant(1, 1200, 1201, "b", 2, 1200*1000, ttl),
+		}, "lease,expiry,deadline"},
+		{"a busy answer after the expiry", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			op(1, 1200, 1201, Input{Kind: Acquire, Key: "L", Holder: "b", TTL: ttl}, Output{Outcome: Busy, Holder: "a", DBNow: 1200 * 1000}),
+		}, "lease"},
+		{"an inspect that misses a grant", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			op(1, 2, 3, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK}),
+		}, "lease"},
+		{"strict write twice with one token", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			write(0, 2, 3, 1, "strict", "x", OK), write(0, 4, 5, 1, "strict", "y", OK),
+		}, "row"},
+		{"strict replay answered already applied, re-entrant accepted", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			write(0, 2, 3, 1, "strict", "x", OK), write(0, 4, 5, 1, "strict", "x", Applied), write(0, 6, 7, 1, "reentrant", "y", OK),
+			op(0, 8, 9, Input{Kind: Read, Key: "row", Lock: "L", Token: 1}, Output{Outcome: OK, Value: "y"}),
+		}, ""},
+		{"a read that misses the last write", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			write(0, 2, 3, 1, "strict", "x", OK),
+			op(0, 8, 9, Input{Kind: Read, Key: "row", Lock: "L", Token: 1}, Output{Outcome: OK, Value: ""}),
+		}, "row"},
+		{"a write under a token nobody was granted", []Op{
+			write(0, 2, 3, 5, "strict", "x", OK),
+		}, "granted"},
+		{"a stale write accepted", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 2, 4000, ttl), write(1, 6, 7, 2, "strict", "b", OK),
+			write(0, 8, 9, 1, "strict", "a", OK),
+		}, "row"},
+		{"a completion under a stale claim", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(1, 1100, 1101, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 11, Expires: 1100*1000 + sec}),
+			op(0, 1102, 1103, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: OK}),
+		}, "job"},
+		{"a claim over a live claim", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(1, 100, 101, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 11, Expires: 100*1000 + sec}),
+		}, "job"},
+		{"completion and a lost answer for the stale one", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(1, 1100, 1101, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 11, Expires: 1100*1000 + sec}),
+			op(0, 1102, 1103, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: Lost}),
+			op(1, 1104, 1105, Input{Kind: Complete, Key: "j", Token: 11}, Output{Outcome: OK}),
+		}, ""},
+		{"an enqueue under a superseded token accepted", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 2, 4000, ttl),
+			op(0, 6, 7, Input{Kind: Enqueue, Key: "L", Token: 1}, Output{Outcome: OK}),
+		}, "lease"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			vs, sum := Check(c.ops)
+			if got := checks(vs); got != c.want {
+				t.Fatalf("violations %q, want %q: %v", got, c.want, vs)
+			}
+			if sum.Ops != len(c.ops) {
+				t.Errorf("summary counts %d operations, want %d", sum.Ops, len(c.ops))
+			}
+			for _, v := range vs {
+				if v.Op.Input.Kind == "" || v.Msg == "" {
+					t.Errorf("violation %v names no operation", v)
+				}
+			}
+		})
+	}
+}
+
+// TestCheckNamesTheBreakingOperation: the model violation names the operation
+// no order can place and the state before it, and Save writes the history
+// and porcupine's visualization.
+func TestCheckNamesTheBreakingOperation(t *testing.T) {
+	ops := []Op{
+		grant(0, 0, 1, "a", 1, 0, time.Second), release(0, 2, 3, "a", 1, OK),
+		grant(1, 4, 5, "b", 2, 4000, time.Second),
+		release(0, 6, 7, "a", 1, OK), // the broken one: a's lease ended at 3
+		grant(2, 8, 9, "c", 3, 8000, time.Second),
+	}
+	vs, _ := Check(ops)
+	if len(vs) == 0 || vs[0].Check != "lease" {
+		t.Fatalf("violations %v, want a lease violation first", vs)
+	}
+	if v := vs[0]; v.Op.Input.Kind != Release || v.Op.Call != 6*ms || !strings.Contains(v.State, "token 2 held by b") {
+		t.Errorf("violation names %v in state %q, want the second release in state token 2 held by b", v.Op, v.State)
+	}
+	dir, err := Save(ops, vs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, f := range []string{"history.json", "violations.txt", "history-0-lease.html"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || len(b) == 0 {
+			t.Errorf("%s: %d bytes, %v", f, len(b), err)
+		}
+	}
+}
+
+// TestRecorderOpenReturn: an unknown outcome has an open return and moves the
+// client to a new id.
+func TestRecorderOpenReturn(t *testing.T) {
+	r := New()
+	c := r.NewClient()
+	id := c.ID()
+	p := c.begin(Input{Kind: Acquire, Key: "L", Holder: "a", TTL: time.Second})
+	c.end(p, Output{Outcome: Unknown})
+	p = c.begin(Input{Kind: Acquire, Key: "L", Holder: "a", TTL: time.Second})
+	c.end(p, Output{Outcome: Busy})
+	ops := r.Ops()
+	if len(ops) != 2 || ops[0].Return != math.MaxInt64 || ops[1].Return == math.MaxInt64 || ops[0].Client != id || ops[1].Client == id {
+		t.Fatalf("ops %v: want the unknown one open under client %d, the next under a new id", ops, id)
+	}
+}

@@ -1,0 +1,339 @@
+package history
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// unknownExpiry marks an expiry the history does not know (a grant or
+// renewal whose outcome is unknown): the models then accept any later
+// grant time and any expiry a reader reports for the lease.
+const unknownExpiry = math.MaxInt64
+
+// leaseState is one lock row as the model sees it.
+type leaseState struct {
+	Token   int64  // the latest grant's token; 0 = never granted
+	Holder  string // "" = released (or never granted)
+	Expires int64  // µs on the database clock; unknownExpiry = not known
+}
+
+func (s leaseState) held(holder string, token int64) bool {
+	return s.Holder != "" && s.Holder == holder && s.Token == token
+}
+
+// grantTime is the database time of a grant: the SQL sets the expiry to
+// now() + ttl exactly (microseconds).
+func grantTime(out Output, ttl int64) int64 { return out.Expires - ttl }
+
+// leaseStep: a grant is legal only with the next token (exactly one more
+// than the last grant) and only when the lease is released or its expiry
+// has passed at the grant's own database time (not assumed to rise with
+// the linearization: a statement that waited on the row lock carries an
+// earlier start). Renew, release and an outbox enqueue are legal only for
+// the current grant; a busy answer or a read must name the current holder
+// and expiry.
+func leaseStep(st any, input any, output any) []any {
+	s := st.(leaseState)
+	in, out := input.(Input), output.(Output)
+	switch in.Kind {
+	case Acquire:
+		next := leaseState{Token: s.Token + 1, Holder: in.Holder}
+		switch out.Outcome {
+		case OK:
+			if out.Token != s.Token+1 {
+				return nil
+			}
+			if s.Holder != "" && s.Expires != unknownExpiry && grantTime(out, in.TTL.Microseconds()) < s.Expires {
+				return nil
+			}
+			next.Expires = out.Expires
+			return []any{next}
+		case Busy:
+			if out.Holder == "" {
+				return []any{s} // refused without saying by whom: no information
+			}
+			if s.Holder == "" || out.Holder != s.Holder || (out.Token != 0 && out.Token != s.Token) {
+				return nil
+			}
+			if out.DBNow != 0 && s.Expires != unknownExpiry && out.DBNow >= s.Expires {
+				return nil // refused after the holder's expiry
+			}
+			if out.Expires != 0 && s.Expires != unknownExpiry && out.Expires != s.Expires {
+				return nil
+			}
+			return []any{s}
+		case Unknown:
+			next.Expires = unknownExpiry
+			return []any{s, next}
+		}
+	case Renew:
+		switch out.Outcome {
+		case OK:
+			if !s.held(in.Holder, in.Token) {
+				return nil
+			}
+			s.Expires = out.Expires
+			return []any{s}
+		case Lost:
+			// The lease may have expired: the model does not know the
+			// renewal's database time.
+			return []any{s}
+		case Unknown:
+			if !s.held(in.Holder, in.Token) {
+				return []any{s}
+			}
+			r := s
+			r.Expires = unknownExpiry
+			return []any{s, r}
+		}
+	case Release:
+		switch out.Outcome {
+		case OK:
+			if !s.held(in.Holder, in.Token) {
+				return nil
+			}
+			return []any{leaseState{Token: s.Token}}
+		case Lost:
+			return []any{s}
+		case Unknown:
+			if !s.held(in.Holder, in.Token) {
+				return []any{s}
+			}
+			return []any{s, leaseState{Token: s.Token}}
+		}
+	case Inspect:
+		if out.Outcome != OK || out.Token != s.Token || out.Holder != s.Holder {
+			return nil
+		}
+		if s.Holder != "" && s.Expires != unknownExpiry && out.Expires != s.Expires {
+			return nil
+		}
+		return []any{s}
+	case Enqueue:
+		switch out.Outcome {
+		case OK:
+			if in.Token != s.Token {
+				return nil
+			}
+		case Stale:
+			if in.Token >= s.Token {
+				return nil
+			}
+		case NotIssued:
+			if in.Token <= s.Token {
+				return nil
+			}
+		case Unknown:
+		default:
+			return nil
+		}
+		return []any{s}
+	}
+	return nil
+}
+
+// rowState is one fenced row.
+type rowState struct {
+	Fence int64
+	Value string
+}
+
+// rowStep: a strict write is accepted only with a token above the fence, a
+// re-entrant one (and a fenced read) with a token at least the fence; a
+// refusal is legal only when the token is lower (or equal, strict: already
+// applied); a read returns the last accepted value.
+func rowStep(st any, input any, output any) []any {
+	s := st.(rowState)
+	in, out := input.(Input), output.(Output)
+	accept := in.Token > s.Fence || (in.Token == s.Fence && (in.Mode == "reentrant" || in.Kind == Read))
+	switch in.Kind {
+	case Write:
+		switch out.Outcome {
+		case OK:
+			if !accept {
+				return nil
+			}
+			return []any{rowState{Fence: in.Token, Value: in.Value}}
+		case Stale:
+			if in.Token >= s.Fence || (out.Fence != 0 && out.Fence != s.Fence) {
+				return nil
+			}
+			return []any{s}
+		case Applied:
+			if in.Mode != "strict" || in.Token != s.Fence {
+				return nil
+			}
+			return []any{s}
+		case NotFound:
+			if s.Fence != 0 {
+				return nil
+			}
+			return []any{s}
+		case Refused:
+			return []any{s}
+		case Unknown:
+			if !accept {
+				return []any{s}
+			}
+			return []any{s, rowState{Fence: in.Token, Value: in.Value}}
+		}
+	case Read:
+		switch out.Outcome {
+		case OK:
+			if !accept || out.Value != s.Value {
+				return nil
+			}
+			s.Fence = in.Token
+			return []any{s}
+		case Stale:
+			if in.Token >= s.Fence {
+				return nil
+			}
+			return []any{s}
+		case NotFound:
+			if s.Fence != 0 {
+				return nil
+			}
+			return []any{s}
+		case Unknown:
+			if !accept {
+				return []any{s}
+			}
+			r := s
+			r.Fence = in.Token
+			return []any{s, r}
+		}
+	}
+	return nil
+}
+
+// jobState is one job's claim.
+type jobState struct {
+	State   string // "available", "running", "completed"; "" = available (initial)
+	Token   int64
+	Expires int64
+}
+
+// jobStep: a claim is legal only for an available job or a running one
+// whose claim expired at the claim's database time, with a new token;
+// completion and failure only under the current claim (the SQL checks the
+// token and the state, not the expiry: a completion under the current
+// claim must succeed).
+func jobStep(st any, input any, output any) []any {
+	s := st.(jobState)
+	in, out := input.(Input), output.(Output)
+	running := s.State == "running"
+	current := running && in.Token == s.Token
+	switch in.Kind {
+	case Claim:
+		next := jobState{State: "running", Token: out.Token, Expires: out.Expires}
+		switch out.Outcome {
+		case OK:
+			if s.State == "completed" || out.Token <= s.Token {
+				return nil
+			}
+			if running && s.Expires != unknownExpiry && grantTime(out, in.TTL.Microseconds()) < s.Expires {
+				return nil
+			}
+			return []any{next}
+		case Unknown:
+			// A cut claim may have taken any job of its queue: the client
+			// records one for each, with a token nobody knows.
+			if s.State == "completed" {
+				return []any{s}
+			}
+			return []any{s, jobState{State: "running", Token: -1, Expires: unknownExpiry}}
+		}
+	case Complete, Fail:
+		after := jobState{State: "completed"}
+		if in.Kind == Fail {
+			after = jobState{State: "available", Token: s.Token}
+		}
+		switch out.Outcome {
+		case OK:
+			if !current {
+				return nil
+			}
+			return []any{after}
+		case Lost:
+			if current {
+				return nil
+			}
+			return []any{s}
+		case Unknown:
+			if !current {
+				return []any{s}
+			}
+			return []any{s, after}
+		}
+	}
+	return nil
+}
+
+func partitionByKey(ops []porcupine.Operation) [][]porcupine.Operation {
+	idx := map[string]int{}
+	var out [][]porcupine.Operation
+	for _, o := range ops {
+		k := o.Input.(Input).Key
+		i, ok := idx[k]
+		if !ok {
+			i = len(out)
+			idx[k] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], o)
+	}
+	return out
+}
+
+func describeOp(input, output any) string { return describe(input.(Input), output.(Output)) }
+
+// Models are the three models by name: "lease" (partitioned by lock name),
+// "row" (by fenced row) and "job" (by job).
+var models = map[string]struct {
+	kinds map[Kind]bool
+	model porcupine.NondeterministicModel
+}{
+	"lease": {map[Kind]bool{Acquire: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
+		porcupine.NondeterministicModel{
+			Partition:         partitionByKey,
+			Init:              func() []any { return []any{leaseState{}} },
+			Step:              leaseStep,
+			DescribeOperation: describeOp,
+			DescribeState: func(st any) string {
+				s := st.(leaseState)
+				if s.Holder == "" {
+					return fmt.Sprintf("token %d, released", s.Token)
+				}
+				exp := fmt.Sprint(s.Expires)
+				if s.Expires == unknownExpiry {
+					exp = "unknown"
+				}
+				return fmt.Sprintf("token %d held by %s until %s", s.Token, s.Holder, exp)
+			},
+		}},
+	"row": {map[Kind]bool{Write: true, Read: true},
+		porcupine.NondeterministicModel{
+			Partition:         partitionByKey,
+			Init:              func() []any { return []any{rowState{}} },
+			Step:              rowStep,
+			DescribeOperation: describeOp,
+			DescribeState: func(st any) string {
+				s := st.(rowState)
+				return fmt.Sprintf("fence %d value %q", s.Fence, s.Value)
+			},
+		}},
+	"job": {map[Kind]bool{Claim: true, Complete: true, Fail: true},
+		porcupine.NondeterministicModel{
+			Partition:         partitionByKey,
+			Init:              func() []any { return []any{jobState{}} },
+			Step:              jobStep,
+			DescribeOperation: describeOp,
+			DescribeState: func(st any) string {
+				s := st.(jobState)
+				return fmt.Sprintf("%s claim %d until %d", s.State, s.Token, s.Expires)
+			},
+		}},
+}
