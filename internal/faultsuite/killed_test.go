@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/pglock"
@@ -311,6 +313,9 @@ func TestKilledRenewer(t *testing.T) {
 	}
 	defer contender.Close()
 	reg := newHoldRegistry()
+	rec := history.New()
+	hc, cc := rec.NewClient(), rec.NewClient()
+	hc.KeepAlive = true
 
 	var kills, lost, survived, lateGrants int64
 	var maxLate time.Duration
@@ -324,14 +329,14 @@ func TestKilledRenewer(t *testing.T) {
 		// past the deadline before registering): try again.
 		var lease *pglock.Lease
 		for attempt := 0; lease == nil; attempt++ {
-			lease, err = holder.Acquire(ctx, name, ttl)
+			lease, err = hc.Acquire(ctx, holder, name, ttl, true)
 			var dbErr *pglock.DBError
 			if err != nil && (attempt == 4 || !errors.As(err, &dbErr) || !dbErr.Transient()) {
 				t.Fatalf("round %d: %v", round, err)
 			}
 			if lease != nil && !reg.register(lease) {
 				lateGrants++
-				_ = lease.Release(ctx)
+				_ = hc.Release(ctx, lease)
 				lease = nil
 			}
 		}
@@ -365,13 +370,13 @@ func TestKilledRenewer(t *testing.T) {
 		var wonAt time.Time
 		for won == nil && time.Now().Before(roundEnd) {
 			actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			c, err := contender.TryAcquire(actx, name, ttl)
+			c, err := cc.Acquire(actx, contender, name, ttl, false)
 			cancel()
 			switch {
 			case err == nil:
 				if !reg.register(c) { // descheduled past its deadline: not a win
 					lateGrants++
-					_ = c.Release(ctx)
+					_ = cc.Release(ctx, c)
 					continue
 				}
 				won, wonAt = c, time.Now()
@@ -419,7 +424,7 @@ func TestKilledRenewer(t *testing.T) {
 			// above wait for the holder's Done on a loaded machine: its
 			// release is then refused as lost, which is right. Lost before
 			// its local deadline would be a bug.
-			if err := won.Release(ctx); err != nil && (!errors.Is(err, pglock.ErrLeaseLost) || time.Now().Before(won.Deadline())) {
+			if err := cc.Release(ctx, won); err != nil && (!errors.Is(err, pglock.ErrLeaseLost) || time.Now().Before(won.Deadline())) {
 				t.Fatalf("round %d: contender's release (local deadline %v ago): %v", round, time.Since(won.Deadline()), err)
 			}
 		} else {
@@ -429,7 +434,7 @@ func TestKilledRenewer(t *testing.T) {
 			}
 			reg.unregister(lease)
 			for range 5 {
-				if err = lease.Release(ctx); err == nil || errors.Is(err, pglock.ErrLeaseLost) {
+				if err = hc.Release(ctx, lease); err == nil || errors.Is(err, pglock.ErrLeaseLost) {
 					break
 				}
 			}
@@ -439,6 +444,7 @@ func TestKilledRenewer(t *testing.T) {
 		}
 	}
 	reg.check(t)
+	rec.Verify(t)
 	t.Logf("killed renewer: %d rounds, %d backends terminated, %d leases lost and taken over, %d survived through later renewals, %d grants too late to use, "+
 		"renewals ok/error/refused %d/%d/%d, %d grants, 0 overlapping holders, max Done lateness after local deadline %v",
 		rounds, kills, lost, survived, lateGrants, holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewOK),
@@ -506,11 +512,13 @@ func TestKilledListener(t *testing.T) {
 	}
 	defer waiter.Close()
 
+	rec := history.New()
+	hc, wc := rec.NewClient(), rec.NewClient()
 	var kills int
 	var maxWake time.Duration
 	for round := range rounds {
 		name := fmt.Sprintf("listen:%d", round)
-		h, err := holder.Acquire(ctx, name, holdTTL)
+		h, err := hc.Acquire(ctx, holder, name, holdTTL, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -523,7 +531,7 @@ func TestKilledListener(t *testing.T) {
 		go func() {
 			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
-			l, err := waiter.Acquire(wctx, name, 5*time.Second)
+			l, err := wc.Acquire(wctx, waiter, name, 5*time.Second, true)
 			got <- result{l, err, time.Now()}
 		}()
 		// Wait until the waiter sleeps (its LISTEN backend is up and it
@@ -552,7 +560,7 @@ func TestKilledListener(t *testing.T) {
 			})
 		}
 		released := time.Now()
-		if err := h.Release(ctx); err != nil {
+		if err := hc.Release(ctx, h); err != nil {
 			t.Fatal(err)
 		}
 		var r result
@@ -572,10 +580,11 @@ func TestKilledListener(t *testing.T) {
 		if r.lease.Token() != h.Token()+1 {
 			t.Errorf("round %d: waiter token %d, holder token %d: want the next token", round, r.lease.Token(), h.Token())
 		}
-		if err := r.lease.Release(ctx); err != nil {
+		if err := wc.Release(ctx, r.lease); err != nil {
 			t.Fatal(err)
 		}
 	}
+	rec.Verify(t)
 	t.Logf("killed listener: %d rounds, %d LISTEN backends terminated (%d released while reconnecting, %d after), "+
 		"every waiter got the lease, slowest %v after the release (holder's lease %v)",
 		rounds, kills, (rounds+1)/2, rounds/2, maxWake.Round(time.Millisecond), holdTTL)
@@ -621,6 +630,10 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 	clients := appPool(t, dsn, "faults-loop", 2*workers)
 	reg := newHoldRegistry()
 	m := &counters{}
+	rec := history.New()
+	for _, name := range locks {
+		rec.Seed("accounts/"+name, "0")
+	}
 
 	var (
 		iterations, acquireErrs, lateGrants, writes, staleRejected, writeErrs, paused atomic.Int64
@@ -645,11 +658,13 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer locker.Close()
+			c := rec.NewClient()
+			c.KeepAlive = w%2 == 0
 			for wctx.Err() == nil {
 				iterations.Add(1)
 				name := locks[rand.IntN(len(locks))]
 				actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				lease, err := locker.Acquire(actx, name, ttl)
+				lease, err := c.Acquire(actx, locker, name, ttl, true)
 				cancel()
 				if err != nil {
 					acquireErrs.Add(1)
@@ -657,14 +672,18 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 				}
 				if !reg.register(lease) {
 					lateGrants.Add(1)
-					_ = lease.Release(ctx)
+					_ = c.Release(ctx, lease)
 					continue
 				}
 				context.AfterFunc(lease.Context(), func() { reg.unregister(lease) })
 				tok := lease.Token()
+				row := "accounts/" + name
 				opCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				var balance int64
-				_, err = table.Read(opCtx, clients, tok, []any{name}, &balance)
+				_, err = c.FencedRead(name, tok, row, func() (string, error) {
+					_, err := table.Read(opCtx, clients, tok, []any{name}, &balance)
+					return strconv.FormatInt(balance, 10), err
+				})
 				if err == nil {
 					if rand.IntN(10) == 0 {
 						paused.Add(1)
@@ -672,13 +691,15 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 					} else {
 						time.Sleep(rand.N(ttl / 10))
 					}
-					err = pgx.BeginFunc(opCtx, clients, func(tx pgx.Tx) error {
-						if _, err := table.Update(opCtx, tx, tok, []any{name}, []any{balance + 1}); err != nil {
+					err = c.Fenced(name, tok, fencedwrite.Reentrant, row, strconv.FormatInt(balance+1, 10), func() error {
+						return pgx.BeginFunc(opCtx, clients, func(tx pgx.Tx) error {
+							if _, err := table.Update(opCtx, tx, tok, []any{name}, []any{balance + 1}); err != nil {
+								return err
+							}
+							_, err := tx.Exec(opCtx, "INSERT INTO ledger(name, token, old_balance, new_balance) VALUES ($1, $2, $3, $4)",
+								name, tok, balance, balance+1)
 							return err
-						}
-						_, err := tx.Exec(opCtx, "INSERT INTO ledger(name, token, old_balance, new_balance) VALUES ($1, $2, $3, $4)",
-							name, tok, balance, balance+1)
-						return err
+						})
 					})
 				}
 				cancel()
@@ -691,11 +712,11 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 					writeErrs.Add(1)
 				}
 				if rand.IntN(3) == 0 {
-					_ = lease.Renew(ctx)
+					_ = c.Renew(ctx, lease)
 				}
 				reg.unregister(lease)
 				rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				err = lease.Release(rctx)
+				err = c.Release(rctx, lease)
 				cancel()
 				switch {
 				case errors.Is(err, pglock.ErrLeaseLost):
@@ -708,6 +729,7 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 	}
 	wg.Wait()
 	reg.check(t)
+	rec.Verify(t)
 
 	for _, name := range locks {
 		checkLoopLedger(t, admin, name)
@@ -841,15 +863,17 @@ func TestKilledClaimer(t *testing.T) {
 		}
 		return 0, err
 	})
+	rec := history.New()
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			c := rec.NewClient()
 			worker := fmt.Sprintf("claimer-%d", w)
 			for wctx.Err() == nil {
 				cctx, cancel := context.WithTimeout(wctx, 2*time.Second)
-				got, err := skiplocked.Claim(cctx, clients, skiplocked.ClaimParams{Queue: queue, Holder: worker, Limit: 3, TTL: claimTTL})
+				got, err := c.Claim(cctx, clients, skiplocked.ClaimParams{Queue: queue, Holder: worker, Limit: 3, TTL: claimTTL}, ids)
 				cancel()
 				if err != nil {
 					claimErrs.Add(1)
@@ -868,7 +892,7 @@ func TestKilledClaimer(t *testing.T) {
 						time.Sleep(rand.N(10 * time.Millisecond))
 					}
 					cctx, cancel := context.WithTimeout(wctx, 2*time.Second)
-					err := skiplocked.Complete(cctx, clients, j.Ref())
+					err := c.Complete(cctx, clients, j.Ref())
 					cancel()
 					var lost *skiplocked.ClaimLostError
 					mu.Lock()
@@ -903,6 +927,7 @@ func TestKilledClaimer(t *testing.T) {
 	}
 	stop()
 	wg.Wait()
+	rec.Verify(t)
 	// A statement a cancelled worker sent may still run on its backend after
 	// the worker returned (a claim that would take the next job). Close the
 	// workers' pool and wait for their backends to exit before going on.

@@ -21,6 +21,10 @@ import (
 type Client struct {
 	r  *Recorder
 	id int
+	// KeepAlive says the leases this client acquires are renewed in the
+	// background (Config.KeepAlive): those renewals are not recorded, so
+	// the models treat the lease's expiry as unknown.
+	KeepAlive bool
 }
 
 // NewClient returns a client with a new id.
@@ -59,7 +63,7 @@ func invalid(err error) bool {
 
 // Acquire records l.Acquire (wait) or l.TryAcquire of name.
 func (c *Client) Acquire(ctx context.Context, l *pglock.Locker, name string, ttl time.Duration, wait bool) (*pglock.Lease, error) {
-	p := c.begin(Input{Kind: Acquire, Key: name, Holder: l.Holder(), TTL: ttl})
+	p := c.begin(Input{Kind: Acquire, Key: name, Holder: l.Holder(), TTL: ttl, KeepAlive: c.KeepAlive})
 	var (
 		lease *pglock.Lease
 		err   error
@@ -169,6 +173,41 @@ func (c *Client) Read(ctx context.Context, db fencedwrite.DBTX, lock string, tok
 	}
 	c.end(p, Output{Outcome: OK, Value: s, Fence: v.Fence})
 	return s, nil
+}
+
+// Fenced records a fenced write of any form (Table.Update, a generated
+// query, a write inside a transaction): write runs it and returns its error,
+// classified as fencedwrite's are (a refusal, or unknown when the error is
+// not one). Key names the row; value is what the write stores, as the
+// reads of the row will report it.
+func (c *Client) Fenced(lock string, token int64, mode fencedwrite.Mode, key, value string, write func() error) error {
+	m := "strict"
+	if mode == fencedwrite.Reentrant {
+		m = "reentrant"
+	}
+	p := c.begin(Input{Kind: Write, Key: key, Lock: lock, Token: token, Mode: m, Value: value})
+	err := write()
+	c.endRow(p, err)
+	return err
+}
+
+// FencedRead records a fenced read of any form: read runs it and returns
+// the value as the writes of the row record it.
+func (c *Client) FencedRead(lock string, token int64, key string, read func() (string, error)) (string, error) {
+	p := c.begin(Input{Kind: Read, Key: key, Lock: lock, Token: token})
+	v, err := read()
+	if err != nil {
+		c.endRow(p, err)
+		return "", err
+	}
+	c.end(p, Output{Outcome: OK, Value: v})
+	return v, nil
+}
+
+// Seed records that row key holds value before any token wrote it (fence
+// 0), as a test's setup inserted it.
+func (r *Recorder) Seed(key, value string) {
+	r.Add(Op{Client: r.Client(), Input: Input{Kind: Write, Key: key, Mode: "reentrant", Value: value}, Output: Output{Outcome: OK}, Call: 0, Return: 1})
 }
 
 func (c *Client) endRow(p *Pending, err error) {

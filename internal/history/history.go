@@ -69,6 +69,9 @@ type Input struct {
 	TTL    time.Duration // acquire, renew, claim
 	Mode   string        // write: "strict" or "reentrant"
 	Value  string        // write: the value written
+	// KeepAlive (acquire): the lease is renewed in the background without
+	// records; its expiry is unknown to the models.
+	KeepAlive bool
 }
 
 // Output is what the client saw. Times are microseconds since the Unix

@@ -49,6 +49,9 @@ func leaseStep(st any, input any, output any) []any {
 				return nil
 			}
 			next.Expires = out.Expires
+			if in.KeepAlive {
+				next.Expires = unknownExpiry
+			}
 			return []any{next}
 		case Busy:
 			if out.Holder == "" {
