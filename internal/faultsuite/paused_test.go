@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -67,9 +69,15 @@ func workerMain() int {
 	if err != nil {
 		return fail(err)
 	}
-	lease, err := locker.Acquire(ctx, os.Getenv(envLock), ttl)
+	rec, err := history.FromEnv()
+	if err != nil || rec == nil {
+		return fail(fmt.Errorf("no history journal: %v", err))
+	}
+	c := rec.NewClient()
+	lock, key := os.Getenv(envLock), fmt.Sprintf("accounts/%d", row)
+	lease, err := c.Acquire(ctx, locker, lock, ttl, true)
 	for retry := 0; errors.Is(err, pglock.ErrSlowGrant) && retry < 5; retry++ {
-		lease, err = locker.Acquire(ctx, os.Getenv(envLock), ttl) // given back on a loaded machine
+		lease, err = c.Acquire(ctx, locker, lock, ttl, true) // given back on a loaded machine
 	}
 	if err != nil {
 		return fail(err)
@@ -79,7 +87,10 @@ func workerMain() int {
 	jitter := func() { time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond) }
 	jitter()
 	var balance int
-	if _, err := table.Read(ctx, pool, tok, []any{row}, &balance); err != nil {
+	if _, err := c.FencedRead(lock, tok, key, func() (string, error) {
+		_, err := table.Read(ctx, pool, tok, []any{row}, &balance)
+		return strconv.Itoa(balance), err
+	}); err != nil {
 		if errors.Is(err, fencedwrite.ErrStaleToken) {
 			fmt.Printf("rejected read %v\n", err)
 			return 0
@@ -88,13 +99,15 @@ func workerMain() int {
 	}
 	fmt.Printf("read %d\n", balance)
 	jitter()
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := table.Update(ctx, tx, tok, []any{row}, []any{balance + amount}); err != nil {
+	err = c.Fenced(lock, tok, fencedwrite.Reentrant, key, strconv.Itoa(balance+amount), func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := table.Update(ctx, tx, tok, []any{row}, []any{balance + amount}); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO ledger(account, token, worker, amount, old_balance, new_balance) VALUES ($1, $2, $3, $4, $5, $6)",
+				row, tok, os.Getenv(envWorker), amount, balance, balance+amount)
 			return err
-		}
-		_, err := tx.Exec(ctx, "INSERT INTO ledger(account, token, worker, amount, old_balance, new_balance) VALUES ($1, $2, $3, $4, $5, $6)",
-			row, tok, os.Getenv(envWorker), amount, balance, balance+amount)
-		return err
+		})
 	})
 	var stale *fencedwrite.StaleTokenError
 	switch {
@@ -108,7 +121,7 @@ func workerMain() int {
 	default:
 		fmt.Printf("wrote %d\n", balance+amount)
 	}
-	_ = lease.Release(ctx)
+	_ = c.Release(ctx, lease)
 	return 0
 }
 
@@ -118,7 +131,7 @@ type proc struct {
 	out   strings.Builder
 }
 
-func startWorker(t *testing.T, dsn, name, lock string, row, amount int, ttl time.Duration) *proc {
+func startWorker(t *testing.T, dsn, name, lock string, row, amount int, ttl time.Duration, journal string) *proc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -126,7 +139,7 @@ func startWorker(t *testing.T, dsn, name, lock string, row, amount int, ttl time
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), envWorker+"="+name, envDSN+"="+dsn, envLock+"="+lock,
-		envRow+"="+strconv.Itoa(row), envAmount+"="+strconv.Itoa(amount), envTTL+"="+ttl.String())
+		envRow+"="+strconv.Itoa(row), envAmount+"="+strconv.Itoa(amount), envTTL+"="+ttl.String(), journal)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -219,13 +232,15 @@ func TestPausedProcess(t *testing.T) {
 	}
 	const ttl = 300 * time.Millisecond
 	const lanes = 4
+	rec := history.New()
+	journals := t.TempDir()
 	var staleRejected, aWroteBeforePause, aAborted atomic.Int64
 	t.Run("lanes", func(t *testing.T) {
 		for lane := range lanes {
 			t.Run(fmt.Sprint(lane), func(t *testing.T) {
 				t.Parallel()
 				for i := lane; i < iterations; i += lanes {
-					switch pausedIteration(t, pool, workerDSN, i, ttl) {
+					switch pausedIteration(t, pool, workerDSN, i, ttl, rec, journals) {
 					case "rejected":
 						staleRejected.Add(1)
 					case "wrote":
@@ -237,6 +252,7 @@ func TestPausedProcess(t *testing.T) {
 			})
 		}
 	})
+	rec.Verify(t)
 	t.Logf("paused process: %d iterations, %d stale writes rejected, %d where A wrote before the pause, "+
 		"%d where A was paused inside its transaction and the server aborted it, lost updates 0",
 		iterations, staleRejected.Load(), aWroteBeforePause.Load(), aAborted.Load())
@@ -248,13 +264,22 @@ func TestPausedProcess(t *testing.T) {
 // pausedIteration runs one A-paused/B-writes/A-resumes round on account i and
 // checks its ledger. It returns how A's write ended: rejected, wrote (A wrote
 // before the pause) or aborted (A was frozen inside its transaction).
-func pausedIteration(t *testing.T, pool *pgxpool.Pool, dsn string, i int, ttl time.Duration) string {
+func pausedIteration(t *testing.T, pool *pgxpool.Pool, dsn string, i int, ttl time.Duration, rec *history.Recorder, journals string) string {
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, "INSERT INTO accounts VALUES ($1, 100, 0)", i); err != nil {
 		t.Fatal(err)
 	}
+	rec.Seed(fmt.Sprintf("accounts/%d", i), "100")
 	lock := fmt.Sprintf("paused:%d", i)
-	a := startWorker(t, dsn, "A", lock, i, 50, ttl)
+	ja, jb := filepath.Join(journals, fmt.Sprintf("%d-a", i)), filepath.Join(journals, fmt.Sprintf("%d-b", i))
+	defer func() {
+		for _, j := range []string{ja, jb} {
+			if err := rec.ReadJournal(j); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	a := startWorker(t, dsn, "A", lock, i, 50, ttl, rec.JournalEnv(ja, 1000*(2*i+1)))
 	if l := a.next(t); !strings.HasPrefix(l, "granted ") {
 		t.Fatalf("A: %s", l)
 	}
@@ -262,7 +287,7 @@ func pausedIteration(t *testing.T, pool *pgxpool.Pool, dsn string, i int, ttl ti
 	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	b := startWorker(t, dsn, "B", lock, i, 10, ttl)
+	b := startWorker(t, dsn, "B", lock, i, 10, ttl, rec.JournalEnv(jb, 1000*(2*i+2)))
 	bOut := b.rest(t)
 	if len(bOut) == 0 || !strings.HasPrefix(bOut[len(bOut)-1], "wrote ") {
 		t.Fatalf("iteration %d: B did not write: %v", i, bOut)

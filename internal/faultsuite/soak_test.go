@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
@@ -82,11 +84,16 @@ func soakWorkerMain(name string) int {
 		}
 		table = t
 	}
+	rec, err := history.FromEnv()
+	if err != nil || rec == nil {
+		return fail(fmt.Errorf("no history journal: %v", err))
+	}
+	c := rec.NewClient()
 	var iterations, committed, stale, failed, lockedOut int
 	for time.Now().Before(end) {
 		iterations++
 		key := rand.IntN(keys)
-		switch err := soakIteration(ctx, pool, locker, table, name, key, out); {
+		switch err := soakIteration(ctx, c, pool, locker, table, name, key, out); {
 		case err == nil:
 			committed++
 		case errors.Is(err, fencedwrite.ErrStaleToken):
@@ -103,34 +110,40 @@ func soakWorkerMain(name string) int {
 	return 0
 }
 
-func soakIteration(ctx context.Context, pool *pgxpool.Pool, locker *pglock.Locker, table *fencedwrite.Table, name string, key int, out io.Writer) error {
+func soakIteration(ctx context.Context, c *history.Client, pool *pgxpool.Pool, locker *pglock.Locker, table *fencedwrite.Table, name string, key int, out io.Writer) error {
 	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	lease, err := locker.Acquire(actx, fmt.Sprintf("soak:%d", key), soakTTL)
+	lock, row := fmt.Sprintf("soak:%d", key), fmt.Sprintf("soak_accounts/%d", key)
+	lease, err := c.Acquire(actx, locker, lock, soakTTL, true)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		_ = lease.Release(rctx)
+		_ = c.Release(rctx, lease)
 	}()
 	tok := lease.Token()
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var balance int64
-	if _, err := table.Read(wctx, pool, tok, []any{key}, &balance); err != nil {
+	if _, err := c.FencedRead(lock, tok, row, func() (string, error) {
+		_, err := table.Read(wctx, pool, tok, []any{key}, &balance)
+		return strconv.FormatInt(balance, 10), err
+	}); err != nil {
 		return err
 	}
 	// The work between read and write: a pause often lands here.
 	time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
-	err = pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
-		if _, err := table.Update(wctx, tx, tok, []any{key}, []any{balance + 1}); err != nil {
+	err = c.Fenced(lock, tok, fencedwrite.Reentrant, row, strconv.FormatInt(balance+1, 10), func() error {
+		return pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
+			if _, err := table.Update(wctx, tx, tok, []any{key}, []any{balance + 1}); err != nil {
+				return err
+			}
+			_, err := tx.Exec(wctx, "INSERT INTO soak_ledger(account, token, worker, old_balance, new_balance) VALUES ($1, $2, $3, $4, $5)",
+				key, tok, name, balance, balance+1)
 			return err
-		}
-		_, err := tx.Exec(wctx, "INSERT INTO soak_ledger(account, token, worker, old_balance, new_balance) VALUES ($1, $2, $3, $4, $5)",
-			key, tok, name, balance, balance+1)
-		return err
+		})
 	})
 	if err != nil {
 		return err
@@ -150,7 +163,7 @@ type soakProc struct {
 	paused  atomic.Bool
 }
 
-func startSoakWorker(t *testing.T, dsn, name string, keys int, dur time.Duration) *soakProc {
+func startSoakWorker(t *testing.T, dsn, name string, keys int, dur time.Duration, journal string) *soakProc {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -158,7 +171,7 @@ func startSoakWorker(t *testing.T, dsn, name string, keys int, dur time.Duration
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), envSoakWorker+"="+name, envSoakDSN+"="+dsn,
-		envSoakKeys+"="+strconv.Itoa(keys), envSoakDuration+"="+dur.String())
+		envSoakKeys+"="+strconv.Itoa(keys), envSoakDuration+"="+dur.String(), journal)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -235,9 +248,17 @@ func TestSoak(t *testing.T) {
 	// whole pause; the server ends such sessions after 1s. Pauses last 0.2-2s,
 	// so about half of them outlive the 1s lease.
 	workerDSN := withParams(t, srv.DSN, "idle_in_transaction_session_timeout", "1000", "application_name", "pgfence-soak")
+	// Every worker journals its operations; the server crash below may undo
+	// plain releases (not flushed), which the history checks allow.
+	rec := history.New()
+	rec.AllowLostReleases()
+	for k := range keys {
+		rec.Seed(fmt.Sprintf("soak_accounts/%d", k), "0")
+	}
+	journals := t.TempDir()
 	procs := make([]*soakProc, workers)
 	for i := range procs {
-		procs[i] = startSoakWorker(t, workerDSN, fmt.Sprintf("w%d", i), keys, dur)
+		procs[i] = startSoakWorker(t, workerDSN, fmt.Sprintf("w%d", i), keys, dur, rec.JournalEnv(filepath.Join(journals, fmt.Sprint(i)), 1000*(i+1)))
 	}
 
 	// The nemesis: kills, pauses (several processes may be frozen at once),
@@ -330,6 +351,12 @@ func TestSoak(t *testing.T) {
 		timedout += n("timedout")
 		acks += len(p.acks)
 	}
+	for i := range procs {
+		if err := rec.ReadJournal(filepath.Join(journals, fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.Verify(t)
 
 	check := bigPool(t, srv.DSN, 4)
 	lost, rows := 0, 0

@@ -85,10 +85,35 @@ func Check(ops []Op) ([]Violation, Summary) {
 			if _, ok := byKey[o.Input.Key]; !ok {
 				keys = append(keys, o.Input.Key)
 			}
+			if o.Input.Kind == Acquire {
+				o.Input.ReturnWall = o.ReturnWall
+			}
 			byKey[o.Input.Key] = append(byKey[o.Input.Key], o)
 			sum.PerModel[name]++
+			if o.Input.Kind == Acquire {
+				// Companions: the grants this call may have had without
+				// returning them (model.go, ghost); a call that never
+				// returned may have had them at different times.
+				n := 1
+				if o.Output.Outcome == Unknown {
+					n = maxGhosts - 1
+				}
+				for range n {
+					g := o
+					g.Input.Kind, g.Output = ghost, Output{}
+					byKey[o.Input.Key] = append(byKey[o.Input.Key], g)
+				}
+			}
 		}
 		sum.Keys[name] = len(keys)
+		if name == "lease" {
+			for _, k := range keys {
+				b := unseenBudget(byKey[k])
+				for i := range byKey[k] {
+					byKey[k][i].Input.Budget = b
+				}
+			}
+		}
 		nm := m.model
 		nm.Partition = nil
 		model := nm.ToModel()
@@ -112,6 +137,27 @@ func Check(ops []Op) ([]Violation, Summary) {
 	out = append(out, realTime(ops)...)
 	sum.Took = time.Since(start)
 	return out, sum
+}
+
+// unseenBudget counts the tokens of one lock, up to the highest any output
+// named, that no returned grant has: the unseen grants the history can
+// need.
+func unseenBudget(ops []Op) int64 {
+	granted := map[int64]bool{}
+	var top int64
+	for _, o := range ops {
+		top = max(top, o.Output.Token, o.Input.Token)
+		if o.Input.Kind == Acquire && o.Output.Outcome == OK {
+			granted[o.Output.Token] = true
+		}
+	}
+	var n int64
+	for t := int64(1); t <= top; t++ {
+		if !granted[t] {
+			n++
+		}
+	}
+	return n
 }
 
 // blocker finds, for an illegal partition, the operation no legal order can

@@ -48,7 +48,7 @@ func (c *Client) at(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
 	}
-	return int64(t.Sub(c.r.start))
+	return c.r.offset + int64(t.Sub(c.r.start))
 }
 
 // invalid reports errors refused before any SQL ran: nothing is recorded.
@@ -254,9 +254,9 @@ func JobKey(id int64) string { return "job/" + strconv.FormatInt(id, 10) }
 // A claim whose outcome is unknown is recorded on every job of known (the
 // jobs of its queue): it may have taken any of them.
 func (c *Client) Claim(ctx context.Context, db skiplocked.DBTX, cp skiplocked.ClaimParams, known []int64) ([]skiplocked.Job, error) {
-	call := c.r.Now()
+	call, callWall := c.r.Now(), time.Now().UnixMicro()
 	jobs, err := skiplocked.Claim(ctx, db, cp)
-	ret := c.r.Now()
+	ret, retWall := c.r.Now(), time.Now().UnixMicro()
 	if ret <= call {
 		ret = call + 1
 	}
@@ -266,14 +266,14 @@ func (c *Client) Claim(ctx context.Context, db skiplocked.DBTX, cp skiplocked.Cl
 	case err == nil:
 		for _, j := range jobs {
 			in.Key = JobKey(j.ID)
-			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: ret,
+			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: ret, CallWall: callWall, ReturnWall: retWall,
 				Output: Output{Outcome: OK, Token: j.ClaimToken, Expires: Micros(j.ClaimExpiresAt)}})
 		}
 	case invalid(err):
 	default:
 		for _, id := range known {
 			in.Key = JobKey(id)
-			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: math.MaxInt64, Output: Output{Outcome: Unknown}})
+			ops = append(ops, Op{Client: c.id, Input: in, Call: call, Return: math.MaxInt64, CallWall: callWall, ReturnWall: math.MaxInt64, Output: Output{Outcome: Unknown}})
 		}
 		defer func() { c.id = c.r.Client() }()
 	}

@@ -72,6 +72,16 @@ type Input struct {
 	// KeepAlive (acquire): the lease is renewed in the background without
 	// records; its expiry is unknown to the models.
 	KeepAlive bool
+	// Lossy (release): a server crash may undo the release (pglock commits
+	// a plain release without waiting for the WAL flush: the lease is then
+	// held until its expiry). Set by Recorder.AllowLostReleases.
+	Lossy bool
+	// ReturnWall (acquire) is the op's own, copied in by the checker for
+	// the lease model.
+	ReturnWall int64 `json:"-"`
+	// Budget (acquire, ghost) is the number of tokens of the lock that no
+	// returned grant has, set by the checker.
+	Budget int64 `json:"-"`
 }
 
 // Output is what the client saw. Times are microseconds since the Unix
@@ -97,6 +107,12 @@ type Op struct {
 	Output Output
 	Call   int64 // nanoseconds since the recorder started, monotonic
 	Return int64 // math.MaxInt64 when the outcome is unknown
+	// CallWall and ReturnWall are the same instants on the wall clock, in
+	// µs since the Unix epoch (the database's clock on this machine: every
+	// now() of a statement the operation sent lies between them);
+	// ReturnWall is math.MaxInt64 when the outcome is unknown, 0 when not
+	// recorded.
+	CallWall, ReturnWall int64
 }
 
 // Recorder collects operations from concurrent clients. The zero value is
@@ -104,8 +120,21 @@ type Op struct {
 type Recorder struct {
 	mu      sync.Mutex
 	start   time.Time
+	offset  int64 // ns from the clock's origin to start (a journal's parent recorder)
 	ops     []Op
 	clients int
+	journal *journal // nil unless the recorder writes to a journal file
+	lossy   bool     // AllowLostReleases
+}
+
+// AllowLostReleases tells the checks that the server crashes during the
+// history: a release that returned ok may be undone by the crash (a plain
+// release does not wait for the WAL flush), so the lease may still be held
+// until its expiry. Grants are durable and are not relaxed.
+func (r *Recorder) AllowLostReleases() {
+	r.mu.Lock()
+	r.lossy = true
+	r.mu.Unlock()
 }
 
 // New returns an empty recorder whose clock starts now.
@@ -120,8 +149,9 @@ func (r *Recorder) Client() int {
 	return r.clients - 1
 }
 
-// Now is the recorder's clock: nanoseconds since New, monotonic.
-func (r *Recorder) Now() int64 { return int64(time.Since(r.start)) }
+// Now is the recorder's clock: nanoseconds since New (for a journal,
+// since its parent's New), monotonic within the process.
+func (r *Recorder) Now() int64 { return r.offset + int64(time.Since(r.start)) }
 
 // Pending is an operation that has been called and not returned yet.
 type Pending struct {
@@ -129,25 +159,35 @@ type Pending struct {
 	client int
 	in     Input
 	call   int64
+	seq    int64 // journal sequence number
+	wall   int64 // CallWall
 }
 
 // Begin records the call of an operation by client.
 func (r *Recorder) Begin(client int, in Input) *Pending {
-	return &Pending{r: r, client: client, in: in, call: r.Now()}
+	p := &Pending{r: r, client: client, in: in, call: r.Now(), wall: time.Now().UnixMicro()}
+	if r.journal != nil {
+		p.seq = r.journal.begin(p)
+	}
+	return p
 }
 
 // End records the return of p with out. An Unknown outcome gets an open
 // return.
 func (p *Pending) End(out Output) {
-	ret := p.r.Now()
+	ret, wall := p.r.Now(), time.Now().UnixMicro()
 	if out.Outcome == Unknown {
-		ret = math.MaxInt64
+		ret, wall = math.MaxInt64, math.MaxInt64
 	}
 	if ret <= p.call {
 		ret = p.call + 1
 	}
+	op := Op{Client: p.client, Input: p.in, Output: out, Call: p.call, Return: ret, CallWall: p.wall, ReturnWall: wall}
+	if p.r.journal != nil {
+		p.r.journal.end(p.seq, op)
+	}
 	p.r.mu.Lock()
-	p.r.ops = append(p.r.ops, Op{Client: p.client, Input: p.in, Output: out, Call: p.call, Return: ret})
+	p.r.ops = append(p.r.ops, op)
 	p.r.mu.Unlock()
 }
 
@@ -158,12 +198,25 @@ func (p *Pending) Call() int64 { return p.call }
 func (r *Recorder) Ops() []Op {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]Op(nil), r.ops...)
+	ops := append([]Op(nil), r.ops...)
+	if r.lossy {
+		for i := range ops {
+			if ops[i].Input.Kind == Release {
+				ops[i].Input.Lossy = true
+			}
+		}
+	}
+	return ops
 }
 
 // Add appends operations recorded elsewhere (another recorder's clock must
 // be this one's; tests use it to build histories by hand).
 func (r *Recorder) Add(ops ...Op) {
+	if r.journal != nil {
+		for _, o := range ops {
+			r.journal.whole(o)
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ops = append(r.ops, ops...)

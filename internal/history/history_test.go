@@ -14,11 +14,12 @@ const ms = int64(time.Millisecond)
 // op builds an operation called at call ms and returned at ret ms (ret < 0:
 // unknown) on the recorder's clock.
 func op(client int, call, ret int64, in Input, out Output) Op {
-	r := ret * ms
+	r, rw := ret*ms, ret*1000
 	if ret < 0 {
-		r = math.MaxInt64
+		r, rw = math.MaxInt64, math.MaxInt64
 	}
-	return Op{Client: client, Input: in, Output: out, Call: call * ms, Return: r}
+	// The wall clock in µs is the database clock of the cases: 0 at 0 ms.
+	return Op{Client: client, Input: in, Output: out, Call: call * ms, Return: r, CallWall: call * 1000, ReturnWall: rw}
 }
 
 // grant is an acquire of lock "L" by holder returning token with its expiry
@@ -71,14 +72,19 @@ func TestCheckHistories(t *testing.T) {
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			grant(1, 4, 5, "b", 1, 4000, ttl),
 		}, "lease"},
-		{"a token skipped", []Op{
+		{"tokens skipped beyond what unseen grants explain", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
-			grant(1, 4, 5, "b", 3, 4000, ttl),
+			grant(1, 4, 5, "b", 3+maxGhosts, 4000, ttl),
 		}, "lease"},
 		{"a skipped token explained by a cut grant", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			op(1, 3, -1, Input{Kind: Acquire, Key: "L", Holder: "c", TTL: ttl}, Output{Outcome: Unknown}),
 			grant(2, 1100, 1101, "b", 3, 1100*1000, ttl),
+		}, ""},
+		{"a skipped token: a handoff expired before the waiter read it", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl),
+			grant(1, 2, 1500, "w", 3, 1400*1000, ttl), // waited from 2 ms; handed token 2 at 5 ms, paused past its expiry
+			release(0, 4, 5, "a", 1, OK),
 		}, ""},
 		{"a release by the previous holder accepted", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl),
@@ -207,5 +213,39 @@ func TestRecorderOpenReturn(t *testing.T) {
 	ops := r.Ops()
 	if len(ops) != 2 || ops[0].Return != math.MaxInt64 || ops[1].Return == math.MaxInt64 || ops[0].Client != id || ops[1].Client == id {
 		t.Fatalf("ops %v: want the unknown one open under client %d, the next under a new id", ops, id)
+	}
+}
+
+// TestJournal: a worker's journal carries its operations on the parent's
+// clock, and a call without a return (a killed worker) becomes an unknown
+// outcome.
+func TestJournal(t *testing.T) {
+	parent := New()
+	path := filepath.Join(t.TempDir(), "w.jsonl")
+	env := parent.JournalEnv(path, 1000)
+	k, v, _ := strings.Cut(env, "=")
+	t.Setenv(k, v)
+	before := parent.Now()
+	child, err := FromEnv()
+	if err != nil || child == nil {
+		t.Fatalf("FromEnv: %v, %v", child, err)
+	}
+	c := child.NewClient()
+	p := c.begin(Input{Kind: Acquire, Key: "L", Holder: "w", TTL: time.Second})
+	c.end(p, Output{Outcome: OK, Token: 1, Expires: 5})
+	c.begin(Input{Kind: Release, Key: "L", Holder: "w", Token: 1}) // killed before it returned
+	after := parent.Now()
+	if err := parent.ReadJournal(path); err != nil {
+		t.Fatal(err)
+	}
+	ops := parent.Ops()
+	if len(ops) != 2 {
+		t.Fatalf("ops %v, want 2", ops)
+	}
+	if ops[0].Client < 1000 || ops[0].Output.Token != 1 || ops[0].Call < before || ops[0].Return > after {
+		t.Errorf("returned op %v: want client ≥ 1000, token 1, within [%d, %d] on the parent's clock", ops[0], before, after)
+	}
+	if ops[1].Input.Kind != Release || ops[1].Output.Outcome != Unknown || ops[1].Return != math.MaxInt64 {
+		t.Errorf("cut op %v: want the release, unknown, open", ops[1])
 	}
 }

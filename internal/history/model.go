@@ -17,7 +17,11 @@ type leaseState struct {
 	Token   int64  // the latest grant's token; 0 = never granted
 	Holder  string // "" = released (or never granted)
 	Expires int64  // µs on the database clock; unknownExpiry = not known
+	Unseen  int64  // unseen grants so far (see ghost)
 }
+
+// exact reports whether s's expiry is known.
+func (s leaseState) exact() bool { return s.Expires != unknownExpiry }
 
 func (s leaseState) held(holder string, token int64) bool {
 	return s.Holder != "" && s.Holder == holder && s.Token == token
@@ -26,6 +30,49 @@ func (s leaseState) held(holder string, token int64) bool {
 // grantTime is the database time of a grant: the SQL sets the expiry to
 // now() + ttl exactly (microseconds).
 func grantTime(out Output, ttl int64) int64 { return out.Expires - ttl }
+
+// ghost is the kind of the companions the checker adds to every acquire:
+// the grants a call may have had without returning them. pglock takes a
+// lease and gives it back inside one call when the answer came too late to
+// use or when the wait ended as a release handed it over; a handoff expires
+// unread when the waiter was paused or its notification was lost with a
+// killed connection; a cut waiter's queue row is handed a lease that nobody
+// reads. Such a grant was never used (a write with its token fails the
+// "granted" check), but it takes a token. A companion lets up to maxGhosts
+// of them happen during its call, while the lease was free and no later than
+// the call's return, held by the call's holder until an unknown expiry or
+// given back; a call that never returned has maxGhosts-1 companions and its
+// own fork, which may happen at different times.
+const ghost Kind = "ghost"
+
+// maxGhosts bounds the unseen grants one call may have had at once.
+const maxGhosts = 3
+
+// ghosts are the states after up to maxGhosts unseen grants to holder by a
+// call that returned at returnWall (µs on the database clock of this
+// machine; unknownExpiry if it never returned).
+//
+// Every unseen grant takes a token that no returned grant has: budget, the
+// number of such tokens up to the highest token any output named, bounds
+// them over the whole history (an unseen grant above it conflicts with
+// nothing observed).
+func ghosts(s leaseState, holder string, returnWall, budget int64) []any {
+	out := []any{s}
+	cur := s
+	for range maxGhosts {
+		if cur.Unseen >= budget {
+			return out
+		}
+		if cur.Holder != "" && cur.Expires != unknownExpiry && cur.Expires > returnWall {
+			return out // held past the call's return: no grant inside it
+		}
+		// Held by the call's holder until an unknown expiry, or given back.
+		next := leaseState{Token: cur.Token + 1, Holder: holder, Expires: unknownExpiry, Unseen: cur.Unseen + 1}
+		out = append(out, next, leaseState{Token: cur.Token + 1, Unseen: cur.Unseen + 1})
+		cur = next
+	}
+	return out
+}
 
 // leaseStep: a grant is legal only with the next token (exactly one more
 // than the last grant) and only when the lease is released or its expiry
@@ -39,7 +86,7 @@ func leaseStep(st any, input any, output any) []any {
 	in, out := input.(Input), output.(Output)
 	switch in.Kind {
 	case Acquire:
-		next := leaseState{Token: s.Token + 1, Holder: in.Holder}
+		next := leaseState{Token: s.Token + 1, Holder: in.Holder, Unseen: s.Unseen}
 		switch out.Outcome {
 		case OK:
 			if out.Token != s.Token+1 {
@@ -60,17 +107,24 @@ func leaseStep(st any, input any, output any) []any {
 			if s.Holder == "" || out.Holder != s.Holder || (out.Token != 0 && out.Token != s.Token) {
 				return nil
 			}
-			if out.DBNow != 0 && s.Expires != unknownExpiry && out.DBNow >= s.Expires {
+			if out.DBNow != 0 && s.exact() && out.DBNow >= s.Expires {
 				return nil // refused after the holder's expiry
 			}
-			if out.Expires != 0 && s.Expires != unknownExpiry && out.Expires != s.Expires {
+			if out.Expires != 0 && s.exact() && out.Expires != s.Expires {
 				return nil
 			}
 			return []any{s}
 		case Unknown:
-			next.Expires = unknownExpiry
-			return []any{s, next}
+			// Not applied, granted (expiry unknown), or granted and given
+			// back inside the call (a grant too slow to use, a handoff to a
+			// wait that ended): see ghosts.
+			// Not applied, or granted (perhaps more than once) and
+			// perhaps given back: see ghost. The grant this call asked
+			// for is one of them.
+			return ghosts(s, in.Holder, unknownExpiry, in.Budget)
 		}
+	case ghost:
+		return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
 	case Renew:
 		switch out.Outcome {
 		case OK:
@@ -97,20 +151,23 @@ func leaseStep(st any, input any, output any) []any {
 			if !s.held(in.Holder, in.Token) {
 				return nil
 			}
-			return []any{leaseState{Token: s.Token}}
+			if in.Lossy {
+				return []any{leaseState{Token: s.Token, Unseen: s.Unseen}, s}
+			}
+			return []any{leaseState{Token: s.Token, Unseen: s.Unseen}}
 		case Lost:
 			return []any{s}
 		case Unknown:
 			if !s.held(in.Holder, in.Token) {
 				return []any{s}
 			}
-			return []any{s, leaseState{Token: s.Token}}
+			return []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}}
 		}
 	case Inspect:
 		if out.Outcome != OK || out.Token != s.Token || out.Holder != s.Holder {
 			return nil
 		}
-		if s.Holder != "" && s.Expires != unknownExpiry && out.Expires != s.Expires {
+		if s.Holder != "" && s.exact() && out.Expires != s.Expires {
 			return nil
 		}
 		return []any{s}
@@ -299,7 +356,7 @@ var models = map[string]struct {
 	kinds map[Kind]bool
 	model porcupine.NondeterministicModel
 }{
-	"lease": {map[Kind]bool{Acquire: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
+	"lease": {map[Kind]bool{Acquire: true, ghost: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
 		porcupine.NondeterministicModel{
 			Partition:         partitionByKey,
 			Init:              func() []any { return []any{leaseState{}} },
@@ -308,13 +365,13 @@ var models = map[string]struct {
 			DescribeState: func(st any) string {
 				s := st.(leaseState)
 				if s.Holder == "" {
-					return fmt.Sprintf("token %d, released", s.Token)
+					return fmt.Sprintf("token %d, released (%d unseen grants)", s.Token, s.Unseen)
 				}
 				exp := fmt.Sprint(s.Expires)
 				if s.Expires == unknownExpiry {
 					exp = "unknown"
 				}
-				return fmt.Sprintf("token %d held by %s until %s", s.Token, s.Holder, exp)
+				return fmt.Sprintf("token %d held by %s until %s (%d unseen grants)", s.Token, s.Holder, exp, s.Unseen)
 			},
 		}},
 	"row": {map[Kind]bool{Write: true, Read: true},
