@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
@@ -198,6 +199,7 @@ func TestFailover(t *testing.T) {
 	ackWrite := make([]int64, keys) // highest fenced write acknowledged per key
 	grants := 0
 	stop := make(chan struct{})
+	rec := history.New()
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Add(1)
@@ -205,13 +207,14 @@ func TestFailover(t *testing.T) {
 			defer wg.Done()
 			key := w % keys
 			lock := fmt.Sprintf("fo:%d", key)
+			c := rec.NewClient()
 			for {
 				select {
 				case <-stop:
 					return
 				default:
 				}
-				lease, err := locker.TryAcquire(ctx, lock, 2*time.Second)
+				lease, err := c.Acquire(ctx, locker, lock, 2*time.Second, false)
 				if errors.Is(err, pglock.ErrLocked) {
 					continue
 				}
@@ -222,13 +225,16 @@ func TestFailover(t *testing.T) {
 				ackToken[key] = max(ackToken[key], lease.Token())
 				grants++
 				mu.Unlock()
-				if _, err := table.Update(ctx, pool, lease.Token(), []any{key}, []any{lease.Token()}); err != nil {
+				if err := c.Fenced(lock, lease.Token(), fencedwrite.Strict, fmt.Sprintf("fo_items/%d", key), fmt.Sprint(lease.Token()), func() error {
+					_, err := table.Update(ctx, pool, lease.Token(), []any{key}, []any{lease.Token()})
+					return err
+				}); err != nil {
 					return
 				}
 				mu.Lock()
 				ackWrite[key] = max(ackWrite[key], lease.Token())
 				mu.Unlock()
-				if err := lease.Release(ctx); err != nil {
+				if err := c.Release(ctx, lease); err != nil {
 					return
 				}
 			}
@@ -308,9 +314,12 @@ func TestFailover(t *testing.T) {
 
 	// Without a bump, the next grant of key 0 re-issues a token the old
 	// primary had acknowledged, and an old holder's fenced write with its
-	// higher token still lands after the new holder wrote.
+	// higher token still lands after the new holder wrote. The history
+	// checker must say so.
+	before := rec.Ops()
+	nc := rec.NewClient()
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	first, err := nl.Acquire(actx, "fo:0", time.Minute) // waits out leases granted before the crash
+	first, err := nc.Acquire(actx, nl, "fo:0", time.Minute, true) // waits out leases granted before the crash
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -318,29 +327,60 @@ func TestFailover(t *testing.T) {
 	if first.Token() > ackToken[0] {
 		t.Errorf("key 0: first grant on the new primary %d is above the acknowledged %d, yet tokens were lost", first.Token(), ackToken[0])
 	}
-	if _, err := ntable.Update(ctx, np, first.Token(), []any{0}, []any{first.Token()}); err != nil {
+	fenced := func(c *history.Client, key int, token, v int64) error {
+		return c.Fenced(fmt.Sprintf("fo:%d", key), token, fencedwrite.Strict, fmt.Sprintf("fo_items/%d", key), fmt.Sprint(v), func() error {
+			_, err := ntable.Update(ctx, np, token, []any{key}, []any{v})
+			return err
+		})
+	}
+	if err := fenced(nc, 0, first.Token(), first.Token()); err != nil {
 		t.Fatalf("first fenced write on the new primary: %v", err)
 	}
 	oldLanded := "refused"
 	if first.Token() < ackToken[0] {
-		if _, err := ntable.Update(ctx, np, ackToken[0], []any{0}, []any{-1}); err == nil {
+		if err := fenced(nc, 0, ackToken[0], -1); err == nil {
 			oldLanded = "accepted"
 		} else if !errors.Is(err, fencedwrite.ErrStaleToken) {
 			t.Fatal(err)
 		}
 	}
-	_ = first.Release(ctx)
+	_ = nc.Release(ctx, first)
+	noBump := rec.Ops()
+	if vs, _ := history.Check(noBump); !reissued(vs, first.Token()) {
+		t.Errorf("the history checker did not report token %d of fo:0 issued again after the failover without a bump: %v", first.Token(), vs)
+	}
 
 	// With an epoch bump on promotion, the next grant is above every token
 	// ever acknowledged.
 	const epoch = 1 << 32
-	if _, err := np.Exec(ctx, "UPDATE pgfence.locks SET token = token + $1", int64(epoch)); err != nil {
+	bumpAt := rec.Now()
+	bumped, err := np.Query(ctx, "UPDATE pgfence.locks l SET token = l.token + $1 FROM pgfence.locks o WHERE o.name = l.name RETURNING l.name, o.token", int64(epoch))
+	if err != nil {
 		t.Fatal(err)
 	}
+	type bumpRow struct {
+		Name   string
+		Before int64
+	}
+	bumps, err := pgx.CollectRows(bumped, pgx.RowToStructByPos[bumpRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bumpDone := rec.Now()
+	// The history with the bump: the old primary's operations, the bump
+	// (from what the new primary had), and what follows; without the
+	// grant the new primary issued before the bump, it is legal.
+	withBump := history.New()
+	withBump.Add(before...)
+	for _, b := range bumps {
+		withBump.Add(history.Op{Client: withBump.Client() + 1000, Input: history.Input{Kind: history.Bump, Key: b.Name, Token: b.Before},
+			Output: history.Output{Outcome: history.OK}, Call: bumpAt, Return: bumpDone})
+	}
+	after := len(rec.Ops())
 	refused := 0
 	for key := range keys {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		lease, err := nl.Acquire(actx, fmt.Sprintf("fo:%d", key), time.Minute) // waits out leases granted before the crash
+		lease, err := nc.Acquire(actx, nl, fmt.Sprintf("fo:%d", key), time.Minute, true) // waits out leases granted before the crash
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -348,21 +388,33 @@ func TestFailover(t *testing.T) {
 		if lease.Token() <= ackToken[key] {
 			t.Errorf("key %d: first grant after the epoch bump is %d, not above the acknowledged %d", key, lease.Token(), ackToken[key])
 		}
-		if _, err := ntable.Update(ctx, np, lease.Token(), []any{key}, []any{lease.Token()}); err != nil {
+		if err := fenced(nc, key, lease.Token(), lease.Token()); err != nil {
 			t.Fatalf("key %d: first fenced write on the new primary: %v", key, err)
 		}
 		// Every old holder, up to the highest token the old primary
 		// acknowledged, is now refused.
-		if _, err := ntable.Update(ctx, np, ackToken[key], []any{key}, []any{-1}); errors.Is(err, fencedwrite.ErrStaleToken) {
+		if err := fenced(nc, key, ackToken[key], -1); errors.Is(err, fencedwrite.ErrStaleToken) {
 			refused++
 		} else {
 			t.Errorf("key %d: write with the old primary's last token %d on the new primary: %v", key, ackToken[key], err)
 		}
-		_ = lease.Release(ctx)
+		_ = nc.Release(ctx, lease)
 	}
+	withBump.Add(rec.Ops()[after:]...)
+	withBump.Verify(t)
 	t.Logf("failover: %d grants acknowledged by the old primary, the last %d while the standby lagged; after promotion: "+
 		"fence ≤ token on all %d rows, %d acknowledged tokens lost (%d of %d locks would re-issue a token without a bump), "+
 		"%d acknowledged fenced writes lost; without a bump the first new grant of lock 0 re-issued token %d (old primary acknowledged up to %d) "+
 		"and a write with the old holder's token was then %s; after an epoch bump of 2^32 the first grants fenced out the old primary's highest token on %d of %d rows",
 		grants, lagGrants, len(rows), lostTokens, reissue, keys, lostWrites, first.Token(), ackToken[0], oldLanded, refused, keys)
+}
+
+// reissued reports whether vs has a lease violation at a grant of token.
+func reissued(vs []history.Violation, token int64) bool {
+	for _, v := range vs {
+		if v.Check == "lease" && v.Op.Input.Kind == history.Acquire && v.Op.Output.Token == token {
+			return true
+		}
+	}
+	return false
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/hacluster"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -144,6 +146,7 @@ type scenario struct {
 	items *fencedwrite.Table // churn rows, strict (fence < token)
 	held  *fencedwrite.Table // holders' rows, re-entrant (fence <= token)
 	rec   *recorder
+	hist  *history.Recorder // every lease and fenced-write operation, checked at the end
 
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -162,7 +165,7 @@ var dbSeq atomic.Int64
 func newScenario(t *testing.T, c *hacluster.Cluster, async bool) *scenario {
 	t.Helper()
 	ctx := context.Background()
-	s := &scenario{t: t, c: c, db: fmt.Sprintf("hatest_%d", dbSeq.Add(1)), async: async, rec: newRecorder()}
+	s := &scenario{t: t, c: c, db: fmt.Sprintf("hatest_%d", dbSeq.Add(1)), async: async, rec: newRecorder(), hist: history.New()}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	admin, err := pgx.Connect(sctx, c.DSN("postgres"))
@@ -335,10 +338,12 @@ func (s *scenario) backoff() {
 func (s *scenario) churn(w int, l *pglock.Locker) {
 	name := churnName(w % churnKeys)
 	client := fmt.Sprintf("churn-%d", w)
+	hc := s.hist.NewClient()
+	hc.KeepAlive = true
 	for s.ctx.Err() == nil {
 		sent := time.Now()
 		actx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		lease, err := l.Acquire(actx, name, leaseTTL)
+		lease, err := hc.Acquire(actx, l, name, leaseTTL, true)
 		cancel()
 		if err != nil {
 			s.rec.err("acquire", err)
@@ -349,7 +354,12 @@ func (s *scenario) churn(w int, l *pglock.Locker) {
 		s.rec.mu.Lock()
 		s.rec.grants = append(s.rec.grants, g)
 		s.rec.mu.Unlock()
-		port, err := s.fencedWrite(name, lease.Token())
+		var port int
+		err = hc.Fenced(name, lease.Token(), fencedwrite.Strict, "ha_items/"+name, strconv.FormatInt(lease.Token(), 10), func() error {
+			var err error
+			port, err = s.fencedWrite(name, lease.Token())
+			return err
+		})
 		if err == nil {
 			now := time.Now()
 			s.rec.mu.Lock()
@@ -360,7 +370,7 @@ func (s *scenario) churn(w int, l *pglock.Locker) {
 			s.rec.err("fenced write", err)
 		}
 		rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		if err := lease.Release(rctx); err != nil {
+		if err := hc.Release(rctx, lease); err != nil {
 			s.rec.err("release", err)
 		}
 		cancel()
@@ -398,11 +408,13 @@ func (s *scenario) fencedWrite(name string, token int64) (int, error) {
 func (s *scenario) holder(h int, l *pglock.Locker) {
 	name := holdName(h)
 	client := fmt.Sprintf("holder-%d", h)
+	hc := s.hist.NewClient()
+	hc.KeepAlive = true
 	var ended int64 // token of the previous lease, to be proven fenced
 	for s.ctx.Err() == nil {
 		sent := time.Now()
 		actx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-		lease, err := l.Acquire(actx, name, leaseTTL)
+		lease, err := hc.Acquire(actx, l, name, leaseTTL, true)
 		cancel()
 		if err != nil {
 			s.rec.err("holder acquire", err)
@@ -434,7 +446,10 @@ func (s *scenario) holder(h int, l *pglock.Locker) {
 			case <-tick.C:
 			}
 			wctx, cancel := context.WithTimeout(lease.Context(), 3*time.Second)
-			_, err := s.held.Update(wctx, s.pool, lease.Token(), []any{name}, []any{lease.Token()})
+			err := hc.Fenced(name, lease.Token(), fencedwrite.Reentrant, "ha_held/"+name, strconv.FormatInt(lease.Token(), 10), func() error {
+				_, err := s.held.Update(wctx, s.pool, lease.Token(), []any{name}, []any{lease.Token()})
+				return err
+			})
 			cancel()
 			if err != nil {
 				s.rec.err("holder write", err)
@@ -446,14 +461,14 @@ func (s *scenario) holder(h int, l *pglock.Locker) {
 			hl.wrote = now
 			s.rec.mu.Unlock()
 			if ended != 0 {
-				s.proveFenced(s.held, name, ended, lease.Token())
+				s.proveFenced(hc, s.held, name, ended, lease.Token())
 				ended = 0
 			}
 		}
 		tick.Stop()
 		if s.ctx.Err() != nil {
 			rctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			_ = lease.Release(rctx)
+			_ = hc.Release(rctx, lease)
 			cancel()
 			return
 		}
@@ -463,10 +478,13 @@ func (s *scenario) holder(h int, l *pglock.Locker) {
 // proveFenced writes with a stale token after a newer one (newer) wrote
 // the row: the write must be refused, whatever the connection error
 // retries.
-func (s *scenario) proveFenced(table *fencedwrite.Table, name string, stale, newer int64) {
+func (s *scenario) proveFenced(hc *history.Client, table *fencedwrite.Table, name string, stale, newer int64) {
 	for attempt := 0; attempt < 50 && s.ctx.Err() == nil; attempt++ {
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		_, err := table.Update(ctx, s.pool, stale, []any{name}, []any{-stale})
+		err := hc.Fenced(name, stale, fencedwrite.Reentrant, "ha_held/"+name, strconv.FormatInt(-stale, 10), func() error {
+			_, err := table.Update(ctx, s.pool, stale, []any{name}, []any{-stale})
+			return err
+		})
 		cancel()
 		switch {
 		case err == nil:

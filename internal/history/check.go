@@ -151,10 +151,10 @@ func unseenBudget(ops []Op) int64 {
 			granted[o.Output.Token] = true
 		}
 	}
-	var n int64
-	for t := int64(1); t <= top; t++ {
-		if !granted[t] {
-			n++
+	n := top
+	for t := range granted {
+		if t >= 1 && t <= top {
+			n--
 		}
 	}
 	return n

@@ -222,7 +222,7 @@ func (c *Client) endRow(p *Pending, err error) {
 		c.end(p, Output{Outcome: Applied})
 	case errors.Is(err, fencedwrite.ErrNotFound):
 		c.end(p, Output{Outcome: NotFound})
-	case errors.Is(err, fencedwrite.ErrConcurrentChange):
+	case errors.Is(err, fencedwrite.ErrConcurrentChange), errors.Is(err, fencedwrite.ErrGuardRejected):
 		c.end(p, Output{Outcome: Refused})
 	default:
 		c.end(p, Output{Outcome: Unknown})

@@ -40,7 +40,14 @@ const (
 	Claim    Kind = "claim"    // a leased claim of a job
 	Complete Kind = "complete" // completion of a claimed job
 	Fail     Kind = "fail"     // a failed attempt of a claimed job (back to available)
+	// Bump is an epoch bump after a failover (the HA tests' on_role_change
+	// callback): the new primary raises the lock's token from Token (what
+	// it had) by EpochSize, and every earlier lease is superseded.
+	Bump Kind = "bump"
 )
+
+// EpochSize is what an epoch bump adds to a token.
+const EpochSize = int64(1) << 32
 
 // Outcome is what an operation returned.
 type Outcome string
@@ -221,6 +228,10 @@ func (r *Recorder) Add(ops ...Op) {
 	defer r.mu.Unlock()
 	r.ops = append(r.ops, ops...)
 }
+
+// At converts a wall-clock time (a database timestamp on this machine) to
+// the recorder's clock.
+func (r *Recorder) At(t time.Time) int64 { return t.UnixNano() - (r.start.UnixNano() - r.offset) }
 
 // Micros converts a database time to the microseconds Output uses (0 for
 // the zero time).

@@ -163,6 +163,14 @@ func leaseStep(st any, input any, output any) []any {
 			}
 			return []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}}
 		}
+	case Bump:
+		// The new primary may have lost acknowledged grants (asynchronous
+		// replication): it bumps from what it had, and the bump is above
+		// every token granted before.
+		if in.Token > s.Token || in.Token+EpochSize <= s.Token {
+			return nil
+		}
+		return []any{leaseState{Token: in.Token + EpochSize, Unseen: s.Unseen}}
 	case Inspect:
 		if out.Outcome != OK || out.Token != s.Token || out.Holder != s.Holder {
 			return nil
@@ -356,7 +364,7 @@ var models = map[string]struct {
 	kinds map[Kind]bool
 	model porcupine.NondeterministicModel
 }{
-	"lease": {map[Kind]bool{Acquire: true, ghost: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
+	"lease": {map[Kind]bool{Acquire: true, ghost: true, Bump: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
 		porcupine.NondeterministicModel{
 			Partition:         partitionByKey,
 			Init:              func() []any { return []any{leaseState{}} },
