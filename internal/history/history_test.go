@@ -86,6 +86,12 @@ func TestCheckHistories(t *testing.T) {
 			grant(1, 2, 1500, "w", 3, 1400*1000, ttl), // waited from 2 ms; handed token 2 at 5 ms, paused past its expiry
 			release(0, 4, 5, "a", 1, OK),
 		}, ""},
+		{"a grant after an unseen grant given back before its expiry", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			op(1, 4, -1, Input{Kind: Acquire, Key: "L", Holder: "b", TTL: ttl}, Output{Outcome: Unknown}), // granted 2 too late, gave it back
+			op(2, 6, 7, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 2, Holder: "b", Expires: 5000 + sec, DBNow: 6000}),
+			grant(3, 10, 11, "c", 3, 10*1000, ttl),
+		}, ""},
 		{"a release by the previous holder accepted", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl),
 			grant(1, 1100, 1101, "b", 2, 1100*1000, ttl),
