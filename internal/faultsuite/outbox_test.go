@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
@@ -81,9 +83,14 @@ func outboxHolderMain(mode string) int {
 		return fail(err)
 	}
 	defer locker.Close()
-	lease, err := locker.Acquire(ctx, os.Getenv(envOutboxLock), ttl)
+	rec, err := history.FromEnv()
+	if err != nil || rec == nil {
+		return fail(fmt.Errorf("no history journal: %v", err))
+	}
+	c := rec.NewClient()
+	lease, err := c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
 	for retry := 0; errors.Is(err, pglock.ErrSlowGrant) && retry < 5; retry++ {
-		lease, err = locker.Acquire(ctx, os.Getenv(envOutboxLock), ttl)
+		lease, err = c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
 	}
 	if err != nil {
 		return fail(err)
@@ -102,22 +109,21 @@ func outboxHolderMain(mode string) int {
 		stdin.Scan()
 	}
 	in := outbox.Intent{LockName: lease.Name(), Topic: outboxTopic, Key: os.Getenv(envOutboxKey), Payload: json.RawMessage(`{"amount":100}`)}
-	_, err = outbox.Enqueue(ctx, tx, lease.Token(), in)
 	var refused *outbox.RefusedError
+	at := "enqueue"
+	err = c.Enqueued(lease.Name(), lease.Token(), in.Key, func() error {
+		if _, err := outbox.Enqueue(ctx, tx, lease.Token(), in); err != nil {
+			return err
+		}
+		if mode == "inside" {
+			fmt.Println("enqueued")
+			stdin.Scan()
+		}
+		at = "commit"
+		return tx.Commit(ctx)
+	})
 	if errors.As(err, &refused) && errors.Is(err, fencedwrite.ErrStaleToken) {
-		fmt.Printf("refused-enqueue %d %d\n", refused.Token, refused.Latest)
-		return 0
-	}
-	if err != nil {
-		return fail(err)
-	}
-	if mode == "inside" {
-		fmt.Println("enqueued")
-		stdin.Scan()
-	}
-	err = outbox.TranslateError(tx.Commit(ctx))
-	if errors.As(err, &refused) && errors.Is(err, fencedwrite.ErrStaleToken) {
-		fmt.Printf("refused-commit %d %d\n", refused.Token, refused.Latest)
+		fmt.Printf("refused-%s %d %d\n", at, refused.Token, refused.Latest)
 		return 0
 	}
 	if err != nil {
@@ -354,12 +360,15 @@ func TestOutboxPausedHolder(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	want := map[string]int64{}
 	stale := map[string]bool{}
+	rec := history.New()
+	nc := rec.NewClient()
+	journals := t.TempDir()
 	for i := range rounds * len(modes) {
 		mode := modes[i%len(modes)]
 		lock := fmt.Sprintf("settle:store-%d", i)
 		oldKey, newKey := fmt.Sprintf("settle:%d:old", i), fmt.Sprintf("settle:%d:new", i)
 		p := startChild(t, envOutboxHolder+"="+mode, envOutboxDSN+"="+dsn, envOutboxLock+"="+lock, envOutboxKey+"="+oldKey,
-			envOutboxTTL+"="+ttl.String())
+			envOutboxTTL+"="+ttl.String(), rec.JournalEnv(filepath.Join(journals, fmt.Sprint(i)), 1000*(i+1)))
 		l := p.next(t, time.Minute)
 		oldTok, err := strconv.ParseInt(strings.TrimPrefix(l, "granted "), 10, 64)
 		if err != nil {
@@ -376,13 +385,14 @@ func TestOutboxPausedHolder(t *testing.T) {
 		// The old holder's lease runs out on the database's clock; the new
 		// holder waits for it (Acquire blocks until the lock is free). The
 		// stopped holder's open transaction does not hold the grant back.
-		lease, err := locker.Acquire(ctx, lock, time.Minute)
+		lease, err := nc.Acquire(ctx, locker, lock, time.Minute, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if lease.Token() <= oldTok {
 			t.Fatalf("new grant %d after %d", lease.Token(), oldTok)
 		}
+		enqCall := rec.Now()
 		err = pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "INSERT INTO settlements (key, token) VALUES ($1, $2)", newKey, lease.Token()); err != nil {
 				return err
@@ -394,6 +404,8 @@ func TestOutboxPausedHolder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		rec.Add(history.Op{Client: nc.ID(), Input: history.Input{Kind: history.Enqueue, Key: lock, Token: lease.Token(), Value: newKey},
+			Output: history.Output{Outcome: history.OK}, Call: enqCall, Return: rec.Now()})
 		want[newKey] = lease.Token()
 		stale[oldKey] = true
 		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
@@ -407,10 +419,14 @@ func TestOutboxPausedHolder(t *testing.T) {
 		if end != fmt.Sprintf("%s %d %d", wantEnd, oldTok, lease.Token()) {
 			t.Fatalf("round %d (%s): the old holder (token %d) ended with %q, want %s %d %d", i, mode, oldTok, end, wantEnd, oldTok, lease.Token())
 		}
-		if err := lease.Release(ctx); err != nil {
+		if err := nc.Release(ctx, lease); err != nil {
+			t.Fatal(err)
+		}
+		if err := rec.ReadJournal(filepath.Join(journals, fmt.Sprint(i))); err != nil {
 			t.Fatal(err)
 		}
 	}
+	rec.Verify(t)
 	var n int
 	if err := admin.QueryRow(ctx, "SELECT count(*) FROM settlements WHERE key LIKE '%:old'").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d settlement rows of stale holders committed (%v)", n, err)

@@ -231,8 +231,18 @@ func (c *Client) endRow(p *Pending, err error) {
 
 // Enqueue records outbox.Enqueue of an intent under lock's token.
 func (c *Client) Enqueue(ctx context.Context, db outbox.DBTX, lock string, token int64, key string) error {
+	return c.Enqueued(lock, token, key, func() error {
+		_, err := outbox.Enqueue(ctx, db, token, outbox.Intent{LockName: lock, Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
+		return err
+	})
+}
+
+// Enqueued records an outbox intent recorded by enqueue, which runs
+// outbox.Enqueue and the commit of its transaction (the intent is checked
+// again at commit) and returns the error of either.
+func (c *Client) Enqueued(lock string, token int64, key string, enqueue func() error) error {
 	p := c.begin(Input{Kind: Enqueue, Key: lock, Token: token, Value: key})
-	_, err := outbox.Enqueue(ctx, db, token, outbox.Intent{LockName: lock, Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
+	err := outbox.TranslateError(enqueue())
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
