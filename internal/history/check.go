@@ -145,19 +145,36 @@ func Check(ops []Op) ([]Violation, Summary) {
 func unseenBudget(ops []Op) int64 {
 	granted := map[int64]bool{}
 	var top int64
+	var bumps []int64 // tokens an epoch bump started from: (b, b+EpochSize] are never granted
 	for _, o := range ops {
 		top = max(top, o.Output.Token, o.Input.Token)
 		if o.Input.Kind == Acquire && o.Output.Outcome == OK {
 			granted[o.Output.Token] = true
 		}
+		if o.Input.Kind == Bump {
+			bumps = append(bumps, o.Input.Token)
+		}
+	}
+	jumped := func(t int64) bool {
+		for _, b := range bumps {
+			if t > b && t <= b+EpochSize {
+				return true
+			}
+		}
+		return false
 	}
 	n := top
+	for _, b := range bumps {
+		if b < top {
+			n -= min(b+EpochSize, top) - b
+		}
+	}
 	for t := range granted {
-		if t >= 1 && t <= top {
+		if t >= 1 && t <= top && !jumped(t) {
 			n--
 		}
 	}
-	return n
+	return max(n, 0)
 }
 
 // blocker finds, for an illegal partition, the operation no legal order can

@@ -92,6 +92,17 @@ func TestCheckHistories(t *testing.T) {
 			op(2, 6, 7, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 2, Holder: "b", Expires: 5000 + sec, DBNow: 6000}),
 			grant(3, 10, 11, "c", 3, 10*1000, ttl),
 		}, ""},
+		{"a failover that lost grants, then an epoch bump", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(0, 4, 5, "a", 2, 4000, ttl), release(0, 6, 7, "a", 2, OK),
+			op(9, 8, 9, Input{Kind: Bump, Key: "L", Token: 1}, Output{Outcome: OK}), // the new primary had token 1
+			grant(1, 10, 11, "b", 2+EpochSize, 10*1000, ttl),
+		}, ""},
+		{"a failover that lost grants, without a bump", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(0, 4, 5, "a", 2, 4000, ttl), release(0, 6, 7, "a", 2, OK),
+			grant(1, 10, 11, "b", 2, 10*1000, ttl), // token 2 again
+		}, "lease"},
 		{"a release by the previous holder accepted", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl),
 			grant(1, 1100, 1101, "b", 2, 1100*1000, ttl),
