@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/pglock"
@@ -41,11 +42,11 @@ func proxiedPool(t *testing.T, dsn, app string, n int32) (*pgxpool.Pool, *Proxy)
 // acquireRetry is Acquire, retried (up to five times) on transient
 // *pglock.DBError: the first use of a pooled connection that a fault broke
 // fails that way.
-func acquireRetry(t *testing.T, l *pglock.Locker, name string, ttl time.Duration) *pglock.Lease {
+func acquireRetry(t *testing.T, c *history.Client, l *pglock.Locker, name string, ttl time.Duration) *pglock.Lease {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		lease, err := l.Acquire(ctx, name, ttl)
+		lease, err := c.Acquire(ctx, l, name, ttl, true)
 		cancel()
 		if err == nil {
 			return lease
@@ -60,12 +61,12 @@ func acquireRetry(t *testing.T, l *pglock.Locker, name string, ttl time.Duration
 // releaseLate releases a lease that is expected to be lost, retrying
 // connection errors, and fails t unless the database refuses it with
 // ErrLeaseLost.
-func releaseLate(t *testing.T, lease *pglock.Lease) {
+func releaseLate(t *testing.T, c *history.Client, lease *pglock.Lease) {
 	t.Helper()
 	var err error
 	for range 5 {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = lease.Release(ctx)
+		err = c.Release(ctx, lease)
 		cancel()
 		var dbErr *pglock.DBError
 		if !errors.As(err, &dbErr) {
@@ -104,6 +105,9 @@ func TestBlackholedHolder(t *testing.T) {
 	admin := appPool(t, dsn, appAdmin, 2)
 	pool, px := proxiedPool(t, dsn, "faults-bh-holder", 2)
 	m := &counters{}
+	rec := history.New()
+	hc, cc := rec.NewClient(), rec.NewClient()
+	hc.KeepAlive = true
 	holder, err := pglock.New(pool, &pglock.Config{Holder: "cut-off", KeepAlive: true, PollOnly: true, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +123,7 @@ func TestBlackholedHolder(t *testing.T) {
 	for i := range iterations {
 		name := fmt.Sprintf("blackhole:%d", i)
 		px.Set(Delay, latency)
-		lease := acquireRetry(t, holder, name, ttl)
+		lease := acquireRetry(t, hc, holder, name, ttl)
 		doneAt := doneTime(lease)
 		time.Sleep(ttl/3 + rand.N(ttl/2)) // zero to two renewals
 		px.Set(Blackhole, 0)
@@ -146,7 +150,7 @@ func TestBlackholedHolder(t *testing.T) {
 			t.Errorf("iteration %d: lease ended with %v, want ErrLeaseLost at the local deadline", i, err)
 		}
 
-		c := acquireRetry(t, contender, name, ttl)
+		c := acquireRetry(t, cc, contender, name, ttl)
 		if c.Token() != lease.Token()+1 {
 			t.Errorf("iteration %d: contender token %d after holder token %d", i, c.Token(), lease.Token())
 		}
@@ -158,11 +162,12 @@ func TestBlackholedHolder(t *testing.T) {
 			t.Errorf("iteration %d: contender granted %v before the holder's expiry", i, expiresAt.Sub(grantedAt))
 		}
 		px.Set(Pass, 0)
-		releaseLate(t, lease)
-		if err := c.Release(ctx); err != nil {
+		releaseLate(t, hc, lease)
+		if err := cc.Release(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
+	rec.Verify(t)
 	t.Logf("blackholed holder: %d iterations (TTL %v, one-way latency %v before the cut), every lease ended locally before the database's expiry "+
 		"(smallest margin %v, Done at most %v after the local deadline), renewals ok/error %d/%d, %d late releases refused, 0 overlapping holders",
 		iterations, ttl, latency, minMargin.Round(time.Millisecond), maxLate.Round(time.Millisecond),
@@ -207,6 +212,9 @@ func TestDelayedRenewals(t *testing.T) {
 	// (TestKeepAliveSlowRoundTrips covers cold renewals).
 	pool, px := proxiedPool(t, dsn, "faults-delayed", 1)
 	m := &counters{}
+	rec := history.New()
+	hc, cc := rec.NewClient(), rec.NewClient()
+	hc.KeepAlive = true
 	holder, err := pglock.New(pool, &pglock.Config{Holder: "delayed", KeepAlive: true, PollOnly: true, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
@@ -226,14 +234,14 @@ func TestDelayedRenewals(t *testing.T) {
 	for i := 0; i < iterations; i++ {
 		name := fmt.Sprintf("delayed:%d:%d", i, starvedRetries)
 		px.Set(Pass, 0)
-		warm := acquireRetry(t, holder, "warm", 10*ttl)
-		if err := warm.Renew(ctx); err != nil {
+		warm := acquireRetry(t, hc, holder, "warm", 10*ttl)
+		if err := hc.Renew(ctx, warm); err != nil {
 			t.Fatal(err)
 		}
-		releaseOK(t, warm)
+		releaseOK(t, hc, warm)
 		px.Set(Delay, latency)
 		phaseStart := time.Now()
-		lease := acquireRetry(t, holder, name, ttl)
+		lease := acquireRetry(t, hc, holder, name, ttl)
 		doneAt := doneTime(lease)
 		before := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
 		time.Sleep(3 * ttl)
@@ -288,7 +296,7 @@ func TestDelayedRenewals(t *testing.T) {
 			t.Errorf("iteration %d: local deadline %v after the database's expiry", i, dl.Sub(expiresAt))
 		}
 		minMargin = min(minMargin, expiresAt.Sub(dl))
-		c := acquireRetry(t, contender, name, 10*ttl)
+		c := acquireRetry(t, cc, contender, name, 10*ttl)
 		if !dl.Before(time.Now()) || c.Token() != lease.Token()+1 {
 			t.Errorf("iteration %d: contender token %d (holder %d) granted %v before the holder's local deadline",
 				i, c.Token(), lease.Token(), time.Until(dl))
@@ -304,11 +312,12 @@ func TestDelayedRenewals(t *testing.T) {
 		}
 		after += m.get(observe.LeaseRenewalsTotal, observe.RenewOK) - okBefore
 		px.Set(Pass, 0)
-		releaseLate(t, lease)
-		if err := c.Release(ctx); err != nil {
+		releaseLate(t, hc, lease)
+		if err := cc.Release(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
+	rec.Verify(t)
 	t.Logf("delayed renewals: %d iterations (TTL %v): %d renewals succeeded with latency %v and no lease was lost; "+
 		"with latency %v every lease ended (Done at most %v after the local deadline, deadline at least %v before the row's expiry), %d renewals succeeded late, "+
 		"renewal errors %d, every late renewal refused, contenders got the next token",
@@ -390,11 +399,11 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		// Warm the pool's one connection so that the grant goes out
 		// as one write (the statement is already prepared).
 		px.Set(Pass, 0)
-		releaseOK(t, acquireRetry(t, locker, "warm", ttl))
+		releaseOK(t, history.New().NewClient(), acquireRetry(t, history.New().NewClient(), locker, "warm", ttl))
 		// The lock's row exists (as for every name used before), so the
 		// grant is the one UPDATE statement whose reply is cut. A
 		// name's very first grant is a second statement (InsertLock).
-		releaseOK(t, acquireRetry(t, other, name, ttl))
+		releaseOK(t, history.New().NewClient(), acquireRetry(t, history.New().NewClient(), other, name, ttl))
 		prev, err := pglock.Inspect(ctx, admin, name)
 		if err != nil {
 			t.Fatal(err)
@@ -496,14 +505,14 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 					t.Fatalf("%s: another client got token %d (unknown grant %d) %v before the unknown grant's expiry",
 						v.name, early.Token(), info.Token, info.ExpiresAt.Sub(grantedAt))
 				}
-				releaseOK(t, early)
+				releaseOK(t, history.New().NewClient(), early)
 				return false
 			}
 			var locked *pglock.LockedError
 			if !errors.As(err, &locked) || locked.Holder != locker.Holder() {
 				t.Fatalf("%s: another client's TryAcquire: %v, want ErrLocked naming %q", v.name, err, locker.Holder())
 			}
-			c := acquireRetry(t, other, name, ttl)
+			c := acquireRetry(t, history.New().NewClient(), other, name, ttl)
 			if c.Token() != info.Token+1 {
 				t.Errorf("%s: next grant has token %d after %d", v.name, c.Token(), info.Token)
 			}
@@ -516,7 +525,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			}
 			maxNextGrant = max(maxNextGrant, grantedAt.Sub(info.ExpiresAt))
 			expired++
-			releaseOK(t, c)
+			releaseOK(t, history.New().NewClient(), c)
 		}
 		return true
 	}
@@ -548,11 +557,11 @@ func holdRequest(px *Proxy) {
 }
 
 // releaseOK releases lease and fails t on error.
-func releaseOK(t *testing.T, lease *pglock.Lease) {
+func releaseOK(t *testing.T, c *history.Client, lease *pglock.Lease) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := lease.Release(ctx); err != nil {
+	if err := c.Release(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
 }
