@@ -618,8 +618,11 @@ func TestKeepAliveSlowRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer locker.Close()
+	rec := history.New()
+	hc := rec.NewClient()
+	hc.KeepAlive = true
 	t0 := time.Now()
-	lease, err := locker.Acquire(ctx, "slow", ttl)
+	lease, err := hc.Acquire(ctx, locker, "slow", ttl, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +637,11 @@ func TestKeepAliveSlowRoundTrips(t *testing.T) {
 	case <-time.After(ttl + ttl/2): // past the first two deadlines: the cold first renewal and warm ones
 	}
 	proxy.Set(Pass, 0)
-	if err := lease.Release(ctx); err != nil {
+	if err := hc.Release(ctx, lease); err != nil {
 		t.Fatalf("release: %v", err)
 	}
+	if _, err := hc.Inspect(ctx, pool, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	rec.Verify(t)
 }
