@@ -35,6 +35,7 @@ func TestHistoryRandomized(t *testing.T) {
 	admin := appPool(t, dsn, appAdmin, 4)
 	clients := appPool(t, dsn, "faults-history", 24)
 	rec := history.New()
+	rec.BoundCutAcquires() // kills and pauses; no network delay
 	names := []string{"hist:a", "hist:b", "hist:c"}
 	const queue = "history-jobs"
 

@@ -314,6 +314,7 @@ func TestKilledRenewer(t *testing.T) {
 	defer contender.Close()
 	reg := newHoldRegistry()
 	rec := history.New()
+	rec.BoundCutAcquires() // backends killed; no network delay
 	hc, cc := rec.NewClient(), rec.NewClient()
 	hc.KeepAlive = true
 
@@ -513,6 +514,7 @@ func TestKilledListener(t *testing.T) {
 	defer waiter.Close()
 
 	rec := history.New()
+	rec.BoundCutAcquires() // backends killed; no network delay
 	hc, wc := rec.NewClient(), rec.NewClient()
 	var kills int
 	var maxWake time.Duration
@@ -631,6 +633,7 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 	reg := newHoldRegistry()
 	m := &counters{}
 	rec := history.New()
+	rec.BoundCutAcquires() // backends killed; no network delay
 	for _, name := range locks {
 		rec.Seed("accounts/"+name, "0")
 	}
@@ -864,6 +867,7 @@ func TestKilledClaimer(t *testing.T) {
 		return 0, err
 	})
 	rec := history.New()
+	rec.BoundCutAcquires() // backends killed; no network delay
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)

@@ -233,6 +233,7 @@ func TestPausedProcess(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	const lanes = 4
 	rec := history.New()
+	rec.BoundCutAcquires() // processes paused; no network delay
 	journals := t.TempDir()
 	var staleRejected, aWroteBeforePause, aAborted atomic.Int64
 	t.Run("lanes", func(t *testing.T) {

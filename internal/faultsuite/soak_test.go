@@ -252,6 +252,7 @@ func TestSoak(t *testing.T) {
 	// plain releases (not flushed), which the history checks allow.
 	rec := history.New()
 	rec.AllowLostReleases()
+	rec.BoundCutAcquires() // kills, pauses and a crash; no network delay
 	for k := range keys {
 		rec.Seed(fmt.Sprintf("soak_accounts/%d", k), "0")
 	}

@@ -62,6 +62,12 @@ func (s Summary) String() string {
 // is reported as a violation (inconclusive is not a pass).
 var checkTimeout = 2 * time.Minute
 
+func init() {
+	if v, err := time.ParseDuration(os.Getenv("PGFENCE_HISTORY_TIMEOUT")); err == nil {
+		checkTimeout = v
+	}
+}
+
 // Check checks ops against the three models and the real-time checks, and
 // returns every violation found (nil when the history is legal).
 func Check(ops []Op) ([]Violation, Summary) {
@@ -90,19 +96,13 @@ func Check(ops []Op) ([]Violation, Summary) {
 			}
 			byKey[o.Input.Key] = append(byKey[o.Input.Key], o)
 			sum.PerModel[name]++
-			if o.Input.Kind == Acquire {
-				// Companions: the grants this call may have had without
-				// returning them (model.go, ghost); a call that never
-				// returned may have had them at different times.
-				n := 1
-				if o.Output.Outcome == Unknown {
-					n = maxGhosts - 1
-				}
-				for range n {
-					g := o
-					g.Input.Kind, g.Output = ghost, Output{}
-					byKey[o.Input.Key] = append(byKey[o.Input.Key], g)
-				}
+			if o.Input.Kind == Acquire && o.Output.Outcome != Unknown {
+				// A companion: the grants this call may have had without
+				// returning them (model.go, ghost). A cut call forks so
+				// itself.
+				g := o
+				g.Input.Kind, g.Output = ghost, Output{}
+				byKey[o.Input.Key] = append(byKey[o.Input.Key], g)
 			}
 		}
 		sum.Keys[name] = len(keys)
@@ -116,7 +116,7 @@ func Check(ops []Op) ([]Violation, Summary) {
 		}
 		nm := m.model
 		nm.Partition = nil
-		model := nm.ToModel()
+		model := setModel(nm)
 		for _, k := range keys {
 			part := byKey[k]
 			res, info := porcupine.CheckOperationsVerbose(model, toPorcupine(part), checkTimeout)
@@ -174,7 +174,22 @@ func unseenBudget(ops []Op) int64 {
 			n--
 		}
 	}
-	return max(n, 0)
+	// A busy answer names a holder and an expiry but no token: one that no
+	// returned grant or renewal had witnesses an unseen grant, perhaps
+	// above every token named.
+	known := map[int64]bool{}
+	for _, o := range ops {
+		if (o.Input.Kind == Acquire || o.Input.Kind == Renew) && o.Output.Outcome == OK {
+			known[o.Output.Expires] = true
+		}
+	}
+	witnessed := map[[2]any]bool{}
+	for _, o := range ops {
+		if o.Input.Kind == Acquire && o.Output.Outcome == Busy && o.Output.Holder != "" && o.Output.Expires != 0 && !known[o.Output.Expires] {
+			witnessed[[2]any{o.Output.Holder, o.Output.Expires}] = true
+		}
+	}
+	return max(n, 0) + int64(len(witnessed))
 }
 
 // blocker finds, for an illegal partition, the operation no legal order can

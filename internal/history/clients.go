@@ -89,7 +89,7 @@ func (c *Client) endAcquire(p *Pending, lease *pglock.Lease, err error) {
 	default:
 		// Cut, timed out while waiting (a handoff may have been granted
 		// and given back), a grant too slow to use (granted and given
-		// back): it may have taken effect.
+		// back): it may have taken effect (see BoundCutAcquires).
 		c.end(p, Output{Outcome: Unknown})
 	}
 }

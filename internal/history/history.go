@@ -120,6 +120,9 @@ type Op struct {
 	// ReturnWall is math.MaxInt64 when the outcome is unknown, 0 when not
 	// recorded.
 	CallWall, ReturnWall int64
+	// ErrAt and ErrAtWall are when the client got the error of an
+	// operation with an unknown outcome (0 if it never returned).
+	ErrAt, ErrAtWall int64
 }
 
 // Recorder collects operations from concurrent clients. The zero value is
@@ -132,6 +135,22 @@ type Recorder struct {
 	clients int
 	journal *journal // nil unless the recorder writes to a journal file
 	lossy   bool     // AllowLostReleases
+	bounded bool     // BoundCutAcquires
+}
+
+// BoundCutAcquires tells the checks that no request of this history is
+// delayed in the network (backends are killed, processes paused, servers
+// crashed; no proxy holds packets back): a cut acquire can then only take
+// effect until the TTL plus one second after its error (its queue row may be
+// handed a lease until its alive_until, its last attempt's now() plus the
+// TTL; a statement the caller gave up on is cancelled, or its backend was
+// terminated), and its return is bounded there instead of open. A request
+// that a partition delivers later could take effect any time: do not use it
+// with network faults.
+func (r *Recorder) BoundCutAcquires() {
+	r.mu.Lock()
+	r.bounded = true
+	r.mu.Unlock()
 }
 
 // AllowLostReleases tells the checks that the server crashes during the
@@ -180,16 +199,18 @@ func (r *Recorder) Begin(client int, in Input) *Pending {
 }
 
 // End records the return of p with out. An Unknown outcome gets an open
-// return.
+// return (and the time the client got its error, for BoundCutAcquires).
 func (p *Pending) End(out Output) {
 	ret, wall := p.r.Now(), time.Now().UnixMicro()
+	var errAt, errAtWall int64
 	if out.Outcome == Unknown {
+		errAt, errAtWall = ret, wall
 		ret, wall = math.MaxInt64, math.MaxInt64
 	}
 	if ret <= p.call {
 		ret = p.call + 1
 	}
-	op := Op{Client: p.client, Input: p.in, Output: out, Call: p.call, Return: ret, CallWall: p.wall, ReturnWall: wall}
+	op := Op{Client: p.client, Input: p.in, Output: out, Call: p.call, Return: ret, CallWall: p.wall, ReturnWall: wall, ErrAt: errAt, ErrAtWall: errAtWall}
 	if p.r.journal != nil {
 		p.r.journal.end(p.seq, op)
 	}
@@ -206,11 +227,14 @@ func (r *Recorder) Ops() []Op {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ops := append([]Op(nil), r.ops...)
-	if r.lossy {
-		for i := range ops {
-			if ops[i].Input.Kind == Release {
-				ops[i].Input.Lossy = true
-			}
+	for i := range ops {
+		o := &ops[i]
+		if r.lossy && o.Input.Kind == Release {
+			o.Input.Lossy = true
+		}
+		if r.bounded && o.Input.Kind == Acquire && o.Output.Outcome == Unknown && o.ErrAt != 0 {
+			within := o.Input.TTL + time.Second
+			o.Return, o.ReturnWall = o.ErrAt+int64(within), o.ErrAtWall+within.Microseconds()
 		}
 	}
 	return ops

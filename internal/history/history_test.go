@@ -103,6 +103,11 @@ func TestCheckHistories(t *testing.T) {
 			grant(0, 4, 5, "a", 2, 4000, ttl), release(0, 6, 7, "a", 2, OK),
 			grant(1, 10, 11, "b", 2, 10*1000, ttl), // token 2 again
 		}, "lease"},
+		{"a cut grant seen only by a busy answer", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			op(0, 4, -1, Input{Kind: Acquire, Key: "L", Holder: "a", TTL: ttl}, Output{Outcome: Unknown}),
+			op(1, 10, 11, Input{Kind: Acquire, Key: "L", Holder: "b", TTL: ttl}, Output{Outcome: Busy, Holder: "a", Expires: 5000 + sec}),
+		}, ""},
 		{"a release by the previous holder accepted", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl),
 			grant(1, 1100, 1101, "b", 2, 1100*1000, ttl),

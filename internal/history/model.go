@@ -41,8 +41,7 @@ func grantTime(out Output, ttl int64) int64 { return out.Expires - ttl }
 // "granted" check), but it takes a token. A companion lets up to maxGhosts
 // of them happen during its call, while the lease was free and no later than
 // the call's return, held by the call's holder until an unknown expiry or
-// given back; a call that never returned has maxGhosts-1 companions and its
-// own fork, which may happen at different times.
+// given back. A call whose outcome is unknown forks the same way itself.
 const ghost Kind = "ghost"
 
 // maxGhosts bounds the unseen grants one call may have had at once.
@@ -121,7 +120,7 @@ func leaseStep(st any, input any, output any) []any {
 			// Not applied, or granted (perhaps more than once) and
 			// perhaps given back: see ghost. The grant this call asked
 			// for is one of them.
-			return ghosts(s, in.Holder, unknownExpiry, in.Budget)
+			return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
 		}
 	case ghost:
 		return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
