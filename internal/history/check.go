@@ -115,7 +115,6 @@ func Check(ops []Op) ([]Violation, Summary) {
 			}
 		}
 		nm := m.model
-		nm.Partition = nil
 		model := setModel(nm)
 		for _, k := range keys {
 			part := byKey[k]

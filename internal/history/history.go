@@ -16,7 +16,6 @@
 package history
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"sync"
@@ -265,9 +264,6 @@ func Micros(t time.Time) int64 {
 	}
 	return t.UnixMicro()
 }
-
-// MarshalJSON writes the history as one JSON object per operation.
-func (r *Recorder) MarshalJSON() ([]byte, error) { return json.Marshal(r.Ops()) }
 
 func (o Op) String() string {
 	ret := "?"

@@ -214,64 +214,47 @@ type rowState struct {
 func rowStep(st any, input any, output any) []any {
 	s := st.(rowState)
 	in, out := input.(Input), output.(Output)
+	if in.Kind != Write && in.Kind != Read {
+		return nil
+	}
 	accept := in.Token > s.Fence || (in.Token == s.Fence && (in.Mode == "reentrant" || in.Kind == Read))
-	switch in.Kind {
-	case Write:
-		switch out.Outcome {
-		case OK:
-			if !accept {
-				return nil
-			}
-			return []any{rowState{Fence: in.Token, Value: in.Value}}
-		case Stale:
-			if in.Token >= s.Fence || (out.Fence != 0 && out.Fence != s.Fence) {
-				return nil
-			}
-			return []any{s}
-		case Applied:
-			if in.Mode != "strict" || in.Token != s.Fence {
-				return nil
-			}
-			return []any{s}
-		case NotFound:
-			if s.Fence != 0 {
-				return nil
-			}
-			return []any{s}
-		case Refused:
-			return []any{s}
-		case Unknown:
-			if !accept {
-				return []any{s}
-			}
-			return []any{s, rowState{Fence: in.Token, Value: in.Value}}
+	// What an accepted write or read leaves: the written value, or the same
+	// value under the read's fence.
+	after := rowState{Fence: in.Token, Value: in.Value}
+	if in.Kind == Read {
+		after.Value = s.Value
+	}
+	switch out.Outcome {
+	case OK:
+		if !accept || (in.Kind == Read && out.Value != s.Value) {
+			return nil
 		}
-	case Read:
-		switch out.Outcome {
-		case OK:
-			if !accept || out.Value != s.Value {
-				return nil
-			}
-			s.Fence = in.Token
-			return []any{s}
-		case Stale:
-			if in.Token >= s.Fence {
-				return nil
-			}
-			return []any{s}
-		case NotFound:
-			if s.Fence != 0 {
-				return nil
-			}
-			return []any{s}
-		case Unknown:
-			if !accept {
-				return []any{s}
-			}
-			r := s
-			r.Fence = in.Token
-			return []any{s, r}
+		return []any{after}
+	case Stale:
+		if in.Token >= s.Fence || (in.Kind == Write && out.Fence != 0 && out.Fence != s.Fence) {
+			return nil
 		}
+		return []any{s}
+	case Applied:
+		if in.Kind != Write || in.Mode != "strict" || in.Token != s.Fence {
+			return nil
+		}
+		return []any{s}
+	case NotFound:
+		if s.Fence != 0 {
+			return nil
+		}
+		return []any{s}
+	case Refused:
+		if in.Kind != Write {
+			return nil
+		}
+		return []any{s}
+	case Unknown:
+		if !accept {
+			return []any{s}
+		}
+		return []any{s, after}
 	}
 	return nil
 }
@@ -339,22 +322,6 @@ func jobStep(st any, input any, output any) []any {
 	return nil
 }
 
-func partitionByKey(ops []porcupine.Operation) [][]porcupine.Operation {
-	idx := map[string]int{}
-	var out [][]porcupine.Operation
-	for _, o := range ops {
-		k := o.Input.(Input).Key
-		i, ok := idx[k]
-		if !ok {
-			i = len(out)
-			idx[k] = i
-			out = append(out, nil)
-		}
-		out[i] = append(out[i], o)
-	}
-	return out
-}
-
 func describeOp(input, output any) string { return describe(input.(Input), output.(Output)) }
 
 // Models are the three models by name: "lease" (partitioned by lock name),
@@ -365,7 +332,6 @@ var models = map[string]struct {
 }{
 	"lease": {map[Kind]bool{Acquire: true, ghost: true, Bump: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
 		porcupine.NondeterministicModel{
-			Partition:         partitionByKey,
 			Init:              func() []any { return []any{leaseState{}} },
 			Step:              leaseStep,
 			DescribeOperation: describeOp,
@@ -383,7 +349,6 @@ var models = map[string]struct {
 		}},
 	"row": {map[Kind]bool{Write: true, Read: true},
 		porcupine.NondeterministicModel{
-			Partition:         partitionByKey,
 			Init:              func() []any { return []any{rowState{}} },
 			Step:              rowStep,
 			DescribeOperation: describeOp,
@@ -394,7 +359,6 @@ var models = map[string]struct {
 		}},
 	"job": {map[Kind]bool{Claim: true, Complete: true, Fail: true},
 		porcupine.NondeterministicModel{
-			Partition:         partitionByKey,
 			Init:              func() []any { return []any{jobState{}} },
 			Step:              jobStep,
 			DescribeOperation: describeOp,
