@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -106,6 +108,10 @@ func importerMain(name string) int {
 	}()
 
 	worker := fmt.Sprintf("%s/%d", name, os.Getpid())
+	jr, err := importerJournal(worker, ttl)
+	if err != nil {
+		return fail(err)
+	}
 	trap := func(ctx context.Context, j skiplocked.Job) error {
 		var p struct {
 			Trap bool `json:"trap"`
@@ -133,6 +139,7 @@ func importerMain(name string) int {
 		Holder: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, RenewInterval: ttl / 4,
 		PollInterval: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
 		OnClaimLost: func(_ context.Context, j skiplocked.Job, e *skiplocked.ClaimLostError) {
+			jr.lost(e)
 			state := string(e.State)
 			if state == "" {
 				state = "unknown" // the job could not be read back (a paused worker's deadline passed)
@@ -144,17 +151,21 @@ func importerMain(name string) int {
 	switch os.Getenv(envImporterMode) {
 	case modeTx:
 		w, err = skiplocked.NewTxWorker(pool, os.Getenv(envImporterQueue), func(ctx context.Context, tx pgx.Tx, j skiplocked.Job) error {
-			if err := effect(ctx, tx, j); err != nil {
-				return err
-			}
-			return trap(ctx, j)
+			return jr.handle(j, func() error {
+				if err := effect(ctx, tx, j); err != nil {
+					return err
+				}
+				return trap(ctx, j)
+			})
 		}, wcfg)
 	case modeAutocommit:
 		w, err = skiplocked.NewWorker(pool, os.Getenv(envImporterQueue), func(ctx context.Context, j skiplocked.Job) error {
-			if err := effect(ctx, pool, j); err != nil {
-				return err
-			}
-			return trap(ctx, j)
+			return jr.handle(j, func() error {
+				if err := effect(ctx, pool, j); err != nil {
+					return err
+				}
+				return trap(ctx, j)
+			})
 		}, wcfg)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Getenv(envImporterMode))
@@ -166,9 +177,98 @@ func importerMain(name string) int {
 	if err != nil {
 		return fail(err)
 	}
+	if err := jr.settle(ctx, pool); err != nil {
+		return fail(err)
+	}
 	say("summary claimed=%d completed=%d failed=%d dead=%d lost=%d unknown=%d",
 		sum.Claimed, sum.Completed, sum.Failed, sum.Dead, sum.ClaimsLost, sum.Unknown)
 	return 0
+}
+
+// importerRecorder journals what an importer process's Worker did with each
+// job, as far as its handler sees it: a claim (called when the process
+// started, returned when the handler ran, with the job's token and claim
+// expiry), then the completion (or failure, when the handler returned an
+// error) called when the handler returned. The Worker reports a refused
+// one to OnClaimLost (outcome lost); after the drain, a completion is
+// known to have been accepted when the job is completed under its token;
+// every other one stays open (unknown): the process was killed, or it gave
+// up on the outcome.
+type importerRecorder struct {
+	rec            *history.Recorder // nil: not recording
+	holder         string
+	ttl            time.Duration
+	start          int64
+	mu             sync.Mutex
+	pending        map[[2]int64]*history.Pending // (job, token) → its completion, not returned yet
+	lostBeforeDone map[[2]int64]bool             // lost while the handler ran: no completion follows
+}
+
+func importerJournal(holder string, ttl time.Duration) (*importerRecorder, error) {
+	rec, err := history.FromEnv()
+	if err != nil || rec == nil {
+		return &importerRecorder{}, err
+	}
+	return &importerRecorder{rec: rec, holder: holder, ttl: ttl, start: rec.Now(),
+		pending: map[[2]int64]*history.Pending{}, lostBeforeDone: map[[2]int64]bool{}}, nil
+}
+
+func (r *importerRecorder) handle(j skiplocked.Job, run func() error) error {
+	if r.rec == nil {
+		return run()
+	}
+	key := [2]int64{j.ID, j.ClaimToken}
+	r.rec.Add(history.Op{Client: r.rec.Client(), Input: history.Input{Kind: history.Claim, Key: history.JobKey(j.ID), Holder: r.holder, TTL: r.ttl},
+		Output: history.Output{Outcome: history.OK, Token: j.ClaimToken, Expires: history.Micros(j.ClaimExpiresAt)}, Call: r.start, Return: r.rec.Now()})
+	err := run()
+	kind := history.Complete
+	if err != nil {
+		kind = history.Fail
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.lostBeforeDone[key] {
+		r.pending[key] = r.rec.Begin(r.rec.Client(), history.Input{Kind: kind, Key: history.JobKey(j.ID), Token: j.ClaimToken})
+	}
+	return err
+}
+
+// lost records a loss the Worker reported. A loss it could not read back,
+// or one naming its own token as current (the local deadline passed first),
+// says nothing of the database: the completion stays open.
+func (r *importerRecorder) lost(e *skiplocked.ClaimLostError) {
+	if r.rec == nil || e.State == "" || e.CurrentToken == e.Token {
+		return
+	}
+	key := [2]int64{e.JobID, e.Token}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := r.pending[key]; p != nil {
+		p.End(history.Output{Outcome: history.Lost})
+		delete(r.pending, key)
+		return
+	}
+	r.lostBeforeDone[key] = true
+}
+
+// settle ends the completions the database shows accepted.
+func (r *importerRecorder) settle(ctx context.Context, db skiplocked.DBTX) error {
+	if r.rec == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for key, p := range r.pending {
+		var done bool
+		if err := db.QueryRow(ctx, "SELECT state = 'completed' AND claim_token = $2 FROM pgfence.jobs WHERE id = $1", key[0], key[1]).Scan(&done); err != nil {
+			return err
+		}
+		if done {
+			p.End(history.Output{Outcome: history.OK})
+			delete(r.pending, key)
+		}
+	}
+	return nil
 }
 
 // importerProc is one importer process as the parent sees it.
@@ -196,6 +296,9 @@ type importRun struct {
 	mode  string
 	ttl   time.Duration
 	admin *pgxpool.Pool
+
+	rec      *history.Recorder // every process's claims and completions (journals)
+	journals string
 
 	mu      sync.Mutex
 	procs   []*importerProc
@@ -227,11 +330,12 @@ func (r *importRun) start() (*importerProc, error) {
 	}
 	r.mu.Lock()
 	r.started++
-	name := fmt.Sprintf("%s-%d", r.mode, r.started)
+	name, base := fmt.Sprintf("%s-%d", r.mode, r.started), 100000*r.started
 	r.mu.Unlock()
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), envImporter+"="+name, envImporterDSN+"="+r.dsn, envImporterQueue+"="+r.queue,
-		envImporterMode+"="+r.mode, envImporterTTL+"="+r.ttl.String())
+		envImporterMode+"="+r.mode, envImporterTTL+"="+r.ttl.String(),
+		r.rec.JournalEnv(filepath.Join(r.journals, name), base))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -418,7 +522,8 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 		t.Fatal(err)
 	}
 	r := &importRun{t: t, dsn: dsn, queue: queue, mode: mode, ttl: time.Second + 100*rtt, admin: admin,
-		trapped: map[int64]int64{}, trapper: map[int64]*importerProc{}, events: make(chan trapEvent, 64)}
+		trapped: map[int64]int64{}, trapper: map[int64]*importerProc{}, events: make(chan trapEvent, 64),
+		rec: history.New(), journals: t.TempDir()}
 	t.Cleanup(r.stopAll)
 	trapTimeout := 30*r.ttl + 2000*rtt
 	start := time.Now()
@@ -549,6 +654,16 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 		t.Fatal(err)
 	default:
 	}
+
+	// The history of every process, killed ones included.
+	r.mu.Lock()
+	for _, p := range r.procs {
+		if err := r.rec.ReadJournal(filepath.Join(r.journals, p.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.mu.Unlock()
+	r.rec.Verify(t)
 
 	// What must hold in every mode.
 	d, err := skiplocked.QueueDepth(ctx, admin, queue)

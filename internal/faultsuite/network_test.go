@@ -390,6 +390,10 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 	}
 	var runs, deadlineErrs, connErrs, landed, released, expired, missed int
 	var maxNextGrant time.Duration
+	// Every operation of both clients is recorded, the cut ones with an
+	// open return (the request reached the server late or not at all).
+	rec := history.New()
+	unsure, others := rec.NewClient(), rec.NewClient()
 	// runOnce runs variant v once on lock name. It returns false when the
 	// scenario missed its timing window: a grant left unreconciled had
 	// already expired (on the database's clock) when another client first
@@ -399,19 +403,19 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		// Warm the pool's one connection so that the grant goes out
 		// as one write (the statement is already prepared).
 		px.Set(Pass, 0)
-		releaseOK(t, history.New().NewClient(), acquireRetry(t, history.New().NewClient(), locker, "warm", ttl))
+		releaseOK(t, unsure, acquireRetry(t, unsure, locker, "warm", ttl))
 		// The lock's row exists (as for every name used before), so the
 		// grant is the one UPDATE statement whose reply is cut. A
 		// name's very first grant is a second statement (InsertLock).
-		releaseOK(t, history.New().NewClient(), acquireRetry(t, history.New().NewClient(), other, name, ttl))
-		prev, err := pglock.Inspect(ctx, admin, name)
+		releaseOK(t, others, acquireRetry(t, others, other, name, ttl))
+		prev, err := others.Inspect(ctx, admin, name)
 		if err != nil {
 			t.Fatal(err)
 		}
 
 		v.before(px)
 		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-		lease, err := locker.TryAcquire(actx, name, ttl)
+		lease, err := unsure.Acquire(actx, locker, name, ttl, false)
 		cancel()
 		var dbErr *pglock.DBError
 		switch {
@@ -431,7 +435,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		if v.lateDelivery {
 			// A caller that reconciles now sees nothing: the request is
 			// still in the network.
-			now, err := pglock.Inspect(ctx, admin, name)
+			now, err := others.Inspect(ctx, admin, name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -452,7 +456,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		})
 		px.Set(Pass, 0)
 
-		info, err := pglock.Inspect(ctx, admin, name)
+		info, err := unsure.Inspect(ctx, admin, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -470,11 +474,11 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		}
 		switch {
 		case ours && v.reconcile:
-			if err := locker.ReleaseToken(ctx, name, locker.Holder(), info.Token); err != nil {
+			if err := unsure.ReleaseToken(ctx, locker, name, locker.Holder(), info.Token); err != nil {
 				// On a loaded machine the grant's TTL can run out between
 				// the look and the release: then the release is refused
 				// (correctly) and this run missed its window.
-				after, ierr := pglock.Inspect(ctx, admin, name)
+				after, ierr := unsure.Inspect(ctx, admin, name)
 				if ierr == nil && errors.Is(err, pglock.ErrLeaseLost) && !after.Held && after.Token == info.Token &&
 					!after.DBNow.Before(info.ExpiresAt) {
 					return false
@@ -482,7 +486,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 				t.Fatalf("%s: ReleaseToken: %v", v.name, err)
 			}
 			released++
-			after, err := pglock.Inspect(ctx, admin, name)
+			after, err := unsure.Inspect(ctx, admin, name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -495,7 +499,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			// bounded on a loaded machine. A lease here is correct only
 			// after the unknown grant's expiry on the database's clock,
 			// and then the window this case checks was missed.
-			early, err := other.TryAcquire(ctx, name, ttl)
+			early, err := others.Acquire(ctx, other, name, ttl, false)
 			if err == nil {
 				var grantedAt time.Time
 				if err := admin.QueryRow(ctx, "SELECT acquired_at FROM pgfence.locks WHERE name = $1", name).Scan(&grantedAt); err != nil {
@@ -505,14 +509,14 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 					t.Fatalf("%s: another client got token %d (unknown grant %d) %v before the unknown grant's expiry",
 						v.name, early.Token(), info.Token, info.ExpiresAt.Sub(grantedAt))
 				}
-				releaseOK(t, history.New().NewClient(), early)
+				releaseOK(t, others, early)
 				return false
 			}
 			var locked *pglock.LockedError
 			if !errors.As(err, &locked) || locked.Holder != locker.Holder() {
 				t.Fatalf("%s: another client's TryAcquire: %v, want ErrLocked naming %q", v.name, err, locker.Holder())
 			}
-			c := acquireRetry(t, history.New().NewClient(), other, name, ttl)
+			c := acquireRetry(t, others, other, name, ttl)
 			if c.Token() != info.Token+1 {
 				t.Errorf("%s: next grant has token %d after %d", v.name, c.Token(), info.Token)
 			}
@@ -525,7 +529,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			}
 			maxNextGrant = max(maxNextGrant, grantedAt.Sub(info.ExpiresAt))
 			expired++
-			releaseOK(t, history.New().NewClient(), c)
+			releaseOK(t, others, c)
 		}
 		return true
 	}
@@ -540,6 +544,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			}
 		}
 	}
+	rec.Verify(t)
 	t.Logf("unknown acquire outcome: %d acquires cut (%d reported as *DBError matching context.DeadlineExceeded, %d as a transient connection *DBError), "+
 		"%d grants landed unseen (%d delivered after the caller gave up), %d reconciled with Inspect + ReleaseToken, %d left to expire within the TTL, "+
 		"0 held past their TTL (next grant at most %v after the expiry); %d runs again because the unknown grant expired before another client looked",

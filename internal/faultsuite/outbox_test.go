@@ -530,15 +530,20 @@ func TestOutboxFaults(t *testing.T) {
 	}
 	defer locker.Close()
 	recorded := map[string]int64{}
+	// The producer's leases and intents are recorded and checked: each
+	// intent accepted only under the lock's current token.
+	rec := history.New()
+	pc, sc := rec.NewClient(), rec.NewClient()
 	var staleKeys []string
 	var duplicates int
 	produce := func(b int) error {
 		lock := fmt.Sprintf("settle:store-%d", b%4)
-		lease, err := locker.Acquire(ctx, lock, time.Minute)
+		lease, err := pc.Acquire(ctx, locker, lock, time.Minute, true)
 		if err != nil {
 			return err
 		}
 		keys := make([]string, perBatch)
+		batchCall := rec.Now()
 		err = pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
 			for i := range keys {
 				keys[i] = fmt.Sprintf("settle:%d:%d", b, i)
@@ -558,11 +563,18 @@ func TestOutboxFaults(t *testing.T) {
 		}
 		for _, k := range keys {
 			recorded[k] = lease.Token()
+			rec.Add(history.Op{Client: pc.ID(), Input: history.Input{Kind: history.Enqueue, Key: lock, Token: lease.Token(), Value: k},
+				Output: history.Output{Outcome: history.OK}, Call: batchCall, Return: rec.Now()})
 		}
 		if b%3 == 2 {
 			again := keys[0] // keys are unique per lock: a key this lock recorded
-			r, err := outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: again,
-				Payload: json.RawMessage(`{"again":true}`)})
+			var r outbox.Result
+			err := pc.Enqueued(lock, lease.Token(), again, func() error {
+				var err error
+				r, err = outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: again,
+					Payload: json.RawMessage(`{"again":true}`)})
+				return err
+			})
 			if err != nil || !r.Duplicate {
 				return fmt.Errorf("enqueue of recorded key %s again: %+v, %v; want a duplicate", again, r, err)
 			}
@@ -575,31 +587,39 @@ func TestOutboxFaults(t *testing.T) {
 				return err
 			}
 			defer func() { _ = tx.Rollback(ctx) }()
+			// The intent refused at COMMIT is one operation from its
+			// Enqueue to the COMMIT, by a client of its own.
 			atCommit := fmt.Sprintf("stale:%d:commit", b)
+			commitCall := rec.Now()
 			if _, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: atCommit,
 				Payload: json.RawMessage(`{}`)}); err != nil {
 				return err
 			}
-			if err := lease.Release(ctx); err != nil {
+			if err := pc.Release(ctx, lease); err != nil {
 				return err
 			}
-			next, err := locker.Acquire(ctx, lock, time.Minute)
+			next, err := pc.Acquire(ctx, locker, lock, time.Minute, true)
 			if err != nil {
 				return err
 			}
 			atEnqueue := fmt.Sprintf("stale:%d:enqueue", b)
-			_, err = outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: atEnqueue,
-				Payload: json.RawMessage(`{}`)})
+			err = pc.Enqueued(lock, lease.Token(), atEnqueue, func() error {
+				_, err := outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: atEnqueue,
+					Payload: json.RawMessage(`{}`)})
+				return err
+			})
 			if !errors.Is(err, fencedwrite.ErrStaleToken) {
 				return fmt.Errorf("superseded holder's Enqueue: %v, want a stale-token refusal", err)
 			}
 			if err := outbox.TranslateError(tx.Commit(ctx)); !errors.Is(err, fencedwrite.ErrStaleToken) {
 				return fmt.Errorf("superseded holder's COMMIT: %v, want a stale-token refusal", err)
 			}
+			rec.Add(history.Op{Client: sc.ID(), Input: history.Input{Kind: history.Enqueue, Key: lock, Token: lease.Token(), Value: atCommit},
+				Output: history.Output{Outcome: history.Stale}, Call: commitCall, Return: rec.Now()})
 			staleKeys = append(staleKeys, atEnqueue, atCommit)
 			lease = next
 		}
-		return lease.Release(ctx)
+		return pc.Release(ctx, lease)
 	}
 	prodErr := make(chan error, 1)
 	go func() {
@@ -735,6 +755,7 @@ func TestOutboxFaults(t *testing.T) {
 	if kills == 0 || pauses == 0 {
 		t.Errorf("the run did not exercise the faults: %d kills, %d pauses", kills, pauses)
 	}
+	rec.Verify(t)
 	t.Logf("outbox faults: %d intents recorded (%d repeated Enqueues reported as duplicates), %d intents of superseded holders refused; "+
 		"%d dispatcher processes (%d killed, %d stopped past their claim), %d backends terminated; receiver: %d requests applied or deduplicated "+
 		"(%d repeats absorbed by the key), %d answered 500, %d left hanging; "+

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/history"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -93,6 +95,17 @@ func skewWorkerMain(offset string) int {
 		return fail(err)
 	}
 	defer locker.Close()
+	// Every lease and write of this client goes into the parent's history.
+	// The journal's clock is the parent's, carried over on the wall clock:
+	// it needs Go's own clock unskewed (libfaketime does not reach it).
+	if simulated == 0 {
+		return fail(errors.New("libfaketime moved Go's clock: the history journal cannot be kept on the parent's clock"))
+	}
+	rec, err := history.FromEnv()
+	if err != nil || rec == nil {
+		return fail(fmt.Errorf("no history journal (%v)", err))
+	}
+	hc := rec.NewClient()
 	table, err := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: "skew_rows", Key: []string{"id"}, Set: []string{"v"}})
 	if err != nil {
 		return fail(err)
@@ -100,13 +113,13 @@ func skewWorkerMain(offset string) int {
 
 	// 1. A lock the parent holds: by this client's clock it may look expired
 	// (+1h); the database must still refuse to grant it.
-	info, err := pglock.Inspect(ctx, pool, skewHeldLock)
+	info, err := hc.Inspect(ctx, pool, skewHeldLock)
 	if err != nil {
 		return fail(err)
 	}
 	looksExpired := wall().After(info.ExpiresAt)
 	res := "granted"
-	if _, err := locker.TryAcquire(ctx, skewHeldLock, time.Second); errors.Is(err, pglock.ErrLocked) {
+	if _, err := hc.Acquire(ctx, locker, skewHeldLock, time.Second, false); errors.Is(err, pglock.ErrLocked) {
 		res = "locked"
 	} else if err != nil {
 		return fail(err)
@@ -114,13 +127,13 @@ func skewWorkerMain(offset string) int {
 	fmt.Printf("held looks-expired=%t tryacquire=%s\n", looksExpired, res)
 
 	// 2. Its own lease: granted for the full TTL, whatever its clock says.
-	lease, err := locker.Acquire(ctx, skewOwnLock, skewOwnTTL)
+	lease, err := hc.Acquire(ctx, locker, skewOwnLock, skewOwnTTL, true)
 	if err != nil {
 		return fail(err)
 	}
 	start := time.Now()
 	localLeft := time.Until(lease.Deadline())
-	if _, err := table.Update(ctx, pool, lease.Token(), []any{1}, []any{"worker"}); err != nil {
+	if err := skewWrite(ctx, hc, table, pool, lease.Token(), "worker"); err != nil {
 		return fail(err)
 	}
 	fmt.Printf("own token=%d local-left-ms=%d wall-says-held=%t write=ok\n",
@@ -144,13 +157,13 @@ func skewWorkerMain(offset string) int {
 	}
 	write := "accepted"
 	var stale *fencedwrite.StaleTokenError
-	if _, err := table.Update(ctx, pool, lease.Token(), []any{1}, []any{"stale worker"}); errors.As(err, &stale) {
+	if err := skewWrite(ctx, hc, table, pool, lease.Token(), "stale worker"); errors.As(err, &stale) {
 		write = fmt.Sprintf("rejected fence=%d", stale.Fence)
 	} else if err != nil {
 		return fail(err)
 	}
 	renew := "accepted"
-	if _, err := locker.RenewToken(ctx, skewOwnLock, locker.Holder(), lease.Token(), skewOwnTTL); errors.Is(err, pglock.ErrLeaseLost) {
+	if err := hc.RenewToken(ctx, locker, skewOwnLock, locker.Holder(), lease.Token(), skewOwnTTL); errors.Is(err, pglock.ErrLeaseLost) {
 		renew = "refused"
 	} else if err != nil {
 		return fail(err)
@@ -159,16 +172,28 @@ func skewWorkerMain(offset string) int {
 	return 0
 }
 
+// skewWrite writes v to skew_rows row 1 under skewOwnLock's token, recorded
+// by c.
+func skewWrite(ctx context.Context, c *history.Client, table *fencedwrite.Table, db fencedwrite.DBTX, token int64, v string) error {
+	return c.Fenced(skewOwnLock, token, fencedwrite.Strict, skewRowKey, v, func() error {
+		_, err := table.Update(ctx, db, token, []any{1}, []any{v})
+		return err
+	})
+}
+
+// skewRowKey is the history key of skew_rows row 1.
+const skewRowKey = "skew_rows/1"
+
 // startSkewWorker starts this test binary as a skew worker under
 // `faketime -f offset`, with a pipe to its stdin.
-func startSkewWorker(t *testing.T, faketime, dsn, offset string) (*proc, io.WriteCloser) {
+func startSkewWorker(t *testing.T, faketime, dsn, offset, journal string) (*proc, io.WriteCloser) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(faketime, "-f", offset, exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), envSkewWorker+"="+offset, envSkewDSN+"="+dsn)
+	cmd.Env = append(os.Environ(), envSkewWorker+"="+offset, envSkewDSN+"="+dsn, journal)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -254,7 +279,10 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		t.Fatal(err)
 	}
 	defer locker.Close()
-	held, err := locker.Acquire(ctx, skewHeldLock, skewHeldTTL)
+	rec := history.New()
+	rec.Seed(skewRowKey, "start")
+	pc := rec.NewClient()
+	held, err := pc.Acquire(ctx, locker, skewHeldLock, skewHeldTTL, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +292,8 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		t.Fatal(err)
 	}
 
-	w, stdin := startSkewWorker(t, faketime, dsn, offset)
+	journal := filepath.Join(t.TempDir(), "journal")
+	w, stdin := startSkewWorker(t, faketime, dsn, offset, rec.JournalEnv(journal, 1000))
 	clock := w.next(t)
 	c := fields(clock)
 	eff, err := time.ParseDuration(c["effective"])
@@ -313,7 +342,7 @@ func skewScenario(t *testing.T, faketime, offset string) {
 	// Take the lock over as soon as the database allows, with a correct clock.
 	var taken *pglock.Lease
 	for taken == nil {
-		l, err := locker.TryAcquire(ctx, skewOwnLock, time.Minute)
+		l, err := pc.Acquire(ctx, locker, skewOwnLock, time.Minute, false)
 		switch {
 		case err == nil:
 			taken = l
@@ -331,7 +360,7 @@ func skewScenario(t *testing.T, faketime, offset string) {
 	if takeover < skewOwnTTL-500*time.Millisecond {
 		t.Errorf("the %s client's lease was granted to another client %s after its grant, before its %s TTL", offset, takeover, skewOwnTTL)
 	}
-	if _, err := table.Update(ctx, pool, taken.Token(), []any{1}, []any{"new holder"}); err != nil {
+	if err := skewWrite(ctx, pc, table, pool, taken.Token(), "new holder"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := io.WriteString(stdin, "taken\n"); err != nil {
@@ -342,6 +371,10 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		t.Errorf("%s client's stale write/renewal after the takeover: %v", offset, st)
 	}
 	w.rest(t)
+	if err := rec.ReadJournal(journal); err != nil {
+		t.Fatal(err)
+	}
+	rec.Verify(t)
 	var v string
 	var fence int64
 	if err := pool.QueryRow(ctx, "SELECT v, fence FROM skew_rows WHERE id = 1").Scan(&v, &fence); err != nil {

@@ -117,6 +117,61 @@ func TestHALong(t *testing.T) {
 	}
 }
 
+// TestHANoEpochReported is the checker's own proof in the long form
+// (PGFENCE_HA_LONG=1): with asynchronous replication and no epoch gate or
+// bump, a paused primary keeps acknowledging grants on its open connections
+// after a replica took over, and the new primary issues those tokens again
+// to other holders. The history checker must report that history as
+// illegal, with the same load that it finds legal with the gate and the
+// bump installed (TestHALong's async rows). Up to three pauses, until one
+// lost a grant whose token was issued again.
+func TestHANoEpochReported(t *testing.T) {
+	if !long() {
+		t.Skip("long form: set PGFENCE_HA_LONG=1")
+	}
+	began := time.Now()
+	c := startCluster(t, hacluster.Async)
+	for attempt := 1; ; attempt++ {
+		s := newScenario(t, c, false) // no epoch.sql on an asynchronous cluster
+		s.warmup()
+		s.runEvent(kindPause)
+		s.halt()
+		reissued := 0
+		s.rec.mu.Lock()
+		seen := map[string]map[int64]bool{}
+		for _, g := range s.rec.grants {
+			if seen[g.Name] == nil {
+				seen[g.Name] = map[int64]bool{}
+			}
+			if seen[g.Name][g.Token] {
+				reissued++
+			}
+			seen[g.Name][g.Token] = true
+		}
+		s.rec.mu.Unlock()
+		ops := s.hist.Ops()
+		vs, sum := history.Check(ops)
+		t.Logf("attempt %d: %d acknowledged (name, token) pairs granted twice; history %s; %d violations", attempt, reissued, sum, len(vs))
+		if reissued > 0 {
+			if len(vs) == 0 {
+				dir, err := history.Save(ops, nil)
+				t.Fatalf("%d tokens were granted twice without the epoch bump, yet the history checker found the history legal (history in %s, %v)", reissued, dir, err)
+			}
+			for i, v := range vs[:min(3, len(vs))] {
+				t.Logf("reported %d: %s", i+1, v)
+			}
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("3 paused primaries lost no grant that was issued again: the run could not show the violation")
+		}
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	t.Logf("no epoch: the checker reported the reissued tokens; took %v", time.Since(began).Round(time.Second))
+}
+
 // warmup waits until every kind of client has done its work once.
 func (s *scenario) warmup() {
 	start := time.Now()

@@ -131,6 +131,41 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 	return err
 }
 
+// ReleaseToken records l.ReleaseToken of (name, holder, token): the release
+// a caller that lost its Lease (an acquire with an unknown outcome, a
+// restarted process) sends after reading the grant with Inspect.
+func (c *Client) ReleaseToken(ctx context.Context, l *pglock.Locker, name, holder string, token int64) error {
+	p := c.begin(Input{Kind: Release, Key: name, Holder: holder, Token: token})
+	err := l.ReleaseToken(ctx, name, holder, token)
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK})
+	case invalid(err):
+	case errors.Is(err, pglock.ErrLeaseLost):
+		c.end(p, Output{Outcome: Lost})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+	return err
+}
+
+// RenewToken records l.RenewToken of (name, holder, token): the renewal of
+// a caller that kept only the lease's name, holder and token.
+func (c *Client) RenewToken(ctx context.Context, l *pglock.Locker, name, holder string, token int64, ttl time.Duration) error {
+	p := c.begin(Input{Kind: Renew, Key: name, Holder: holder, Token: token, TTL: ttl})
+	expires, err := l.RenewToken(ctx, name, holder, token, ttl)
+	switch {
+	case err == nil:
+		c.end(p, Output{Outcome: OK, Expires: Micros(expires)})
+	case invalid(err):
+	case errors.Is(err, pglock.ErrLeaseLost):
+		c.end(p, Output{Outcome: Lost})
+	default:
+		c.end(p, Output{Outcome: Unknown})
+	}
+	return err
+}
+
 // Inspect records pglock.Inspect of name. A failed read changes nothing and
 // is not recorded.
 func (c *Client) Inspect(ctx context.Context, db pglock.DBTX, name string) (pglock.LockInfo, error) {

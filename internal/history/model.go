@@ -3,6 +3,7 @@ package history
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -284,7 +285,8 @@ func jobStep(st any, input any, output any) []any {
 			if s.State == "completed" || out.Token <= s.Token {
 				return nil
 			}
-			if running && s.Expires != unknownExpiry && grantTime(out, in.TTL.Microseconds()) < s.Expires {
+			// The claim SQL takes its TTL in whole milliseconds.
+			if running && s.Expires != unknownExpiry && grantTime(out, in.TTL.Truncate(time.Millisecond).Microseconds()) < s.Expires {
 				return nil
 			}
 			return []any{next}
