@@ -14,9 +14,10 @@
 //     transaction's statement_timeout and lock_timeout.
 //   - Jobs are counted from the partial indexes on unfinished states
 //     (available, running): the backlog is read, never the finished history.
-//     Dead jobs come from a counter table kept by a trigger (migration 00011),
-//     a counter that deleting old jobs does not lower; completed jobs are not
-//     counted (completion rates are the workers' pgfence_rows_completed_total).
+//     Dead jobs come from a counter table kept by a trigger
+//     (pgfence.job_dead_counts), a counter that deleting old jobs does not
+//     lower; completed jobs are not counted (completion rates are the
+//     workers' pgfence_rows_completed_total).
 //   - Per-queue series are limited to the [Options.TopQueues] queues with the
 //     most unfinished jobs, plus one series labelled [OtherQueue] that sums up
 //     the rest; dead counters per queue to the TopQueues queues with the most

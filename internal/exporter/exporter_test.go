@@ -190,7 +190,7 @@ func TestExportLocksAndJobs(t *testing.T) {
 		('mail', 'running', 'w1', 1, now() - interval '5 seconds', 1),
 		('mail', 'running', 'w2', 2, now() + interval '1 minute', 1)`)
 	// Finished jobs: completed ones are not reported, dead ones are counted
-	// by the trigger of migration 00011.
+	// by the trigger jobs_count_dead_insert.
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, finished_at) VALUES
 		('mail', 'completed', now()), ('mail', 'dead', now()), ('sms', 'dead', now()), ('sms', 'dead', now())`)
 	j, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "push", MaxAttempts: 1})
@@ -872,8 +872,8 @@ func TestExportScrapeCostFinishedJobs(t *testing.T) {
 		finished, available+running, took[0], took[len(took)/2], took[len(took)-1], collections)
 }
 
-// TestExportOlderSchema: a database without the dead-job counters (migrated
-// before 00011) or without pgfence.jobs is still reported.
+// TestExportOlderSchema: a database without the dead-job counters (their
+// table and triggers dropped) or without pgfence.jobs is still reported.
 func TestExportOlderSchema(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)

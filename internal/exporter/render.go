@@ -89,7 +89,7 @@ var Catalog = []Def{
 	{"pgfence_jobs_claim_expired_seconds_max", "gauge", "Per queue, seconds since the oldest expired claim ran out (a stuck or dead worker); 0 if none.", []string{"queue"}},
 	{"pgfence_jobs_expired_claims", "gauge", "Per queue, running jobs whose claim expired without completion (claimable again).", []string{"queue"}},
 	{"pgfence_jobs_ready_age_seconds_max", "gauge", "Per queue, age in seconds of the oldest job that is ready to run but not claimed (queue latency).", []string{"queue"}},
-	{"pgfence_jobs_dead_total", "counter", "Jobs that went dead (out of attempts or given up), all queues, since migration 00011; deleting jobs does not lower it.", nil},
+	{"pgfence_jobs_dead_total", "counter", "Jobs that went dead (out of attempts or given up), all queues, since pgfence's schema was installed; deleting jobs does not lower it.", nil},
 	{"pgfence_jobs_dead_by_queue_total", "counter", "Jobs that went dead, for the queues with the most of them (others have no series; see pgfence_jobs_dead_total).", []string{"queue"}},
 	{"pgfence_exporter_collect_seconds", "gauge", "Time the collection served took (its database transaction).", nil},
 	{"pgfence_exporter_collections_total", "counter", "Collections run since the exporter started; scrapes in between were served from the cache or shared a collection.", nil},

@@ -22,7 +22,7 @@ import (
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
-// The SQLSTATEs of the lock table's integrity trigger (migration 00010).
+// The SQLSTATEs of the lock table's integrity trigger (pgfence.locks_integrity).
 const (
 	sqlStateTokenIntegrity = "PF009" // a token forged, lowered, skipped or reset; a row renamed, deleted or truncated
 	sqlStateLeaseRule      = "PF010" // not a grant, renewal, release or wait mark the lease's state allows
