@@ -422,6 +422,63 @@ func TestBaselineDownDropsEverything(t *testing.T) {
 	}
 }
 
+// searchPathPin is the statement every section of every migration starts with.
+const searchPathPin = "SET LOCAL search_path = pg_catalog, pg_temp;"
+
+// unpinnedSections returns the Up and Down sections of fsys's migrations whose
+// first statement is not searchPathPin.
+func unpinnedSections(t *testing.T, fsys fs.FS) []string {
+	t.Helper()
+	files, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad []string
+	for _, f := range files {
+		b, err := fs.ReadFile(fsys, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sections := 0
+		section, first := "", true
+		for _, line := range strings.Split(string(b), "\n") {
+			trimmed := strings.TrimSpace(line)
+			if m := gooseSection.FindStringSubmatch(trimmed); m != nil {
+				section, first = m[1], false
+				sections++
+				continue
+			}
+			if section == "" || first || trimmed == "" || (strings.HasPrefix(trimmed, "--") && !strings.Contains(trimmed, "+goose")) {
+				continue
+			}
+			first = true // the section's first statement starts here
+			if trimmed != searchPathPin {
+				bad = append(bad, fmt.Sprintf("%s: the %s section starts with %q, want %q", f, section, trimmed, searchPathPin))
+			}
+		}
+		if sections != 2 {
+			bad = append(bad, fmt.Sprintf("%s: %d goose Up/Down sections, want 2", f, sections))
+		}
+	}
+	return bad
+}
+
+// gooseSection matches goose's Up and Down annotations.
+var gooseSection = regexp.MustCompile(`(?i)^--\s*\+goose\s+(up|down)\b`)
+
+// TestEveryMigrationPinsSearchPath: the Up and the Down of every embedded
+// migration (and of the pre-release chain) start by pinning the search_path
+// of their transaction, so that whatever the migrating role's search_path,
+// the names they use resolve in pg_catalog (see docs/migrations.md).
+func TestEveryMigrationPinsSearchPath(t *testing.T) {
+	t.Parallel()
+	for name, fsys := range map[string]fs.FS{"embedded migrations": migrations.FS(), prereleaseDir: os.DirFS(prereleaseDir)} {
+		if bad := unpinnedSections(t, fsys); len(bad) > 0 {
+			t.Errorf("%s:\n%s", name, strings.Join(bad, "\n"))
+		}
+	}
+}
+
 // rewrites names, for each migration (file name) that replaces a function an
 // earlier migration created, the functions it replaces: a migration that
 // changes a function's body creates it again (CREATE OR REPLACE FUNCTION), and
