@@ -360,13 +360,10 @@ COMMENT ON COLUMN pgfence.jobs.updated_at IS
   'Database time of the latest change made by pgfence.';
 COMMENT ON COLUMN pgfence.jobs.finished_at IS
   'Database time at which the job was completed or went dead; NULL otherwise.';
--- (The comments of jobs.claim_outcome and of job_dead_counts name the
--- pre-release migrations that created them: this migration keeps every comment
--- word for word, so that its schema is the one those migrations made.)
 COMMENT ON COLUMN pgfence.jobs.claim_outcome IS
   'How the latest leased claim (claim_token) ended: completed (Complete), failed (Fail: available for a retry, '
   'or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while '
-  'the claim runs, before the first claim, and for claims that ended before migration 00012. A retried Complete, '
+  'the claim runs and before the first claim. A retried Complete, '
   'Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.';
 COMMENT ON CONSTRAINT jobs_payload_size ON pgfence.jobs IS
   'A job payload is at most 1 MiB in its text form (skiplocked refuses larger ones before sending them).';
@@ -411,8 +408,8 @@ CREATE TABLE pgfence.job_dead_counts (
     CONSTRAINT job_dead_counts_dead_nonnegative CHECK (dead >= 0)
 );
 COMMENT ON TABLE pgfence.job_dead_counts IS
-  'Jobs that went dead, per queue, counted by trigger since migration 00011 (starting from the dead rows present '
-  'then). Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter '
+  'Jobs that went dead, per queue, counted by trigger (jobs_count_dead) since the schema was created. '
+  'Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter '
   '(pgfence_jobs_dead_total); the application role needs no grant on it.';
 COMMENT ON COLUMN pgfence.job_dead_counts.queue IS
   'Queue name, as in pgfence.jobs.queue.';
@@ -485,8 +482,8 @@ COMMENT ON COLUMN pgfence.outbox.topic IS
   'Kind of side effect (email, payment, ...): 1..100 bytes of ASCII letters, digits and . _ : / -. '
   'Dispatchers deliver one topic each.';
 COMMENT ON COLUMN pgfence.outbox.idempotency_key IS
-  'Idempotency key, unique across the outbox: 1..255 visible ASCII characters. A second intent with the same key is '
-  'not recorded (the first wins). Sent to the receiver, which deduplicates by it.';
+  'Idempotency key, unique per lock (lock_name): 1..255 visible ASCII characters. A second intent of the lock with '
+  'the same key is not recorded (the first wins). Sent to the receiver, which deduplicates by it.';
 COMMENT ON COLUMN pgfence.outbox.lock_name IS
   'Lock whose grant authorised the intent (pgfence.locks.name).';
 COMMENT ON COLUMN pgfence.outbox.token IS
@@ -1508,11 +1505,9 @@ COMMENT ON TRIGGER outbox_check_token ON pgfence.outbox IS
 -- Views: what a DBA reads in psql at 2 a.m. -----------------------------------
 
 -- sqlc reads these migrations as the schema and generates internal/dbsqlc from
--- them. Three statements of this section are hidden from it in EXECUTE, so that
--- the code it generates stays as it is: the comments of lock_status and of
--- job_summary, and the definition of guarded_fences (sqlc cannot see the
--- columns of a function's RETURNS TABLE, so it could not read that definition;
--- it reads a first statement that gives the view the function's columns).
+-- them. It cannot see the columns of a function's RETURNS TABLE, so it cannot
+-- read guarded_fences: that view is created through EXECUTE, which sqlc does
+-- not read (no query of pgfence's reads the view).
 
 CREATE VIEW pgfence.lock_status AS
 SELECT l.name,
@@ -1529,22 +1524,15 @@ SELECT l.name,
        l.metadata
 FROM pgfence.locks l;
 
--- (Through EXECUTE, which sqlc does not read: see above.)
--- +goose StatementBegin
-DO $comment$
-BEGIN
-    EXECUTE $c$COMMENT ON VIEW pgfence.lock_status IS
+COMMENT ON VIEW pgfence.lock_status IS
   'pgfence.locks with the state computed on the database clock: held (holder set, not expired), '
-  'expired (holder set, lease ran out without a release), free (released or never granted).'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.lock_status.state IS 'held, expired or free, decided by now() on this server.'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.lock_status.seconds_left IS
-  'Seconds until the lease expires (negative: expired that long ago; NULL: free).'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.lock_status.seconds_since_grant IS
-  'Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.lock_status.token IS 'Fencing token of the latest grant (never decreases).'$c$;
-END
-$comment$;
--- +goose StatementEnd
+  'expired (holder set, lease ran out without a release), free (released or never granted).';
+COMMENT ON COLUMN pgfence.lock_status.state IS 'held, expired or free, decided by now() on this server.';
+COMMENT ON COLUMN pgfence.lock_status.seconds_left IS
+  'Seconds until the lease expires (negative: expired that long ago; NULL: free).';
+COMMENT ON COLUMN pgfence.lock_status.seconds_since_grant IS
+  'Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.';
+COMMENT ON COLUMN pgfence.lock_status.token IS 'Fencing token of the latest grant (never decreases).';
 
 CREATE VIEW pgfence.job_summary AS
 SELECT queue,
@@ -1560,43 +1548,34 @@ SELECT queue,
 FROM pgfence.jobs
 GROUP BY queue, state;
 
--- (Through EXECUTE, which sqlc does not read: see above.)
--- +goose StatementBegin
-DO $comment$
-BEGIN
-    EXECUTE $c$COMMENT ON VIEW pgfence.job_summary IS
+COMMENT ON VIEW pgfence.job_summary IS
   'pgfence.jobs per queue and state, on the database clock: how many, the oldest job ready to run, '
-  'claims that expired without completion (a dead or stuck worker) and how long ago the oldest expired.'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.job_summary.oldest_ready_seconds IS
-  'Seconds the oldest available job has been ready to run without being claimed (queue latency).'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.job_summary.expired_claims IS
-  'Running jobs whose claim expired: they become claimable again; many of them mean workers die or stall.'$c$;
-    EXECUTE $c$COMMENT ON COLUMN pgfence.job_summary.oldest_expired_claim_seconds IS
-  'Seconds since the oldest expired claim ran out (NULL if none).'$c$;
-END
-$comment$;
--- +goose StatementEnd
+  'claims that expired without completion (a dead or stuck worker) and how long ago the oldest expired.';
+COMMENT ON COLUMN pgfence.job_summary.oldest_ready_seconds IS
+  'Seconds the oldest available job has been ready to run without being claimed (queue latency).';
+COMMENT ON COLUMN pgfence.job_summary.expired_claims IS
+  'Running jobs whose claim expired: they become claimable again; many of them mean workers die or stall.';
+COMMENT ON COLUMN pgfence.job_summary.oldest_expired_claim_seconds IS
+  'Seconds since the oldest expired claim ran out (NULL if none).';
 
 -- Fence vs lock token for every guarded table. table_name comes back
 -- schema-qualified from the pinned function; printed through regclass here,
 -- it is qualified only when the reader's search_path does not already find it
--- (as psql's \d does). The first statement is the one sqlc reads (see above);
--- the second, through EXECUTE, gives the view its definition.
-CREATE VIEW pgfence.guarded_fences AS SELECT * FROM pgfence.guarded_fence_status();
+-- (as psql's \d does). Created through EXECUTE: see the top of this section.
 -- +goose StatementBegin
 DO $view$
 BEGIN
     EXECUTE $v$
-CREATE OR REPLACE VIEW pgfence.guarded_fences AS
+CREATE VIEW pgfence.guarded_fences AS
 SELECT coalesce(pg_catalog.to_regclass(s.table_name)::pg_catalog.text, s.table_name) AS table_name,
        s.lock_name, s.rows, s.max_fence, s.lock_token, s.forged_rows, s.unchecked
 FROM pgfence.guarded_fence_status() s$v$;
+    COMMENT ON VIEW pgfence.guarded_fences IS
+      'Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention; '
+      'so does a row with unchecked set (its table was not read).';
 END
 $view$;
 -- +goose StatementEnd
-COMMENT ON VIEW pgfence.guarded_fences IS
-  'Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention; '
-  'so does a row with unchecked set (its table was not read).';
 
 CREATE VIEW pgfence.outbox_status AS
 SELECT o.topic,

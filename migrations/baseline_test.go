@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -319,6 +320,15 @@ func migratePrerelease(t *testing.T, ctx context.Context, db *pgxpool.Pool) int 
 // index, sequence, view, function (arguments, result, body up to trailing
 // whitespace, language, volatility, SECURITY DEFINER, settings, strictness),
 // trigger (with ENABLE ALWAYS), privilege and comment. Any difference fails.
+// intendedChanges are the differences between the baseline and the
+// pre-release chain that the squash makes on purpose, by "kind key" as the
+// catalog queries read them, with the reason.
+var intendedChanges = map[string]string{
+	"comment table column pgfence.jobs.claim_outcome":     "no longer names the pre-release migration that added the column",
+	"comment table pgfence.job_dead_counts":               "no longer names the pre-release migration that added the counter",
+	"comment table column pgfence.outbox.idempotency_key": "keys are unique per lock (outbox_key_unique), not across the outbox",
+}
+
 func TestBaselineMatchesPrereleaseChain(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -347,6 +357,19 @@ func TestBaselineMatchesPrereleaseChain(t *testing.T) {
 		if len(newSchema[kind]) == 0 {
 			t.Errorf("no %s read from the baseline: the catalog query reads nothing", kind)
 		}
+	}
+	// What the baseline changes on purpose: each entry must differ (a stale
+	// entry fails), and is left out of the comparison.
+	for key, why := range intendedChanges {
+		kind, k, _ := strings.Cut(key, " ")
+		o, inOld := oldSchema[kind][k]
+		n, inNew := newSchema[kind][k]
+		if inOld && inNew && o.String() == n.String() {
+			t.Errorf("intended change %q (%s) is not a change: remove it from intendedChanges", key, why)
+		}
+		delete(oldSchema[kind], k)
+		delete(newSchema[kind], k)
+		t.Logf("intended change: %s: %s", key, why)
 	}
 	if diff := schemaDiff("old (pre-release chain)", oldSchema, "new (baseline)", newSchema); len(diff) > 0 {
 		t.Errorf("schema pgfence of the baseline differs from the pre-release chain's (%d differences):\n%s",
@@ -612,5 +635,42 @@ func TestNoFunctionCreatedTwice(t *testing.T) {
 	}
 	if want := []string{"guard", "guarded_fence_status", "jobs_notify", "locks_integrity", "outbox_enqueue"}; !slices.Equal(flagged, want) {
 		t.Errorf("rewrites flagged in the pre-release chain: %v, want %v", flagged, want)
+	}
+}
+
+// TestPrereleaseDatabaseRefused: on a database migrated by the pre-release
+// chain (versions 1..19), Up refuses with ErrUnknownMigration, naming the
+// versions, and changes nothing: the baseline's version 1 is already recorded
+// there, and without the check goose would report nothing to apply and skip
+// every later migration numbered 2..19.
+func TestPrereleaseDatabaseRefused(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool := pgtest.PoolFor(t, pgtest.EmptyDSN(t))
+	migratePrerelease(t, ctx, pool)
+	count := func() (n int) {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM "+migrations.VersionTable).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	err := migrations.UpPool(ctx, pool)
+	if !errors.Is(err, migrations.ErrUnknownMigration) {
+		t.Fatalf("Up on a pre-release database: %v, want ErrUnknownMigration", err)
+	}
+	if !strings.Contains(err.Error(), "19]") || !strings.Contains(err.Error(), "pre-release") {
+		t.Errorf("error %q does not name the versions and say what to do", err)
+	}
+	if after := count(); after != before {
+		t.Errorf("version table rows %d → %d: Up changed something", before, after)
+	}
+	// Dropped and migrated again, as docs/migrations.md says, it works.
+	if _, err := pool.Exec(ctx, "DROP SCHEMA pgfence CASCADE"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		t.Fatalf("Up after dropping the schema: %v", err)
 	}
 }

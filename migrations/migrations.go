@@ -76,7 +76,52 @@ func NewProvider(ctx context.Context, db *sql.DB, opts ...goose.ProviderOption) 
 	if err := bootstrap(ctx, db, locker); err != nil {
 		return nil, err
 	}
+	if err := checkKnownVersions(ctx, db, p); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// ErrUnknownMigration is returned (wrapped) by [NewProvider], and so by [Up]
+// and [DownTo], when the database records an applied pgfence migration that
+// this build does not have: a database migrated by a pre-release build
+// (whose 19 migrations were replaced by one baseline) or by a newer release.
+// Nothing is changed. A pre-release database is dropped and migrated again
+// (docs/migrations.md); for a newer release, run that release's binary.
+var ErrUnknownMigration = errors.New("migrations: the database has a pgfence migration applied that this build does not have")
+
+// checkKnownVersions refuses a database whose version table names an
+// applied migration that is not among p's sources.
+func checkKnownVersions(ctx context.Context, db *sql.DB, p *goose.Provider) error {
+	known := map[int64]bool{0: true}
+	for _, src := range p.ListSources() {
+		known[src.Version] = true
+	}
+	rows, err := db.QueryContext(ctx, `SELECT DISTINCT ON (version_id) version_id, is_applied
+		FROM `+VersionTable+` ORDER BY version_id, id DESC`)
+	if err != nil {
+		return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+	}
+	defer rows.Close()
+	var unknown []int64
+	for rows.Next() {
+		var v int64
+		var applied bool
+		if err := rows.Scan(&v, &applied); err != nil {
+			return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+		}
+		if applied && !known[v] {
+			unknown = append(unknown, v)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("%w: versions %v are applied in %s (a database migrated by a pre-release build: drop schema %s and migrate again, see docs/migrations.md)",
+			ErrUnknownMigration, unknown, VersionTable, Schema)
+	}
+	return nil
 }
 
 // bootstrap creates the schema and the version table while holding the

@@ -67,7 +67,7 @@ ORDER BY t.queue IS NULL, pg_catalog.min(t.rank);
 
 -- name: ExporterDeadCounts :many
 -- ExporterDeadCounts returns the top_n queues with the most dead jobs
--- (counted by the trigger of migration 00011, never decremented) and, on every
+-- (counted by the trigger jobs_count_dead, never decremented) and, on every
 -- row, the total over all queues.
 SELECT d.queue, d.dead, (pg_catalog.sum(d.dead) OVER ())::bigint AS total
 FROM pgfence.job_dead_counts d

@@ -23,7 +23,7 @@ type ExporterDeadCountsRow struct {
 }
 
 // ExporterDeadCounts returns the top_n queues with the most dead jobs
-// (counted by the trigger of migration 00011, never decremented) and, on every
+// (counted by the trigger jobs_count_dead, never decremented) and, on every
 // row, the total over all queues.
 func (q *Queries) ExporterDeadCounts(ctx context.Context, db DBTX, topN int64) ([]ExporterDeadCountsRow, error) {
 	rows, err := db.Query(ctx, exporterDeadCounts, topN)

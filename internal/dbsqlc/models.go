@@ -22,11 +22,6 @@ type PgfenceFencedValue struct {
 	UpdatedAt time.Time
 }
 
-// Fence vs lock token for every guarded table (see pgfence.guarded_fence_status). forged_rows > 0 needs attention; so does a row with unchecked set (its table was not read).
-type PgfenceGuardedFence struct {
-	GuardedFenceStatus interface{}
-}
-
 // Tables with a pgfence guard trigger (see pgfence.guard / pgfence.unguard). One row per table.
 type PgfenceGuardedTable struct {
 	// The guarded table.
@@ -81,11 +76,11 @@ type PgfenceJob struct {
 	UpdatedAt time.Time
 	// Database time at which the job was completed or went dead; NULL otherwise.
 	FinishedAt *time.Time
-	// How the latest leased claim (claim_token) ended: completed (Complete), failed (Fail: available for a retry, or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while the claim runs, before the first claim, and for claims that ended before migration 00012. A retried Complete, Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.
+	// How the latest leased claim (claim_token) ended: completed (Complete), failed (Fail: available for a retry, or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while the claim runs and before the first claim. A retried Complete, Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.
 	ClaimOutcome *string
 }
 
-// Jobs that went dead, per queue, counted by trigger since migration 00011 (starting from the dead rows present then). Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.
+// Jobs that went dead, per queue, counted by trigger (jobs_count_dead) since the schema was created. Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.
 type PgfenceJobDeadCount struct {
 	// Queue name, as in pgfence.jobs.queue.
 	Queue string
@@ -97,13 +92,17 @@ type PgfenceJobDeadCount struct {
 	UpdatedAt time.Time
 }
 
+// pgfence.jobs per queue and state, on the database clock: how many, the oldest job ready to run, claims that expired without completion (a dead or stuck worker) and how long ago the oldest expired.
 type PgfenceJobSummary struct {
-	Queue                     string
-	State                     string
-	Jobs                      int64
-	OldestRunAt               interface{}
-	OldestReadySeconds        pgtype.Numeric
-	ExpiredClaims             int64
+	Queue       string
+	State       string
+	Jobs        int64
+	OldestRunAt interface{}
+	// Seconds the oldest available job has been ready to run without being claimed (queue latency).
+	OldestReadySeconds pgtype.Numeric
+	// Running jobs whose claim expired: they become claimable again; many of them mean workers die or stall.
+	ExpiredClaims int64
+	// Seconds since the oldest expired claim ran out (NULL if none).
 	OldestExpiredClaimSeconds pgtype.Numeric
 	MaxAttemptsSeen           interface{}
 }
@@ -148,15 +147,20 @@ type PgfenceLockQueue struct {
 	WaitID int64
 }
 
+// pgfence.locks with the state computed on the database clock: held (holder set, not expired), expired (holder set, lease ran out without a release), free (released or never granted).
 type PgfenceLockStatus struct {
-	Name              string
-	State             string
-	Holder            *string
-	Token             int64
-	AcquiredAt        *time.Time
-	RenewedAt         *time.Time
-	ExpiresAt         *time.Time
-	SecondsLeft       pgtype.Numeric
+	Name string
+	// held, expired or free, decided by now() on this server.
+	State  string
+	Holder *string
+	// Fencing token of the latest grant (never decreases).
+	Token      int64
+	AcquiredAt *time.Time
+	RenewedAt  *time.Time
+	ExpiresAt  *time.Time
+	// Seconds until the lease expires (negative: expired that long ago; NULL: free).
+	SecondsLeft pgtype.Numeric
+	// Seconds since the latest grant; compare with the lease TTL to spot leases renewed far beyond it.
 	SecondsSinceGrant pgtype.Numeric
 	Metadata          []byte
 }
@@ -167,7 +171,7 @@ type PgfenceOutbox struct {
 	ID int64
 	// Kind of side effect (email, payment, ...): 1..100 bytes of ASCII letters, digits and . _ : / -. Dispatchers deliver one topic each.
 	Topic string
-	// Idempotency key, unique across the outbox: 1..255 visible ASCII characters. A second intent with the same key is not recorded (the first wins). Sent to the receiver, which deduplicates by it.
+	// Idempotency key, unique per lock (lock_name): 1..255 visible ASCII characters. A second intent of the lock with the same key is not recorded (the first wins). Sent to the receiver, which deduplicates by it.
 	IdempotencyKey string
 	// Lock whose grant authorised the intent (pgfence.locks.name).
 	LockName string
