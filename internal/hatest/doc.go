@@ -26,5 +26,5 @@
 // (PGFENCE_HA_ROUNDS sets the events per kind, default 20) and prints a
 // table:
 //
-//	PGFENCE_HA_LONG=1 go test -race -run TestHALong -v -timeout 3h ./internal/hatest/
+//	PGFENCE_HA_LONG=1 go test -race -run 'TestHALong|TestHANoEpochReported' -v -timeout 3h ./internal/hatest/
 package hatest
