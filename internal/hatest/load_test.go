@@ -147,6 +147,12 @@ type scenario struct {
 	held  *fencedwrite.Table // holders' rows, re-entrant (fence <= token)
 	rec   *recorder
 	hist  *history.Recorder // every lease and fenced-write operation, checked at the end
+	// Raw jobs enqueued and not known completed: a claim cut by the event
+	// may have taken any of them (history.Client.Claim). Claims are
+	// recorded only with synchronous replication: asynchronous failovers
+	// lose acknowledged completions, and the jobs run again (documented).
+	rawMu      sync.Mutex
+	rawPending map[int64]bool
 
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -165,7 +171,8 @@ var dbSeq atomic.Int64
 func newScenario(t *testing.T, c *hacluster.Cluster, async bool) *scenario {
 	t.Helper()
 	ctx := context.Background()
-	s := &scenario{t: t, c: c, db: fmt.Sprintf("hatest_%d", dbSeq.Add(1)), async: async, rec: newRecorder(), hist: history.New()}
+	s := &scenario{t: t, c: c, db: fmt.Sprintf("hatest_%d", dbSeq.Add(1)), async: async, rec: newRecorder(), hist: history.New(),
+		rawPending: map[int64]bool{}}
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	admin, err := pgx.Connect(sctx, c.DSN("postgres"))
@@ -513,11 +520,18 @@ func (s *scenario) produce() {
 			ps = append(ps, skiplocked.EnqueueParams{Queue: q, Payload: json.RawMessage(`{}`)})
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		_, err := skiplocked.EnqueueMany(ctx, s.pool, ps)
+		ids, err := skiplocked.EnqueueMany(ctx, s.pool, ps)
 		cancel()
 		if err != nil {
 			s.rec.err("enqueue", err)
 		}
+		s.rawMu.Lock()
+		for i, id := range ids {
+			if ps[i].Queue == rawQueue {
+				s.rawPending[id] = true
+			}
+		}
+		s.rawMu.Unlock()
 		select {
 		case <-s.ctx.Done():
 		case <-time.After(25 * time.Millisecond):
@@ -528,9 +542,24 @@ func (s *scenario) produce() {
 // rawClaimer claims up to 4 raw jobs and completes each.
 func (s *scenario) rawClaimer(i int) {
 	holder := fmt.Sprintf("raw-%d", i)
+	record := s.c.Mode() != hacluster.Async
+	hc := s.hist.NewClient()
 	for s.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		jobs, err := skiplocked.Claim(ctx, s.pool, skiplocked.ClaimParams{Queue: rawQueue, Holder: holder, Limit: 4, TTL: claimTTL})
+		var jobs []skiplocked.Job
+		var err error
+		cp := skiplocked.ClaimParams{Queue: rawQueue, Holder: holder, Limit: 4, TTL: claimTTL}
+		if record {
+			s.rawMu.Lock()
+			known := make([]int64, 0, len(s.rawPending))
+			for id := range s.rawPending {
+				known = append(known, id)
+			}
+			s.rawMu.Unlock()
+			jobs, err = hc.Claim(ctx, s.pool, cp, known)
+		} else {
+			jobs, err = skiplocked.Claim(ctx, s.pool, cp)
+		}
 		cancel()
 		if err != nil {
 			s.rec.err("claim", err)
@@ -539,10 +568,18 @@ func (s *scenario) rawClaimer(i int) {
 		}
 		for _, j := range jobs {
 			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-			err := skiplocked.Complete(ctx, s.pool, j.Ref())
+			var err error
+			if record {
+				err = hc.Complete(ctx, s.pool, j.Ref())
+			} else {
+				err = skiplocked.Complete(ctx, s.pool, j.Ref())
+			}
 			cancel()
 			switch {
 			case err == nil:
+				s.rawMu.Lock()
+				delete(s.rawPending, j.ID)
+				s.rawMu.Unlock()
 				s.rec.mu.Lock()
 				s.rec.completions = append(s.rec.completions, completion{JobID: j.Ref().JobID, Token: j.Ref().Token, Ack: time.Now()})
 				s.rec.mu.Unlock()
