@@ -499,6 +499,42 @@ COMMENT ON CONSTRAINT outbox_payload_size ON pgfence.outbox IS
 COMMENT ON INDEX pgfence.outbox_pkey IS
   'Primary key; dispatchers read an intent by the id of the job they claimed.';
 
+-- pgfence.ha_epoch and pgfence.ha_bumps: the epoch of a cluster that fails
+-- over to asynchronous standbys (docs/ha.md). Empty, and unused, until the
+-- owner runs SELECT pgfence.ha_enable(). A promoted standby has only the WAL it
+-- received: grants the old primary acknowledged last can be missing, and the
+-- new primary would issue those tokens again. pgfence.ha_bump(), run on
+-- promotion (a Patroni on_role_change callback), raises every token and the
+-- claim token sequence by 2^32, above anything the old primary can have
+-- issued; until it has run on the server's timeline, the gate triggers refuse
+-- every grant and claim.
+CREATE TABLE pgfence.ha_epoch (
+    one       boolean PRIMARY KEY DEFAULT true CHECK (one),
+    timeline  integer NOT NULL,
+    bumps     integer NOT NULL DEFAULT 0,
+    bumped_at timestamptz
+);
+
+COMMENT ON TABLE pgfence.ha_epoch IS
+  'The timeline whose grants are allowed (one row once pgfence.ha_enable() ran; none otherwise) and how many epoch '
+  'bumps were made. Written only by pgfence.ha_enable() and pgfence.ha_bump().';
+COMMENT ON COLUMN pgfence.ha_epoch.timeline IS
+  'The server timeline the latest bump (or ha_enable) ran on; grants and claims are refused on any other.';
+COMMENT ON COLUMN pgfence.ha_epoch.bumps IS
+  'Epoch bumps made so far (one per promotion): tokens issued since are at least bumps * 2^32.';
+
+CREATE TABLE pgfence.ha_bumps (
+    timeline     integer     NOT NULL,
+    bumped_at    timestamptz NOT NULL,
+    name         text        NOT NULL,
+    token_before bigint      NOT NULL,
+    PRIMARY KEY (timeline, name)
+);
+
+COMMENT ON TABLE pgfence.ha_bumps IS
+  'Every lock''s token on the new primary just before each epoch bump: compare with the tokens your clients were '
+  'granted to see what the promotion lost.';
+
 -- Functions: leases and the lock queue ----------------------------------------
 
 -- Token integrity of pgfence.locks, enforced by the database.
@@ -1384,6 +1420,122 @@ COMMENT ON FUNCTION pgfence.outbox_enqueue(text, bigint, text, text, jsonb, inte
   '(token <= 0); the check is repeated at COMMIT under a lock of the lock row. Delivered through a pgfence.jobs row '
   'on queue outbox:<topic> (max_attempts attempts, not before run_at).';
 
+-- Functions: the HA epoch (owner only) ----------------------------------------
+
+-- The server's current timeline (it changes at every promotion).
+CREATE FUNCTION pgfence.ha_timeline() RETURNS integer
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer $$;
+COMMENT ON FUNCTION pgfence.ha_timeline() IS
+  'The timeline of this server (a primary), read from its current WAL file name.';
+
+-- The gate: no token is issued (lock grant or job claim) on a timeline whose
+-- bump has not run yet. Its triggers exist only once pgfence.ha_enable() ran.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.ha_gate() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF (SELECT e.timeline FROM pgfence.ha_epoch e) IS DISTINCT FROM pgfence.ha_timeline() THEN
+        RAISE EXCEPTION 'pgfence: this server was promoted and its epoch bump has not run yet'
+            USING ERRCODE = 'PFHA1',
+                  HINT = 'the on_role_change callback runs SELECT pgfence.ha_bump()';
+    END IF;
+    RETURN NEW;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_gate() IS
+  'Trigger function of the HA epoch gate (pgfence.ha_enable): refuses a grant or claim with PFHA1 until '
+  'pgfence.ha_bump() has run on this server''s timeline.';
+
+-- The bump: every lock token and the claim token sequence move up by 2^32,
+-- above anything the old primary can have issued, once per timeline. It runs
+-- as its caller, the owner of pgfence's tables or a superuser (the integrity
+-- trigger admits the owner's changes).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.ha_bump() RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    tl  integer;
+    cur integer;
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'pgfence.ha_bump: this server is a standby' USING ERRCODE = '25006';
+    END IF;
+    SELECT e.timeline INTO cur FROM pgfence.ha_epoch e FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false; -- the epoch is not enabled in this database
+    END IF;
+    tl := pgfence.ha_timeline();
+    IF cur = tl THEN
+        RETURN false; -- already done on this timeline
+    END IF;
+    INSERT INTO pgfence.ha_bumps (timeline, bumped_at, name, token_before)
+        SELECT tl, now(), l.name, l.token FROM pgfence.locks l;
+    UPDATE pgfence.ha_epoch SET timeline = tl, bumps = bumps + 1, bumped_at = now();
+    UPDATE pgfence.locks SET token = token + 4294967296;
+    PERFORM setval('pgfence.jobs_claim_token_seq', nextval('pgfence.jobs_claim_token_seq') + 4294967296);
+    RETURN true;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_bump() IS
+  'The HA epoch bump, run on promotion: raises every lock token and the claim token sequence by 2^32 and records '
+  'the tokens before it in pgfence.ha_bumps, once per timeline. Returns false when it had nothing to do (already '
+  'done on this timeline, or pgfence.ha_enable() never ran). Owner only.';
+
+-- ha_enable installs the epoch in this database: its row (the current
+-- timeline) and the gate triggers. ha_disable removes both. Idempotent.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.ha_enable() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pgfence.ha_epoch (timeline) VALUES (pgfence.ha_timeline()) ON CONFLICT (one) DO NOTHING;
+    DROP TRIGGER IF EXISTS pgfence_ha_gate ON pgfence.locks;
+    DROP TRIGGER IF EXISTS pgfence_ha_gate_token ON pgfence.locks;
+    DROP TRIGGER IF EXISTS pgfence_ha_gate ON pgfence.jobs;
+    CREATE TRIGGER pgfence_ha_gate BEFORE INSERT ON pgfence.locks
+        FOR EACH ROW EXECUTE FUNCTION pgfence.ha_gate();
+    -- A release keeps the token: only a grant changes it.
+    CREATE TRIGGER pgfence_ha_gate_token BEFORE UPDATE OF token ON pgfence.locks
+        FOR EACH ROW WHEN (NEW.token IS DISTINCT FROM OLD.token) EXECUTE FUNCTION pgfence.ha_gate();
+    CREATE TRIGGER pgfence_ha_gate BEFORE UPDATE OF claim_token ON pgfence.jobs
+        FOR EACH ROW EXECUTE FUNCTION pgfence.ha_gate();
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_enable() IS
+  'Enable the HA epoch in this database (docs/ha.md): the epoch row for the current timeline and the gate triggers '
+  'on pgfence.locks and pgfence.jobs. Run once, as the owner, on a cluster that can fail over to an asynchronous '
+  'standby. Idempotent. Owner only.';
+
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.ha_disable() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DROP TRIGGER IF EXISTS pgfence_ha_gate ON pgfence.locks;
+    DROP TRIGGER IF EXISTS pgfence_ha_gate_token ON pgfence.locks;
+    DROP TRIGGER IF EXISTS pgfence_ha_gate ON pgfence.jobs;
+    DELETE FROM pgfence.ha_epoch;
+END
+$$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_disable() IS
+  'Remove the HA epoch gate and its row (pgfence.ha_bumps is kept). Owner only.';
+
+-- Owner only: PUBLIC keeps no EXECUTE on them.
+REVOKE EXECUTE ON FUNCTION pgfence.ha_timeline(), pgfence.ha_gate(), pgfence.ha_bump(), pgfence.ha_enable(),
+    pgfence.ha_disable() FROM PUBLIC;
+
 -- Functions: operator views ---------------------------------------------------
 
 -- The figures of pgfence.guarded_fences. The function runs as the role that
@@ -1654,6 +1806,8 @@ DROP VIEW pgfence.lock_status;
 
 -- Their triggers go with the tables.
 DROP TABLE pgfence.outbox;
+DROP TABLE pgfence.ha_bumps;
+DROP TABLE pgfence.ha_epoch;
 DROP TABLE pgfence.job_dead_counts;
 DROP TABLE pgfence.jobs;
 DROP SEQUENCE pgfence.jobs_claim_token_seq;
@@ -1663,6 +1817,11 @@ DROP TABLE pgfence.lock_queue;
 DROP TABLE pgfence.locks;
 
 DROP FUNCTION pgfence.guarded_fence_status();
+DROP FUNCTION pgfence.ha_disable();
+DROP FUNCTION pgfence.ha_enable();
+DROP FUNCTION pgfence.ha_bump();
+DROP FUNCTION pgfence.ha_gate();
+DROP FUNCTION pgfence.ha_timeline();
 DROP FUNCTION pgfence.outbox_enqueue(text, bigint, text, text, jsonb, integer, timestamptz);
 DROP FUNCTION pgfence.outbox_check_token();
 DROP FUNCTION pgfence.outbox_token_refused(text, text, bigint, bigint);

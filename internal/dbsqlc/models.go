@@ -44,6 +44,24 @@ type PgfenceGuardedTable struct {
 	LockNameExpression *string
 }
 
+// Every lock's token on the new primary just before each epoch bump: compare with the tokens your clients were granted to see what the promotion lost.
+type PgfenceHaBump struct {
+	Timeline    int32
+	BumpedAt    time.Time
+	Name        string
+	TokenBefore int64
+}
+
+// The timeline whose grants are allowed (one row once pgfence.ha_enable() ran; none otherwise) and how many epoch bumps were made. Written only by pgfence.ha_enable() and pgfence.ha_bump().
+type PgfenceHaEpoch struct {
+	One bool
+	// The server timeline the latest bump (or ha_enable) ran on; grants and claims are refused on any other.
+	Timeline int32
+	// Epoch bumps made so far (one per promotion): tokens issued since are at least bumps * 2^32.
+	Bumps    int32
+	BumpedAt *time.Time
+}
+
 // Job queue. A row is available (waiting until run_at), running (claimed until claim_expires_at, database clock), completed or dead (failed max_attempts times, last_error kept). Leased claims give each claimed row a new claim_token; complete, fail, heartbeat and release are conditional on (id, claim_token), so a worker whose claim expired and was re-claimed changes nothing. Finished rows are kept until the application deletes them.
 type PgfenceJob struct {
 	// Job id, assigned by the database.

@@ -16,10 +16,10 @@
 // again, no acknowledged fenced write is lost, no job is completed twice,
 // every fence is ≤ its lock's token on the new primary, no stale write is
 // accepted. In asynchronous mode they count the acknowledged grants and
-// writes a promotion lost, and prove that the epoch bump (epoch.sql,
-// run on promotion by the Patroni callback on_role_change.sh, both printed
-// in docs/ha.md) fences every old holder before the new primary issues a
-// token.
+// writes a promotion lost, and prove that the epoch bump of the schema
+// (enabled with pgfence.ha_enable(), run on promotion by the Patroni callback
+// on_role_change.sh, printed in docs/ha.md) fences every old holder before the
+// new primary issues a token.
 //
 // The short form (one switchover and one postmaster kill, synchronous mode)
 // runs with the other tests. The long form runs with PGFENCE_HA_LONG=1

@@ -132,7 +132,7 @@ func TestHANoEpochReported(t *testing.T) {
 	began := time.Now()
 	c := startCluster(t, hacluster.Async)
 	for attempt := 1; ; attempt++ {
-		s := newScenario(t, c, false) // no epoch.sql on an asynchronous cluster
+		s := newScenario(t, c, false) // no HA epoch (pgfence.ha_enable) on an asynchronous cluster
 		s.warmup()
 		s.runEvent(kindPause)
 		s.halt()
@@ -479,16 +479,16 @@ func formatTable(events []*event, sums []summary, bootstrap, took time.Duration)
 	return b.String()
 }
 
-// TestDocsCarryTheRecipe: docs/ha.md prints epoch.sql and on_role_change.sh
-// exactly as the tests run them.
+// TestDocsCarryTheRecipe: docs/ha.md prints on_role_change.sh and the
+// statement that enables the epoch exactly as the tests run them.
 func TestDocsCarryTheRecipe(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "ha.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, text := range map[string]string{"epoch.sql": epochSQL, "on_role_change.sh": onRoleChangeScript} {
+	for name, text := range map[string]string{"the enabling statement": haEnableSQL, "on_role_change.sh": onRoleChangeScript} {
 		if !strings.Contains(string(doc), text) {
-			t.Errorf("docs/ha.md does not contain internal/hatest/%s verbatim", name)
+			t.Errorf("docs/ha.md does not contain %s verbatim", name)
 		}
 	}
 }
@@ -497,7 +497,7 @@ func TestDocsCarryTheRecipe(t *testing.T) {
 // mode) to the recorded history and checks it.
 func (s *scenario) checkHistory(ctx context.Context) {
 	if s.async {
-		rows, err := s.pool.Query(ctx, "SELECT name, token_before, bumped_at FROM pgfence_ha.bumps ORDER BY bumped_at")
+		rows, err := s.pool.Query(ctx, "SELECT name, token_before, bumped_at FROM pgfence.ha_bumps ORDER BY bumped_at")
 		if err != nil {
 			s.t.Fatal(err)
 		}

@@ -27,8 +27,8 @@ import (
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
-//go:embed epoch.sql
-var epochSQL string
+// haEnableSQL enables the HA epoch in a database (docs/ha.md prints it).
+const haEnableSQL = "SELECT pgfence.ha_enable();"
 
 //go:embed on_role_change.sh
 var onRoleChangeScript string
@@ -222,8 +222,8 @@ func newScenario(t *testing.T, c *hacluster.Cluster, async bool) *scenario {
 		}
 	}
 	if async {
-		if _, err := s.pool.Exec(sctx, epochSQL); err != nil {
-			t.Fatalf("epoch.sql: %v", err)
+		if _, err := s.pool.Exec(sctx, haEnableSQL); err != nil {
+			t.Fatalf("pgfence.ha_enable(): %v", err)
 		}
 		// The guards refuse any write whose token is below its lock's
 		// latest: after a bump, every pre-promotion holder at once.
@@ -924,7 +924,7 @@ func (s *scenario) checkFenceBelowToken(ctx context.Context, when string) {
 func (s *scenario) checkBump(ctx context.Context, ev *event, timeline int) {
 	var tl, bumps int
 	var bumpedAt time.Time
-	if err := s.pool.QueryRow(ctx, "SELECT timeline, bumps, bumped_at FROM pgfence_ha.epoch").Scan(&tl, &bumps, &bumpedAt); err != nil {
+	if err := s.pool.QueryRow(ctx, "SELECT timeline, bumps, bumped_at FROM pgfence.ha_epoch").Scan(&tl, &bumps, &bumpedAt); err != nil {
 		s.t.Errorf("%s: read epoch: %v", ev.Kind, err)
 		return
 	}
@@ -933,7 +933,7 @@ func (s *scenario) checkBump(ctx context.Context, ev *event, timeline int) {
 	}
 	ev.Bump = bumpedAt.Sub(ev.Start)
 	before := map[string]int64{}
-	rows, err := s.pool.Query(ctx, "SELECT name, token_before FROM pgfence_ha.bumps WHERE timeline = $1", timeline)
+	rows, err := s.pool.Query(ctx, "SELECT name, token_before FROM pgfence.ha_bumps WHERE timeline = $1", timeline)
 	if err != nil {
 		s.t.Errorf("%s: read bumps: %v", ev.Kind, err)
 		return

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Patroni on_role_change callback: $1 = action, $2 = new role, $3 = scope.
-# On promotion, run pgfence_ha.bump() in every database that has it. Until
+# On promotion, run pgfence.ha_bump() in every database that has pgfence (it
+# does nothing where pgfence.ha_enable() never ran). Until
 # it has run, the gate refuses every grant there, so no token is issued on
 # the new timeline before the bump. psql connects with PGHOST, PGPORT and
 # PGUSER (the node's own server, as a superuser or the owner of
@@ -15,7 +16,7 @@ while [ "$tries" -lt 600 ]; do
     failed=0
     for db in $dbs; do
       psql -XAtq -d "$db" -v ON_ERROR_STOP=1 -c \
-        'DO $$ BEGIN IF to_regproc($q$pgfence_ha.bump$q$) IS NOT NULL THEN PERFORM pgfence_ha.bump(); END IF; END $$' \
+        'DO $$ BEGIN IF to_regproc($q$pgfence.ha_bump$q$) IS NOT NULL THEN PERFORM pgfence.ha_bump(); END IF; END $$' \
         >/dev/null || failed=1
     done
     [ "$failed" -eq 0 ] && exit 0

@@ -1,0 +1,114 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// TestHAEpochFunctions runs the HA epoch of the schema on one server, with a
+// promotion simulated by moving the recorded timeline: disabled, it changes
+// nothing; enabled, grants work on the epoch's timeline, are refused with
+// PFHA1 on any other until pgfence.ha_bump() ran, and the bump raises every
+// token by 2^32 once per timeline, recording the tokens before it; disabled
+// again, the gate is gone. No function of it is executable by PUBLIC.
+func TestHAEpochFunctions(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.PoolFor(t, pgtest.EmptyDSN(t))
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, fn := range []string{"ha_timeline()", "ha_gate()", "ha_bump()", "ha_enable()", "ha_disable()"} {
+		var public bool
+		if err := pool.QueryRow(ctx, "SELECT has_function_privilege('public', $1, 'EXECUTE')", "pgfence."+fn).Scan(&public); err != nil {
+			t.Fatal(err)
+		}
+		if public {
+			t.Errorf("PUBLIC can execute pgfence.%s", fn)
+		}
+	}
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "ha", PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	cycle := func() (int64, error) {
+		lease, err := locker.TryAcquire(ctx, "ha:lock", time.Minute)
+		if err != nil {
+			return 0, err
+		}
+		return lease.Token(), lease.Release(ctx)
+	}
+	bump := func() bool {
+		var did bool
+		if err := pool.QueryRow(ctx, "SELECT pgfence.ha_bump()").Scan(&did); err != nil {
+			t.Fatal(err)
+		}
+		return did
+	}
+	// Disabled: the bump does nothing.
+	if tok, err := cycle(); err != nil || tok != 1 {
+		t.Fatalf("grant before ha_enable: token %d, %v", tok, err)
+	}
+	if bump() {
+		t.Fatal("ha_bump did something before ha_enable")
+	}
+	// Enabled, same timeline: grants work, the bump has nothing to do.
+	for range 2 { // idempotent
+		if _, err := pool.Exec(ctx, "SELECT pgfence.ha_enable()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if tok, err := cycle(); err != nil || tok != 2 {
+		t.Fatalf("grant after ha_enable: token %d, %v", tok, err)
+	}
+	if bump() {
+		t.Fatal("ha_bump did something on the epoch's own timeline")
+	}
+	// A promotion: the server's timeline is not the epoch's any more.
+	if _, err := pool.Exec(ctx, "UPDATE pgfence.ha_epoch SET timeline = timeline - 1"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = cycle()
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "PFHA1" {
+		t.Fatalf("grant before the bump: %v, want SQLSTATE PFHA1", err)
+	}
+	if !bump() {
+		t.Fatal("ha_bump did nothing after a promotion")
+	}
+	if bump() {
+		t.Fatal("ha_bump ran twice on one timeline")
+	}
+	var bumps int
+	var before int64
+	if err := pool.QueryRow(ctx, "SELECT e.bumps, b.token_before FROM pgfence.ha_epoch e, pgfence.ha_bumps b WHERE b.name = 'ha:lock'").Scan(&bumps, &before); err != nil {
+		t.Fatal(err)
+	}
+	if bumps != 1 || before != 2 {
+		t.Errorf("after the bump: bumps %d, token before %d; want 1, 2", bumps, before)
+	}
+	if tok, err := cycle(); err != nil || tok != 2+(1<<32)+1 {
+		t.Fatalf("grant after the bump: token %d, %v; want %d", tok, err, int64(2+(1<<32)+1))
+	}
+	// Disabled again: no gate, whatever the timeline.
+	if _, err := pool.Exec(ctx, "SELECT pgfence.ha_disable()"); err != nil {
+		t.Fatal(err)
+	}
+	var triggers int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgfence_ha_gate%'").Scan(&triggers); err != nil || triggers != 0 {
+		t.Fatalf("%d gate triggers left after ha_disable (%v)", triggers, err)
+	}
+	if _, err := cycle(); err != nil {
+		t.Fatalf("grant after ha_disable: %v", err)
+	}
+}
