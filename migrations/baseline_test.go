@@ -327,6 +327,15 @@ var intendedChanges = map[string]string{
 	"comment table column pgfence.jobs.claim_outcome":     "no longer names the pre-release migration that added the column",
 	"comment table pgfence.job_dead_counts":               "no longer names the pre-release migration that added the counter",
 	"comment table column pgfence.outbox.idempotency_key": "keys are unique per lock (outbox_key_unique), not across the outbox",
+	"function attach_guard tbl regclass, lock_name text, lock_name_column text, fence_column text, mode text, lock_name_expression text": "revokes PUBLIC's EXECUTE on the trigger function it generates",
+}
+
+// intendedStatements are changes the baseline makes on purpose that are
+// easiest to say as SQL: they run on the pre-release chain's database before
+// the comparison, with the reason.
+var intendedStatements = []struct{ sql, why string }{
+	{"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC",
+		"pgfence's functions are executable only by the roles docs/migrations.md grants EXECUTE to"},
 }
 
 // intendedAdditions are the objects the baseline has and the pre-release
@@ -359,6 +368,12 @@ func TestBaselineMatchesPrereleaseChain(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	for _, st := range intendedStatements {
+		if _, err := chain.Exec(ctx, st.sql); err != nil {
+			t.Fatalf("intended statement %q: %v", st.sql, err)
+		}
+		t.Logf("intended statement, run on the pre-release chain: %s: %s", st.sql, st.why)
+	}
 	oldSchema, newSchema := readSchema(t, ctx, chain), readSchema(t, ctx, baseline)
 	for _, q := range catalogQueries {
 		t.Logf("%-18s %3d in the pre-release chain, %3d in the baseline", q.kind, len(oldSchema[q.kind]), len(newSchema[q.kind]))

@@ -112,3 +112,44 @@ func TestHAEpochFunctions(t *testing.T) {
 		t.Fatalf("grant after ha_disable: %v", err)
 	}
 }
+
+// TestNoFunctionForPublic: no function of schema pgfence (the ones the
+// baseline creates and the trigger functions pgfence.guard() generates) is
+// executable by PUBLIC. A role gets EXECUTE only where docs/migrations.md or
+// docs/observability.md grants it.
+func TestNoFunctionForPublic(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.PoolFor(t, pgtest.EmptyDSN(t))
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE guarded (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0);
+		SELECT pgfence.guard('guarded', lock_name => 'g')`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT p.oid::regprocedure::text, has_function_privilege('public', p.oid, 'EXECUTE')
+		FROM pg_proc p WHERE p.pronamespace = 'pgfence'::regnamespace ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var fn string
+		var public bool
+		if err := rows.Scan(&fn, &public); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if public {
+			t.Errorf("PUBLIC can execute %s", fn)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n < 20 {
+		t.Fatalf("only %d functions in schema pgfence: the query reads the wrong schema", n)
+	}
+}

@@ -29,7 +29,7 @@ func TestOnCallRoleGrants(t *testing.T) {
 		SELECT pgfence.guard('catalogue', lock_name_column => 'store_lock');`); err != nil {
 		t.Fatal(err)
 	}
-	role, oncall := pgtest.DocRole(t, dsn, "pgfence_oncall")
+	role, oncall := pgtest.DocRole(t, "observability.md", dsn, "pgfence_oncall")
 	if _, err := pool.Exec(ctx, "GRANT SELECT ON catalogue TO "+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}

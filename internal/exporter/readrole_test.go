@@ -21,7 +21,7 @@ func TestExporterRoleGrants(t *testing.T) {
 	admin := pgtest.PoolFor(t, dsn)
 	exec(t, admin, `INSERT INTO pgfence.locks(name, token) VALUES ('a', 3);
 		INSERT INTO pgfence.jobs(queue, payload) VALUES ('q', '{"secret": 1}')`)
-	_, roleDSN := pgtest.DocRole(t, dsn, "pgfence_exporter")
+	_, roleDSN := pgtest.DocRole(t, "observability.md", dsn, "pgfence_exporter")
 	pool := pgtest.PoolFor(t, roleDSN)
 	code, body := scrape(t, newExporter(t, pool, Options{}))
 	if code != http.StatusOK {

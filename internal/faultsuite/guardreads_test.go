@@ -52,7 +52,9 @@ func newTenantDB(t *testing.T, ctx context.Context) *tenantDB {
 		CREATE ROLE `+on+` LOGIN NOSUPERUSER;
 		CREATE SCHEMA tenant AUTHORIZATION `+ten+`;
 		GRANT USAGE ON SCHEMA pgfence TO `+on+`;
-		GRANT SELECT ON pgfence.lock_status, pgfence.guarded_tables, pgfence.guarded_fences TO `+on); err != nil {
+		GRANT SELECT ON pgfence.lock_status, pgfence.guarded_tables, pgfence.guarded_fences TO `+on+`;
+		GRANT EXECUTE ON FUNCTION pgfence.guarded_fence_status(), pgfence.lock_column_unsafe(regclass, text),
+			pgfence.lock_source_unsafe(regclass, text) TO `+on); err != nil {
 		t.Fatal(err)
 	}
 	db.asTenant(t, ctx, `

@@ -53,7 +53,14 @@ func readmeGrants(t *testing.T) string {
 	if !strings.Contains(block, "ON pgfence.locks TO app;") {
 		t.Fatalf("docs/migrations.md's Privileges block grants nothing on pgfence.locks to app:\n%s", block)
 	}
-	return strings.ReplaceAll(block, " TO app;", " TO %s;")
+	// The role exists already: its CREATE ROLE line is left out.
+	var lines []string
+	for _, l := range strings.Split(block, "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "CREATE ROLE app ") {
+			lines = append(lines, l)
+		}
+	}
+	return strings.ReplaceAll(strings.Join(lines, "\n"), " TO app;", " TO %s;")
 }
 
 // integRole creates a LOGIN role (no superuser, no DDL) named prefix plus a

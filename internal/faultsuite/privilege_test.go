@@ -3,53 +3,35 @@ package faultsuite
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
-// runtimeGrants are the grants docs/migrations.md documents for the role an
-// application runs as (no superuser, no DDL).
-const runtimeGrants = `
-GRANT USAGE ON SCHEMA pgfence TO pgfence_app;
-GRANT SELECT, INSERT, UPDATE ON pgfence.locks TO pgfence_app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.lock_queue TO pgfence_app;
-GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.jobs, pgfence.fenced_values TO pgfence_app;
-GRANT USAGE ON SEQUENCE pgfence.jobs_claim_token_seq TO pgfence_app;
-GRANT SELECT ON pgfence.guarded_tables TO pgfence_app;
-`
-
-// TestLeastPrivilege runs every package's main path as a role with only the
-// documented grants, and checks that role cannot change the schema.
+// TestLeastPrivilege runs every package's main path as the application role
+// docs/migrations.md creates (its block of grants, nothing else), and checks
+// that role cannot change the schema or call what it was not granted.
 func TestLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.DSN(t)
 	admin := pgtest.PoolFor(t, dsn)
-	role := "pgfence_app"
+	role, roleDSN := pgtest.DocRole(t, "migrations.md", dsn, "app")
 	if _, err := admin.Exec(ctx, `
-		DO $$ BEGIN
-			IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pgfence_app') THEN
-				CREATE ROLE pgfence_app LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
-			END IF;
-		END $$;
 		CREATE TABLE invoices (id int PRIMARY KEY, status text, fence bigint NOT NULL DEFAULT 0);
 		INSERT INTO invoices VALUES (1, 'new', 0);
 		SELECT pgfence.guard('invoices', lock_name => 'invoices');
-		GRANT SELECT, UPDATE ON invoices TO pgfence_app;`+runtimeGrants); err != nil {
+		GRANT SELECT, UPDATE ON invoices TO `+pgx.Identifier{role}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	app := pgtest.PoolFor(t, u.String())
+	app := pgtest.PoolFor(t, roleDSN)
 
 	locker, err := pglock.New(app, &pglock.Config{Holder: "least-privilege"})
 	if err != nil {
@@ -74,6 +56,22 @@ func TestLeastPrivilege(t *testing.T) {
 	if _, err := tbl.Update(ctx, app, lease.Token()+100, []any{1}, []any{"forged"}); !errors.Is(err, fencedwrite.ErrGuardRejected) {
 		t.Fatalf("forged token: %v", err)
 	}
+	// A generated-style fenced statement's refusal path (pgfence.fence_refused).
+	if _, err := app.Exec(ctx, `SELECT pgfence.fence_refused('invoices', '{"id":1}', 'strict', 1, 2, true)`); err == nil ||
+		!errors.Is(fencedwrite.TranslateError(err), fencedwrite.ErrStaleToken) {
+		t.Fatalf("pgfence.fence_refused as the app role: %v, want a stale-token refusal", err)
+	}
+	// An outbox intent under the lease, in a transaction (checked again at COMMIT).
+	if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+		_, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: "invoices", Topic: "t", Key: "k1", Payload: []byte(`{}`)})
+		return err
+	}); err != nil {
+		t.Fatalf("outbox enqueue as the app role: %v", err)
+	}
+	// A fenced value.
+	if _, err := fencedwrite.UpsertValue(ctx, app, lease.Token(), fencedwrite.Strict, "invoices:1", []byte(`"v"`)); err != nil {
+		t.Fatalf("fenced value as the app role: %v", err)
+	}
 	if err := lease.Release(ctx); err != nil {
 		t.Fatalf("release: %v", err)
 	}
@@ -96,6 +94,9 @@ func TestLeastPrivilege(t *testing.T) {
 		"ALTER TABLE invoices DISABLE TRIGGER USER",
 		"DELETE FROM pgfence.locks",
 		"SELECT pgfence.unguard('invoices')",
+		"SELECT pgfence.ha_bump()",
+		"SELECT pgfence.ha_disable()",
+		"SELECT pgfence.guard('invoices', lock_name => 'x')",
 	} {
 		if _, err := app.Exec(ctx, stmt); err == nil {
 			t.Errorf("%s succeeded as %s", stmt, role)

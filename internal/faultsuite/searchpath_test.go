@@ -208,7 +208,7 @@ func (w *hijackWatch) take() []string {
 	return out
 }
 
-// spRoles creates two LOGIN roles for t: app, with the README's run-time
+// spRoles creates two LOGIN roles for t: app, with docs/migrations.md's
 // grants when the database is migrated, and mallory, who may create objects in schema public (the default
 // before PostgreSQL 15). Both are dropped when t ends (after their
 // connections, opened later, are closed).
@@ -238,12 +238,20 @@ func spRoles(t *testing.T, ctx context.Context, admin *pgxpool.Pool, migrated bo
 			}
 		}
 	})
-	grants := "GRANT CREATE ON SCHEMA public TO " + pgx.Identifier{mallory}.Sanitize() + ";"
+	grants := []string{"GRANT CREATE ON SCHEMA public TO " + pgx.Identifier{mallory}.Sanitize()}
 	if migrated {
-		grants += strings.ReplaceAll(runtimeGrants, "pgfence_app", pgx.Identifier{app}.Sanitize())
+		// docs/migrations.md's block for the application role, but its
+		// CREATE ROLE (the role exists).
+		for _, st := range pgtest.DocStatements(t, "migrations.md", "app", app) {
+			if !strings.HasPrefix(strings.ToUpper(strings.TrimSpace(st)), "CREATE ROLE") {
+				grants = append(grants, st)
+			}
+		}
 	}
-	if _, err := admin.Exec(ctx, grants); err != nil {
-		t.Fatal(err)
+	for _, g := range grants {
+		if _, err := admin.Exec(ctx, g); err != nil {
+			t.Fatalf("%s: %v", g, err)
+		}
 	}
 	return app, mallory
 }

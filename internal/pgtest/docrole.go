@@ -17,18 +17,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DocRole creates, in the database of dsn, the role that a ```sql block of
-// docs/observability.md creates (the block holding "CREATE ROLE <role>"),
-// with exactly the grants that block gives, under a name unique to the test
-// (roles are shared by every database of the server). Lines granting the role to a user (GRANT <role> TO ...)
-// are left out. It returns the role's name and a DSN of dsn's database as
-// that role. The role is dropped when t ends. dsn must be a superuser's.
-// Tests use it so that the documented grants are the ones tested.
-func DocRole(t testing.TB, dsn, role string) (name, roleDSN string) {
+// DocStatements returns the statements of the ```sql block of docs/<doc>
+// that creates role (the block holding "CREATE ROLE <role>"), with the role
+// renamed to name, NOLOGIN made LOGIN, and the lines granting the role to a
+// user (GRANT <role> TO ...) left out.
+func DocStatements(t testing.TB, doc, role, name string) []string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	doc := filepath.Join(filepath.Dir(file), "..", "..", "docs", "observability.md")
-	b, err := os.ReadFile(doc)
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", doc))
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -39,10 +35,12 @@ func DocRole(t testing.TB, dsn, role string) (name, roleDSN string) {
 		}
 	}
 	if block == "" {
-		t.Fatalf("pgtest: docs/observability.md has no sql block creating role %s", role)
+		t.Fatalf("pgtest: docs/%s has no sql block creating role %s", doc, role)
 	}
-	name = fmt.Sprintf("%s_%d_%04d", role, time.Now().UnixNano()%1_000_000, rand.IntN(10000))
 	re := regexp.MustCompile(`\b` + regexp.QuoteMeta(role) + `\b`)
+	// Line comments go first (the blocks have no "--" inside a string), so
+	// that a comment after one statement does not hide the start of the next.
+	block = regexp.MustCompile(`--[^\n]*`).ReplaceAllString(block, "")
 	var stmts []string
 	for _, s := range strings.Split(block, ";") {
 		s = strings.TrimSpace(s)
@@ -53,6 +51,20 @@ func DocRole(t testing.TB, dsn, role string) (name, roleDSN string) {
 		s = regexp.MustCompile(`(?i)\bNOLOGIN\b`).ReplaceAllString(s, "LOGIN")
 		stmts = append(stmts, s)
 	}
+	return stmts
+}
+
+// DocRole creates, in the database of dsn, the role that a ```sql block of
+// docs/<doc> creates (the block holding "CREATE ROLE <role>"),
+// with exactly the grants that block gives, under a name unique to the test
+// (roles are shared by every database of the server). Lines granting the role to a user (GRANT <role> TO ...)
+// are left out. It returns the role's name and a DSN of dsn's database as
+// that role. The role is dropped when t ends. dsn must be a superuser's.
+// Tests use it so that the documented grants are the ones tested.
+func DocRole(t testing.TB, doc, dsn, role string) (name, roleDSN string) {
+	t.Helper()
+	name = fmt.Sprintf("%s_%d_%04d", role, time.Now().UnixNano()%1_000_000, rand.IntN(10000))
+	stmts := DocStatements(t, doc, role, name)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin, err := pgxpool.New(ctx, dsn)
