@@ -118,7 +118,14 @@ func Check(ops []Op) ([]Violation, Summary) {
 		model := setModel(nm)
 		for _, k := range keys {
 			part := byKey[k]
-			res, info := porcupine.CheckOperationsVerbose(model, toPorcupine(part), checkTimeout)
+			hist := toPorcupine(part)
+			// The plain search first: the verbose one also keeps the
+			// longest partial linearization of every operation at each
+			// backtrack, which only a failing history needs.
+			if porcupine.CheckOperationsTimeout(model, hist, checkTimeout) == porcupine.Ok {
+				continue
+			}
+			res, info := porcupine.CheckOperationsVerbose(model, hist, checkTimeout)
 			switch res {
 			case porcupine.Ok:
 				continue
