@@ -148,9 +148,7 @@ type scenario struct {
 	rec   *recorder
 	hist  *history.Recorder // every lease and fenced-write operation, checked at the end
 	// Raw jobs enqueued and not known completed: a claim cut by the event
-	// may have taken any of them (history.Client.Claim). Claims are
-	// recorded only with synchronous replication: asynchronous failovers
-	// lose acknowledged completions, and the jobs run again (documented).
+	// may have taken any of them (history.Client.Claim).
 	rawMu      sync.Mutex
 	rawPending map[int64]bool
 
@@ -542,24 +540,16 @@ func (s *scenario) produce() {
 // rawClaimer claims up to 4 raw jobs and completes each.
 func (s *scenario) rawClaimer(i int) {
 	holder := fmt.Sprintf("raw-%d", i)
-	record := s.c.Mode() != hacluster.Async
 	hc := s.hist.NewClient()
 	for s.ctx.Err() == nil {
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		var jobs []skiplocked.Job
-		var err error
-		cp := skiplocked.ClaimParams{Queue: rawQueue, Holder: holder, Limit: 4, TTL: claimTTL}
-		if record {
-			s.rawMu.Lock()
-			known := make([]int64, 0, len(s.rawPending))
-			for id := range s.rawPending {
-				known = append(known, id)
-			}
-			s.rawMu.Unlock()
-			jobs, err = hc.Claim(ctx, s.pool, cp, known)
-		} else {
-			jobs, err = skiplocked.Claim(ctx, s.pool, cp)
+		s.rawMu.Lock()
+		known := make([]int64, 0, len(s.rawPending))
+		for id := range s.rawPending {
+			known = append(known, id)
 		}
+		s.rawMu.Unlock()
+		jobs, err := hc.Claim(ctx, s.pool, skiplocked.ClaimParams{Queue: rawQueue, Holder: holder, Limit: 4, TTL: claimTTL}, known)
 		cancel()
 		if err != nil {
 			s.rec.err("claim", err)
@@ -568,12 +558,7 @@ func (s *scenario) rawClaimer(i int) {
 		}
 		for _, j := range jobs {
 			ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-			var err error
-			if record {
-				err = hc.Complete(ctx, s.pool, j.Ref())
-			} else {
-				err = skiplocked.Complete(ctx, s.pool, j.Ref())
-			}
+			err := hc.Complete(ctx, s.pool, j.Ref())
 			cancel()
 			switch {
 			case err == nil:

@@ -168,6 +168,24 @@ func TestCheckHistories(t *testing.T) {
 			op(0, 1102, 1103, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: Lost}),
 			op(1, 1104, 1105, Input{Kind: Complete, Key: "j", Token: 11}, Output{Outcome: OK}),
 		}, ""},
+		{"a completed job claimed again in the same epoch", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(0, 2, 3, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: OK}),
+			op(1, 2000, 2001, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 11, Expires: 2000*1000 + sec}),
+		}, "job"},
+		{"a completed job claimed again after an epoch bump (the failover lost the completion)", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(0, 2, 3, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: OK}),
+			op(1, 2000, 2001, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: EpochSize + 11, Expires: 2000*1000 + sec}),
+			op(1, 2002, 2003, Input{Kind: Complete, Key: "j", Token: EpochSize + 11}, Output{Outcome: OK}),
+		}, ""},
+		{"a completed job claimed twice in the new epoch", []Op{
+			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
+			op(0, 2, 3, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: OK}),
+			op(1, 2000, 2001, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: EpochSize + 11, Expires: 2000*1000 + sec}),
+			op(1, 2002, 2003, Input{Kind: Complete, Key: "j", Token: EpochSize + 11}, Output{Outcome: OK}),
+			op(2, 4000, 4001, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: EpochSize + 12, Expires: 4000*1000 + sec}),
+		}, "job"},
 		{"an enqueue under a superseded token accepted", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			grant(1, 4, 5, "b", 2, 4000, ttl),

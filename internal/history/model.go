@@ -282,6 +282,14 @@ func jobStep(st any, input any, output any) []any {
 		next := jobState{State: "running", Token: out.Token, Expires: out.Expires}
 		switch out.Outcome {
 		case OK:
+			if out.Token/EpochSize > max(s.Token, 0)/EpochSize && s.State != "" {
+				// A claim in a later epoch: the failover to an
+				// asynchronous standby that bumped the claim tokens may
+				// have lost the job's latest changes (a completion the
+				// old primary acknowledged), so any earlier state may be
+				// gone. Without a bump no token crosses an epoch.
+				return []any{next}
+			}
 			if s.State == "completed" || out.Token <= s.Token {
 				return nil
 			}
@@ -299,7 +307,7 @@ func jobStep(st any, input any, output any) []any {
 			return []any{s, jobState{State: "running", Token: -1, Expires: unknownExpiry}}
 		}
 	case Complete, Fail:
-		after := jobState{State: "completed"}
+		after := jobState{State: "completed", Token: s.Token}
 		if in.Kind == Fail {
 			after = jobState{State: "available", Token: s.Token}
 		}
