@@ -80,7 +80,7 @@ type Input struct {
 	KeepAlive bool
 	// Lossy (release): a server crash may undo the release (pglock commits
 	// a plain release without waiting for the WAL flush: the lease is then
-	// held until its expiry). Set by Recorder.AllowLostReleases.
+	// held until its expiry). Set by Recorder.Crashed for the releases near a crash.
 	Lossy bool
 	// ReturnWall (acquire) is the op's own, copied in by the checker for
 	// the lease model.
@@ -133,7 +133,7 @@ type Recorder struct {
 	ops     []Op
 	clients int
 	journal *journal // nil unless the recorder writes to a journal file
-	lossy   bool     // AllowLostReleases
+	crashes []int64  // Crashed: when the server crashed, on the recorder's clock
 	bounded bool     // BoundCutAcquires
 }
 
@@ -152,13 +152,22 @@ func (r *Recorder) BoundCutAcquires() {
 	r.mu.Unlock()
 }
 
-// AllowLostReleases tells the checks that the server crashes during the
-// history: a release that returned ok may be undone by the crash (a plain
-// release does not wait for the WAL flush), so the lease may still be held
-// until its expiry. Grants are durable and are not relaxed.
-func (r *Recorder) AllowLostReleases() {
+// LossWindow is how long before a server crash a plain release that
+// returned ok may still be undone by it. A plain release does not wait for
+// the WAL flush; the WAL writer flushes it within three wal_writer_delay
+// (600 ms by default), and any later synchronous commit (a grant) flushes it
+// at once. The window leaves room for a loaded machine.
+const LossWindow = 5 * time.Second
+
+// Crashed tells the checks that the server crashed now: a release called
+// before now that returned within LossWindow of it may be undone by the
+// crash, so its lease may still be held until its expiry. Grants are durable
+// and are not relaxed. Call it when the crash is sent (the server dies
+// after).
+func (r *Recorder) Crashed() {
+	now := r.Now()
 	r.mu.Lock()
-	r.lossy = true
+	r.crashes = append(r.crashes, now)
 	r.mu.Unlock()
 }
 
@@ -228,7 +237,7 @@ func (r *Recorder) Ops() []Op {
 	ops := append([]Op(nil), r.ops...)
 	for i := range ops {
 		o := &ops[i]
-		if r.lossy && o.Input.Kind == Release {
+		if o.Input.Kind == Release && r.lostInCrash(*o) {
 			o.Input.Lossy = true
 		}
 		if r.bounded && o.Input.Kind == Acquire && o.Output.Outcome == Unknown && o.ErrAt != 0 {
@@ -237,6 +246,17 @@ func (r *Recorder) Ops() []Op {
 		}
 	}
 	return ops
+}
+
+// lostInCrash reports whether release o may have been undone by one of the
+// crashes: called before it, and returned no earlier than LossWindow before.
+func (r *Recorder) lostInCrash(o Op) bool {
+	for _, c := range r.crashes {
+		if o.Call < c+int64(time.Second) && o.Return >= c-int64(LossWindow) {
+			return true
+		}
+	}
+	return false
 }
 
 // Add appends operations recorded elsewhere (another recorder's clock must
