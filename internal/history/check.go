@@ -104,6 +104,13 @@ func Check(ops []Op) ([]Violation, Summary) {
 				g.Input.Kind, g.Output = ghost, Output{}
 				byKey[o.Input.Key] = append(byKey[o.Input.Key], g)
 			}
+			if o.Input.Kind == Acquire {
+				// And the give-back of such a grant, later in the call
+				// (model.go, giveBack).
+				g := o
+				g.Input.Kind, g.Output = giveBack, Output{}
+				byKey[o.Input.Key] = append(byKey[o.Input.Key], g)
+			}
 		}
 		sum.Keys[name] = len(keys)
 		if name == "lease" {

@@ -168,6 +168,16 @@ func TestCheckHistories(t *testing.T) {
 			op(0, 1102, 1103, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: Lost}),
 			op(1, 1104, 1105, Input{Kind: Complete, Key: "j", Token: 11}, Output{Outcome: OK}),
 		}, ""},
+		{"an unseen grant seen held, then given back inside its call", []Op{
+			op(0, 0, 100, Input{Kind: Acquire, Key: "L", Holder: "a", TTL: ttl}, Output{Outcome: Unknown}),
+			op(1, 10, 11, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1, Holder: "a", Expires: 10*1000 + sec, DBNow: 10 * 1000}),
+			op(1, 20, 21, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1, DBNow: 20 * 1000}),
+		}, ""},
+		{"a returned grant freed without a release", []Op{
+			grant(0, 0, 5, "a", 1, 0, ttl),
+			op(1, 10, 11, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1, Holder: "a", Expires: sec, DBNow: 10 * 1000}),
+			op(1, 20, 21, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1, DBNow: 20 * 1000}),
+		}, "lease"},
 		{"a completed job claimed again in the same epoch", []Op{
 			op(0, 0, 1, Input{Kind: Claim, Key: "j", TTL: ttl}, Output{Outcome: OK, Token: 10, Expires: sec}),
 			op(0, 2, 3, Input{Kind: Complete, Key: "j", Token: 10}, Output{Outcome: OK}),

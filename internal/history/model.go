@@ -19,6 +19,7 @@ type leaseState struct {
 	Holder  string // "" = released (or never granted)
 	Expires int64  // µs on the database clock; unknownExpiry = not known
 	Unseen  int64  // unseen grants so far (see ghost)
+	Ghost   bool   // the current grant is an unseen one (see giveBack)
 }
 
 // exact reports whether s's expiry is known.
@@ -45,6 +46,13 @@ func grantTime(out Output, ttl int64) int64 { return out.Expires - ttl }
 // given back. A call whose outcome is unknown forks the same way itself.
 const ghost Kind = "ghost"
 
+// giveBack is the kind of a second companion of every acquire: an unseen
+// grant of the call's holder may be given back later in the same call, after
+// a reader saw it held (the release of a grant whose answer came too late
+// runs after the grant returned to pglock). It releases the current grant if
+// it is an unseen one of the call's holder.
+const giveBack Kind = "giveback"
+
 // maxGhosts bounds the unseen grants one call may have had at once.
 const maxGhosts = 3
 
@@ -67,7 +75,7 @@ func ghosts(s leaseState, holder string, returnWall, budget int64) []any {
 			return out // held past the call's return: no grant inside it
 		}
 		// Held by the call's holder until an unknown expiry, or given back.
-		next := leaseState{Token: cur.Token + 1, Holder: holder, Expires: unknownExpiry, Unseen: cur.Unseen + 1}
+		next := leaseState{Token: cur.Token + 1, Holder: holder, Expires: unknownExpiry, Unseen: cur.Unseen + 1, Ghost: true}
 		out = append(out, next, leaseState{Token: cur.Token + 1, Unseen: cur.Unseen + 1})
 		cur = next
 	}
@@ -125,6 +133,11 @@ func leaseStep(st any, input any, output any) []any {
 		}
 	case ghost:
 		return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
+	case giveBack:
+		if s.Ghost && s.Holder == in.Holder {
+			return []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}}
+		}
+		return []any{s}
 	case Renew:
 		switch out.Outcome {
 		case OK:
@@ -340,7 +353,7 @@ var models = map[string]struct {
 	kinds map[Kind]bool
 	model porcupine.NondeterministicModel
 }{
-	"lease": {map[Kind]bool{Acquire: true, ghost: true, Bump: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
+	"lease": {map[Kind]bool{Acquire: true, ghost: true, giveBack: true, Bump: true, Renew: true, Release: true, Inspect: true, Enqueue: true},
 		porcupine.NondeterministicModel{
 			Init:              func() []any { return []any{leaseState{}} },
 			Step:              leaseStep,
