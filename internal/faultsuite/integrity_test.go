@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -28,39 +27,17 @@ const (
 	sqlStateLeaseRule      = "PF010" // not a grant, renewal, release or wait mark the lease's state allows
 )
 
-// readmeGrants returns the grants of docs/migrations.md's "## Privileges" section
-// (its first sql block) with %s in place of role app. The tests run with
-// exactly what docs/migrations.md tells users to grant.
+// readmeGrants returns the grants of docs/migrations.md's block for the
+// application role (pgtest.DocGrants), with %s in place of the role: the
+// tests run with exactly what docs/migrations.md tells users to grant.
 func readmeGrants(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../docs/migrations.md")
-	if err != nil {
-		t.Fatal(err)
+	grants := pgtest.DocGrants(t, "migrations.md", "app", "%s")
+	joined := strings.Join(grants, ";\n") + ";"
+	if !strings.Contains(joined, "ON pgfence.locks TO %s") {
+		t.Fatalf("docs/migrations.md's block for role app grants nothing on pgfence.locks:\n%s", joined)
 	}
-	_, sec, ok := strings.Cut(string(b), "\n## Privileges\n")
-	if !ok {
-		t.Fatal(`docs/migrations.md has no "## Privileges" section`)
-	}
-	sec, _, _ = strings.Cut(sec, "\n## ")
-	_, block, ok := strings.Cut(sec, "```sql\n")
-	if !ok {
-		t.Fatal("docs/migrations.md's Privileges section has no sql block")
-	}
-	block, _, ok = strings.Cut(block, "```")
-	if !ok {
-		t.Fatal("docs/migrations.md's Privileges sql block is not closed")
-	}
-	if !strings.Contains(block, "ON pgfence.locks TO app;") {
-		t.Fatalf("docs/migrations.md's Privileges block grants nothing on pgfence.locks to app:\n%s", block)
-	}
-	// The role exists already: its CREATE ROLE line is left out.
-	var lines []string
-	for _, l := range strings.Split(block, "\n") {
-		if !strings.HasPrefix(strings.TrimSpace(l), "CREATE ROLE app ") {
-			lines = append(lines, l)
-		}
-	}
-	return strings.ReplaceAll(strings.Join(lines, "\n"), " TO app;", " TO %s;")
+	return joined
 }
 
 // integRole creates a LOGIN role (no superuser, no DDL) named prefix plus a

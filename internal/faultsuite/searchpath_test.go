@@ -242,11 +242,7 @@ func spRoles(t *testing.T, ctx context.Context, admin *pgxpool.Pool, migrated bo
 	if migrated {
 		// docs/migrations.md's block for the application role, but its
 		// CREATE ROLE (the role exists).
-		for _, st := range pgtest.DocStatements(t, "migrations.md", "app", app) {
-			if !strings.HasPrefix(strings.ToUpper(strings.TrimSpace(st)), "CREATE ROLE") {
-				grants = append(grants, st)
-			}
-		}
+		grants = append(grants, pgtest.DocGrants(t, "migrations.md", "app", app)...)
 	}
 	for _, g := range grants {
 		if _, err := admin.Exec(ctx, g); err != nil {

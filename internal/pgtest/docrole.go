@@ -54,6 +54,19 @@ func DocStatements(t testing.TB, doc, role, name string) []string {
 	return stmts
 }
 
+// DocGrants is DocStatements without the block's CREATE ROLE: the grants
+// of the documented role, for a role name the caller created itself.
+func DocGrants(t testing.TB, doc, role, name string) []string {
+	t.Helper()
+	var grants []string
+	for _, st := range DocStatements(t, doc, role, name) {
+		if !regexp.MustCompile(`(?i)^CREATE\s+ROLE\b`).MatchString(st) {
+			grants = append(grants, st)
+		}
+	}
+	return grants
+}
+
 // DocRole creates, in the database of dsn, the role that a ```sql block of
 // docs/<doc> creates (the block holding "CREATE ROLE <role>"),
 // with exactly the grants that block gives, under a name unique to the test
