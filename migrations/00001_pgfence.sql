@@ -39,13 +39,10 @@
 --   PF006  fenced statement refused: the row changed concurrently; not applied
 --   PF007  fenced statement or outbox intent refused: invalid token (must be > 0)
 --   PF008  guard: the token is not the latest grant of the row's lock (a superseded holder)
---   PF009  lock table: the change would forge, lower, skip or reset a fencing
---          token: a token changed other than by +1, a new row not at token 1, a
---          renamed, deleted or truncated lock row
---   PF010  lock table: the change is not a grant, renewal, release or wait mark
---          that the lease's state allows: a grant of a held lease, a holder or
---          expiry changed without a grant, a renewal or release of a free or
---          expired lease, an expiry more than 24 hours ahead
+--   PF011  a lease function refused an argument (NULL, empty or oversized name
+--          or holder, TTL out of bounds, token <= 0, key not 16..64 bytes); the
+--          message names the argument and the rule
+--   (PF009 and PF010 were the pre-release integrity trigger's; no longer raised)
 --
 -- Contents, in order: the schema; the tables with their constraints and
 -- indexes (leases, the waiter queue, fenced writes, jobs, the outbox); the
@@ -62,9 +59,10 @@ COMMENT ON SCHEMA pgfence IS
 -- Tables ---------------------------------------------------------------------
 
 -- pgfence.locks: one row per lease lock. A grant raises the token by one; rows
--- are never deleted, so a token is never issued twice for a name. The
--- integrity trigger (function pgfence.locks_integrity, below) admits only the
--- changes pglock makes.
+-- are never deleted, so a token is never issued twice for a name. Only the
+-- lease functions below write it (the application's role has no INSERT,
+-- UPDATE or DELETE on it). key_hash is sha256 of the holder's lease key, NULL
+-- when the lease was released.
 --
 -- waiting_since is pglock's waiter flag: a release sends NOTIFY
 -- pgfence_lock_released only while a waiter's mark is under 100 seconds old
@@ -86,6 +84,7 @@ CREATE TABLE pgfence.locks (
     expires_at    timestamptz,
     metadata      jsonb,
     waiting_since timestamptz,
+    key_hash      bytea,
     CONSTRAINT locks_name_length CHECK (octet_length(name) BETWEEN 1 AND 512),
     CONSTRAINT locks_token_nonnegative CHECK (token >= 0),
     CONSTRAINT locks_holder_length CHECK (holder IS NULL OR octet_length(holder) BETWEEN 1 AND 512),
@@ -117,6 +116,9 @@ COMMENT ON COLUMN pgfence.locks.waiting_since IS
   'Database time at which a waiter last asked to be woken when this lock is released (written only while the lock '
   'is held, at most every 30 seconds; grants and releases keep it). A release sends NOTIFY pgfence_lock_released '
   'only while it is less than 100 seconds old. Never used to decide who holds the lock.';
+COMMENT ON COLUMN pgfence.locks.key_hash IS
+  'sha256 of the holder''s lease key (the key itself is never stored); renewals and releases must present the key. '
+  'NULL when released.';
 COMMENT ON CONSTRAINT locks_metadata_size ON pgfence.locks IS
   'Lock metadata is at most 1 MiB in its text form.';
 
@@ -155,10 +157,9 @@ COMMENT ON CONSTRAINT locks_metadata_size ON pgfence.locks IS
 -- it is queued again, and is kept 10 seconds (its alive_until) for that; rows
 -- whose alive_until has passed are deleted by the next release of the name.
 --
--- The integrity trigger of pgfence.locks admits the handoff: a grant of a held
--- lease to a holder that has a live, ungranted row in the queue. (A role that
--- may UPDATE pgfence.locks could already release a lease and grant it to
--- itself; the handoff is those two steps in one.)
+-- key_hash is sha256 of the waiter's lease key: a handoff copies it to the
+-- lock row, and only that key can read, renew, release or leave the row's
+-- wait. Only the lease functions below read or write the queue.
 CREATE TABLE pgfence.lock_queue (
     ticket        bigint      NOT NULL GENERATED ALWAYS AS IDENTITY,
     wkey          bigint      NOT NULL,
@@ -168,6 +169,7 @@ CREATE TABLE pgfence.lock_queue (
     alive_until   timestamptz NOT NULL,
     granted_token bigint,
     wait_id       bigint      NOT NULL DEFAULT 0,
+    key_hash      bytea       NOT NULL,
     CONSTRAINT lock_queue_pkey PRIMARY KEY (wkey),
     CONSTRAINT lock_queue_name_length CHECK (octet_length(name) BETWEEN 1 AND 512),
     CONSTRAINT lock_queue_holder_length CHECK (octet_length(holder) BETWEEN 1 AND 512),
@@ -189,6 +191,8 @@ COMMENT ON COLUMN pgfence.lock_queue.alive_until IS
   'The waiter is skipped (and its row deleted) once this time passes: it refreshes it while it waits.';
 COMMENT ON COLUMN pgfence.lock_queue.granted_token IS
   'Token of the lease a release handed to this wait; NULL while it waits; 0 once the wait ended without one.';
+COMMENT ON COLUMN pgfence.lock_queue.key_hash IS
+  'sha256 of the waiter''s lease key: a handoff gives the lease this hash, so only the waiter can renew or release it.';
 COMMENT ON COLUMN pgfence.lock_queue.wait_id IS
   'Random number of the current wait of the row, drawn by the waiter; sent with wkey in the handoff notification.';
 
@@ -537,242 +541,461 @@ COMMENT ON TABLE pgfence.ha_bumps IS
 
 -- Functions: leases and the lock queue ----------------------------------------
 
--- Token integrity of pgfence.locks, enforced by the database.
+-- The lease door. Every change of pgfence.locks and pgfence.lock_queue is one
+-- of these functions: pglock calls them, and so can a client in any language.
+-- Each is SECURITY DEFINER (it runs as the owner of the tables, the role that
+-- ran the migrations), has search_path pinned to pg_catalog, pg_temp, checks
+-- every argument itself and is executable only by the roles granted EXECUTE
+-- (docs/migrations.md). The caller needs no privilege on the tables.
 --
--- The run-time role needs INSERT and UPDATE on pgfence.locks for pglock's
--- statements, and table privileges cannot say which values an UPDATE may
--- write: without this trigger such a role could forge a token (SET token =
--- 1000000, after which a fenced write with that token passes the guard's
--- "token was issued" check), lower one (the next grant re-issues a used
--- token), take a held lease (SET holder = ..., expires_at = now() + 100
--- years) or insert a row at the bigint maximum (every later grant of the name
--- fails with an overflow). The trigger admits only the changes pglock's own
--- statements make (queries/pglock.sql); everything else fails and changes
--- nothing. Times are compared with now(), the clock pglock's statements use in
--- their WHERE and SET (each runs alone in its own transaction, so the trigger
--- sees the same now() as its statement).
+-- The lease key. A grant stores sha256(key) (locks.key_hash), never the key:
+-- renewing or releasing a lease takes its name, its token and the key. The
+-- token is public (it is in every fenced row and in pgfence.lock_status); the
+-- key is a secret of the holder, drawn at random (pglock: 16 bytes per Locker
+-- from crypto/rand), 16 to 64 bytes. A session that can read the lock row but
+-- does not know the key cannot renew, release or take over the lease, and a
+-- hash read from the table is no key. The holder is a label for operators: it
+-- authenticates nothing.
 --
--- Permitted, OLD -> NEW (held = holder set and expires_at > now()):
---   first grant   INSERT: token 1, holder set, acquired_at = now(),
---                 renewed_at NULL, now() < expires_at <= now() + 24 hours,
---                 waiting_since NULL (InsertLock, WaitGrant).
---   grant         token = OLD.token + 1 of a free or expired lease: holder
---                 set, acquired_at = now(), renewed_at NULL, now() <
---                 expires_at <= now() + 24 hours, waiting_since kept
---                 (GrantLock, WaitGrant).
---   handoff       a grant, as above, of a held lease to a holder that has a
---                 live, ungranted row for the name in pgfence.lock_queue
---                 (ReleaseLock hands the lease to the first waiter).
---   renewal       held, token, holder and acquired_at kept: renewed_at =
---                 now(), now() < expires_at <= now() + 24 hours,
---                 waiting_since kept (RenewLock; Adopt and keep-alive use it).
---   release       held, token and acquired_at kept: holder, expires_at and
---                 renewed_at NULL, waiting_since kept (ReleaseLock; the slow
---                 grant's give-back uses it).
---   wait mark     held, nothing but waiting_since changes, to now()
---                 (WaitGrant).
---   metadata      may change with any of the above, or alone while held.
---   no change     an UPDATE that writes the row as it was.
--- The name never changes, the token never changes otherwise, rows are never
--- deleted and the table is never truncated. 24 hours is pglock.MaxTTL.
+-- Arguments are checked before anything is read or written; a bad one raises
+-- SQLSTATE PF011 with the argument's name and the rule in the message, and
+-- changes nothing: name and holder 1..512 bytes, ttl_us 1000..86400000000
+-- (1 ms to 24 hours, pglock.MinTTL..MaxTTL), token > 0, key 16..64 bytes, no
+-- NULLs.
 --
--- The tests of pglock's changes are simple expressions, which plpgsql
--- evaluates without the planner. A subquery inside one IF would be planned
--- anew in every call: plpgsql plans such an expression through the plan cache,
--- which keeps choosing a custom plan for it (with NEW and OLD folded in, the
--- custom plan always looks cheaper), about 0.1 ms of planning per grant. So the
--- queue lookup of a handoff is a statement of its own, reached only by a
--- handoff, whose generic plan is kept.
---
--- The table's owner (the role that ran the migrations), roles that have its
--- privileges (members of it) and superusers may make any change: maintenance
--- such as the epoch bump after a failover (UPDATE pgfence.locks SET token =
--- token + 4294967296). Their changes go through the same checks first, so
--- the ownership lookup costs nothing on pglock's path.
---
--- The triggers are ENABLE ALWAYS: they also fire with session_replication_role
--- = replica (which a role may be allowed to set on PostgreSQL 15 and later).
--- Refusals are SQLSTATE PF009 (token) and PF010 (lease rule); see the top of
--- this file.
+-- Durability. A statement that grants a lease (a first grant, a grant of a free
+-- or expired lease, a handoff) or renews one sets synchronous_commit on for its
+-- transaction: a grant acknowledged to the client survives a crash, so its
+-- token is never issued twice. A release that grants nothing, and a queue row
+-- or wait mark, commit without waiting for the flush (off): lost in a crash, a
+-- release only keeps the lock until its expiry (the token is not re-issued),
+-- and a waiter writes its row again. The setting is local to the transaction:
+-- set_config(..., true) inside these functions lasts to the end of the caller's
+-- transaction (a function's SET clause restores only the settings it names).
+
+-- pgfence.lock_grant grants the lease name to holder for ttl_us microseconds
+-- (database clock) if it is free, expired or has no row yet: token + 1 (1 for
+-- a new name), key_hash = sha256(key). Granted: token and expires_at are set,
+-- held_by is NULL. Held by someone else: token is NULL, held_by and expires_at
+-- say by whom and until when. All three NULL: the lease changed under the call
+-- (released or expired between its statements): call again. At the bigint
+-- maximum it fails with SQLSTATE 22003 and changes nothing.
 -- +goose StatementBegin
-CREATE FUNCTION pgfence.locks_integrity() RETURNS trigger
-LANGUAGE plpgsql
+CREATE FUNCTION pgfence.lock_grant(name text, holder text, ttl_us bigint, key bytea,
+    OUT token bigint, OUT expires_at timestamptz, OUT held_by text, OUT db_now timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-DECLARE
-    t       timestamptz := now();  -- the clock of pglock's statements
-    max_ttl CONSTANT interval := interval '24 hours';  -- pglock.MaxTTL
-    code    text := 'PF010';
-    reason  text;
-    owner   oid;
 BEGIN
-    -- pglock's changes, tested first: they never reach the ownership lookup.
-    IF TG_OP = 'UPDATE' THEN
-        IF NEW.name = OLD.name THEN
-            IF NEW.token IS DISTINCT FROM OLD.token THEN
-                -- A grant (GrantLock, WaitGrant, a handoff). NEW.token >
-                -- OLD.token >= 0, so the difference cannot overflow. Only
-                -- simple expressions here: plpgsql evaluates them without
-                -- the planner (an IF holding a subquery is planned anew in
-                -- every call, because its custom plan folds NEW and OLD).
-                IF NEW.token > OLD.token AND NEW.token - OLD.token = 1
-                   AND NEW.holder IS NOT NULL
-                   AND NEW.acquired_at = t
-                   AND NEW.renewed_at IS NULL
-                   AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
-                   AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
-                    IF OLD.holder IS NULL OR OLD.expires_at <= t THEN
-                        RETURN NEW;  -- a free or expired lease
-                    END IF;
-                    -- A handoff (ReleaseLock): the holder's release grants the
-                    -- lease to a live waiter queued for this name.
-                    PERFORM FROM pgfence.lock_queue q
-                    WHERE q.name = NEW.name AND q.holder = NEW.holder
-                      AND q.granted_token IS NULL AND q.alive_until > t;
-                    IF FOUND THEN
-                        RETURN NEW;
-                    END IF;
-                END IF;
-            ELSIF OLD.holder IS NOT NULL AND OLD.expires_at > t
-                  AND NEW.acquired_at IS NOT DISTINCT FROM OLD.acquired_at THEN
-                -- A held lease, same token.
-                IF NEW.holder IS NULL THEN
-                    -- A release (ReleaseLock).
-                    IF NEW.expires_at IS NULL AND NEW.renewed_at IS NULL
-                       AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
-                        RETURN NEW;
-                    END IF;
-                ELSIF NEW.holder = OLD.holder THEN
-                    IF NEW.expires_at = OLD.expires_at
-                       AND NEW.renewed_at IS NOT DISTINCT FROM OLD.renewed_at THEN
-                        -- A wait mark (WaitGrant), or metadata alone.
-                        IF NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since
-                           OR NEW.waiting_since = t THEN
-                            RETURN NEW;
-                        END IF;
-                    ELSIF NEW.renewed_at = t
-                          AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
-                          AND NEW.waiting_since IS NOT DISTINCT FROM OLD.waiting_since THEN
-                        -- A renewal (RenewLock).
-                        RETURN NEW;
-                    END IF;
-                END IF;
-            ELSIF NEW IS NOT DISTINCT FROM OLD THEN
-                RETURN NEW;  -- writes the row as it was
+    IF lock_grant.name IS NULL OR octet_length(lock_grant.name) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_grant: name must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_grant.name)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_grant.holder IS NULL OR octet_length(lock_grant.holder) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_grant: holder must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_grant.holder)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_grant.ttl_us IS NULL OR lock_grant.ttl_us NOT BETWEEN 1000 AND 86400000000 THEN
+        RAISE EXCEPTION 'pgfence.lock_grant: ttl_us must be 1000 to 86400000000 (1 ms to 24 hours), got %',
+            coalesce(lock_grant.ttl_us::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_grant.key IS NULL OR octet_length(lock_grant.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_grant: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_grant.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    db_now := now();
+    UPDATE pgfence.locks AS l
+    SET token = l.token + 1, holder = lock_grant.holder, key_hash = sha256(lock_grant.key),
+        acquired_at = now(), renewed_at = NULL,
+        expires_at = now() + lock_grant.ttl_us * interval '1 microsecond'
+    WHERE l.name = lock_grant.name AND (l.holder IS NULL OR l.expires_at <= now())
+    RETURNING l.token, l.expires_at INTO lock_grant.token, lock_grant.expires_at;
+    IF NOT FOUND THEN
+        SELECT l.holder, l.expires_at INTO lock_grant.held_by, lock_grant.expires_at
+        FROM pgfence.locks AS l WHERE l.name = lock_grant.name;
+        IF FOUND THEN
+            IF lock_grant.held_by IS NULL OR lock_grant.expires_at <= now() THEN
+                lock_grant.held_by := NULL;  -- released or expired since the UPDATE: call again
+                lock_grant.expires_at := NULL;
             END IF;
+            RETURN;
         END IF;
-    ELSIF TG_OP = 'INSERT' THEN
-        -- A first grant (InsertLock, WaitGrant).
-        IF NEW.token = 1
-           AND NEW.holder IS NOT NULL
-           AND NEW.acquired_at = t
-           AND NEW.renewed_at IS NULL
-           AND NEW.expires_at > t AND NEW.expires_at <= t + max_ttl
-           AND NEW.waiting_since IS NULL THEN
-            RETURN NEW;
+        -- No row yet: the first grant of the name.
+        INSERT INTO pgfence.locks AS l (name, token, holder, key_hash, acquired_at, renewed_at, expires_at)
+        VALUES (lock_grant.name, 1, lock_grant.holder, sha256(lock_grant.key), now(), NULL,
+                now() + lock_grant.ttl_us * interval '1 microsecond')
+        ON CONFLICT ON CONSTRAINT locks_pkey DO NOTHING
+        RETURNING l.token, l.expires_at INTO lock_grant.token, lock_grant.expires_at;
+        IF NOT FOUND THEN
+            RETURN;  -- a concurrent first grant: call again
         END IF;
     END IF;
-
-    -- Not one of pglock's changes: allowed for the table's owner, roles with
-    -- its privileges and superusers (maintenance), refused for everyone else.
-    SELECT c.relowner INTO owner FROM pg_class c WHERE c.oid = TG_RELID;
-    IF pg_has_role(current_user, owner, 'USAGE') THEN
-        IF TG_OP = 'DELETE' THEN
-            RETURN OLD;
-        END IF;
-        RETURN NEW;  -- NULL for TRUNCATE: the statement goes on
-    END IF;
-
-    IF TG_OP = 'TRUNCATE' THEN
-        RAISE EXCEPTION 'pgfence: refused TRUNCATE of %.%: lock rows are never deleted', TG_TABLE_SCHEMA, TG_TABLE_NAME
-            USING ERRCODE = 'PF009', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                  DETAIL = 'A lock name whose row is gone would be granted again from token 1, below tokens already '
-                           'issued and recorded in fence columns.',
-                  HINT = format('Maintenance of pgfence.locks runs as its owner (role %s) or a superuser.', owner::regrole);
-    ELSIF TG_OP = 'DELETE' THEN
-        RAISE EXCEPTION 'pgfence: refused DELETE of lock %: lock rows are never deleted', quote_literal(OLD.name)
-            USING ERRCODE = 'PF009', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                  DETAIL = format('lock %s token %s holder %s. A lock name whose row is gone would be granted again '
-                                  'from token 1, below tokens already issued.',
-                                  quote_literal(OLD.name), OLD.token, quote_nullable(OLD.holder)),
-                  HINT = format('Release a lease with pglock; maintenance of pgfence.locks runs as its owner '
-                                '(role %s) or a superuser.', owner::regrole);
-    ELSIF TG_OP = 'INSERT' THEN
-        IF NEW.token IS DISTINCT FROM 1 THEN
-            code := 'PF009';
-            reason := 'a new lock row is the first grant of its name and starts at token 1';
-        ELSE
-            reason := 'a new lock row is a first grant: holder set, acquired_at = now(), renewed_at and waiting_since '
-                      'NULL, expires_at after now() and at most 24 hours later';
-        END IF;
-        RAISE EXCEPTION 'pgfence: refused INSERT of lock %: token %, holder %: %', quote_literal(NEW.name),
-                coalesce(NEW.token::text, 'NULL'), quote_nullable(NEW.holder), reason
-            USING ERRCODE = code, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                  DETAIL = format('new row: token %s, holder %s, acquired_at %s, expires_at %s; database time %s',
-                                  coalesce(NEW.token::text, 'NULL'), quote_nullable(NEW.holder),
-                                  coalesce(NEW.acquired_at::text, 'NULL'), coalesce(NEW.expires_at::text, 'NULL'), t),
-                  HINT = format('Locks are granted by pglock (Acquire, TryAcquire); maintenance of pgfence.locks runs '
-                                'as its owner (role %s) or a superuser.', owner::regrole);
-    END IF;
-
-    -- UPDATE: say which rule the change breaks.
-    IF NEW.name IS DISTINCT FROM OLD.name THEN
-        code := 'PF009';
-        reason := format('a lock row keeps its name (renamed to %s, it would take its token history with it)',
-                         quote_nullable(NEW.name));
-    ELSIF NEW.token IS NULL OR NEW.token < OLD.token THEN
-        code := 'PF009';
-        reason := 'tokens never go down';
-    ELSIF NEW.token - OLD.token > 1 THEN
-        code := 'PF009';
-        reason := 'a grant raises the token by exactly 1';
-    ELSIF NEW.token > OLD.token THEN
-        IF OLD.holder IS NOT NULL AND OLD.expires_at > t THEN
-            reason := format('the lease is held by %s until %s (database clock): only a free or expired lease can '
-                             'be granted', quote_literal(OLD.holder), OLD.expires_at);
-        ELSE
-            reason := 'a grant sets holder, acquired_at = now(), renewed_at NULL and expires_at after now() and at '
-                      'most 24 hours later, and keeps waiting_since';
-        END IF;
-    ELSIF OLD.holder IS NULL OR OLD.expires_at <= t THEN
-        reason := format('the lease is %s: only a grant (token + 1) changes it',
-                         CASE WHEN OLD.holder IS NULL THEN 'free' ELSE 'expired since ' || OLD.expires_at END);
-    ELSIF NEW.holder IS DISTINCT FROM OLD.holder AND NEW.holder IS NOT NULL THEN
-        reason := format('the lease is held by %s: the holder changes only with a grant (token + 1) of a free or '
-                         'expired lease', quote_literal(OLD.holder));
-    ELSIF NEW.acquired_at IS DISTINCT FROM OLD.acquired_at THEN
-        reason := 'acquired_at changes only with a grant';
-    ELSIF NEW.holder IS NULL THEN
-        reason := 'a release sets holder, expires_at and renewed_at to NULL and keeps token, acquired_at and '
-                  'waiting_since';
-    ELSIF NEW.expires_at IS DISTINCT FROM OLD.expires_at OR NEW.renewed_at IS DISTINCT FROM OLD.renewed_at THEN
-        reason := 'a renewal sets renewed_at = now() and expires_at after now() and at most 24 hours later, and '
-                  'keeps waiting_since';
-    ELSE
-        reason := 'a wait mark sets waiting_since to now()';
-    END IF;
-    RAISE EXCEPTION 'pgfence: refused UPDATE of lock %: token % -> %, holder % -> %: %', quote_literal(OLD.name),
-            OLD.token, coalesce(NEW.token::text, 'NULL'), quote_nullable(OLD.holder), quote_nullable(NEW.holder), reason
-        USING ERRCODE = code, SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-              DETAIL = format('expires_at %s -> %s, acquired_at %s -> %s, renewed_at %s -> %s, waiting_since %s -> %s; '
-                              'database time %s',
-                              coalesce(OLD.expires_at::text, 'NULL'), coalesce(NEW.expires_at::text, 'NULL'),
-                              coalesce(OLD.acquired_at::text, 'NULL'), coalesce(NEW.acquired_at::text, 'NULL'),
-                              coalesce(OLD.renewed_at::text, 'NULL'), coalesce(NEW.renewed_at::text, 'NULL'),
-                              coalesce(OLD.waiting_since::text, 'NULL'), coalesce(NEW.waiting_since::text, 'NULL'), t),
-              HINT = format('Leases change only through pglock (grant, renewal, release, wait mark); maintenance of '
-                            'pgfence.locks, such as an epoch bump after a failover, runs as its owner (role %s) or a '
-                            'superuser.', owner::regrole);
+    PERFORM set_config('synchronous_commit', 'on', true);
 END
 $fn$;
 -- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_grant(text, text, bigint, bytea) IS
+  'Grants the lease name to holder for ttl_us microseconds if it is free, expired or new: token + 1, the key''s '
+  'sha256 stored. Returns token and expires_at when granted; token NULL and held_by, expires_at of the holder when '
+  'held; all NULL when the lease changed during the call (call again). Bad arguments: PF011. Durable when granted.';
 
-COMMENT ON FUNCTION pgfence.locks_integrity() IS
-  'Trigger of pgfence.locks: admits only the changes pglock makes (first grant at token 1, grant = token + 1 of a '
-  'free or expired lease, renewal and release of a held lease by (holder, token), wait mark; expiry at most 24 hours '
-  'ahead on the database clock) and refuses everything else with SQLSTATE PF009 (token forged, lowered, skipped or '
-  'reset; row renamed, deleted or truncated) or PF010 (lease rule). The table owner, its members and superusers may '
-  'make any change (maintenance, epoch bump).';
+-- pgfence.lock_renew extends the lease (name, token) held with key to ttl_us
+-- microseconds from now (database clock). expires_at NULL: the lease is lost
+-- (expired, released, granted again, or the key is not its key); nothing
+-- changed.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lock_renew(name text, token bigint, key bytea, ttl_us bigint,
+    OUT expires_at timestamptz, OUT db_now timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF lock_renew.name IS NULL OR octet_length(lock_renew.name) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_renew: name must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_renew.name)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_renew.token IS NULL OR lock_renew.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.lock_renew: token must be > 0, got %',
+            coalesce(lock_renew.token::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_renew.key IS NULL OR octet_length(lock_renew.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_renew: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_renew.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_renew.ttl_us IS NULL OR lock_renew.ttl_us NOT BETWEEN 1000 AND 86400000000 THEN
+        RAISE EXCEPTION 'pgfence.lock_renew: ttl_us must be 1000 to 86400000000 (1 ms to 24 hours), got %',
+            coalesce(lock_renew.ttl_us::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    db_now := now();
+    UPDATE pgfence.locks AS l
+    SET expires_at = now() + lock_renew.ttl_us * interval '1 microsecond', renewed_at = now()
+    WHERE l.name = lock_renew.name AND l.token = lock_renew.token
+      AND l.key_hash = sha256(lock_renew.key) AND l.expires_at > now()
+    RETURNING l.expires_at INTO lock_renew.expires_at;
+    IF FOUND THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_renew(text, bigint, bytea, bigint) IS
+  'Extends the lease (name, token) held with key to ttl_us microseconds from now. expires_at NULL: the lease is lost '
+  '(expired, released, granted again, or not this key); nothing changed. Bad arguments: PF011. Durable.';
+
+-- pgfence.lock_release ends the lease (name, token) held with key. released
+-- false: the lease is lost; nothing changed. If a live waiter is queued for the
+-- name (pgfence.lock_queue), the lease is handed to the first one in the same
+-- call (token + 1, expiry now() + its TTL, its key's hash, durable;
+-- handed_off) and pgfence_lock_handoff is notified with its wkey, the wait_id
+-- of its wait, the new token and the new expiry in microseconds since the Unix
+-- epoch (payload "wkey wait_id token expiry_us"); otherwise holder, key_hash and
+-- expiry become NULL (the token stays) and, if a waiter marked the row in the
+-- last 100 seconds, pgfence_lock_released is notified with the name
+-- (notified). Rows of the name whose alive_until has passed are deleted: dead
+-- waiters, and ended waits (kept 10 seconds for their Locker's next wait).
+--
+-- Most locks have nobody waiting: the first statement is one plain UPDATE,
+-- which ends the lease only if no waiter is queued for the name (no queue row
+-- still waiting, none past its alive_until) and no waiter marked the row in the
+-- last 100 seconds; the full release would then hand nothing over, delete no
+-- queue row and notify nobody. A waiter whose queue row or mark is not
+-- committed yet either conflicts on the lock row (its mark) or sees the release
+-- and tries again.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lock_release(name text, token bigint, key bytea,
+    OUT released boolean, OUT handed_off boolean, OUT notified boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    kh bytea;
+BEGIN
+    IF lock_release.name IS NULL OR octet_length(lock_release.name) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_release: name must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_release.name)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_release.token IS NULL OR lock_release.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.lock_release: token must be > 0, got %',
+            coalesce(lock_release.token::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_release.key IS NULL OR octet_length(lock_release.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_release: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_release.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    kh := sha256(lock_release.key);
+    released := false;
+    handed_off := false;
+    notified := false;
+    UPDATE pgfence.locks AS l
+    SET holder = NULL, key_hash = NULL, renewed_at = NULL, expires_at = NULL
+    WHERE l.name = lock_release.name AND l.token = lock_release.token
+      AND l.key_hash = kh AND l.expires_at > now()
+      AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '100 seconds')
+      AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
+                      WHERE q.name = lock_release.name
+                        AND (q.granted_token IS NULL OR q.alive_until <= now()));
+    IF FOUND THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        released := true;
+        RETURN;
+    END IF;
+    WITH nxt AS (
+        SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us, q.key_hash
+        FROM pgfence.lock_queue AS q
+        WHERE q.name = lock_release.name AND q.granted_token IS NULL AND q.alive_until > now()
+        ORDER BY q.ticket
+        LIMIT 1
+        FOR UPDATE SKIP LOCKED
+    ), sc AS (
+        -- A handoff is a grant: durable. A plain release is not.
+        SELECT set_config('synchronous_commit',
+                          CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on' ELSE 'off' END, true) AS sync
+    ), rel AS (
+        UPDATE pgfence.locks AS l
+        SET token       = l.token + CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END,
+            holder      = n.holder,
+            key_hash    = n.key_hash,
+            acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE now() END,
+            renewed_at  = NULL,
+            expires_at  = now() + n.ttl_us * interval '1 microsecond'
+        FROM sc LEFT JOIN nxt AS n ON true
+        WHERE l.name = lock_release.name AND l.token = lock_release.token
+          AND l.key_hash = kh AND l.expires_at > now()
+        RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
+    ), handed AS (
+        -- The wait is over: the row stays for its Locker's next wait of the
+        -- name for 10 seconds, then the next release deletes it (gc). Only a
+        -- release of this lease (by the waiter) can run gc before it expires,
+        -- so the row is there for the waiter to read its lease.
+        UPDATE pgfence.lock_queue AS q
+        SET granted_token = rel.token,
+            alive_until   = now() + interval '10 seconds'
+        FROM rel
+        WHERE q.wkey = rel.wkey AND q.ticket = rel.ticket
+        RETURNING q.ticket
+    ), gc AS (
+        DELETE FROM pgfence.lock_queue AS q
+        USING rel
+        WHERE q.name = rel.name AND q.alive_until <= now()
+        RETURNING q.ticket
+    )
+    SELECT true,
+           rel.ticket IS NOT NULL,
+           (CASE WHEN rel.ticket IS NOT NULL
+                     THEN pg_notify('pgfence_lock_handoff',
+                                    rel.wkey || ' ' || rel.wait_id || ' ' || rel.token || ' '
+                                    || (extract(epoch FROM rel.expires_at) * 1000000)::bigint)::text
+                 WHEN rel.waiting_since > now() - interval '100 seconds'
+                     THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL
+    INTO released, handed_off, notified
+    FROM rel;
+    IF NOT FOUND THEN
+        released := false;
+        handed_off := false;
+        notified := false;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_release(text, bigint, bytea) IS
+  'Ends the lease (name, token) held with key; released false: the lease is lost, nothing changed. Hands the lease '
+  'to the first live waiter of pgfence.lock_queue if there is one (handed_off, NOTIFY pgfence_lock_handoff, durable), '
+  'else frees it (token kept) and notifies pgfence_lock_released if a waiter marked it (notified). Bad arguments: PF011.';
+
+-- pgfence.lock_wait is a waiter's attempt (pglock's LISTEN mode): it grants a
+-- free, expired or new lease exactly as lock_grant does and ends the waiter's
+-- wait (granted_token 0: no release serves the row again); returns a lease a
+-- release handed to this wait (wkey, wait_id) with this key; or, the lease
+-- being held by someone else, queues the wait (or, once half its TTL is gone,
+-- pushes its alive_until to now() + its TTL), marks the lock row for wake-up
+-- (waiting_since, at most every 30 seconds) and returns granted = false with
+-- the holder and its expiry. wkey is a random number the waiter listens for
+-- (channel pgfence_lock_handoff) and reuses for its next wait of the name;
+-- wait_id is random per wait. A row of wkey left by an ended wait is reused
+-- with a new ticket (an update in place), but only by the key whose hash it
+-- holds. Granted NULL: the lease changed under the call: call again at once.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lock_wait(name text, holder text, ttl_us bigint, key bytea, wkey bigint, wait_id bigint,
+    OUT granted boolean, OUT token bigint, OUT expires_at timestamptz, OUT held_by text, OUT db_now timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    kh bytea;
+BEGIN
+    IF lock_wait.name IS NULL OR octet_length(lock_wait.name) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: name must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_wait.name)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_wait.holder IS NULL OR octet_length(lock_wait.holder) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: holder must be 1 to 512 bytes, got %',
+            coalesce(octet_length(lock_wait.holder)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_wait.ttl_us IS NULL OR lock_wait.ttl_us NOT BETWEEN 1000 AND 86400000000 THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: ttl_us must be 1000 to 86400000000 (1 ms to 24 hours), got %',
+            coalesce(lock_wait.ttl_us::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_wait.key IS NULL OR octet_length(lock_wait.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_wait.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF lock_wait.wkey IS NULL OR lock_wait.wait_id IS NULL THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: wkey and wait_id must not be NULL' USING ERRCODE = 'PF011';
+    END IF;
+    kh := sha256(lock_wait.key);
+    WITH handed AS (
+        SELECT l.token, l.expires_at
+        FROM pgfence.lock_queue AS q
+        JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.key_hash = q.key_hash
+        WHERE q.wkey = lock_wait.wkey AND q.wait_id = lock_wait.wait_id AND q.key_hash = kh
+          AND l.expires_at > now()
+    ), upd AS (
+        UPDATE pgfence.locks AS l
+        SET token       = l.token + 1,
+            holder      = lock_wait.holder,
+            key_hash    = kh,
+            acquired_at = now(),
+            renewed_at  = NULL,
+            expires_at  = now() + lock_wait.ttl_us * interval '1 microsecond'
+        WHERE l.name = lock_wait.name AND (l.holder IS NULL OR l.expires_at <= now())
+          AND NOT EXISTS (SELECT 1 FROM handed)
+        RETURNING l.token, l.expires_at
+    ), ins AS (
+        INSERT INTO pgfence.locks AS l (name, token, holder, key_hash, acquired_at, renewed_at, expires_at)
+        SELECT lock_wait.name, 1, lock_wait.holder, kh, now(), NULL,
+               now() + lock_wait.ttl_us * interval '1 microsecond'
+        WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE e.name = lock_wait.name)
+        ON CONFLICT ON CONSTRAINT locks_pkey DO NOTHING
+        RETURNING l.token, l.expires_at
+    ), cur AS (
+        SELECT l.holder, l.expires_at, l.waiting_since
+        FROM pgfence.locks AS l
+        WHERE l.name = lock_wait.name AND l.holder IS NOT NULL AND l.expires_at > now()
+          AND NOT EXISTS (SELECT 1 FROM handed)
+    ), m AS (
+        UPDATE pgfence.locks AS l
+        SET waiting_since = now()
+        WHERE l.name = lock_wait.name AND l.holder IS NOT NULL AND l.expires_at > now()
+          AND (l.waiting_since IS NULL OR l.waiting_since <= now() - interval '30 seconds')
+          AND NOT EXISTS (SELECT 1 FROM handed)
+        RETURNING l.holder, l.expires_at
+    ), enq AS (
+        -- Unless this wait is queued already: a new wait, or this wait's row
+        -- is gone (deleted as dead) or was handed a lease that has ended
+        -- since. Queue with a new ticket, reusing the row of wkey if it holds
+        -- this key's hash.
+        INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, key_hash, ttl_us, alive_until)
+        SELECT lock_wait.wkey, lock_wait.wait_id, lock_wait.name, lock_wait.holder, kh,
+               lock_wait.ttl_us, now() + lock_wait.ttl_us * interval '1 microsecond'
+        FROM cur
+        WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
+                          WHERE e.wkey = lock_wait.wkey AND e.wait_id = lock_wait.wait_id
+                            AND e.granted_token IS NULL)
+        ON CONFLICT ON CONSTRAINT lock_queue_pkey DO UPDATE
+        SET ticket        = DEFAULT,
+            wait_id       = EXCLUDED.wait_id,
+            name          = EXCLUDED.name,
+            holder        = EXCLUDED.holder,
+            ttl_us        = EXCLUDED.ttl_us,
+            alive_until   = EXCLUDED.alive_until,
+            granted_token = NULL
+        WHERE q.key_hash = EXCLUDED.key_hash
+        RETURNING q.ticket
+    ), refresh AS (
+        -- Only once half of the waiter's TTL is gone: a row locked by a
+        -- refresh is skipped by a concurrent release.
+        UPDATE pgfence.lock_queue AS q
+        SET alive_until = now() + lock_wait.ttl_us * interval '1 microsecond'
+        FROM cur
+        WHERE q.wkey = lock_wait.wkey AND q.wait_id = lock_wait.wait_id AND q.key_hash = kh
+          AND q.name = lock_wait.name AND q.granted_token IS NULL
+          AND q.alive_until < now() + (lock_wait.ttl_us / 2) * interval '1 microsecond'
+        RETURNING q.ticket
+    ), end_own AS (
+        -- Granted here: this wait is over, no release may serve its row; it
+        -- stays for the Locker's next wait for 10 seconds, as after a handoff.
+        UPDATE pgfence.lock_queue AS q
+        SET granted_token = 0,
+            alive_until   = now() + interval '10 seconds'
+        WHERE q.wkey = lock_wait.wkey AND q.key_hash = kh AND q.granted_token IS NULL
+          AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
+        RETURNING q.ticket
+    ), dur AS (
+        -- Read at commit: only a grant must survive a crash (on); a queue row
+        -- or wait mark lost with the server is written again by the waiter
+        -- when its listener reconnects (off). It reads upd and ins, so it runs
+        -- after them.
+        SELECT set_config('synchronous_commit',
+                          CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
+                          true) AS sync
+    )
+    SELECT r.granted, r.token, r.expires_at, r.holder, now()
+    INTO lock_wait.granted, lock_wait.token, lock_wait.expires_at, lock_wait.held_by, lock_wait.db_now
+    FROM (
+        SELECT true AS granted, handed.token, handed.expires_at, NULL::text AS holder FROM handed
+        UNION ALL
+        SELECT true, upd.token, upd.expires_at, NULL::text FROM upd
+        UNION ALL
+        SELECT true, ins.token, ins.expires_at, NULL::text FROM ins
+        UNION ALL
+        SELECT false, NULL::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder)
+        FROM cur LEFT JOIN m ON true
+        WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
+    ) AS r CROSS JOIN dur;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_wait(text, text, bigint, bytea, bigint, bigint) IS
+  'A waiter''s attempt: grants a free, expired or new lease as lock_grant does, returns a lease a release handed to '
+  'the wait (wkey, wait_id) with this key, or queues the wait in pgfence.lock_queue and returns granted = false '
+  'with the holder and its expiry. granted NULL: call again. Bad arguments: PF011.';
+
+-- pgfence.lock_handed returns the lease a release handed to the wait (wkey,
+-- wait_id) queued with key, if it is still held: token, expiry, database time.
+-- All NULL: nothing was handed (or it already expired). Reads only. A handoff
+-- notification only wakes a waiter: anyone may send one; this says what the
+-- database holds.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lock_handed(wkey bigint, wait_id bigint, key bytea,
+    OUT token bigint, OUT expires_at timestamptz, OUT db_now timestamptz)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF lock_handed.key IS NULL OR octet_length(lock_handed.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_handed: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_handed.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    db_now := now();
+    SELECT l.token, l.expires_at INTO lock_handed.token, lock_handed.expires_at
+    FROM pgfence.lock_queue AS q
+    JOIN pgfence.locks AS l ON l.name = q.name AND l.token = q.granted_token AND l.key_hash = q.key_hash
+    WHERE q.wkey = lock_handed.wkey AND q.wait_id = lock_handed.wait_id
+      AND q.key_hash = sha256(lock_handed.key) AND l.expires_at > now();
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_handed(bigint, bigint, bytea) IS
+  'The lease a release handed to the wait (wkey, wait_id) queued with key, if still held (token, expires_at, db_now); '
+  'all NULL otherwise. Reads only.';
+
+-- pgfence.lock_leave takes the waiter wkey, queued with key, out of the queue
+-- and returns the token of a lease a release handed to its wait wait_id
+-- meanwhile (0 if none, or if the row holds another wait's grant): the caller
+-- releases that lease. removed false: no row of wkey with this key (never queued,
+-- or already deleted). A concurrent release that picked this row finishes
+-- first (the row is locked), so its handoff is seen here.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.lock_leave(wkey bigint, wait_id bigint, key bytea,
+    OUT removed boolean, OUT granted_token bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF lock_leave.key IS NULL OR octet_length(lock_leave.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.lock_leave: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(lock_leave.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    DELETE FROM pgfence.lock_queue AS q
+    WHERE q.wkey = lock_leave.wkey AND q.key_hash = sha256(lock_leave.key)
+    RETURNING CASE WHEN q.wait_id = lock_leave.wait_id THEN COALESCE(q.granted_token, 0) ELSE 0 END
+    INTO lock_leave.granted_token;
+    lock_leave.removed := FOUND;
+    lock_leave.granted_token := COALESCE(lock_leave.granted_token, 0);
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.lock_leave(bigint, bigint, bytea) IS
+  'Takes the waiter wkey queued with key out of pgfence.lock_queue; granted_token is a lease handed to its wait '
+  'wait_id meanwhile (0 if none), which the caller releases. removed false: no such row.';
 
 -- Functions: fenced writes and the guard --------------------------------------
 
@@ -1338,7 +1561,7 @@ COMMENT ON FUNCTION pgfence.outbox_token_refused(text, text, bigint, bigint) IS
 
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.outbox_check_token() RETURNS trigger
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
@@ -1346,6 +1569,8 @@ DECLARE
 BEGIN
     -- FOR SHARE: a grant (an UPDATE of the lock row) waits until this
     -- transaction ends, so none can commit between this check and the commit.
+    -- SECURITY DEFINER: FOR SHARE needs UPDATE on pgfence.locks, which only
+    -- its owner has; the function reads nothing but NEW's lock row.
     SELECT l.token INTO latest FROM pgfence.locks l WHERE l.name = NEW.lock_name FOR SHARE;
     PERFORM pgfence.outbox_token_refused(NEW.lock_name, NEW.idempotency_key, NEW.token, latest);
     RETURN NULL;
@@ -1455,8 +1680,7 @@ COMMENT ON FUNCTION pgfence.ha_gate() IS
 
 -- The bump: every lock token and the claim token sequence move up by 2^32,
 -- above anything the old primary can have issued, once per timeline. It runs
--- as its caller, the owner of pgfence's tables or a superuser (the integrity
--- trigger admits the owner's changes).
+-- as its caller, the owner of pgfence's tables or a superuser.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.ha_bump() RETURNS boolean
 LANGUAGE plpgsql
@@ -1610,19 +1834,6 @@ COMMENT ON FUNCTION pgfence.guarded_fence_status() IS
   'a reader who is neither owner nor superuser) is not read: its figures are NULL and unchecked says why.';
 
 -- Triggers --------------------------------------------------------------------
-
-CREATE TRIGGER locks_integrity BEFORE INSERT OR UPDATE OR DELETE ON pgfence.locks
-    FOR EACH ROW EXECUTE FUNCTION pgfence.locks_integrity();
-CREATE TRIGGER locks_integrity_truncate BEFORE TRUNCATE ON pgfence.locks
-    FOR EACH STATEMENT EXECUTE FUNCTION pgfence.locks_integrity();
--- CREATE TRIGGER cannot say ENABLE ALWAYS.
-ALTER TABLE pgfence.locks ENABLE ALWAYS TRIGGER locks_integrity;
-ALTER TABLE pgfence.locks ENABLE ALWAYS TRIGGER locks_integrity_truncate;
-COMMENT ON TRIGGER locks_integrity ON pgfence.locks IS
-  'Token integrity: only pglock''s grant, renewal, release and wait mark change a lock row (see function '
-  'pgfence.locks_integrity); the owner and superusers are exempt.';
-COMMENT ON TRIGGER locks_integrity_truncate ON pgfence.locks IS
-  'Lock rows are never deleted: TRUNCATE is refused except for the owner and superusers.';
 
 CREATE TRIGGER jobs_notify AFTER INSERT ON pgfence.jobs
     REFERENCING NEW TABLE AS new_jobs
@@ -1840,4 +2051,9 @@ DROP FUNCTION pgfence.attach_guard(regclass, text, text, text, text, text);
 DROP FUNCTION pgfence.unguard(regclass);
 DROP FUNCTION pgfence.fence_refused(text, text, text, bigint, bigint, boolean);
 DROP FUNCTION pgfence.use_token(bigint);
-DROP FUNCTION pgfence.locks_integrity();
+DROP FUNCTION pgfence.lock_leave(bigint, bigint, bytea);
+DROP FUNCTION pgfence.lock_handed(bigint, bigint, bytea);
+DROP FUNCTION pgfence.lock_wait(text, text, bigint, bytea, bigint, bigint);
+DROP FUNCTION pgfence.lock_release(text, bigint, bytea);
+DROP FUNCTION pgfence.lock_renew(text, bigint, bytea, bigint);
+DROP FUNCTION pgfence.lock_grant(text, text, bigint, bytea);

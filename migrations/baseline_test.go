@@ -328,6 +328,7 @@ var intendedChanges = map[string]string{
 	"comment table pgfence.job_dead_counts":               "no longer names the pre-release migration that added the counter",
 	"comment table column pgfence.outbox.idempotency_key": "keys are unique per lock (outbox_key_unique), not across the outbox",
 	"function attach_guard tbl regclass, lock_name text, lock_name_column text, fence_column text, mode text, lock_name_expression text": "revokes PUBLIC's EXECUTE on the trigger function it generates",
+	"function outbox_check_token ": "SECURITY DEFINER: its FOR SHARE of the lock row needs UPDATE on pgfence.locks, which the application's role no longer has",
 }
 
 // intendedStatements are changes the baseline makes on purpose that are
@@ -336,6 +337,9 @@ var intendedChanges = map[string]string{
 var intendedStatements = []struct{ sql, why string }{
 	{"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgfence FROM PUBLIC",
 		"pgfence's functions are executable only by the roles docs/migrations.md grants EXECUTE to"},
+	{"DROP TRIGGER locks_integrity ON pgfence.locks; DROP TRIGGER locks_integrity_truncate ON pgfence.locks; " +
+		"DROP FUNCTION pgfence.locks_integrity()",
+		"only the lease functions (the door) write pgfence.locks, as its owner, whom the integrity trigger always let through"},
 }
 
 // intendedAdditions are the objects the baseline has and the pre-release
@@ -348,6 +352,10 @@ var intendedAdditions = []struct {
 }{
 	{regexp.MustCompile(`(^|[^a-z])_?ha_(epoch|bumps|timeline|gate|bump|enable|disable)([^a-z]|$)`),
 		"the HA epoch (docs/ha.md), a recipe of the docs before, is part of the schema"},
+	{regexp.MustCompile(`(^|[^a-z])lock_(grant|renew|release|wait|handed|leave)([^a-z_]|$)`),
+		"the lease door: every change of pgfence.locks and pgfence.lock_queue is one of these functions"},
+	{regexp.MustCompile(`(^|[^a-z])(locks|lock_queue)(\.| )key_hash([^a-z_]|$)`),
+		"the lease key: a grant stores the SHA-256 of the holder's key, renewals and releases must present the key"},
 }
 
 func TestBaselineMatchesPrereleaseChain(t *testing.T) {

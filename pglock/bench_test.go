@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
@@ -183,16 +182,19 @@ func BenchmarkFencedCycle(b *testing.B) {
 // sqlCycle sends the grant and the release that Acquire and Release send,
 // through the generated methods on the pool, without a Lease.
 func sqlCycle(ctx context.Context, l *Locker, name string, ttl time.Duration) error {
-	r, err := l.q.GrantLock(ctx, l.pool, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-	if errors.Is(err, pgx.ErrNoRows) { // first use: the row does not exist yet
-		_, err = l.q.InsertLock(ctx, l.pool, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-		r.Token = 1
-	}
+	r, err := l.q.GrantLock(ctx, l.pool, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key})
 	if err != nil {
 		return err
 	}
-	if _, err := l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: r.Token}); err != nil {
-		return fmt.Errorf("release: %w", err) // pgx.ErrNoRows: the lease was lost
+	if !r.Token.Valid {
+		return fmt.Errorf("grant refused: held by %v", r.HeldBy)
+	}
+	rr, err := l.q.ReleaseLock(ctx, l.pool, dbsqlc.ReleaseLockParams{Name: name, Token: r.Token.Int64, Key: l.key})
+	if err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	if !rr.Released.Bool {
+		return errors.New("release: the lease was lost")
 	}
 	return nil
 }
@@ -220,12 +222,11 @@ func warmUp(b *testing.B, l *Locker, names []string) {
 	}
 	for i, c := range conns {
 		name := fmt.Sprintf("warm:%d", i)
-		_, _ = l.q.InsertLock(ctx, c, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
-		_, _ = l.q.ReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: 1})
-		_, _ = l.q.GrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
+		_, _ = l.q.GrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6, Key: l.key})
+		_, _ = l.q.ReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Token: 1, Key: l.key})
 		// The fast path's own prepared statements (grant() and release()).
-		_, _ = fastReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Holder: l.holder, Token: 2})
-		_, _ = fastGrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6})
+		_, _ = fastGrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: 1e6, Key: l.key})
+		_, _ = fastReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Token: 2, Key: l.key})
 		if _, err := c.Exec(ctx, "UPDATE bench_counter SET n = n + 1 WHERE id = $1", 0); err != nil {
 			b.Fatal(err)
 		}

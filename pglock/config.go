@@ -25,6 +25,13 @@ const (
 	MaxTTL = 24 * time.Hour
 )
 
+// Lease key sizes (Config.Key), the bounds pgfence's lease functions check.
+const (
+	keyBytes    = 16
+	minKeyBytes = 16
+	maxKeyBytes = 64
+)
+
 // NotifyChannel is the PostgreSQL NOTIFY channel on which a release announces
 // the lock name (the payload). The Lockers of one pool LISTEN on it with one
 // shared dedicated connection to wake their waiters.
@@ -53,6 +60,15 @@ type Config struct {
 	// what. Every lease of one Locker carries the same holder. 1..512 bytes.
 	// Defaults to [DefaultHolder]() ("hostname/pid/random").
 	Holder string
+	// Key is the lease key of this Locker's grants: a secret of 16 to 64
+	// bytes, stored in the database only as its SHA-256. Renewing or
+	// releasing a lease takes its name, its token and this key, so a session
+	// that can read the lock row (name, holder, token) but does not know the
+	// key cannot renew, release or take over the lease. Defaults to 16 random
+	// bytes from crypto/rand, drawn by [New]. Set it only to renew or release,
+	// from another process, leases a Locker with that key was granted (see
+	// [Lease.Key]); keep it secret.
+	Key []byte
 	// Logger receives a line per grant and release (Info), per lost lease and
 	// renewal failure (Warn), and listener reconnects. Every line carries the
 	// lock name and token; the holder is in the "holder" attribute of the

@@ -153,7 +153,7 @@ func (e *Elector) releaseOrphan(ctx context.Context) {
 	if err != nil || info.Holder != e.l.holder || e.l.hasLive(e.name, info.Token) {
 		return
 	}
-	if err := e.l.release(rctx, e.name, e.l.holder, info.Token); err == nil {
+	if err := e.l.release(rctx, e.name, info.Token); err == nil {
 		e.l.log.Info("pglock: released a grant whose answer was lost when the campaign was cancelled", "name", e.name, "token", info.Token)
 	}
 }

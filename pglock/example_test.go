@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log"
@@ -176,8 +177,9 @@ func ExampleLocker_Listen() {
 }
 
 // A process that stopped without releasing (or whose acquisition had an
-// unknown outcome) finds its grant with Inspect and adopts it under the same
-// holder identity, with the same token.
+// unknown outcome) finds its grant with Inspect and adopts it with the same
+// lease key (Config.Key, kept in a secret store across runs) and the same
+// token. The holder's name alone adopts nothing.
 func ExampleLocker_Adopt() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -185,7 +187,11 @@ func ExampleLocker_Adopt() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	cfg := &pglock.Config{Holder: "settler@host-3"}
+	key := make([]byte, 16) // in production: the process's secret, kept across runs
+	if _, err := rand.Read(key); err != nil {
+		log.Fatal(err)
+	}
+	cfg := &pglock.Config{Holder: "settler@host-3", Key: key}
 
 	previous, err := pglock.New(pool, cfg)
 	if err != nil {

@@ -19,33 +19,39 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
-// The fast path runs GrantLock, ReleaseUnwaitedLock and ReleaseLock, the
-// statements of every acquire+release cycle, straight on the connection's
-// pgconn: a statement prepared once per connection under a fixed name,
-// parameters encoded into per-connection buffers, the result row decoded by
-// hand. It sends the same SQL with the same parameters as the generated
-// methods (it learns both from them, see recordStmt) and returns the same results and errors; it only
-// saves pgx's per-call allocations (argument boxing, rows, scan plans).
-// Whenever something is not as expected it calls the generated method.
+// The fast path runs GrantLock and ReleaseLock, the statements of every
+// acquire+release cycle (calls of pgfence.lock_grant and pgfence.lock_release),
+// straight on the connection's pgconn: a statement prepared once per
+// connection under a fixed name, parameters encoded into per-connection
+// buffers, the result row decoded by hand. It sends the same SQL with the same
+// parameters as the generated methods (it learns both from them, see
+// recordStmt) and returns the same results and errors; it only saves pgx's
+// per-call allocations (argument boxing, rows, scan plans). Whenever something
+// is not as expected it calls the generated method.
 
 // fastQ runs the generated methods when the fast path does not apply.
 var fastQ = dbsqlc.New()
 
-// fastGrantRow is dbsqlc.GrantLockRow without the pointer: HasExpiry is
-// false where ExpiresAt would be nil.
+// fastGrantRow is dbsqlc.GrantLockRow without pointers: Token is 0 where it
+// would be NULL (not granted), HasExpiry and HasHolder are false where
+// ExpiresAt and HeldBy would be nil.
 type fastGrantRow struct {
 	Token     int64
 	ExpiresAt time.Time
 	HasExpiry bool
+	HeldBy    string
+	HasHolder bool
+	DbNow     time.Time
 }
 
 // fastGrantLock is dbsqlc.New().GrantLock(ctx, conn, arg): same SQL, same
-// semantics, same errors (refused = pgx.ErrNoRows).
+// semantics, same errors.
 func fastGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLockParams) (fastGrantRow, error) {
 	var p [fastMaxParams]fastParam
+	p[grantName] = fastParam{text: arg.Name}
 	p[grantHolder] = fastParam{text: arg.Holder}
 	p[grantTtlUs] = fastParam{int: arg.TtlUs}
-	p[grantName] = fastParam{text: arg.Name}
+	p[grantKey] = fastParam{bytes: arg.Key}
 	fc, v, ok, err := fastQueryRow(ctx, conn, fastStmts().grant, &p)
 	switch {
 	case !ok:
@@ -54,67 +60,74 @@ func fastGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLock
 		return fastGrantRow{}, err
 	}
 	var row fastGrantRow
-	if row.Token, err = decodeInt8(v, 0); err != nil {
-		return fastGrantRow{}, err
+	if len(v) > 0 && v[0] != nil {
+		if row.Token, err = decodeInt8(v, 0); err != nil {
+			return fastGrantRow{}, err
+		}
 	}
 	if row.ExpiresAt, row.HasExpiry, err = decodeTimestamptz(v, 1, fc.loc); err != nil {
 		return fastGrantRow{}, err
+	}
+	if len(v) > 2 && v[2] != nil {
+		row.HeldBy, row.HasHolder = string(v[2]), true
+	}
+	var hasNow bool
+	if row.DbNow, hasNow, err = decodeTimestamptz(v, 3, fc.loc); err != nil {
+		return fastGrantRow{}, err
+	} else if !hasNow {
+		return fastGrantRow{}, errors.New("can't scan into dest[3]: lock_grant returned no db_now")
 	}
 	return row, nil
 }
 
 func slowGrantLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.GrantLockParams) (fastGrantRow, error) {
 	r, err := fastQ.GrantLock(ctx, conn, arg)
-	row := fastGrantRow{Token: r.Token}
+	if err != nil {
+		return fastGrantRow{}, err
+	}
+	row := fastGrantRow{Token: r.Token.Int64}
 	if r.ExpiresAt != nil {
 		row.ExpiresAt, row.HasExpiry = *r.ExpiresAt, true
 	}
-	return row, err
-}
-
-// fastReleaseLock is dbsqlc.New().ReleaseLock(ctx, conn, arg): same SQL,
-// same semantics, same errors (lost lease = pgx.ErrNoRows).
-func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error) {
-	p := releaseParams(arg.Name, arg.Holder, arg.Token)
-	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().release, &p)
-	switch {
-	case !ok:
-		return fastQ.ReleaseLock(ctx, conn, arg)
-	case err != nil:
-		return dbsqlc.ReleaseLockRow{}, err
+	if r.HeldBy != nil {
+		row.HeldBy, row.HasHolder = *r.HeldBy, true
 	}
-	var row dbsqlc.ReleaseLockRow
-	if row.HandedOff, err = decodeBool(v, 0); err != nil {
-		return dbsqlc.ReleaseLockRow{}, err
+	if r.DbNow == nil {
+		return fastGrantRow{}, errors.New("lock_grant returned no db_now")
 	}
-	if row.Notified, err = decodeBool(v, 1); err != nil {
-		return dbsqlc.ReleaseLockRow{}, err
-	}
+	row.DbNow = *r.DbNow
 	return row, nil
 }
 
-// fastReleaseUnwaitedLock is dbsqlc.New().ReleaseUnwaitedLock(ctx, conn,
-// arg): same SQL, same semantics, same errors (lost lease or possible
-// waiters = pgx.ErrNoRows).
-func fastReleaseUnwaitedLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseUnwaitedLockParams) (int64, error) {
-	p := releaseParams(arg.Name, arg.Holder, arg.Token)
-	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().unwaited, &p)
+// fastReleaseRow is dbsqlc.ReleaseLockRow with NULL read as false.
+type fastReleaseRow struct{ Released, HandedOff, Notified bool }
+
+// fastReleaseLock is dbsqlc.New().ReleaseLock(ctx, conn, arg): same SQL,
+// same semantics, same errors.
+func fastReleaseLock(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (fastReleaseRow, error) {
+	var p [fastMaxParams]fastParam
+	p[releaseName] = fastParam{text: arg.Name}
+	p[releaseToken] = fastParam{int: arg.Token}
+	p[releaseKey] = fastParam{bytes: arg.Key}
+	_, v, ok, err := fastQueryRow(ctx, conn, fastStmts().release, &p)
 	switch {
 	case !ok:
-		return fastQ.ReleaseUnwaitedLock(ctx, conn, arg)
+		r, err := fastQ.ReleaseLock(ctx, conn, arg)
+		return fastReleaseRow{Released: r.Released.Bool, HandedOff: r.HandedOff.Bool, Notified: r.Notified.Bool}, err
 	case err != nil:
-		return 0, err
+		return fastReleaseRow{}, err
 	}
-	return decodeInt8(v, 0)
-}
-
-// releaseParams are the parameters of both release statements, by field.
-func releaseParams(name, holder string, token int64) [fastMaxParams]fastParam {
-	var p [fastMaxParams]fastParam
-	p[releaseName] = fastParam{text: name}
-	p[releaseHolder] = fastParam{text: holder}
-	p[releaseToken] = fastParam{int: token}
-	return p
+	var row fastReleaseRow
+	if row.Released, err = decodeBool(v, 0); err != nil {
+		return fastReleaseRow{}, err
+	}
+	if row.HandedOff, err = decodeBool(v, 1); err != nil {
+		return fastReleaseRow{}, err
+	}
+	if row.Notified, err = decodeBool(v, 2); err != nil {
+		return fastReleaseRow{}, err
+	}
+	return row, nil
 }
 
 // fastQueryRow runs st with the parameters p and returns the values of its
@@ -175,43 +188,50 @@ func (fc *fastConn) keepRow(v [][]byte) [][]byte {
 // PostgreSQL type OIDs of the parameters and result columns.
 const (
 	oidBool        = 16
+	oidBytea       = 17
 	oidInt8        = 20
 	oidText        = 25
 	oidTimestamptz = 1184
 )
 
-const fastMaxParams = 3
+const fastMaxParams = 4
 
 // Field indexes of the parameter structs, in declaration order, and the
 // sentinel values recordStmt passes for them.
 const (
-	grantHolder = iota
+	grantName = iota
+	grantHolder
 	grantTtlUs
-	grantName
+	grantKey
 )
 
 const (
 	releaseName = iota
-	releaseHolder
 	releaseToken
+	releaseKey
 )
 
 const (
 	sentinelHolder = "\x00pgfence fastpath sentinel holder"
 	sentinelName   = "\x00pgfence fastpath sentinel name"
 	sentinelInt    = int64(-0x5eed_f00d_cafe_b0b1)
+	sentinelKey    = "\x00pgfence fastpath sentinel key"
 )
+
+// sentinelOf is the map key of a sentinel argument: recordStmt looks the
+// arguments up by it ([]byte is not comparable).
+func sentinelOf(a any) string { return fmt.Sprintf("%T %q", a, a) }
 
 // fastStmt is one statement as the generated method sends it.
 type fastStmt struct {
 	name    string // prepared statement name: "pgfence_fast_<method>_<hash of sql>"
 	sql     string
 	nparams int
-	// fieldAt[pos] is the struct field (grantHolder...) sent as parameter
+	// fieldAt[pos] is the struct field (grantName...) sent as parameter
 	// pos ($1 = 0).
 	fieldAt [fastMaxParams]int
 	// paramOIDs and paramFormats are by position: text parameters are sent
-	// in text format as pgx sends strings, bigint ones in binary.
+	// in text format as pgx sends strings, bigint and bytea ones in binary.
 	paramOIDs    [fastMaxParams]uint32
 	paramFormats []int16
 	// resultOIDs are the result columns' types, read in binary format.
@@ -219,24 +239,20 @@ type fastStmt struct {
 	resultFormats []int16
 }
 
-type fastStatements struct{ grant, release, unwaited *fastStmt }
+type fastStatements struct{ grant, release *fastStmt }
 
 // fastStmts learns the statements from the generated methods, once. A nil
 // statement means its fast path is off.
 var fastStmts = sync.OnceValue(func() fastStatements {
 	return fastStatements{
-		grant: recordStmt("grant", []uint32{oidInt8, oidTimestamptz}, func(db dbsqlc.DBTX) error {
-			_, err := fastQ.GrantLock(context.Background(), db, dbsqlc.GrantLockParams{Holder: sentinelHolder, TtlUs: sentinelInt, Name: sentinelName})
+		grant: recordStmt("grant", []uint32{oidInt8, oidTimestamptz, oidText, oidTimestamptz}, func(db dbsqlc.DBTX) error {
+			_, err := fastQ.GrantLock(context.Background(), db, dbsqlc.GrantLockParams{Name: sentinelName, Holder: sentinelHolder, TtlUs: sentinelInt, Key: []byte(sentinelKey)})
 			return err
-		}, map[any]int{sentinelHolder: grantHolder, sentinelInt: grantTtlUs, sentinelName: grantName}),
-		release: recordStmt("release", []uint32{oidBool, oidBool}, func(db dbsqlc.DBTX) error {
-			_, err := fastQ.ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: sentinelName, Holder: sentinelHolder, Token: sentinelInt})
+		}, map[string]int{sentinelOf(sentinelName): grantName, sentinelOf(sentinelHolder): grantHolder, sentinelOf(sentinelInt): grantTtlUs, sentinelOf([]byte(sentinelKey)): grantKey}),
+		release: recordStmt("release", []uint32{oidBool, oidBool, oidBool}, func(db dbsqlc.DBTX) error {
+			_, err := fastQ.ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: sentinelName, Token: sentinelInt, Key: []byte(sentinelKey)})
 			return err
-		}, map[any]int{sentinelName: releaseName, sentinelHolder: releaseHolder, sentinelInt: releaseToken}),
-		unwaited: recordStmt("unwaited", []uint32{oidInt8}, func(db dbsqlc.DBTX) error {
-			_, err := fastQ.ReleaseUnwaitedLock(context.Background(), db, dbsqlc.ReleaseUnwaitedLockParams{Name: sentinelName, Holder: sentinelHolder, Token: sentinelInt})
-			return err
-		}, map[any]int{sentinelName: releaseName, sentinelHolder: releaseHolder, sentinelInt: releaseToken}),
+		}, map[string]int{sentinelOf(sentinelName): releaseName, sentinelOf(sentinelInt): releaseToken, sentinelOf([]byte(sentinelKey)): releaseKey}),
 	}
 })
 
@@ -245,7 +261,7 @@ var fastStmts = sync.OnceValue(func() fastStatements {
 // of every field (sentinels maps each sentinel to its field). It returns nil,
 // which turns the fast path off, unless the method sent exactly one QueryRow
 // with exactly one parameter per field and scanned its result.
-func recordStmt(method string, resultOIDs []uint32, call func(dbsqlc.DBTX) error, sentinels map[any]int) *fastStmt {
+func recordStmt(method string, resultOIDs []uint32, call func(dbsqlc.DBTX) error, sentinels map[string]int) *fastStmt {
 	var rec recordingDBTX
 	if err := call(&rec); !errors.Is(err, errRecorded) || rec.calls != 1 || !rec.queryRow {
 		return nil
@@ -256,17 +272,20 @@ func recordStmt(method string, resultOIDs []uint32, call func(dbsqlc.DBTX) error
 	st := &fastStmt{sql: rec.sql, nparams: len(rec.args), resultOIDs: resultOIDs}
 	seen := make(map[int]bool)
 	for pos, a := range rec.args {
-		switch a.(type) { // before the map lookup: it panics on unhashable types
+		switch a.(type) {
 		case string:
 			st.paramOIDs[pos] = oidText
 			st.paramFormats = append(st.paramFormats, 0)
 		case int64:
 			st.paramOIDs[pos] = oidInt8
 			st.paramFormats = append(st.paramFormats, 1)
+		case []byte:
+			st.paramOIDs[pos] = oidBytea
+			st.paramFormats = append(st.paramFormats, 1)
 		default:
 			return nil
 		}
-		f, ok := sentinels[a]
+		f, ok := sentinels[sentinelOf(a)]
 		if !ok || seen[f] {
 			return nil
 		}
@@ -317,11 +336,12 @@ type recordedRow struct{}
 
 func (recordedRow) Scan(...any) error { return errRecorded }
 
-// fastParam is one parameter value: text, or int when the position is
-// bigint.
+// fastParam is one parameter value: text, int when the position is bigint,
+// bytes when it is bytea.
 type fastParam struct {
-	text string
-	int  int64
+	text  string
+	int   int64
+	bytes []byte
 }
 
 // fastConn is the fast path's state of one connection, kept in its pgconn's
@@ -381,7 +401,7 @@ func newFastConn(c *pgx.Conn) *fastConn {
 		return fc
 	}
 	m := c.TypeMap()
-	for _, oid := range []uint32{oidBool, oidInt8, oidText, oidTimestamptz} {
+	for _, oid := range []uint32{oidBool, oidBytea, oidInt8, oidText, oidTimestamptz} {
 		t, ok := m.TypeForOID(oid)
 		if !ok {
 			return fc
@@ -389,6 +409,8 @@ func newFastConn(c *pgx.Conn) *fastConn {
 		switch codec := t.Codec.(type) {
 		case pgtype.BoolCodec:
 			ok = oid == oidBool
+		case pgtype.ByteaCodec:
+			ok = oid == oidBytea
 		case pgtype.Int8Codec:
 			ok = oid == oidInt8
 		case pgtype.TextCodec:
@@ -427,9 +449,12 @@ func (fc *fastConn) exec(ctx context.Context, conn *pgxpool.Conn, st *fastStmt, 
 	var ends [fastMaxParams]int
 	for pos := 0; pos < st.nparams; pos++ {
 		v := &p[st.fieldAt[pos]]
-		if st.paramOIDs[pos] == oidInt8 {
+		switch st.paramOIDs[pos] {
+		case oidInt8:
 			b = binary.BigEndian.AppendUint64(b, uint64(v.int))
-		} else {
+		case oidBytea:
+			b = append(b, v.bytes...)
+		default:
 			b = append(b, v.text...)
 		}
 		ends[pos] = len(b)

@@ -22,32 +22,25 @@ import (
 // its place.
 func TestFastPathRecordsGeneratedStatements(t *testing.T) {
 	st := fastStmts()
-	if st.grant == nil || st.release == nil || st.unwaited == nil {
-		t.Fatalf("fast path is off: grant %v, release %v, unwaited %v", st.grant, st.release, st.unwaited)
+	if st.grant == nil || st.release == nil {
+		t.Fatalf("fast path is off: grant %v, release %v", st.grant, st.release)
 	}
 	var rec recordingDBTX
-	_, _ = dbsqlc.New().GrantLock(context.Background(), &rec, dbsqlc.GrantLockParams{Holder: "h", TtlUs: 7, Name: "n"})
+	_, _ = dbsqlc.New().GrantLock(context.Background(), &rec, dbsqlc.GrantLockParams{Name: "n", Holder: "h", TtlUs: 7, Key: fpOtherKey})
 	if rec.sql != st.grant.sql {
 		t.Errorf("grant SQL differs from the generated method's:\n%s\n---\n%s", st.grant.sql, rec.sql)
 	}
-	checkArgs(t, "grant", st.grant, rec.args, [fastMaxParams]fastParam{grantHolder: {text: "h"}, grantTtlUs: {int: 7}, grantName: {text: "n"}})
+	checkArgs(t, "grant", st.grant, rec.args, [fastMaxParams]fastParam{grantHolder: {text: "h"}, grantTtlUs: {int: 7}, grantName: {text: "n"}, grantKey: {bytes: fpOtherKey}})
 
 	rec = recordingDBTX{}
-	_, _ = dbsqlc.New().ReleaseLock(context.Background(), &rec, dbsqlc.ReleaseLockParams{Name: "n", Holder: "h", Token: 9})
+	_, _ = dbsqlc.New().ReleaseLock(context.Background(), &rec, dbsqlc.ReleaseLockParams{Name: "n", Token: 9, Key: fpOtherKey})
 	if rec.sql != st.release.sql {
 		t.Errorf("release SQL differs from the generated method's:\n%s\n---\n%s", st.release.sql, rec.sql)
 	}
-	checkArgs(t, "release", st.release, rec.args, [fastMaxParams]fastParam{releaseName: {text: "n"}, releaseHolder: {text: "h"}, releaseToken: {int: 9}})
+	checkArgs(t, "release", st.release, rec.args, [fastMaxParams]fastParam{releaseName: {text: "n"}, releaseToken: {int: 9}, releaseKey: {bytes: fpOtherKey}})
 
-	rec = recordingDBTX{}
-	_, _ = dbsqlc.New().ReleaseUnwaitedLock(context.Background(), &rec, dbsqlc.ReleaseUnwaitedLockParams{Name: "n", Holder: "h", Token: 9})
-	if rec.sql != st.unwaited.sql {
-		t.Errorf("unwaited release SQL differs from the generated method's:\n%s\n---\n%s", st.unwaited.sql, rec.sql)
-	}
-	checkArgs(t, "unwaited", st.unwaited, rec.args, [fastMaxParams]fastParam{releaseName: {text: "n"}, releaseHolder: {text: "h"}, releaseToken: {int: 9}})
-
-	if st.grant.name == st.release.name || st.release.name == st.unwaited.name || !strings.HasPrefix(st.grant.name, "pgfence_fast_grant_") {
-		t.Errorf("statement names %q, %q, %q", st.grant.name, st.release.name, st.unwaited.name)
+	if st.grant.name == st.release.name || !strings.HasPrefix(st.grant.name, "pgfence_fast_grant_") {
+		t.Errorf("statement names %q, %q", st.grant.name, st.release.name)
 	}
 }
 
@@ -61,10 +54,13 @@ func checkArgs(t *testing.T, what string, st *fastStmt, args []any, p [fastMaxPa
 	for pos, a := range args {
 		f := p[st.fieldAt[pos]]
 		var want any = f.text
-		if st.paramOIDs[pos] == oidInt8 {
+		switch st.paramOIDs[pos] {
+		case oidInt8:
 			want = f.int
+		case oidBytea:
+			want = f.bytes
 		}
-		if a != want {
+		if sentinelOf(a) != sentinelOf(want) {
 			t.Errorf("%s: $%d = %#v from the generated method, %#v from the fast path", what, pos+1, a, want)
 		}
 	}
@@ -72,7 +68,7 @@ func checkArgs(t *testing.T, what string, st *fastStmt, args []any, p [fastMaxPa
 
 // Anything unexpected in the recording turns the fast path off.
 func TestFastPathRecordRefusesSurprises(t *testing.T) {
-	sent := map[any]int{sentinelHolder: 0, sentinelInt: 1, sentinelName: 2}
+	sent := map[string]int{sentinelOf(sentinelHolder): 0, sentinelOf(sentinelInt): 1, sentinelOf(sentinelName): 2}
 	for _, c := range []struct {
 		name string
 		call func(dbsqlc.DBTX) error
@@ -95,6 +91,9 @@ func TestFastPathRecordRefusesSurprises(t *testing.T) {
 			return db.QueryRow(context.Background(), "SELECT 1", sentinelHolder, sentinelInt, "x").Scan()
 		}},
 		{"unknown type", func(db dbsqlc.DBTX) error {
+			return db.QueryRow(context.Background(), "SELECT 1", sentinelHolder, sentinelInt, int32(1)).Scan()
+		}},
+		{"same value, another type", func(db dbsqlc.DBTX) error {
 			return db.QueryRow(context.Background(), "SELECT 1", sentinelHolder, sentinelInt, []byte(sentinelName)).Scan()
 		}},
 		{"no scan", func(db dbsqlc.DBTX) error {
@@ -114,22 +113,26 @@ func TestFastPathRecordRefusesSurprises(t *testing.T) {
 	}
 }
 
-// fpImpl is one implementation of the three statements.
+// fpImpl is one implementation of the two statements.
 type fpImpl struct {
-	name     string
-	grant    func(context.Context, *pgxpool.Conn, dbsqlc.GrantLockParams) (fastGrantRow, error)
-	release  func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error)
-	unwaited func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseUnwaitedLockParams) (int64, error)
+	name    string
+	grant   func(context.Context, *pgxpool.Conn, dbsqlc.GrantLockParams) (fastGrantRow, error)
+	release func(context.Context, *pgxpool.Conn, dbsqlc.ReleaseLockParams) (fastReleaseRow, error)
 }
 
 var fpImpls = []fpImpl{
-	{"fast", fastGrantLock, fastReleaseLock, fastReleaseUnwaitedLock},
-	{"generated", slowGrantLock, func(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (dbsqlc.ReleaseLockRow, error) {
-		return dbsqlc.New().ReleaseLock(ctx, conn, arg)
-	}, func(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseUnwaitedLockParams) (int64, error) {
-		return dbsqlc.New().ReleaseUnwaitedLock(ctx, conn, arg)
+	{"fast", fastGrantLock, fastReleaseLock},
+	{"generated", slowGrantLock, func(ctx context.Context, conn *pgxpool.Conn, arg dbsqlc.ReleaseLockParams) (fastReleaseRow, error) {
+		r, err := dbsqlc.New().ReleaseLock(ctx, conn, arg)
+		return fastReleaseRow{Released: r.Released.Bool, HandedOff: r.HandedOff.Bool, Notified: r.Notified.Bool}, err
 	}},
 }
+
+// The lease keys of the tests' holders "other" (fpHeld) and "me".
+var (
+	fpOtherKey = []byte("other's lease key")
+	fpMeKey    = []byte("my own lease key")
+)
 
 // fpState returns the lock row and queue rows of name without what differs
 // between two runs on two names at two moments (name, wkey, ticket, absolute
@@ -163,16 +166,17 @@ type fpSetup func(t testing.TB, db DBTX, name string, wkey int64)
 
 func fpHeld(t testing.TB, db DBTX, name string, _ int64) {
 	t.Helper()
-	if _, err := dbsqlc.New().InsertLock(context.Background(), db, dbsqlc.InsertLockParams{Name: name, Holder: "other", TtlUs: 60e6}); err != nil {
-		t.Fatal(err)
+	r, err := dbsqlc.New().GrantLock(context.Background(), db, dbsqlc.GrantLockParams{Name: name, Holder: "other", TtlUs: 60e6, Key: fpOtherKey})
+	if err != nil || r.Token.Int64 != 1 {
+		t.Fatalf("first grant of %s: %+v, %v", name, r, err)
 	}
 }
 
 func fpFree(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
-	if _, err := dbsqlc.New().ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: name, Holder: "other", Token: 1}); err != nil {
-		t.Fatal(err)
+	if r, err := dbsqlc.New().ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: name, Token: 1, Key: fpOtherKey}); err != nil || !r.Released.Bool {
+		t.Fatalf("release of %s: %+v, %v", name, r, err)
 	}
 }
 
@@ -186,8 +190,8 @@ func fpExpired(t testing.TB, db DBTX, name string, wkey int64) {
 func fpQueued(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
-	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until)
-		VALUES ($1, $2, 'waiter', 30000000, now() + interval '1 minute')`, wkey, name)
+	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until)
+		VALUES ($1, $2, 'waiter', sha256('waiter''s key'), 30000000, now() + interval '1 minute')`, wkey, name)
 }
 
 func fpMarked(t testing.TB, db DBTX, name string, wkey int64) {
@@ -208,8 +212,8 @@ func fpOldMark(t testing.TB, db DBTX, name string, wkey int64) {
 func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
-	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until, granted_token)
-		VALUES ($1, $2, 'waiter', 30000000, now() + interval '1 minute', 1)`, wkey, name)
+	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until, granted_token)
+		VALUES ($1, $2, 'waiter', sha256('waiter''s key'), 30000000, now() + interval '1 minute', 1)`, wkey, name)
 }
 
 // fpDeadEndedRow: held, with the queue row of a wait that ended without a
@@ -218,8 +222,8 @@ func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
 func fpDeadEndedRow(t testing.TB, db DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
-	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until, granted_token)
-		VALUES ($1, $2, 'waiter', 30000000, now() - interval '1 second', 0)`, wkey, name)
+	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until, granted_token)
+		VALUES ($1, $2, 'waiter', sha256('waiter''s key'), 30000000, now() - interval '1 second', 0)`, wkey, name)
 }
 
 func fpOverflow(t testing.TB, db DBTX, name string, wkey int64) {
@@ -237,10 +241,11 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 	pool := pgtest.PoolFor(t, pgtest.DSN(t))
 	ctx := testCtx(t, time.Minute)
 	type op struct {
-		release  bool
-		unwaited bool // with release: ReleaseUnwaitedLock
-		holder   string
-		token    int64 // release; 0 = the current token
+		release bool
+		holder  string
+		key     []byte // nil: fpMeKey for a grant, fpOtherKey for a release
+		token   int64  // release; 0 = the current token
+		ttlUs   int64  // grant; 0 = 60 s
 	}
 	for i, c := range []struct {
 		name  string
@@ -256,26 +261,20 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 		{"grant empty holder", fpFree, op{holder: ""}},
 		{"grant holder beyond the kept buffer", fpFree, op{holder: strings.Repeat("h", 3000)}},
 		{"grant after a long holder", fpFree, op{holder: "me"}},
-		{"release", fpHeld, op{release: true, holder: "other"}},
-		{"release wrong token", fpHeld, op{release: true, holder: "other", token: 2}},
-		{"release wrong holder", fpHeld, op{release: true, holder: "me"}},
-		{"release expired", fpExpired, op{release: true, holder: "other"}},
-		{"release free", fpFree, op{release: true, holder: "other"}},
-		{"release handoff", fpQueued, op{release: true, holder: "other"}},
-		{"release marked", fpMarked, op{release: true, holder: "other"}},
-		{"release old mark", fpOldMark, op{release: true, holder: "other"}},
-		{"release granted row", fpGrantedRow, op{release: true, holder: "other"}},
-		{"release dead ended row", fpDeadEndedRow, op{release: true, holder: "other"}},
-		{"unwaited release", fpHeld, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release wrong token", fpHeld, op{release: true, unwaited: true, holder: "other", token: 2}},
-		{"unwaited release wrong holder", fpHeld, op{release: true, unwaited: true, holder: "me"}},
-		{"unwaited release expired", fpExpired, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release free", fpFree, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release queued", fpQueued, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release granted row", fpGrantedRow, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release dead ended row", fpDeadEndedRow, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release marked", fpMarked, op{release: true, unwaited: true, holder: "other"}},
-		{"unwaited release old mark", fpOldMark, op{release: true, unwaited: true, holder: "other"}},
+		{"grant short key", fpFree, op{holder: "me", key: []byte("short")}},
+		{"grant TTL too long", fpFree, op{holder: "me", ttlUs: 86400000001}},
+		{"release", fpHeld, op{release: true}},
+		{"release wrong token", fpHeld, op{release: true, token: 2}},
+		{"release wrong key", fpHeld, op{release: true, key: fpMeKey}},
+		{"release expired", fpExpired, op{release: true}},
+		{"release free", fpFree, op{release: true}},
+		{"release handoff", fpQueued, op{release: true}},
+		{"release marked", fpMarked, op{release: true}},
+		{"release old mark", fpOldMark, op{release: true}},
+		{"release granted row", fpGrantedRow, op{release: true}},
+		{"release dead ended row", fpDeadEndedRow, op{release: true}},
+		{"release queued, wrong key", fpQueued, op{release: true, key: fpMeKey}},
+		{"release key too long", fpHeld, op{release: true, key: make([]byte, 65)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var results, states []string
@@ -288,22 +287,26 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 				}
 				var res string
 				if c.op.release {
-					token := c.op.token
+					token, key := c.op.token, c.op.key
 					if token == 0 {
 						_ = pool.QueryRow(ctx, "SELECT token FROM pgfence.locks WHERE name = $1", name).Scan(&token)
 					}
-					if c.op.unwaited {
-						var got int64
-						got, err = impl.unwaited(ctx, conn, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: c.op.holder, Token: token})
-						res = fmt.Sprintf("token=%d", got)
-					} else {
-						var r dbsqlc.ReleaseLockRow
-						r, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: c.op.holder, Token: token})
-						res = fmt.Sprintf("%+v", r)
+					if key == nil {
+						key = fpOtherKey
 					}
+					var r fastReleaseRow
+					r, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: key})
+					res = fmt.Sprintf("%+v", r)
 				} else {
+					key, ttl := c.op.key, c.op.ttlUs
+					if key == nil {
+						key = fpMeKey
+					}
+					if ttl == 0 {
+						ttl = 60e6
+					}
 					var r fastGrantRow
-					r, err = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: c.op.holder, TtlUs: 60e6})
+					r, err = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: c.op.holder, TtlUs: ttl, Key: key})
 					var exp *time.Time
 					_ = conn.QueryRow(ctx, "SELECT expires_at FROM pgfence.locks WHERE name = $1", name).Scan(&exp)
 					switch {
@@ -311,8 +314,10 @@ func TestFastPathMatchesGenerated(t *testing.T) {
 						t.Errorf("%s: expiry %v, the row's %v", impl.name, r.ExpiresAt, exp)
 					case !r.HasExpiry && r.ExpiresAt != (time.Time{}):
 						t.Errorf("%s: expiry %v without HasExpiry", impl.name, r.ExpiresAt)
+					case err == nil && r.DbNow.IsZero():
+						t.Errorf("%s: no database time", impl.name)
 					}
-					res = fmt.Sprintf("token=%d expiry=%v", r.Token, r.HasExpiry)
+					res = fmt.Sprintf("token=%d expiry=%v held_by=%q/%v", r.Token, r.HasExpiry, r.HeldBy, r.HasHolder)
 				}
 				conn.Release()
 				res += " err=" + fpErr(err)
@@ -372,12 +377,12 @@ func TestFastPathTakenOnlyWithCachedStatements(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6})
+		r, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 		if err != nil || r.Token != 2 || !r.HasExpiry {
 			t.Fatalf("mode %q: grant %+v, %v", c.mode, r, err)
 		}
-		if _, err := fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: "me", Token: 2}); err != nil {
-			t.Fatalf("mode %q: release %v", c.mode, err)
+		if rr, err := fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: 2, Key: fpMeKey}); err != nil || !rr.Released {
+			t.Fatalf("mode %q: release %+v, %v", c.mode, rr, err)
 		}
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence_fast_%'").Scan(&n); err != nil {
@@ -402,9 +407,9 @@ func TestFastPathStatementDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	args := dbsqlc.ReleaseLockParams{Name: "fp-dropped", Holder: "nobody", Token: 1}
-	if _, err := fastReleaseLock(ctx, conn, args); !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatal(err)
+	args := dbsqlc.ReleaseLockParams{Name: "fp-dropped", Token: 1, Key: fpMeKey}
+	if r, err := fastReleaseLock(ctx, conn, args); err != nil || r.Released {
+		t.Fatal(r, err)
 	}
 	if _, err := conn.Conn().PgConn().Exec(ctx, "DEALLOCATE ALL").ReadAll(); err != nil {
 		t.Fatal(err)
@@ -413,8 +418,8 @@ func TestFastPathStatementDropped(t *testing.T) {
 	if code := pgerr.Code(err); code != "26000" {
 		t.Fatalf("after DEALLOCATE ALL: %v, want SQLSTATE 26000", err)
 	}
-	if _, err := fastReleaseLock(ctx, conn, args); !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatalf("next call: %v, want ErrNoRows", err)
+	if r, err := fastReleaseLock(ctx, conn, args); err != nil || r.Released {
+		t.Fatalf("next call: %+v, %v, want not released", r, err)
 	}
 }
 
@@ -438,7 +443,7 @@ func TestFastPathContextCancel(t *testing.T) {
 		}
 		done, cancel := context.WithCancel(ctx)
 		cancel()
-		_, err = impl.grant(done, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6})
+		_, err = impl.grant(done, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: cancelled context: %v", impl.name, err)
 		}
@@ -459,7 +464,7 @@ func TestFastPathContextCancel(t *testing.T) {
 		wctx, cancel := context.WithCancel(ctx)
 		time.AfterFunc(200*time.Millisecond, cancel)
 		start := time.Now()
-		_, err = impl.grant(wctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6})
+		_, err = impl.grant(wctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 		if !errors.Is(err, context.Canceled) || time.Since(start) > 5*time.Second {
 			t.Errorf("%s: cancelled while waiting: %v after %v", impl.name, err, time.Since(start))
 		}
@@ -480,9 +485,9 @@ func TestFastPathContextCancel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: other, Holder: "me", TtlUs: 60e6})
+			r, err := impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: other, Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 			if err == nil {
-				_, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: other, Holder: "me", Token: r.Token})
+				_, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: other, Token: r.Token, Key: fpMeKey})
 			}
 			conn.Release()
 			if err != nil {
@@ -511,15 +516,15 @@ func TestFastPathDeadConnection(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Prepare the statements first, as on a connection in use.
-			_, _ = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: "x", Token: 1})
-			_, _ = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "x", TtlUs: 1})
+			_, _ = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: 1, Key: fpMeKey})
+			_, _ = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "x", TtlUs: 1000, Key: fpMeKey})
 			if n := pgtest.TerminateBackends(t, ctx, admin, app); n != 1 {
 				t.Fatalf("terminated %d backends", n)
 			}
 			if release {
-				_, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: "me", Token: 1})
+				_, err = impl.release(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: 1, Key: fpMeKey})
 			} else {
-				_, err = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6})
+				_, err = impl.grant(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 			}
 			dead := deadConnection(conn, err)
 			conn.Release()
@@ -548,9 +553,13 @@ func TestFastPathAllocs(t *testing.T) { // not parallel: AllocsPerRun counts eve
 	defer conn.Release()
 	var failed error
 	cycle := func() {
-		r, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: "fp-allocs", Holder: "me", TtlUs: 60e6})
+		r, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: "fp-allocs", Holder: "me", TtlUs: 60e6, Key: fpMeKey})
 		if err == nil {
-			_, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "fp-allocs", Holder: "me", Token: r.Token})
+			var rr fastReleaseRow
+			rr, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "fp-allocs", Token: r.Token, Key: fpMeKey})
+			if err == nil && !rr.Released {
+				err = errors.New("not released")
+			}
 		}
 		if err != nil && failed == nil {
 			failed = err

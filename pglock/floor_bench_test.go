@@ -21,8 +21,8 @@ import (
 const floorRingSize = 8
 
 // floorHandoffSQL hands the lease of $2, held by ($3, $4), to holder $1 in
-// one single-row UPDATE of pgfence.locks (through the integrity trigger,
-// waiting for the flush as a grant must) and notifies the next client ($5).
+// one single-row UPDATE of pgfence.locks (waiting for the flush as a grant
+// must) and notifies the next client ($5).
 const floorHandoffSQL = `UPDATE pgfence.locks AS l
 SET token = l.token + 1, holder = $1::text, acquired_at = now(), renewed_at = NULL,
     expires_at = now() + interval '1 minute'
@@ -30,11 +30,25 @@ FROM (SELECT set_config('synchronous_commit', 'on', true) AS sync) AS sc
 WHERE l.name = $2::text AND l.holder = $3::text AND l.token = $4::bigint AND l.expires_at > now()
 RETURNING l.token, pg_notify('pgfence_floor', $5::text || ' ' || l.token::text)`
 
+// floorKey is the lease key of a bench client: its holder name, padded to
+// the 16 bytes a key needs at least.
+func floorKey(holder string) []byte { return []byte(fmt.Sprintf("%-16s", holder)) }
+
+// floorGrant grants name to holder (with its floorKey) and returns the token;
+// a refusal is an error.
+func floorGrant(ctx context.Context, q *dbsqlc.Queries, db dbsqlc.DBTX, name, holder string, ttlUs int64) (int64, error) {
+	r, err := q.GrantLock(ctx, db, dbsqlc.GrantLockParams{Name: name, Holder: holder, TtlUs: ttlUs, Key: floorKey(holder)})
+	if err == nil && !r.Token.Valid {
+		err = fmt.Errorf("grant of %s refused: held by %v", name, r.HeldBy)
+	}
+	return r.Token.Int64, err
+}
+
 // BenchmarkHandoffFloor measures, in SQL alone and side by side, what a
 // hot lock name can do on this server, to set a target for the handoff:
 //
 //   - barging: one connection releases and grants again
-//     (ReleaseUnwaitedLock + GrantLock), as a polling client that releases
+//     (ReleaseLock + GrantLock), as a polling client that releases
 //     and asks again at once does, so nobody else is ever served;
 //   - ring: 8 clients pass the lease on in FIFO order, each handoff one
 //     single-row UPDATE of the lock row (floorHandoffSQL) plus a
@@ -104,29 +118,28 @@ func floorBarging(ctx context.Context, pool *pgxpool.Pool, name string, n int) (
 	defer c.Release()
 	q := dbsqlc.New()
 	const holder = "barger"
-	r, err := q.InsertLock(ctx, c, dbsqlc.InsertLockParams{Name: name, Holder: holder, TtlUs: time.Minute.Microseconds()})
+	r, err := floorGrant(ctx, q, c, name, holder, time.Minute.Microseconds())
 	if err != nil {
 		return 0, err
 	}
-	token := r.Token
+	token := r
 	t0 := time.Now()
 	for range n {
-		if _, err := q.ReleaseUnwaitedLock(ctx, c, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: holder, Token: token}); err != nil {
-			return 0, fmt.Errorf("release: %w", err)
+		if res, err := q.ReleaseLock(ctx, c, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: floorKey(holder)}); err != nil || !res.Released.Bool {
+			return 0, fmt.Errorf("release: %v %w", res, err)
 		}
-		g, err := q.GrantLock(ctx, c, dbsqlc.GrantLockParams{Name: name, Holder: holder, TtlUs: time.Minute.Microseconds()})
+		g, err := floorGrant(ctx, q, c, name, holder, time.Minute.Microseconds())
 		if err != nil {
 			return 0, fmt.Errorf("grant: %w", err)
 		}
-		token = g.Token
+		token = g
 	}
 	return time.Since(t0), nil
 }
 
 // floorRing times n single-statement handoffs of name around a ring of
 // floorRingSize clients. Every client has a live queue row that is never
-// handed anything, so the integrity trigger admits each handoff as it
-// admits ReleaseLock's.
+// handed anything, as ReleaseLock's handoff needs.
 func floorRing(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
 	return floorRingWith(ctx, pool, name, n, false)
 }
@@ -145,21 +158,21 @@ func floorRingWith(ctx context.Context, pool *pgxpool.Pool, name string, n int, 
 	base := time.Now().UnixNano() % (1 << 40) << 8
 	var seq atomic.Int64
 	if requeue {
-		if _, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: requeueName, Holder: "outside", TtlUs: time.Hour.Microseconds()}); err != nil {
+		if _, err := floorGrant(ctx, q, pool, requeueName, "outside", time.Hour.Microseconds()); err != nil {
 			return 0, err
 		}
 	}
 	holder := func(i int) string { return "ring-" + strconv.Itoa(i) }
-	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
+	r, err := floorGrant(ctx, q, pool, name, holder(0), time.Minute.Microseconds())
 	if err != nil {
 		return 0, err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until)
-		SELECT $1::bigint + g, $2::text, 'ring-' || g, 60000000, now() + interval '1 hour'
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until)
+		SELECT $1::bigint + g, $2::text, 'ring-' || g, sha256(convert_to(rpad('ring-' || g, 16), 'UTF8')), 60000000, now() + interval '1 hour'
 		FROM generate_series(0, $3::int - 1) AS g`, base, name, floorRingSize); err != nil {
 		return 0, err
 	}
-	return floorRun(ctx, pool, "pgfence_floor", n, r.Token, func(payload string) (int, int64, bool) {
+	return floorRun(ctx, pool, "pgfence_floor", n, r, func(payload string) (int, int64, bool) {
 		f := strings.Fields(payload)
 		if len(f) != 2 {
 			return 0, 0, false
@@ -179,9 +192,9 @@ func floorRingWith(ctx context.Context, pool *pgxpool.Pool, name string, n int, 
 		// ring's rows (base + i).
 		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{
 			Wkey: base + floorRingSize + int64(i), WaitID: seq.Add(1), Holder: holder(i),
-			TtlUs: time.Minute.Microseconds(), Name: requeueName,
+			TtlUs: time.Minute.Microseconds(), Name: requeueName, Key: floorKey(holder(i)),
 		})
-		if err == nil && row.Granted {
+		if err == nil && row.Granted.Bool {
 			err = errors.New("a requeueing ring client was granted the lock held outside the ring")
 		}
 		return err
@@ -202,13 +215,14 @@ func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n in
 		// The key of client i is base + i.
 		row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{
 			Wkey: base + int64(i), WaitID: seq.Add(1), Holder: holder(i), TtlUs: time.Minute.Microseconds(), Name: name,
+			Key: floorKey(holder(i)),
 		})
-		if err == nil && row.Granted {
+		if err == nil && row.Granted.Bool {
 			err = errors.New("a queueing client was granted the lease")
 		}
 		return err
 	}
-	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: holder(0), TtlUs: time.Minute.Microseconds()})
+	r, err := floorGrant(ctx, q, pool, name, holder(0), time.Minute.Microseconds())
 	if err != nil {
 		return 0, err
 	}
@@ -217,7 +231,7 @@ func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n in
 			return 0, err
 		}
 	}
-	return floorRun(ctx, pool, HandoffChannel, n, r.Token, func(payload string) (int, int64, bool) {
+	return floorRun(ctx, pool, HandoffChannel, n, r, func(payload string) (int, int64, bool) {
 		f := strings.Fields(payload) // "wkey wait_id token expiry_us"
 		if len(f) != 4 {
 			return 0, 0, false
@@ -226,11 +240,11 @@ func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n in
 		t, err2 := strconv.ParseInt(f[2], 10, 64)
 		return int(wkey - base), t, err1 == nil && err2 == nil && wkey >= base && wkey < base+floorRingSize
 	}, func(ctx context.Context, i int, token int64) error {
-		res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: holder(i), Token: token})
+		res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: floorKey(holder(i))})
 		if err != nil {
 			return err
 		}
-		if !res.HandedOff {
+		if !res.HandedOff.Bool {
 			return errors.New("ReleaseLock handed the lease to nobody")
 		}
 		return queue(ctx, i)
@@ -330,11 +344,11 @@ func BenchmarkHotNameStatements(b *testing.B) {
 	q := dbsqlc.New()
 	name := fmt.Sprintf("hot-statements-%d", time.Now().UnixNano())
 	const ttlUs = int64(60e6)
-	r, err := q.InsertLock(ctx, pool, dbsqlc.InsertLockParams{Name: name, Holder: "holder", TtlUs: ttlUs})
+	r, err := floorGrant(ctx, q, pool, name, "holder", ttlUs)
 	if err != nil {
 		b.Fatal(err)
 	}
-	token := r.Token
+	token := r
 	// A key unique to this run, reused with a new wait id by every wait, as
 	// a Locker does.
 	wkey := time.Now().UnixNano() % (1 << 40) << 16
@@ -349,30 +363,30 @@ func BenchmarkHotNameStatements(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		timed(0, func() error {
-			row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Name: name, Holder: "waiter", TtlUs: ttlUs, Wkey: wkey, WaitID: int64(i) + 1})
-			if err == nil && row.Granted {
+			row, err := q.QueueGrant(ctx, pool, dbsqlc.QueueGrantParams{Name: name, Holder: "waiter", TtlUs: ttlUs, Key: floorKey("waiter"), Wkey: wkey, WaitID: int64(i) + 1})
+			if err == nil && row.Granted.Bool {
 				err = errors.New("QueueGrant granted a held lock")
 			}
 			return err
 		})
 		timed(1, func() error {
-			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: "holder", Token: token})
-			if err == nil && !res.HandedOff {
+			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: floorKey("holder")})
+			if err == nil && !res.HandedOff.Bool {
 				err = errors.New("ReleaseLock handed the lease to nobody")
 			}
 			token++
 			return err
 		})
 		timed(2, func() error {
-			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Holder: "waiter", Token: token})
-			if err == nil && res.HandedOff {
+			res, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: floorKey("waiter")})
+			if err == nil && res.HandedOff.Bool {
 				err = errors.New("ReleaseLock handed the lease over with nobody queued")
 			}
 			return err
 		})
 		timed(3, func() error {
-			g, err := q.GrantLock(ctx, pool, dbsqlc.GrantLockParams{Name: name, Holder: "holder", TtlUs: ttlUs})
-			token = g.Token
+			g, err := floorGrant(ctx, q, pool, name, "holder", ttlUs)
+			token = g
 			return err
 		})
 	}

@@ -7,7 +7,6 @@ import (
 	mrand "math/rand/v2"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
@@ -21,7 +20,6 @@ import (
 func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind, w *waiter) (*Lease, *LockedError, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
-	insert := false // the next statement is InsertLock (attemptTry, no row yet)
 	for attempt := 0; ; {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
@@ -32,6 +30,7 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 		sent := time.Now()
 		var (
 			granted   bool
+			changed   bool // the lock changed under the call: call again
 			token     int64
 			expiresAt *time.Time
 			holder    *string
@@ -40,21 +39,24 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 		if mark {
 			var r dbsqlc.QueueGrantRow
 			r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
-				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Wkey: w.wkey, WaitID: w.waitID,
+				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
 			})
-			granted, token, expiresAt, holder, dbNow = r.Granted, r.Token, r.ExpiresAt, r.Holder, r.DbNow
-		} else if insert {
-			var r dbsqlc.InsertLockRow
-			r, err = l.q.InsertLock(ctx, conn, dbsqlc.InsertLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-			granted, token, expiresAt = err == nil, r.Token, r.ExpiresAt
-			insert = false
+			granted, changed = r.Granted.Valid && r.Granted.Bool, !r.Granted.Valid
+			token, expiresAt, holder = r.Token.Int64, r.ExpiresAt, r.HeldBy
+			if r.DbNow != nil {
+				dbNow = *r.DbNow
+			}
 		} else {
 			var r fastGrantRow
-			r, err = fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds()})
-			granted, token = err == nil, r.Token
+			r, err = fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key})
+			granted, token, dbNow = r.Token > 0, r.Token, r.DbNow
 			if r.HasExpiry {
 				expiresAt = &r.ExpiresAt
 			}
+			if r.HasHolder {
+				holder = &r.HeldBy
+			}
+			changed = !granted && !r.HasHolder
 		}
 		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
 			// The pool handed out a connection whose backend was already
@@ -64,12 +66,11 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			deadConns++
 			continue
 		}
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			conn.Release()
+		conn.Release()
+		if err != nil {
 			return nil, nil, 0, translateGrantError(name, err)
 		}
 		if granted {
-			conn.Release()
 			if expiresAt == nil {
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
 			}
@@ -78,7 +79,7 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 				// lease would end the moment it was returned. Give the
 				// token back (best effort, conditional on it) and report.
 				if ctx.Err() == nil {
-					_ = l.release(ctx, name, l.holder, token)
+					_ = l.release(ctx, name, token)
 				}
 				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
 			}
@@ -92,34 +93,14 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
 		}
 		if kind == attemptFirst {
-			conn.Release()
 			return nil, &LockedError{Name: name}, 0, nil
 		}
-		if !mark { // GrantLock refused: read the holder.
-			var h dbsqlc.LockHolderRow
-			h, err = l.q.LockHolder(ctx, conn, name)
-			if h.Held {
-				holder, expiresAt, dbNow = h.Holder, h.ExpiresAt, h.DbNow
-			}
-			if errors.Is(err, pgx.ErrNoRows) && attempt < 3 {
-				// The lock has no row yet: its first grant inserts it.
-				conn.Release()
-				insert = true
-				attempt++
-				continue
-			}
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				conn.Release()
-				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
-			}
-		}
-		conn.Release()
-		if holder != nil && expiresAt != nil {
+		if !changed && holder != nil && expiresAt != nil {
 			return nil, &LockedError{Name: name, Holder: *holder, ExpiresAt: *expiresAt},
 				jitterWait(expiresAt.Sub(dbNow)), nil
 		}
-		// Released or expired between the snapshot and the statement (or
-		// between the two statements): try again.
+		// Released or expired during the call, or a concurrent first grant:
+		// try again.
 		if attempt++; attempt > 3 {
 			return nil, &LockedError{Name: name}, jitterWait(0), nil
 		}
@@ -137,22 +118,22 @@ func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wke
 	)
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now()
-		r, err = l.q.HandedLock(ctx, conn, wkey, waitID)
+		r, err = l.q.HandedLock(ctx, conn, dbsqlc.HandedLockParams{Wkey: wkey, WaitID: waitID, Key: l.key})
 		return err
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return nil, nil
 	case err != nil:
 		return nil, &DBError{Op: "acquire", Name: name, Err: err}
-	case r.ExpiresAt == nil:
+	case !r.Token.Valid:
+		return nil, nil
+	case r.ExpiresAt == nil || r.DbNow == nil:
 		return nil, &DBError{Op: "acquire", Name: name, Err: errors.New("handed lease has no expiry")}
 	}
-	left := r.ExpiresAt.Sub(r.DbNow)
+	left := r.ExpiresAt.Sub(*r.DbNow)
 	if left <= time.Since(sent) {
 		return nil, nil // it ends before it could be used: the expiry frees it
 	}
-	return l.newLease(name, r.Token, ttl, *r.ExpiresAt, sent.Add(left-ttl)), nil
+	return l.newLease(name, r.Token.Int64, ttl, *r.ExpiresAt, sent.Add(left-ttl)), nil
 }
 
 // leaveQueue takes the waiter wkey out of the queue of name, and releases a
@@ -163,13 +144,14 @@ func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wke
 func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
-	var token int64
+	var r dbsqlc.LeaveQueueRow
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		token, err = l.q.LeaveQueue(ctx, conn, wkey, waitID)
+		r, err = l.q.LeaveQueue(ctx, conn, dbsqlc.LeaveQueueParams{Wkey: wkey, WaitID: waitID, Key: l.key})
 		return err
 	})
+	token := r.GrantedToken.Int64
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case err == nil && !r.Removed.Bool:
 		return true // never queued, or already cleaned up
 	case err != nil:
 		// The row stays until its alive_until passes: a release may hand the
@@ -179,7 +161,7 @@ func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 	case token == 0:
 		return true
 	}
-	if err := l.release(ctx, name, l.holder, token); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := l.release(ctx, name, token); err != nil && !errors.Is(err, ErrLeaseLost) {
 		l.log.Warn("pglock: giving back a lease handed to a waiter that left failed; it ends at its expiry", "name", name, "token", token, "err", err)
 	}
 	return true

@@ -89,9 +89,9 @@ func TestHandoffDeadWaiters(t *testing.T) {
 	s := mustAcquire(t, owner, name, time.Minute)
 	// A waiter gone for longer than its TTL, then one gone just now (its TTL
 	// 300 ms still running), both queued before a live waiter.
-	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, ttl_us, alive_until) VALUES
-		(-1, $1, 'gone-long-ago', 300000, now() - interval '1 second'),
-		(-2, $1, 'gone-just-now', 300000, now() + interval '300 milliseconds')`, name); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until) VALUES
+		(-1, $1, 'gone-long-ago', sha256('gone-long-ago''s key'), 300000, now() - interval '1 second'),
+		(-2, $1, 'gone-just-now', sha256('gone-just-now''s key'), 300000, now() + interval '300 milliseconds')`, name); err != nil {
 		t.Fatal(err)
 	}
 	live := newLocker(t, pool, &Config{Holder: "live"})
@@ -354,33 +354,33 @@ func TestHandoffCommitModes(t *testing.T) {
 		}
 	}
 	params := func(holder string, wkey int64) dbsqlc.QueueGrantParams {
-		return dbsqlc.QueueGrantParams{Name: name, Holder: holder, TtlUs: 60e6, Wkey: wkey}
+		return dbsqlc.QueueGrantParams{Name: name, Holder: holder, TtlUs: 60e6, Key: floorKey(holder), Wkey: wkey}
 	}
 	var first dbsqlc.QueueGrantRow
 	inTx("QueueGrant that grants", "on", func(tx pgx.Tx) (err error) {
 		first, err = q.QueueGrant(ctx, tx, params("a", 1001))
-		if err == nil && !first.Granted {
+		if err == nil && !first.Granted.Bool {
 			err = errors.New("not granted")
 		}
 		return err
 	})
 	inTx("QueueGrant that queues", "off", func(tx pgx.Tx) error {
 		r, err := q.QueueGrant(ctx, tx, params("b", 1002))
-		if err == nil && r.Granted {
+		if err == nil && r.Granted.Bool {
 			err = errors.New("granted a held lock")
 		}
 		return err
 	})
 	inTx("release that hands off", "on", func(tx pgx.Tx) error {
-		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "a", Token: first.Token})
-		if err == nil && !r.HandedOff {
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Token: first.Token.Int64, Key: floorKey("a")})
+		if err == nil && !r.HandedOff.Bool {
 			err = errors.New("no handoff")
 		}
 		return err
 	})
 	inTx("plain release", "off", func(tx pgx.Tx) error {
-		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Holder: "b", Token: first.Token + 1})
-		if err == nil && r.HandedOff {
+		r, err := q.ReleaseLock(ctx, tx, dbsqlc.ReleaseLockParams{Name: name, Token: first.Token.Int64 + 1, Key: floorKey("b")})
+		if err == nil && (r.HandedOff.Bool || !r.Released.Bool) {
 			err = errors.New("handed off with nobody queued")
 		}
 		return err

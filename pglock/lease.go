@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -79,6 +80,13 @@ func (s *Lease) Holder() string { return s.holder }
 // Token returns the fencing token of this grant: larger than the token of
 // every earlier grant of the same lock name. Pass it to fenced writes.
 func (s *Lease) Token() int64 { return s.token }
+
+// Key returns a copy of the lease key the lease was granted with, its
+// Locker's [Config.Key]. With the name and the token it is what renewing or
+// releasing the lease takes: pass it to another process (a Locker with the
+// same Config.Key, the CLI's --key) that must renew or release this lease.
+// Keep it secret; unlike the token, it is never written to a fenced row.
+func (s *Lease) Key() []byte { return slices.Clone(s.l.key) }
 
 // TTL returns the lease duration requested at acquisition; renewals extend
 // by the same duration.
@@ -218,7 +226,7 @@ func (s *Lease) Renew(ctx context.Context) error {
 		s.end(lost)
 		return lost
 	}
-	exp, sent, err := s.l.renew(ctx, s.name, s.holder, s.token, s.ttl)
+	exp, sent, err := s.l.renew(ctx, s.name, s.token, s.ttl)
 	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) {
@@ -256,7 +264,7 @@ func (s *Lease) Renew(ctx context.Context) error {
 }
 
 // Release gives the lock back and wakes its waiters; the row keeps its token.
-// It is conditional on (name, holder, token): if the lease was lost, nothing
+// It is conditional on (name, token, key): if the lease was lost, nothing
 // changes and Release returns a [*LeaseLostError]. It is sent even after the
 // local deadline passed (the database may still hold the lease); a second
 // Release after a successful one returns nil without SQL. A connection error
@@ -273,7 +281,7 @@ func (s *Lease) Release(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	err := s.l.release(ctx, s.name, s.holder, s.token)
+	err := s.l.release(ctx, s.name, s.token)
 	if err == nil {
 		s.mu.Lock()
 		s.released = true

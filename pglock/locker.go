@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"crypto/rand"
 	"log/slog"
 	"slices"
 	"sync"
@@ -22,6 +23,7 @@ type Locker struct {
 	pool   *pgxpool.Pool
 	q      *dbsqlc.Queries
 	holder string
+	key    []byte // the lease key (Config.Key), never changed
 	log    *slog.Logger
 	m      metrics
 	cfg    Config
@@ -60,6 +62,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if err := validateHolder(c.Holder); err != nil {
 		return nil, err
 	}
+	if c.Key == nil {
+		c.Key = make([]byte, keyBytes)
+		_, _ = rand.Read(c.Key) // never fails (crypto/rand)
+	} else {
+		if len(c.Key) < minKeyBytes || len(c.Key) > maxKeyBytes {
+			return nil, invalid(ErrInvalidConfig, "Key is %d bytes, want %d to %d", len(c.Key), minKeyBytes, maxKeyBytes)
+		}
+		c.Key = slices.Clone(c.Key)
+	}
 	if c.KeepAliveFraction == 0 {
 		c.KeepAliveFraction = 1.0 / 3
 	}
@@ -81,6 +92,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		pool:     pool,
 		q:        dbsqlc.New(),
 		holder:   c.Holder,
+		key:      c.Key,
 		log:      log,
 		m:        metrics{c.Metrics},
 		cfg:      c,

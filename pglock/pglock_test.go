@@ -46,10 +46,10 @@ func TestValidationBeforeSQL(t *testing.T) {
 			if _, err := lk.AcquireMany(ctx, []string{"ok", name}, time.Second); !errors.Is(err, ErrInvalidName) {
 				t.Errorf("AcquireMany(name %s) = %v, want ErrInvalidName", what, err)
 			}
-			if _, err := lk.RenewToken(ctx, name, "h", 1, time.Second); !errors.Is(err, ErrInvalidName) {
+			if _, err := lk.RenewToken(ctx, name, 1, time.Second); !errors.Is(err, ErrInvalidName) {
 				t.Errorf("RenewToken(name %s) = %v, want ErrInvalidName", what, err)
 			}
-			if err := lk.ReleaseToken(ctx, name, "h", 1); !errors.Is(err, ErrInvalidName) {
+			if err := lk.ReleaseToken(ctx, name, 1); !errors.Is(err, ErrInvalidName) {
 				t.Errorf("ReleaseToken(name %s) = %v, want ErrInvalidName", what, err)
 			}
 			if _, err := lk.NewElector(name, nil); !errors.Is(err, ErrInvalidName) {
@@ -69,26 +69,18 @@ func TestValidationBeforeSQL(t *testing.T) {
 			if _, err := lk.AcquireMany(ctx, []string{"x"}, ttl); !errors.Is(err, ErrInvalidTTL) {
 				t.Errorf("AcquireMany(ttl %s) = %v, want ErrInvalidTTL", what, err)
 			}
-			if _, err := lk.RenewToken(ctx, "x", "h", 1, ttl); !errors.Is(err, ErrInvalidTTL) {
+			if _, err := lk.RenewToken(ctx, "x", 1, ttl); !errors.Is(err, ErrInvalidTTL) {
 				t.Errorf("RenewToken(ttl %s) = %v, want ErrInvalidTTL", what, err)
 			}
 			if _, err := lk.NewElector("x", &ElectionConfig{LeaseDuration: ttl, RenewDeadline: time.Second, RetryPeriod: time.Millisecond}); err == nil && ttl != 0 {
 				t.Errorf("NewElector(ttl %s) accepted", what)
 			}
 		}
-		for _, h := range []string{"", strings.Repeat("h", MaxHolderBytes+1), "a\x00"} {
-			if _, err := lk.RenewToken(ctx, "x", h, 1, time.Second); !errors.Is(err, ErrInvalidHolder) {
-				t.Errorf("RenewToken(holder %q...) = %v, want ErrInvalidHolder", h[:min(len(h), 5)], err)
-			}
-			if err := lk.ReleaseToken(ctx, "x", h, 1); !errors.Is(err, ErrInvalidHolder) {
-				t.Errorf("ReleaseToken(holder %q...) = %v, want ErrInvalidHolder", h[:min(len(h), 5)], err)
-			}
-		}
 		for _, tok := range []int64{0, -1, -1 << 63} {
-			if _, err := lk.RenewToken(ctx, "x", "h", tok, time.Second); !errors.Is(err, ErrInvalidToken) {
+			if _, err := lk.RenewToken(ctx, "x", tok, time.Second); !errors.Is(err, ErrInvalidToken) {
 				t.Errorf("RenewToken(token %d) = %v, want ErrInvalidToken", tok, err)
 			}
-			if err := lk.ReleaseToken(ctx, "x", "h", tok); !errors.Is(err, ErrInvalidToken) {
+			if err := lk.ReleaseToken(ctx, "x", tok); !errors.Is(err, ErrInvalidToken) {
 				t.Errorf("ReleaseToken(token %d) = %v, want ErrInvalidToken", tok, err)
 			}
 		}
@@ -334,13 +326,13 @@ func TestSeedPausedHolder(t *testing.T) {
 	if err := la.Renew(ctx); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("A.Renew = %v, want ErrLeaseLost", err)
 	}
-	if _, err := a.RenewToken(ctx, "invoice:42", la.Holder(), la.Token(), time.Minute); !errors.Is(err, ErrLeaseLost) {
+	if _, err := a.RenewToken(ctx, "invoice:42", la.Token(), time.Minute); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("A RenewToken = %v, want ErrLeaseLost", err)
 	}
 	if err := la.Release(ctx); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("A.Release = %v, want ErrLeaseLost", err)
 	}
-	if err := a.ReleaseToken(ctx, "invoice:42", la.Holder(), la.Token()); !errors.Is(err, ErrLeaseLost) {
+	if err := a.ReleaseToken(ctx, "invoice:42", la.Token()); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("A ReleaseToken = %v, want ErrLeaseLost", err)
 	}
 	if after := rowJSON(t, pool, "invoice:42"); after != before {
@@ -374,17 +366,21 @@ func TestStaleReleaseNeverFreesNewer(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := rowJSON(t, pool, "r")
+	// b's holder name with a's key: the holder is a label, the key decides.
+	bName := newLocker(t, pool, &Config{Holder: "b"})
 	for _, c := range []struct {
-		holder string
-		token  int64
+		who   string
+		l     *Locker
+		token int64
 	}{
-		{"a", old.Token()}, {"a", cur.Token()}, {"b", old.Token()}, {"b", cur.Token() + 1},
+		{"a", a, old.Token()}, {"a", a, cur.Token()}, {"b's name, another key", bName, cur.Token()},
+		{"b", b, old.Token()}, {"b", b, cur.Token() + 1},
 	} {
-		if err := a.ReleaseToken(ctx, "r", c.holder, c.token); !errors.Is(err, ErrLeaseLost) {
-			t.Errorf("ReleaseToken(%s, %d) = %v, want ErrLeaseLost", c.holder, c.token, err)
+		if err := c.l.ReleaseToken(ctx, "r", c.token); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("ReleaseToken(%s, %d) = %v, want ErrLeaseLost", c.who, c.token, err)
 		}
-		if _, err := a.RenewToken(ctx, "r", c.holder, c.token, time.Hour); !errors.Is(err, ErrLeaseLost) {
-			t.Errorf("RenewToken(%s, %d) = %v, want ErrLeaseLost", c.holder, c.token, err)
+		if _, err := c.l.RenewToken(ctx, "r", c.token, time.Hour); !errors.Is(err, ErrLeaseLost) {
+			t.Errorf("RenewToken(%s, %d) = %v, want ErrLeaseLost", c.who, c.token, err)
 		}
 	}
 	if err := old.Release(ctx); !errors.Is(err, ErrLeaseLost) {
@@ -397,11 +393,11 @@ func TestStaleReleaseNeverFreesNewer(t *testing.T) {
 		t.Errorf("lock was freed by a stale release: %v", err)
 	}
 	// The current holder's own token-based calls work.
-	exp, err := b.RenewToken(ctx, "r", "b", cur.Token(), time.Hour)
+	exp, err := b.RenewToken(ctx, "r", cur.Token(), time.Hour)
 	if err != nil || time.Until(exp) < 50*time.Minute {
 		t.Errorf("RenewToken by holder = %v, %v", exp, err)
 	}
-	if err := b.ReleaseToken(ctx, "r", "b", cur.Token()); err != nil {
+	if err := b.ReleaseToken(ctx, "r", cur.Token()); err != nil {
 		t.Errorf("ReleaseToken by holder: %v", err)
 	}
 	if info := inspect(t, pool, "r"); info.Held || info.Token != cur.Token() || info.Holder != "" {
@@ -505,9 +501,10 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := q.InsertLock(ctx, tx, dbsqlc.InsertLockParams{Name: "sync", Holder: "h", TtlUs: 60e6})
-	if err != nil {
-		t.Fatalf("InsertLock = %+v, %v", first, err)
+	key := floorKey("h")
+	first, err := q.GrantLock(ctx, tx, dbsqlc.GrantLockParams{Name: "sync", Holder: "h", TtlUs: 60e6, Key: key})
+	if err != nil || first.Token.Int64 != 1 {
+		t.Fatalf("first GrantLock = %+v, %v", first, err)
 	}
 	if v := show(tx); v != "on" {
 		t.Errorf("synchronous_commit inside the inserting transaction = %q, want on", v)
@@ -515,15 +512,15 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "sync", Holder: "h", Token: first.Token}); err != nil || r.HandedOff {
+	if r, err := q.ReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: "sync", Token: first.Token.Int64, Key: key}); err != nil || !r.Released.Bool || r.HandedOff.Bool {
 		t.Fatalf("ReleaseLock = %+v, %v", r, err)
 	}
 	tx, err = conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	row, err := q.GrantLock(ctx, tx, dbsqlc.GrantLockParams{Name: "sync", Holder: "h", TtlUs: 60e6})
-	if err != nil {
+	row, err := q.GrantLock(ctx, tx, dbsqlc.GrantLockParams{Name: "sync", Holder: "h", TtlUs: 60e6, Key: key})
+	if err != nil || !row.Token.Valid {
 		t.Fatalf("GrantLock = %+v, %v", row, err)
 	}
 	if v := show(tx); v != "on" {
@@ -539,16 +536,16 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.RenewLock(ctx, tx, dbsqlc.RenewLockParams{TtlUs: 60e6, Name: "sync", Holder: "h", Token: row.Token}); err != nil {
-		t.Fatal(err)
+	if r, err := q.RenewLock(ctx, tx, dbsqlc.RenewLockParams{TtlUs: 60e6, Name: "sync", Token: row.Token.Int64, Key: key}); err != nil || r.ExpiresAt == nil {
+		t.Fatal(r, err)
 	}
 	if v := show(tx); v != "on" {
 		t.Errorf("synchronous_commit inside the renewing transaction = %q, want on", v)
 	}
 	_ = tx.Rollback(ctx)
-	// A refused grant (the lock is held) sets it too, harmlessly.
-	if _, err := q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: "sync", Holder: "h2", TtlUs: 60e6}); !errors.Is(err, pgx.ErrNoRows) {
-		t.Fatalf("refused grant: %v", err)
+	// A refused grant (the lock is held) does not set it.
+	if r, err := q.GrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: "sync", Holder: "h2", TtlUs: 60e6, Key: floorKey("h2")}); err != nil || r.Token.Valid {
+		t.Fatalf("refused grant: %+v, %v", r, err)
 	}
 	if v := show(conn); v != "off" {
 		t.Errorf("after an implicit transaction = %q, want off", v)
@@ -779,9 +776,10 @@ func TestRetriesOnTerminatedConnection(t *testing.T) {
 	}
 }
 
-// Adopt turns a grant this holder has no Lease for (an earlier run's, or an
-// unknown outcome found with Inspect) into a Lease, only while the grant is
-// still this holder's, and never changes the token.
+// Adopt turns a grant under this Locker's key that it has no Lease for (an
+// earlier run's with the same Config.Key, or an unknown outcome found with
+// Inspect) into a Lease, only while the grant is still held with that key,
+// and never changes the token. The holder's name alone adopts nothing.
 func TestAdopt(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
@@ -790,8 +788,9 @@ func TestAdopt(t *testing.T) {
 	orphan := mustAcquire(t, earlier, "adopt", time.Minute)
 	_ = earlier.Close() // the Lease ends locally; the grant stays in the row
 
-	l := newLocker(t, pool, &Config{Holder: "adopter", KeepAlive: true})
+	l := newLocker(t, pool, &Config{Holder: "adopter", Key: orphan.Key(), KeepAlive: true})
 	other := newLocker(t, pool, &Config{Holder: "someone-else"})
+	sameName := newLocker(t, pool, &Config{Holder: "adopter"}) // another key
 
 	// Bad input and wrong grants: typed errors, the row unchanged.
 	before := rowJSON(t, pool, "adopt")
@@ -814,6 +813,9 @@ func TestAdopt(t *testing.T) {
 	}
 	if _, err := other.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("another holder's Adopt = %v, want ErrLeaseLost", err)
+	}
+	if _, err := sameName.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Adopt by the same holder name with another key = %v, want ErrLeaseLost", err)
 	}
 	if after := rowJSON(t, pool, "adopt"); after != before {
 		t.Errorf("refused adoptions changed the row:\n%s\n%s", before, after)

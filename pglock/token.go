@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -13,42 +12,45 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
-// RenewToken extends the lease (name, holder, token) to ttl from now
-// (database clock) and returns the new expiry: the stateless form of
-// [Lease.Renew] for callers that only have the three values. A lease that is
-// no longer held by exactly them gives a [*LeaseLostError] and nothing changes.
-func (l *Locker) RenewToken(ctx context.Context, name, holder string, token int64, ttl time.Duration) (time.Time, error) {
-	if err := validateTriple(name, holder, token); err != nil {
+// RenewToken extends the lease (name, token) held with this Locker's key to
+// ttl from now (database clock) and returns the new expiry: the stateless
+// form of [Lease.Renew] for callers that have only the values (a Locker with
+// the same [Config.Key] as the one granted the lease). A lease that is no
+// longer held by exactly that token and key gives a [*LeaseLostError] and
+// nothing changes.
+func (l *Locker) RenewToken(ctx context.Context, name string, token int64, ttl time.Duration) (time.Time, error) {
+	if err := validatePair(name, token); err != nil {
 		return time.Time{}, err
 	}
 	if err := ValidateTTL(ttl); err != nil {
 		return time.Time{}, err
 	}
-	exp, _, err := l.renew(ctx, name, holder, token, ttl)
+	exp, _, err := l.renew(ctx, name, token, ttl)
 	return exp, err
 }
 
-// ReleaseToken releases the lease (name, holder, token): the row keeps its
-// token, holder and expiry become NULL, and waiters are notified. If the lease
-// is no longer held by exactly that holder and token, nothing changes and the
-// error is a [*LeaseLostError].
-func (l *Locker) ReleaseToken(ctx context.Context, name, holder string, token int64) error {
-	if err := validateTriple(name, holder, token); err != nil {
+// ReleaseToken releases the lease (name, token) held with this Locker's key:
+// the row keeps its token, holder and expiry become NULL, and waiters are
+// notified (or the first one is handed the lease). If the lease is no longer
+// held by exactly that token and key, nothing changes and the error is a
+// [*LeaseLostError].
+func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) error {
+	if err := validatePair(name, token); err != nil {
 		return err
 	}
-	return l.release(ctx, name, holder, token)
+	return l.release(ctx, name, token)
 }
 
-// Adopt returns a [Lease] for a grant of name to this Locker's holder that
+// Adopt returns a [Lease] for a grant of name under this Locker's key that
 // the caller has no Lease for: one found with [Inspect] after an acquisition
-// with an unknown outcome, or left by an earlier run under the same holder.
-// It renews (name, holder, token) to ttl conditionally; a grant no longer
-// held gives a [*LeaseLostError] and nothing changes. Adopt never creates a
+// with an unknown outcome, or left by an earlier run with the same
+// [Config.Key]. It renews (name, token) to ttl conditionally; a grant no
+// longer held with this key gives a [*LeaseLostError] and nothing changes. Adopt never creates a
 // grant nor changes the token. A (name, token) with a live Lease in this
 // Locker gives [ErrInvalidToken]; a renewal answered after ttl gives
 // [ErrSlowGrant] (the grant is left to expire). Config.KeepAlive applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
-	if err := validateTriple(name, l.holder, token); err != nil {
+	if err := validatePair(name, token); err != nil {
 		return nil, err
 	}
 	if err := ValidateTTL(ttl); err != nil {
@@ -64,7 +66,7 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	if dup {
 		return nil, invalid(ErrInvalidToken, "lock %q token %d already has a live Lease in this Locker; use it", name, token)
 	}
-	exp, sent, err := l.renew(ctx, name, l.holder, token, ttl)
+	exp, sent, err := l.renew(ctx, name, token, ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -77,30 +79,25 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	return l.newLease(name, token, ttl, exp, sent), nil
 }
 
-func validateTriple(name, holder string, token int64) error {
+func validatePair(name string, token int64) error {
 	if err := ValidateName(name); err != nil {
-		return err
-	}
-	if err := validateHolder(holder); err != nil {
 		return err
 	}
 	return validateToken(token)
 }
 
-func (l *Locker) renew(ctx context.Context, name, holder string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
+func (l *Locker) renew(ctx context.Context, name string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
 	var row dbsqlc.RenewLockRow
 	err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now() // a renewal applied twice only extends the lease again
-		row, err = l.q.RenewLock(ctx, oneRoundTrip{conn}, dbsqlc.RenewLockParams{TtlUs: ttl.Microseconds(), Name: name, Holder: holder, Token: token})
+		row, err = l.q.RenewLock(ctx, oneRoundTrip{conn}, dbsqlc.RenewLockParams{Name: name, Token: token, Key: l.key, TtlUs: ttl.Microseconds()})
 		return err
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: holder, Token: token}
 	case err != nil:
 		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
 	case row.ExpiresAt == nil:
-		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: errors.New("renew returned no expiry")}
+		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: l.holder, Token: token}
 	}
 	return *row.ExpiresAt, sent, nil
 }
@@ -140,35 +137,24 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 	return o.db.QueryRow(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
 }
 
-// release ends the lease (name, holder, token): ReleaseUnwaitedLock first
-// unless name is hot for this Locker, else (or when it refuses) ReleaseLock,
-// which hands the lease to the first live waiter. A lost lease is a
-// *LeaseLostError.
-func (l *Locker) release(ctx context.Context, name, holder string, token int64) error {
-	hot := l.isHot(name)
+// release ends the lease (name, token) held with the Locker's key
+// (pgfence.lock_release, which hands it to the first live waiter if there is
+// one). A lost lease is a *LeaseLostError.
+func (l *Locker) release(ctx context.Context, name string, token int64) error {
+	var r fastReleaseRow
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		if !hot {
-			// Most locks have nobody waiting: one plain UPDATE. It
-			// refuses (no row) when the lease is lost or a waiter may be
-			// queued or about to be; ReleaseLock then decides.
-			_, err = fastReleaseUnwaitedLock(ctx, conn, dbsqlc.ReleaseUnwaitedLockParams{Name: name, Holder: holder, Token: token})
-			if !errors.Is(err, pgx.ErrNoRows) {
-				return err
-			}
-		}
-		r, err := fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Holder: holder, Token: token})
-		if err == nil && !hot && (r.HandedOff || r.Notified) {
-			// Waited for: the next release skips the plain UPDATE, and the
-			// next Acquire through this Locker queues at once.
-			l.setHot(name, true)
-		}
+		r, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: l.key})
 		return err
 	})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return &LeaseLostError{Name: name, Holder: holder, Token: token}
 	case err != nil:
 		return &DBError{Op: "release", Name: name, Err: err}
+	case !r.Released:
+		return &LeaseLostError{Name: name, Holder: l.holder, Token: token}
+	}
+	if (r.HandedOff || r.Notified) && !l.isHot(name) {
+		// Waited for: the next Acquire through this Locker queues at once.
+		l.setHot(name, true)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -15,68 +14,65 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
-// ReleaseUnwaitedLock releases only where ReleaseLock would hand nothing
-// over, delete nothing and notify nobody, and then leaves the same row;
-// everywhere else it refuses and changes nothing.
-func TestReleaseUnwaitedLock(t *testing.T) {
+// pgfence.lock_release releases a held lease whatever the queue holds,
+// handing it to a live waiter or notifying a recent mark, and refuses a
+// wrong token or key, an expired or a free lease, changing nothing.
+func TestReleaseLockCases(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.PoolFor(t, pgtest.DSN(t))
 	ctx := testCtx(t, time.Minute)
 	q := dbsqlc.New()
 	for i, c := range []struct {
-		name     string
-		setup    fpSetup
-		holder   string
-		token    int64 // 0 = the current token
-		releases bool
+		name   string
+		setup  fpSetup
+		key    []byte
+		token  int64  // 0 = the current token
+		result string // the release's result; "" = refused
 	}{
-		{"held", fpHeld, "other", 0, true},
-		{"mark older than 100 s", fpOldMark, "other", 0, true},
-		{"wrong token", fpHeld, "other", 2, false},
-		{"wrong holder", fpHeld, "me", 0, false},
-		{"expired", fpExpired, "other", 0, false},
-		{"free", fpFree, "other", 0, false},
-		{"queued waiter", fpQueued, "other", 0, false},
-		{"queue row of an ended wait", fpGrantedRow, "other", 0, true},
-		{"dead queue row of an ended wait", fpDeadEndedRow, "other", 0, false},
-		{"recent mark", fpMarked, "other", 0, false},
-		{"SQL-looking holder", fpHeld, "other' OR true --", 0, false},
+		{"held", fpHeld, fpOtherKey, 0, "released"},
+		{"mark older than 100 s", fpOldMark, fpOtherKey, 0, "released"},
+		{"wrong token", fpHeld, fpOtherKey, 2, ""},
+		{"wrong key", fpHeld, fpMeKey, 0, ""},
+		{"expired", fpExpired, fpOtherKey, 0, ""},
+		{"free", fpFree, fpOtherKey, 0, ""},
+		{"queued waiter", fpQueued, fpOtherKey, 0, "released handed_off notified"},
+		{"queue row of an ended wait", fpGrantedRow, fpOtherKey, 0, "released"},
+		{"dead queue row of an ended wait", fpDeadEndedRow, fpOtherKey, 0, "released"},
+		{"recent mark", fpMarked, fpOtherKey, 0, "released notified"},
+		{"SQL-looking key", fpHeld, []byte("other' OR true --"), 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			unw, full := fmt.Sprintf("unw-%d", i), fmt.Sprintf("unw-full-%d", i)
-			c.setup(t, pool, unw, int64(5000+2*i))
-			c.setup(t, pool, full, int64(5001+2*i))
-			token := func(name string) int64 {
-				if c.token != 0 {
-					return c.token
-				}
-				var tok int64
-				if err := pool.QueryRow(ctx, "SELECT token FROM pgfence.locks WHERE name = $1", name).Scan(&tok); err != nil {
+			name := fmt.Sprintf("rel-%d", i)
+			c.setup(t, pool, name, int64(5000+i))
+			token := c.token
+			if token == 0 {
+				if err := pool.QueryRow(ctx, "SELECT token FROM pgfence.locks WHERE name = $1", name).Scan(&token); err != nil {
 					t.Fatal(err)
 				}
-				return tok
 			}
-			before := fpState(t, pool, unw)
-			got, err := q.ReleaseUnwaitedLock(ctx, pool, dbsqlc.ReleaseUnwaitedLockParams{Name: unw, Holder: c.holder, Token: token(unw)})
-			after := fpState(t, pool, unw)
-			if !c.releases {
-				if !errors.Is(err, pgx.ErrNoRows) {
-					t.Fatalf("ReleaseUnwaitedLock = %d, %v; want no row", got, err)
+			before := fpState(t, pool, name)
+			r, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: c.key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := fpState(t, pool, name)
+			var got []string
+			for _, f := range []struct {
+				on   bool
+				what string
+			}{{r.Released.Bool, "released"}, {r.HandedOff.Bool, "handed_off"}, {r.Notified.Bool, "notified"}} {
+				if f.on {
+					got = append(got, f.what)
 				}
-				if after != before {
-					t.Fatalf("a refused release changed the rows:\nbefore %s\nafter  %s", before, after)
-				}
-				return
 			}
-			if err != nil || got != token(unw) {
-				t.Fatalf("ReleaseUnwaitedLock = %d, %v; want the token", got, err)
+			if g := strings.Join(got, " "); g != c.result {
+				t.Fatalf("release = %q, want %q (rows %s)", g, c.result, after)
 			}
-			r, err := q.ReleaseLock(ctx, pool, dbsqlc.ReleaseLockParams{Name: full, Holder: c.holder, Token: token(full)})
-			if err != nil || r.HandedOff || r.Notified {
-				t.Fatalf("ReleaseLock on the same state = %+v, %v; want a plain release", r, err)
+			if c.result == "" && after != before {
+				t.Fatalf("a refused release changed the rows:\nbefore %s\nafter  %s", before, after)
 			}
-			if want := fpState(t, pool, full); after != want {
-				t.Fatalf("rows after ReleaseUnwaitedLock differ from ReleaseLock's:\nunwaited %s\nfull     %s", after, want)
+			if c.result == "released" && !strings.Contains(after, "holder= ") {
+				t.Fatalf("released, but the row is %s", after)
 			}
 		})
 	}
@@ -100,9 +96,9 @@ func preparedFast(t testing.TB, conn *pgxpool.Conn) string {
 	return strings.Join(kinds, ",")
 }
 
-// An uncontended release is the one plain UPDATE; a release with a waiter
-// queued runs ReleaseLock after it and hands the lease over; a Locker whose
-// Acquire of the name waited goes straight to ReleaseLock.
+// An acquire+release prepares the two fast-path statements (lock_grant and
+// lock_release) and nothing else; a release with a waiter queued hands the
+// lease over in the same call and marks the name hot.
 func TestReleaseStatements(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)
@@ -129,13 +125,13 @@ func TestReleaseStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := preparedFast(t, conn); got != "grant,unwaited" {
-		t.Errorf("uncontended acquire+release prepared %q, want grant,unwaited (no ReleaseLock)", got)
+	if got := preparedFast(t, conn); got != "grant,release" {
+		t.Errorf("uncontended acquire+release prepared %q, want grant,release", got)
 	}
 	conn.Release()
 
-	// A waiter queues (another pool, LISTEN mode): the plain UPDATE refuses
-	// and ReleaseLock hands the lease to it.
+	// A waiter queues (another pool, LISTEN mode): the release hands the
+	// lease to it.
 	lease = mustAcquire(t, l, name, time.Minute)
 	w := newLocker(t, pool, &Config{Holder: "waiter"})
 	got := handOver(t, ctx, lease, w, name, time.Minute)
@@ -150,8 +146,8 @@ func TestReleaseStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := preparedFast(t, conn); got != "grant,release,unwaited" {
-		t.Errorf("after a contended release: prepared %q, want grant,release,unwaited", got)
+	if got := preparedFast(t, conn); got != "grant,release" {
+		t.Errorf("after a contended release: prepared %q, want grant,release", got)
 	}
 	conn.Release()
 	if !l.isHot(name) {

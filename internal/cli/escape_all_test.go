@@ -87,18 +87,21 @@ func TestEscapeEveryCommand(t *testing.T) {
 	role := advisoryHostile(t, ctx, dsn)
 
 	// Leases for renew and release to use.
-	acquire := func(name string) string {
+	acquire := func(name string) (token, key string) {
 		t.Helper()
 		r := run(t, dsn, "acquire", "--lock", name, "--holder", "h"+evil, "--json")
 		var lease struct {
-			Token int64 `json:"token"`
+			Token int64  `json:"token"`
+			Key   string `json:"key"`
 		}
-		if err := json.Unmarshal([]byte(r.stdout), &lease); err != nil || lease.Token == 0 {
+		if err := json.Unmarshal([]byte(r.stdout), &lease); err != nil || lease.Token == 0 || lease.Key == "" {
 			t.Fatalf("acquire --json: %+v %v", r, err)
 		}
-		return fmt.Sprint(lease.Token)
+		return fmt.Sprint(lease.Token), lease.Key
 	}
-	renewTok, releaseTok := acquire("renew"+evil), acquire("release"+evil)
+	renewTok, renewKey := acquire("renew" + evil)
+	releaseTok, releaseKey := acquire("release" + evil)
+	const otherKey = "00112233445566778899aabbccddeeff"
 
 	cases := map[string][]escapeCase{
 		"pgfence locks": {
@@ -145,13 +148,13 @@ func TestEscapeEveryCommand(t *testing.T) {
 			{args: []string{"run", "--lock", "busy", "--no-wait", "--", "true"}, code: ExitLockBusy, shows: true, bin: true},
 		},
 		"pgfence renew": {
-			{args: []string{"renew", "--lock", "n" + evil, "--holder", "x" + evil, "--token", "7"}, code: ExitLeaseLost, shows: true},
-			{args: []string{"renew", "--lock", "renew" + evil, "--holder", "h" + evil, "--token", renewTok}},
-			{args: []string{"renew", "--lock", "renew" + evil, "--holder", "h" + evil, "--token", renewTok, "--json"}},
+			{args: []string{"renew", "--lock", "n" + evil, "--token", "7", "--key", otherKey}, code: ExitLeaseLost, shows: true},
+			{args: []string{"renew", "--lock", "renew" + evil, "--token", renewTok, "--key", renewKey}},
+			{args: []string{"renew", "--lock", "renew" + evil, "--token", renewTok, "--key", renewKey, "--json"}},
 		},
 		"pgfence release": {
-			{args: []string{"release", "--lock", "n" + evil, "--holder", "x" + evil, "--token", "7"}, code: ExitLeaseLost, shows: true},
-			{args: []string{"release", "--lock", "release" + evil, "--holder", "h" + evil, "--token", releaseTok}, shows: true},
+			{args: []string{"release", "--lock", "n" + evil, "--token", "7", "--key", otherKey}, code: ExitLeaseLost, shows: true},
+			{args: []string{"release", "--lock", "release" + evil, "--token", releaseTok, "--key", releaseKey}, shows: true},
 		},
 		"pgfence gen fenced": {
 			{args: []string{"gen", "fenced", "--table", table, "--key", key, "--set", lockCol, "--check", "--dry-run",

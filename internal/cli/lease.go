@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -144,16 +145,18 @@ func (a *app) acquireCommand() *cobra.Command {
 	var jsonOut bool
 	cmd := &cobra.Command{
 		Use:   "acquire --lock NAME [--ttl 60s] [--no-wait]",
-		Short: "Acquire a lease for a shell script and print its token (renew/release it later by holder and token)",
+		Short: "Acquire a lease for a shell script and print its token and key (renew/release it later with both)",
 		Long: `Acquire the lease NAME and print shell assignments for eval:
 
-  PGFENCE_LOCK=... PGFENCE_TOKEN=... PGFENCE_HOLDER=... PGFENCE_EXPIRES_AT=...
+  PGFENCE_LOCK=... PGFENCE_TOKEN=... PGFENCE_KEY=... PGFENCE_HOLDER=... PGFENCE_EXPIRES_AT=...
 
 The lease is not renewed after pgfence exits: renew it with 'pgfence renew'
-before it expires and release it with 'pgfence release'.`,
+before it expires and release it with 'pgfence release', passing the token and
+the key. PGFENCE_KEY is the lease key (hex): whoever knows it can renew and
+release the lease, so keep it out of logs; the token alone is not enough.`,
 		Example: `  eval "$(pgfence acquire --lock nightly --ttl 5m)"
   ./job --fence-token "$PGFENCE_TOKEN"
-  pgfence release --lock "$PGFENCE_LOCK" --holder "$PGFENCE_HOLDER" --token "$PGFENCE_TOKEN"`,
+  pgfence release --lock "$PGFENCE_LOCK" --token "$PGFENCE_TOKEN" --key "$PGFENCE_KEY"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, lease, cleanup, err := a.takeLease(cmd.Context(), &f, false)
@@ -161,13 +164,14 @@ before it expires and release it with 'pgfence release'.`,
 				return err
 			}
 			defer cleanup()
+			key := hex.EncodeToString(lease.Key())
 			if jsonOut {
 				return writeJSON(a.env.Stdout, map[string]any{
-					"lock": lease.Name(), "token": lease.Token(), "holder": lease.Holder(), "expires_at": lease.ExpiresAt(),
+					"lock": lease.Name(), "token": lease.Token(), "key": key, "holder": lease.Holder(), "expires_at": lease.ExpiresAt(),
 				})
 			}
-			fmt.Fprintf(a.env.Stdout, "PGFENCE_LOCK=%s\nPGFENCE_TOKEN=%d\nPGFENCE_HOLDER=%s\nPGFENCE_EXPIRES_AT=%s\n",
-				shellQuote(lease.Name()), lease.Token(), shellQuote(lease.Holder()), lease.ExpiresAt().UTC().Format(time.RFC3339Nano))
+			fmt.Fprintf(a.env.Stdout, "PGFENCE_LOCK=%s\nPGFENCE_TOKEN=%d\nPGFENCE_KEY=%s\nPGFENCE_HOLDER=%s\nPGFENCE_EXPIRES_AT=%s\n",
+				shellQuote(lease.Name()), lease.Token(), key, shellQuote(lease.Holder()), lease.ExpiresAt().UTC().Format(time.RFC3339Nano))
 			return nil
 		},
 	}
@@ -177,26 +181,30 @@ before it expires and release it with 'pgfence release'.`,
 }
 
 type tokenFlags struct {
-	lock, holder string
-	token        int64
-	ttl          time.Duration
+	lock, key string
+	token     int64
+	ttl       time.Duration
 }
 
 func (f *tokenFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.lock, "lock", "", "lock name")
-	cmd.Flags().StringVar(&f.holder, "holder", "", "holder printed by acquire")
 	cmd.Flags().Int64Var(&f.token, "token", 0, "token printed by acquire")
+	cmd.Flags().StringVar(&f.key, "key", "", "lease key printed by acquire (hex)")
 }
 
 func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, func(), error) {
-	if f.lock == "" || f.holder == "" || f.token == 0 {
-		return nil, nil, usageErr("--lock, --holder and --token are required")
+	if f.lock == "" || f.key == "" || f.token == 0 {
+		return nil, nil, usageErr("--lock, --token and --key are required")
+	}
+	key, err := hex.DecodeString(f.key)
+	if err != nil {
+		return nil, nil, usageErr("--key is not hex: %v", err)
 	}
 	pool, err := a.connectMigrated(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	locker, err := pglock.New(pool, &pglock.Config{Holder: f.holder})
+	locker, err := pglock.New(pool, &pglock.Config{Key: key})
 	if err != nil {
 		pool.Close()
 		return nil, nil, withCode(ExitUsage, err)
@@ -219,7 +227,7 @@ func (a *app) renewCommand() *cobra.Command {
 	var f tokenFlags
 	var jsonOut bool
 	cmd := &cobra.Command{
-		Use:   "renew --lock NAME --holder H --token N [--ttl 60s]",
+		Use:   "renew --lock NAME --token N --key KEY [--ttl 60s]",
 		Short: "Renew a lease taken with 'pgfence acquire' (exit 76 if it was lost)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -228,7 +236,7 @@ func (a *app) renewCommand() *cobra.Command {
 				return err
 			}
 			defer cleanup()
-			exp, err := locker.RenewToken(cmd.Context(), f.lock, f.holder, f.token, f.ttl)
+			exp, err := locker.RenewToken(cmd.Context(), f.lock, f.token, f.ttl)
 			if err != nil {
 				return leaseErr(err)
 			}
@@ -248,7 +256,7 @@ func (a *app) renewCommand() *cobra.Command {
 func (a *app) releaseCommand() *cobra.Command {
 	var f tokenFlags
 	cmd := &cobra.Command{
-		Use:   "release --lock NAME --holder H --token N",
+		Use:   "release --lock NAME --token N --key KEY",
 		Short: "Release a lease taken with 'pgfence acquire' (exit 76 if it was already lost)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -257,7 +265,7 @@ func (a *app) releaseCommand() *cobra.Command {
 				return err
 			}
 			defer cleanup()
-			if err := locker.ReleaseToken(cmd.Context(), f.lock, f.holder, f.token); err != nil {
+			if err := locker.ReleaseToken(cmd.Context(), f.lock, f.token); err != nil {
 				return leaseErr(err)
 			}
 			fmt.Fprintf(a.env.Stdout, "released %s (token %d)\n", termSafe(f.lock), f.token)

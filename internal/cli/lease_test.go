@@ -170,9 +170,10 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 	var got struct {
 		Token  int64  `json:"token"`
+		Key    string `json:"key"`
 		Holder string `json:"holder"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Token != 1 || got.Holder != "cron/42" {
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Token != 1 || got.Holder != "cron/42" || len(got.Key) != 32 {
 		t.Fatalf("acquire json %q: %v", r.stdout, err)
 	}
 	// The lease outlives the command: it is held until released or expired.
@@ -184,28 +185,36 @@ func TestAcquireRenewRelease(t *testing.T) {
 		t.Fatalf("second acquire: %+v", r)
 	}
 	tok := strconv.FormatInt(got.Token, 10)
-	if r = run(t, dsn, "renew", "--lock", "script", "--holder", "cron/42", "--token", tok, "--ttl", "2m"); r.code != 0 || !strings.Contains(r.stdout, "PGFENCE_EXPIRES_AT=") {
+	if r = run(t, dsn, "renew", "--lock", "script", "--token", tok, "--key", got.Key, "--ttl", "2m"); r.code != 0 || !strings.Contains(r.stdout, "PGFENCE_EXPIRES_AT=") {
 		t.Fatalf("renew: %+v", r)
 	}
-	if r = run(t, dsn, "renew", "--lock", "script", "--holder", "cron/42", "--token", "99"); r.code != ExitLeaseLost {
+	if r = run(t, dsn, "renew", "--lock", "script", "--token", "99", "--key", got.Key); r.code != ExitLeaseLost {
 		t.Fatalf("renew forged token: %+v", r)
 	}
-	if r = run(t, dsn, "release", "--lock", "script", "--holder", "someone-else", "--token", tok); r.code != ExitLeaseLost {
-		t.Fatalf("release wrong holder: %+v", r)
+	for _, key := range []string{"00112233445566778899aabbccddeeff", got.Key[:30] + "00"} {
+		if r = run(t, dsn, "release", "--lock", "script", "--token", tok, "--key", key); r.code != ExitLeaseLost {
+			t.Fatalf("release with another key: %+v", r)
+		}
+	}
+	for _, bad := range [][]string{{"--key", "not hex"}, {"--key", "0011"}, {}} {
+		args := append([]string{"release", "--lock", "script", "--token", tok}, bad...)
+		if r = run(t, dsn, args...); r.code != ExitUsage {
+			t.Fatalf("release %v: %+v, want usage error", bad, r)
+		}
 	}
 	if v := lockState(t, dsn, "script"); v.State != "held" {
-		t.Fatalf("wrong-holder release freed the lock: %+v", v)
+		t.Fatalf("a release with another key freed the lock: %+v", v)
 	}
-	if r = run(t, dsn, "release", "--lock", "script", "--holder", "cron/42", "--token", tok); r.code != 0 {
+	if r = run(t, dsn, "release", "--lock", "script", "--token", tok, "--key", got.Key); r.code != 0 {
 		t.Fatalf("release: %+v", r)
 	}
-	if r = run(t, dsn, "release", "--lock", "script", "--holder", "cron/42", "--token", tok); r.code != ExitLeaseLost {
+	if r = run(t, dsn, "release", "--lock", "script", "--token", tok, "--key", got.Key); r.code != ExitLeaseLost {
 		t.Fatalf("second release: %+v", r)
 	}
 	if v := lockState(t, dsn, "script"); v.State != "free" || v.Token != 1 {
 		t.Fatalf("after release: %+v", v)
 	}
-	if r = run(t, dsn, "release", "--lock", "script", "--holder", "cron/42"); r.code != ExitUsage {
+	if r = run(t, dsn, "release", "--lock", "script", "--key", got.Key); r.code != ExitUsage {
 		t.Fatalf("release without token: %+v", r)
 	}
 	// eval-able output.

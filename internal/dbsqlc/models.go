@@ -143,6 +143,8 @@ type PgfenceLock struct {
 	Metadata []byte
 	// Database time at which a waiter last asked to be woken when this lock is released (written only while the lock is held, at most every 30 seconds; grants and releases keep it). A release sends NOTIFY pgfence_lock_released only while it is less than 100 seconds old. Never used to decide who holds the lock.
 	WaitingSince *time.Time
+	// sha256 of the holder's lease key (the key itself is never stored); renewals and releases must present the key. NULL when released.
+	KeyHash []byte
 }
 
 // Waiters of held pglock leases, in arrival order (ticket), one reusable row per waiter key. A release hands the lease to the first live waiter of its name. Never used to decide who holds a lock: pgfence.locks does.
@@ -163,6 +165,8 @@ type PgfenceLockQueue struct {
 	GrantedToken pgtype.Int8
 	// Random number of the current wait of the row, drawn by the waiter; sent with wkey in the handoff notification.
 	WaitID int64
+	// sha256 of the waiter's lease key: a handoff gives the lease this hash, so only the waiter can renew or release it.
+	KeyHash []byte
 }
 
 // pgfence.locks with the state computed on the database clock: held (holder set, not expired), expired (holder set, lease ran out without a release), free (released or never granted).

@@ -8,116 +8,106 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const grantLock = `-- name: GrantLock :one
-UPDATE pgfence.locks AS l
-SET token       = (l.token OPERATOR(pg_catalog.+) 1),
-    holder      = $1::pg_catalog.text,
-    acquired_at = pg_catalog.now(),
-    renewed_at  = NULL,
-    expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) ($2::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE (l.name OPERATOR(pg_catalog.=) $3::pg_catalog.text)
-  AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
-RETURNING l.token, l.expires_at
+
+SELECT g.token, g.expires_at,
+       g.held_by, g.db_now
+FROM pgfence.lock_grant($1::pg_catalog.text, $2::pg_catalog.text, $3::bigint, $4::pg_catalog.bytea) AS g
 `
 
 type GrantLockParams struct {
+	Name   string
 	Holder string
 	TtlUs  int64
-	Name   string
+	Key    []byte
 }
 
 type GrantLockRow struct {
-	Token     int64
+	Token     pgtype.Int8
 	ExpiresAt *time.Time
+	HeldBy    *string
+	DbNow     *time.Time
 }
 
-// GrantLock grants a free or expired lock to holder: token + 1, expiry
-// now() + ttl_us microseconds, synchronous_commit on for this statement's
-// transaction. No row when the lock is held (nothing is locked or written)
-// or has no row yet (InsertLock creates it). At the bigint maximum it fails
-// with SQLSTATE 22003 and changes nothing. docs/design.md explains the shape.
+// The lease statements are calls of the lease functions of the schema
+// (migrations/00001_pgfence.sql, "Functions: leases and the lock queue"),
+// which hold every rule: a client in another language calls the same ones.
+// sqlc types each column from the function's OUT parameters.
+// GrantLock grants a free, expired or new lock to holder (pgfence.lock_grant):
+// token set when granted; token NULL with held_by and expires_at of the holder
+// when held; token and held_by NULL when the lock changed under the call
+// (call again).
 func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (GrantLockRow, error) {
-	row := db.QueryRow(ctx, grantLock, arg.Holder, arg.TtlUs, arg.Name)
+	row := db.QueryRow(ctx, grantLock,
+		arg.Name,
+		arg.Holder,
+		arg.TtlUs,
+		arg.Key,
+	)
 	var i GrantLockRow
-	err := row.Scan(&i.Token, &i.ExpiresAt)
+	err := row.Scan(
+		&i.Token,
+		&i.ExpiresAt,
+		&i.HeldBy,
+		&i.DbNow,
+	)
 	return i, err
 }
 
 const handedLock = `-- name: HandedLock :one
-SELECT l.token, l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now
-FROM pgfence.lock_queue AS q
-JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
-WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
-  AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
-  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
+SELECT g.token, g.expires_at, g.db_now
+FROM pgfence.lock_handed($1::bigint, $2::bigint, $3::pg_catalog.bytea) AS g
 `
 
-type HandedLockRow struct {
-	Token     int64
-	ExpiresAt *time.Time
-	DbNow     time.Time
+type HandedLockParams struct {
+	Wkey   int64
+	WaitID int64
+	Key    []byte
 }
 
-// HandedLock returns the lease a release handed to the wait (wkey, wait_id),
-// if it is still held (token, expiry, database time). No row = nothing was
-// handed (or it already expired). Reads only.
-func (q *Queries) HandedLock(ctx context.Context, db DBTX, wkey int64, waitID int64) (HandedLockRow, error) {
-	row := db.QueryRow(ctx, handedLock, wkey, waitID)
+type HandedLockRow struct {
+	Token     pgtype.Int8
+	ExpiresAt *time.Time
+	DbNow     *time.Time
+}
+
+// HandedLock returns the lease a release handed to the wait (wkey, wait_id)
+// queued with key, if still held (pgfence.lock_handed): token NULL = none.
+func (q *Queries) HandedLock(ctx context.Context, db DBTX, arg HandedLockParams) (HandedLockRow, error) {
+	row := db.QueryRow(ctx, handedLock, arg.Wkey, arg.WaitID, arg.Key)
 	var i HandedLockRow
 	err := row.Scan(&i.Token, &i.ExpiresAt, &i.DbNow)
 	return i, err
 }
 
-const insertLock = `-- name: InsertLock :one
-INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-SELECT $1::pg_catalog.text, 1, $2::pg_catalog.text, pg_catalog.now(), NULL,
-       (pg_catalog.now() OPERATOR(pg_catalog.+) ($3::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
-ON CONFLICT (name) DO NOTHING
-RETURNING l.token, l.expires_at
-`
-
-type InsertLockParams struct {
-	Name   string
-	Holder string
-	TtlUs  int64
-}
-
-type InsertLockRow struct {
-	Token     int64
-	ExpiresAt *time.Time
-}
-
-// InsertLock is the first grant of a lock name, which has no row yet: token
-// 1, expiry now() + ttl_us microseconds, synchronous_commit on. No row when a
-// concurrent first grant inserted it (try GrantLock again).
-func (q *Queries) InsertLock(ctx context.Context, db DBTX, arg InsertLockParams) (InsertLockRow, error) {
-	row := db.QueryRow(ctx, insertLock, arg.Name, arg.Holder, arg.TtlUs)
-	var i InsertLockRow
-	err := row.Scan(&i.Token, &i.ExpiresAt)
-	return i, err
-}
-
 const leaveQueue = `-- name: LeaveQueue :one
-DELETE FROM pgfence.lock_queue AS q
-WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
-RETURNING (CASE WHEN (q.wait_id OPERATOR(pg_catalog.=) $2::bigint) THEN COALESCE(q.granted_token, 0) ELSE 0 END)::bigint
-          AS granted_token
+SELECT g.removed, g.granted_token
+FROM pgfence.lock_leave($1::bigint, $2::bigint, $3::pg_catalog.bytea) AS g
 `
 
-// LeaveQueue removes the waiter wkey from the queue and returns the token of
-// a lease a release handed to its wait wait_id meanwhile (0 if none, or if
-// the row holds another wait's grant): the caller releases that lease. A concurrent release that
-// picked this row finishes first (the row is locked), so its handoff is seen
-// here.
-func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, wkey int64, waitID int64) (int64, error) {
-	row := db.QueryRow(ctx, leaveQueue, wkey, waitID)
-	var granted_token int64
-	err := row.Scan(&granted_token)
-	return granted_token, err
+type LeaveQueueParams struct {
+	Wkey   int64
+	WaitID int64
+	Key    []byte
+}
+
+type LeaveQueueRow struct {
+	Removed      pgtype.Bool
+	GrantedToken pgtype.Int8
+}
+
+// LeaveQueue takes the waiter wkey queued with key out of the queue
+// (pgfence.lock_leave) and returns the token of a lease handed to its wait
+// wait_id meanwhile (0 if none): the caller releases it.
+func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, arg LeaveQueueParams) (LeaveQueueRow, error) {
+	row := db.QueryRow(ctx, leaveQueue, arg.Wkey, arg.WaitID, arg.Key)
+	var i LeaveQueueRow
+	err := row.Scan(&i.Removed, &i.GrantedToken)
+	return i, err
 }
 
 const lockHolder = `-- name: LockHolder :one
@@ -154,322 +144,104 @@ func (q *Queries) LockHolder(ctx context.Context, db DBTX, name string) (LockHol
 }
 
 const queueGrant = `-- name: QueueGrant :one
-WITH handed AS (
-    SELECT l.token, l.expires_at
-    FROM pgfence.lock_queue AS q
-    JOIN pgfence.locks AS l ON (l.name OPERATOR(pg_catalog.=) q.name) AND (l.token OPERATOR(pg_catalog.=) q.granted_token) AND (l.holder OPERATOR(pg_catalog.=) q.holder)
-    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
-      AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
-      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-), upd AS (
-    UPDATE pgfence.locks AS l
-    SET token         = (l.token OPERATOR(pg_catalog.+) 1),
-        holder        = $3::pg_catalog.text,
-        acquired_at   = pg_catalog.now(),
-        renewed_at    = NULL,
-        expires_at    = (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
-      AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))
-    RETURNING l.token, l.expires_at
-), ins AS (
-    INSERT INTO pgfence.locks AS l (name, token, holder, acquired_at, renewed_at, expires_at)
-    SELECT $5::pg_catalog.text, 1, $3::pg_catalog.text, pg_catalog.now(), NULL,
-           (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.locks AS e WHERE (e.name OPERATOR(pg_catalog.=) $5::pg_catalog.text))
-    ON CONFLICT (name) DO NOTHING
-    RETURNING l.token, l.expires_at
-), cur AS (
-    SELECT l.holder, l.expires_at, l.waiting_since
-    FROM pgfence.locks AS l
-    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
-      AND l.holder IS NOT NULL
-      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-      AND NOT EXISTS (SELECT 1 FROM handed)
-), m AS (
-    UPDATE pgfence.locks AS l
-    SET waiting_since = pg_catalog.now()
-    WHERE (l.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
-      AND l.holder IS NOT NULL
-      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-      AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds')))
-      AND NOT EXISTS (SELECT 1 FROM handed)
-    RETURNING l.holder, l.expires_at
-), enq AS (
-    -- Unless this wait is queued already: a new wait, or this wait's row is
-    -- gone (deleted as dead) or was handed a lease that has ended since.
-    -- Queue with a new ticket, reusing the row of wkey if there is one.
-    INSERT INTO pgfence.lock_queue AS q (wkey, wait_id, name, holder, ttl_us, alive_until)
-    SELECT $1::bigint, $2::bigint, $5::pg_catalog.text, $3::pg_catalog.text,
-           $4::bigint, (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-    FROM cur
-    WHERE NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
-                      WHERE (e.wkey OPERATOR(pg_catalog.=) $1::bigint)
-                        AND (e.wait_id OPERATOR(pg_catalog.=) $2::bigint)
-                        AND e.granted_token IS NULL)
-    ON CONFLICT (wkey) DO UPDATE
-    SET ticket        = DEFAULT,
-        wait_id       = EXCLUDED.wait_id,
-        name          = EXCLUDED.name,
-        holder        = EXCLUDED.holder,
-        ttl_us        = EXCLUDED.ttl_us,
-        alive_until   = EXCLUDED.alive_until,
-        granted_token = NULL
-    RETURNING q.ticket
-), refresh AS (
-    -- Only once half of the waiter's TTL is gone: a row locked by a refresh
-    -- is skipped by a concurrent release.
-    UPDATE pgfence.lock_queue AS q
-    SET alive_until = (pg_catalog.now() OPERATOR(pg_catalog.+) ($4::bigint OPERATOR(pg_catalog.*) interval '1 microsecond'))
-    FROM cur
-    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
-      AND (q.wait_id OPERATOR(pg_catalog.=) $2::bigint)
-      AND (q.name OPERATOR(pg_catalog.=) $5::pg_catalog.text)
-      AND q.granted_token IS NULL
-      AND (q.alive_until OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.+) ((($4::bigint OPERATOR(pg_catalog./) 2)) OPERATOR(pg_catalog.*) interval '1 microsecond')))
-    RETURNING q.ticket
-), end_own AS (
-    -- Granted here: this wait is over, no release may serve its row; it
-    -- stays for the Locker's next wait for 10 seconds, as after a handoff.
-    UPDATE pgfence.lock_queue AS q
-    SET granted_token = 0,
-        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
-    WHERE (q.wkey OPERATOR(pg_catalog.=) $1::bigint)
-      AND q.granted_token IS NULL
-      AND EXISTS (SELECT 1 FROM upd UNION ALL SELECT 1 FROM ins)
-    RETURNING q.ticket
-), dur AS (
-    -- Read at commit: only a grant must survive a crash (on); a queue row or
-    -- wait mark lost with the server is written again by the waiter when its
-    -- listener reconnects (off). A grant returns a row, so this is evaluated
-    -- whenever one happened; it reads upd and ins, so it runs after them.
-    SELECT pg_catalog.set_config('synchronous_commit',
-                      CASE WHEN EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins) THEN 'on' ELSE 'off' END,
-                      true) AS sync
-)
-SELECT r.granted, r.token, r.expires_at, r.holder, r.db_now
-FROM (
-    SELECT true AS granted, handed.token, handed.expires_at, NULL::pg_catalog.text AS holder, pg_catalog.now()::pg_catalog.timestamptz AS db_now FROM handed
-    UNION ALL
-    SELECT true, upd.token, upd.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM upd
-    UNION ALL
-    SELECT true, ins.token, ins.expires_at, NULL::pg_catalog.text, pg_catalog.now()::pg_catalog.timestamptz FROM ins
-    UNION ALL
-    SELECT false, 0::bigint, COALESCE(m.expires_at, cur.expires_at), COALESCE(m.holder, cur.holder), pg_catalog.now()::pg_catalog.timestamptz
-    FROM cur LEFT JOIN m ON true
-    WHERE m.holder IS NOT NULL OR (cur.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '30 seconds'))
-) AS r CROSS JOIN dur
+SELECT g.granted, g.token, g.expires_at,
+       g.held_by, g.db_now
+FROM pgfence.lock_wait($1::pg_catalog.text, $2::pg_catalog.text, $3::bigint, $4::pg_catalog.bytea,
+                       $5::bigint, $6::bigint) AS g
 `
 
 type QueueGrantParams struct {
-	Wkey   int64
-	WaitID int64
+	Name   string
 	Holder string
 	TtlUs  int64
-	Name   string
+	Key    []byte
+	Wkey   int64
+	WaitID int64
 }
 
 type QueueGrantRow struct {
-	Granted   bool
-	Token     int64
+	Granted   pgtype.Bool
+	Token     pgtype.Int8
 	ExpiresAt *time.Time
-	Holder    *string
-	DbNow     time.Time
+	HeldBy    *string
+	DbNow     *time.Time
 }
 
-// QueueGrant is a waiter's attempt (LISTEN mode): it grants a free or expired
-// lock exactly as GrantLock or InsertLock do and ends the waiter's wait
-// (granted_token 0: no release serves the row again); returns a lease a
-// release handed to this wait (wkey, wait_id); or, the lock being held by
-// someone else, queues the wait (or, once half its TTL is gone, pushes its
-// alive_until to now() + its TTL), marks the row for wake-up as WaitGrant
-// does and returns granted = false with the holder and its expiry. A wait
-// whose wait_id the row of wkey does not have yet (a new wait of the key)
-// reuses that row, left by an ended wait, with a new ticket (an update in
-// place); nothing handed to an earlier wait is returned. It commits with
-// synchronous_commit on when it granted, off otherwise. No row = the lock
-// changed under the statement: try again at once.
+// QueueGrant is a waiter's attempt (LISTEN mode, pgfence.lock_wait): granted
+// with token and expires_at; or queued, granted false with held_by and
+// expires_at; granted NULL: the lock changed under the call (call again).
 func (q *Queries) QueueGrant(ctx context.Context, db DBTX, arg QueueGrantParams) (QueueGrantRow, error) {
 	row := db.QueryRow(ctx, queueGrant,
-		arg.Wkey,
-		arg.WaitID,
+		arg.Name,
 		arg.Holder,
 		arg.TtlUs,
-		arg.Name,
+		arg.Key,
+		arg.Wkey,
+		arg.WaitID,
 	)
 	var i QueueGrantRow
 	err := row.Scan(
 		&i.Granted,
 		&i.Token,
 		&i.ExpiresAt,
-		&i.Holder,
+		&i.HeldBy,
 		&i.DbNow,
 	)
 	return i, err
 }
 
 const releaseLock = `-- name: ReleaseLock :one
-WITH nxt AS (
-    SELECT q.ticket, q.wkey, q.wait_id, q.holder, q.ttl_us
-    FROM pgfence.lock_queue AS q
-    WHERE (q.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
-      AND q.granted_token IS NULL
-      AND (q.alive_until OPERATOR(pg_catalog.>) pg_catalog.now())
-    ORDER BY q.ticket
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-), sc AS (
-    -- A handoff is a grant: durable. A plain release does not wait for the
-    -- flush: lost in a crash, it only keeps the lock until its expiry (the
-    -- token is not re-issued), and a later grant that saw it flushes it.
-    SELECT pg_catalog.set_config('synchronous_commit',
-                      CASE WHEN EXISTS (SELECT 1 FROM nxt) THEN 'on' ELSE 'off' END, true) AS sync
-), rel AS (
-    UPDATE pgfence.locks AS l
-    SET token       = (l.token OPERATOR(pg_catalog.+) CASE WHEN n.ticket IS NULL THEN 0 ELSE 1 END),
-        holder      = n.holder,
-        acquired_at = CASE WHEN n.ticket IS NULL THEN l.acquired_at ELSE pg_catalog.now() END,
-        renewed_at  = NULL,
-        expires_at  = (pg_catalog.now() OPERATOR(pg_catalog.+) (n.ttl_us OPERATOR(pg_catalog.*) interval '1 microsecond'))
-    FROM sc LEFT JOIN nxt AS n ON true
-    WHERE (l.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
-      AND (l.holder OPERATOR(pg_catalog.=) $2::pg_catalog.text)
-      AND (l.token OPERATOR(pg_catalog.=) $3::bigint)
-      AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-    RETURNING n.ticket, n.wkey, n.wait_id, l.token, l.name, l.waiting_since, l.expires_at
-), handed AS (
-    -- The wait is over: the row stays for its Locker's next wait of the
-    -- name for 10 seconds, then the next release deletes it (gc). Only a
-    -- release of this lease (by the waiter) can run gc before it expires,
-    -- so the row is there for the waiter to read its lease.
-    UPDATE pgfence.lock_queue AS q
-    SET granted_token = rel.token,
-        alive_until   = (pg_catalog.now() OPERATOR(pg_catalog.+) interval '10 seconds')
-    FROM rel
-    WHERE (q.wkey OPERATOR(pg_catalog.=) rel.wkey)
-      AND (q.ticket OPERATOR(pg_catalog.=) rel.ticket)
-    RETURNING q.ticket
-), gc AS (
-    DELETE FROM pgfence.lock_queue AS q
-    USING rel
-    WHERE (q.name OPERATOR(pg_catalog.=) rel.name)
-      AND (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())
-    RETURNING q.ticket
-)
-SELECT (rel.ticket IS NOT NULL)::boolean AS handed_off,
-       ((CASE WHEN rel.ticket IS NOT NULL
-                  THEN pg_catalog.pg_notify('pgfence_lock_handoff',
-                                 ((((((rel.wkey::pg_catalog.text OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.wait_id::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) rel.token::pg_catalog.text) OPERATOR(pg_catalog.||) ' ') OPERATOR(pg_catalog.||) ((extract(epoch FROM rel.expires_at) OPERATOR(pg_catalog.*) 1000000))::bigint::pg_catalog.text))::pg_catalog.text
-             WHEN (rel.waiting_since OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds'))
-                  THEN pg_catalog.pg_notify('pgfence_lock_released', rel.name)::pg_catalog.text END) IS NOT NULL)::boolean AS notified
-FROM rel
+SELECT g.released, g.handed_off, g.notified
+FROM pgfence.lock_release($1::pg_catalog.text, $2::bigint, $3::pg_catalog.bytea) AS g
 `
 
 type ReleaseLockParams struct {
-	Name   string
-	Holder string
-	Token  int64
+	Name  string
+	Token int64
+	Key   []byte
 }
 
 type ReleaseLockRow struct {
-	HandedOff bool
-	Notified  bool
+	Released  pgtype.Bool
+	HandedOff pgtype.Bool
+	Notified  pgtype.Bool
 }
 
-// ReleaseLock ends a lease still held by (name, holder, token). If a live
-// waiter is queued for the name (pgfence.lock_queue), the lease is handed to
-// the first one in the same statement (token + 1, expiry now() + its TTL,
-// synchronous_commit on) and pgfence_lock_handoff is notified with its wkey,
-// the wait_id of its wait, the new token and the new expiry in microseconds
-// since the Unix epoch (payload "wkey wait_id token expiry_us");
-// otherwise holder and expiry become NULL and, if a waiter marked the row in
-// the last 100 seconds, pgfence_lock_released is notified with the name.
-// Rows of the name whose alive_until has passed are deleted: dead waiters,
-// and ended waits (kept 10 seconds for their Locker's next wait). No row =
+// ReleaseLock ends the lease (name, token) held with key, handing it to the
+// first live waiter if there is one (pgfence.lock_release). released false =
 // the lease was lost; nothing changed.
 func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParams) (ReleaseLockRow, error) {
-	row := db.QueryRow(ctx, releaseLock, arg.Name, arg.Holder, arg.Token)
+	row := db.QueryRow(ctx, releaseLock, arg.Name, arg.Token, arg.Key)
 	var i ReleaseLockRow
-	err := row.Scan(&i.HandedOff, &i.Notified)
+	err := row.Scan(&i.Released, &i.HandedOff, &i.Notified)
 	return i, err
 }
 
-const releaseUnwaitedLock = `-- name: ReleaseUnwaitedLock :one
-UPDATE pgfence.locks AS l
-SET holder     = NULL,
-    renewed_at = NULL,
-    expires_at = NULL
-FROM (SELECT pg_catalog.set_config('synchronous_commit', 'off', true) AS sync) AS sc
-WHERE (l.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
-  AND (l.holder OPERATOR(pg_catalog.=) $2::pg_catalog.text)
-  AND (l.token OPERATOR(pg_catalog.=) $3::bigint)
-  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-  AND (l.waiting_since IS NULL OR (l.waiting_since OPERATOR(pg_catalog.<=) (pg_catalog.now() OPERATOR(pg_catalog.-) interval '100 seconds')))
-  AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS q
-                  WHERE (q.name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
-                    AND (q.granted_token IS NULL OR (q.alive_until OPERATOR(pg_catalog.<=) pg_catalog.now())))
-RETURNING l.token
-`
-
-type ReleaseUnwaitedLockParams struct {
-	Name   string
-	Holder string
-	Token  int64
-}
-
-// ReleaseUnwaitedLock is ReleaseLock for a lock nobody waits for, in one
-// plain UPDATE: it ends the lease held by (name, holder, token) only if no
-// waiter is queued for the name (no pgfence.lock_queue row of the name still
-// waiting, granted_token NULL, and none past its alive_until) and no
-// waiter marked the lock row in the last 100 seconds. ReleaseLock would then
-// hand nothing over, delete no queue row and notify nobody; the result is
-// the same row (holder and expiry NULL, token kept), committed without
-// waiting for the flush like ReleaseLock's plain release. Rows of ended waits
-// whose alive_until has passed also send the release to ReleaseLock, which
-// deletes them. A waiter whose
-// queue row or mark is not committed yet either conflicts on the lock row
-// (its mark) or sees the release and tries again. No row = the lease was
-// lost, or someone may be waiting: run ReleaseLock, which tells the two
-// apart.
-func (q *Queries) ReleaseUnwaitedLock(ctx context.Context, db DBTX, arg ReleaseUnwaitedLockParams) (int64, error) {
-	row := db.QueryRow(ctx, releaseUnwaitedLock, arg.Name, arg.Holder, arg.Token)
-	var token int64
-	err := row.Scan(&token)
-	return token, err
-}
-
 const renewLock = `-- name: RenewLock :one
-UPDATE pgfence.locks AS l
-SET expires_at = (pg_catalog.now() OPERATOR(pg_catalog.+) ($1::bigint OPERATOR(pg_catalog.*) interval '1 microsecond')),
-    renewed_at = pg_catalog.now()
-FROM (SELECT pg_catalog.set_config('synchronous_commit', 'on', true) AS sync) AS sc
-WHERE (l.name OPERATOR(pg_catalog.=) $2::pg_catalog.text)
-  AND (l.holder OPERATOR(pg_catalog.=) $3::pg_catalog.text)
-  AND (l.token OPERATOR(pg_catalog.=) $4::bigint)
-  AND (l.expires_at OPERATOR(pg_catalog.>) pg_catalog.now())
-RETURNING l.expires_at, pg_catalog.now()::pg_catalog.timestamptz AS db_now
+SELECT g.expires_at, g.db_now
+FROM pgfence.lock_renew($1::pg_catalog.text, $2::bigint, $3::pg_catalog.bytea, $4::bigint) AS g
 `
 
 type RenewLockParams struct {
-	TtlUs  int64
-	Name   string
-	Holder string
-	Token  int64
+	Name  string
+	Token int64
+	Key   []byte
+	TtlUs int64
 }
 
 type RenewLockRow struct {
 	ExpiresAt *time.Time
-	DbNow     time.Time
+	DbNow     *time.Time
 }
 
-// RenewLock extends a lease still held by (name, holder, token) to now() +
-// ttl_us microseconds, synchronous_commit on. No row = the lease was lost
-// (expired, released or re-granted).
+// RenewLock extends the lease (name, token) held with key
+// (pgfence.lock_renew). expires_at NULL = the lease was lost.
 func (q *Queries) RenewLock(ctx context.Context, db DBTX, arg RenewLockParams) (RenewLockRow, error) {
 	row := db.QueryRow(ctx, renewLock,
-		arg.TtlUs,
 		arg.Name,
-		arg.Holder,
 		arg.Token,
+		arg.Key,
+		arg.TtlUs,
 	)
 	var i RenewLockRow
 	err := row.Scan(&i.ExpiresAt, &i.DbNow)

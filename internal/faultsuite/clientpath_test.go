@@ -371,10 +371,11 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 		}
 		handed <- l
 	}()
-	// The waiter is queued once its row is in pgfence.lock_queue.
+	// The waiter is queued once it marked the lock row (pgfence.lock_wait
+	// queues and marks in one call; the queue itself is the owner's).
 	for {
 		var queued bool
-		must("queue", pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pgfence.lock_queue WHERE name OPERATOR(pg_catalog.=) $1)", lockName).Scan(&queued))
+		must("queue", pool.QueryRow(ctx, "SELECT waiting_since IS NOT NULL FROM pgfence.locks WHERE name OPERATOR(pg_catalog.=) $1", lockName).Scan(&queued))
 		if queued {
 			break
 		}
@@ -579,14 +580,14 @@ func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	run := func(args ...string) string { t.Helper(); return runCode(0, args...) }
 	lock := fmt.Sprintf("cli:%d", i)
 	var lease struct {
-		Holder string `json:"holder"`
-		Token  int64  `json:"token"`
+		Key   string `json:"key"`
+		Token int64  `json:"token"`
 	}
 	if err := json.Unmarshal([]byte(run("acquire", "--lock", lock, "--ttl", "1m", "--json")), &lease); err != nil || lease.Token == 0 {
 		t.Fatalf("acquire --json: %+v %v", lease, err)
 	}
 	tok := fmt.Sprint(lease.Token)
-	run("renew", "--lock", lock, "--holder", lease.Holder, "--token", tok)
+	run("renew", "--lock", lock, "--token", tok, "--key", lease.Key)
 	run("locks")
 	run("locks", "--name", "cli:%")
 	run("locks", "show", lock)
@@ -603,5 +604,5 @@ func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	mig, q := filepath.Join(dir, "migrations"), filepath.Join(dir, "queries")
 	run("gen", "fenced", "--table", "public.accounts", "--key", "id", "--set", "balance", "--has-fence-column",
 		"--check", "--dry-run", "--migrations-dir", mig, "--queries-dir", q)
-	run("release", "--lock", lock, "--holder", lease.Holder, "--token", tok)
+	run("release", "--lock", lock, "--token", tok, "--key", lease.Key)
 }

@@ -23,12 +23,16 @@ import (
 )
 
 // The history checker is shown to catch real bugs: each mutation below is
-// one of pgfence's own statements (read from queries/) with one condition
-// changed, sent by a test client in place of the library's statement, in a
-// directed scenario that the bug breaks. With the mutation the checker must
-// report the history illegal and name the operation that broke it; with the
-// statement as shipped, the same scenario must be legal. The switch is the
-// mutant argument of each scenario: nothing in the library changes.
+// one of pgfence's own statements with one condition changed, in a directed
+// scenario that the bug breaks. A statement of the door (a lease function)
+// is mutated in the test's own database: its definition, read back with
+// pg_get_functiondef, is replaced with one edit (CREATE OR REPLACE), and the
+// library calls it as it always does. A client statement (read from
+// queries/) is sent by a test client in place of the library's. With the
+// mutation the checker must report the history illegal and name the
+// operation that broke it; with the statement as shipped, the same scenario
+// must be legal. The switch is the mutant argument of each scenario: nothing
+// in the library's code changes.
 
 // query is one statement of queries/, with its parameters as $n.
 type query struct {
@@ -85,6 +89,42 @@ func shipped(t *testing.T, file, name string, edits ...string) query {
 	})
 	return q
 }
+
+// mutateFunction replaces the definition of the function fn (a
+// regprocedure, e.g. "pgfence.lock_grant(text, text, bigint, bytea)") in
+// pool's database with its definition as migrated with the edits applied
+// (pairs of old, new; every occurrence of old is replaced, and old must be
+// there), and returns a func that restores the definition as migrated
+// through db (pool, or another pool on the same database).
+func mutateFunction(t *testing.T, ctx context.Context, pool *pgxpool.Pool, fn string, edits ...string) (restore func(db *pgxpool.Pool)) {
+	t.Helper()
+	var def string
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.pg_get_functiondef($1::pg_catalog.regprocedure)", fn).Scan(&def); err != nil {
+		t.Fatalf("definition of %s: %v", fn, err)
+	}
+	mutant := def
+	for k := 0; k+1 < len(edits); k += 2 {
+		if !strings.Contains(mutant, edits[k]) {
+			t.Fatalf("mutation of %s: %q is not in its definition:\n%s", fn, edits[k], def)
+		}
+		mutant = strings.ReplaceAll(mutant, edits[k], edits[k+1])
+	}
+	if _, err := pool.Exec(ctx, mutant); err != nil {
+		t.Fatalf("mutant of %s: %v", fn, err)
+	}
+	return func(db *pgxpool.Pool) {
+		t.Helper()
+		if _, err := db.Exec(ctx, def); err != nil {
+			t.Fatalf("restoring %s: %v", fn, err)
+		}
+	}
+}
+
+// The door's functions the mutations edit.
+const (
+	fnLockGrant   = "pgfence.lock_grant(text, text, bigint, bytea)"
+	fnLockRelease = "pgfence.lock_release(text, bigint, bytea)"
+)
 
 // args orders the values of named by q's parameters.
 func (q query) args(t *testing.T, named map[string]any) []any {
@@ -166,6 +206,9 @@ func TestHistoryMutationsCaught(t *testing.T) {
 // release of lease 1 runs; without the token condition it ends lease 2.
 func releaseAnyToken(t *testing.T, pool *pgxpool.Pool, mutant bool) []history.Op {
 	ctx := testCtx(t)
+	if mutant {
+		mutateFunction(t, ctx, pool, fnLockRelease, "AND l.token = lock_release.token", "")
+	}
 	rec := history.New()
 	c := rec.NewClient()
 	l := newPollLocker(t, pool, "m")
@@ -182,20 +225,7 @@ func releaseAnyToken(t *testing.T, pool *pgxpool.Pool, mutant bool) []history.Op
 		}
 		sleep(ctx, 5*time.Millisecond) // the database's expiry is a little later than the local deadline
 	}
-	var edits []string
-	if mutant {
-		edits = []string{"AND (l.token OPERATOR(pg_catalog.=) sqlc.arg(token)::bigint)", ""}
-	}
-	q := shipped(t, "pglock.sql", "ReleaseUnwaitedLock", edits...)
-	p := rec.Begin(c.ID(), history.Input{Kind: history.Release, Key: "mut", Holder: "m", Token: first.Token()})
-	var token int64
-	err := pool.QueryRow(ctx, q.sql, q.args(t, map[string]any{"name": "mut", "holder": "m", "token": first.Token()})...).Scan(&token)
-	switch {
-	case err == nil:
-		p.End(history.Output{Outcome: history.OK})
-	case errors.Is(err, pgx.ErrNoRows):
-		p.End(history.Output{Outcome: history.Lost})
-	default:
+	if err := c.ReleaseToken(ctx, l, "mut", first.Token()); err != nil && !errors.Is(err, pglock.ErrLeaseLost) {
 		t.Fatal(err)
 	}
 	return rec.Ops()
@@ -212,24 +242,10 @@ func grantIgnoringExpiry(t *testing.T, pool *pgxpool.Pool, mutant bool) []histor
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	var edits []string
 	if mutant {
-		edits = []string{"AND (l.holder IS NULL OR (l.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))", ""}
+		mutateFunction(t, ctx, pool, fnLockGrant, "AND (l.holder IS NULL OR l.expires_at <= now())", "")
 	}
-	q := shipped(t, "pglock.sql", "GrantLock", edits...)
-	ttl := time.Minute
-	p := rec.Begin(b.ID(), history.Input{Kind: history.Acquire, Key: "mut", Holder: "b", TTL: ttl})
-	var (
-		token   int64
-		expires time.Time
-	)
-	err = pool.QueryRow(ctx, q.sql, q.args(t, map[string]any{"name": "mut", "holder": "b", "ttl_us": ttl.Microseconds()})...).Scan(&token, &expires)
-	switch {
-	case err == nil:
-		p.End(history.Output{Outcome: history.OK, Token: token, Expires: history.Micros(expires), Deadline: p.Call() + int64(ttl)})
-	case errors.Is(err, pgx.ErrNoRows):
-		p.End(history.Output{Outcome: history.Busy})
-	default:
+	if _, err := b.Acquire(ctx, newPollLocker(t, pool, "b"), "mut", time.Minute, false); err != nil && !errors.Is(err, pglock.ErrLocked) {
 		t.Fatal(err)
 	}
 	return rec.Ops()
@@ -315,18 +331,15 @@ func handoffToEndedWait(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	var edits []string
 	if mutant {
-		edits = []string{"AND q.granted_token IS NULL\n", "\n"}
+		// b's wait marked the lock row, so its release takes the full path
+		// (the queue lookup), where the mutation is.
+		mutateFunction(t, ctx, pool, fnLockRelease, "WHERE q.name = lock_release.name AND q.granted_token IS NULL AND q.alive_until > now()",
+			"WHERE q.name = lock_release.name AND q.alive_until > now()")
 	}
-	q := shipped(t, "pglock.sql", "ReleaseLock", edits...)
-	p := rec.Begin(cb.ID(), history.Input{Kind: history.Release, Key: "mut", Holder: "b", Token: r.lease.Token()})
-	var handed, notified bool
-	err = pool.QueryRow(ctx, q.sql, q.args(t, map[string]any{"name": "mut", "holder": "b", "token": r.lease.Token()})...).Scan(&handed, &notified)
-	if err != nil {
+	if err := cb.Release(ctx, r.lease); err != nil {
 		t.Fatal(err)
 	}
-	p.End(history.Output{Outcome: history.OK})
 	if _, err := cr.Inspect(ctx, pool, "mut"); err != nil {
 		t.Fatal(err)
 	}
@@ -404,40 +417,43 @@ func TestHistoryMutationTokenTwiceAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	setup.Close()
-	q := shipped(t, "pglock.sql", "GrantLock", "pg_catalog.set_config('synchronous_commit', 'on', true)", "pg_catalog.set_config('synchronous_commit', 'off', true)")
 	rec := history.New()
+	var restore func(*pgxpool.Pool) // the mutant grant of the attempt before
 	for attempt := 1; ; attempt++ {
 		pool, err := pgxpool.New(ctx, srv.DSN)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if restore != nil {
+			restore(pool) // the first grant of each attempt is durable
 		}
 		c := rec.NewClient()
 		l := newPollLocker(t, pool, "a")
 		// A durable grant that expires: the mutant grants the next token.
 		first := tryUntilGranted(t, ctx, c, l, "crash", 100*time.Millisecond)
 		<-first.Done()
-		var (
-			token   int64
-			expires time.Time
-		)
+		// Mutated after the durable grant, restored only after the crash:
+		// the restoring commit would flush the mutant grant.
+		restore = mutateFunction(t, ctx, pool, fnLockGrant,
+			"PERFORM set_config('synchronous_commit', 'on', true);", "PERFORM set_config('synchronous_commit', 'off', true);")
+		lb := newPollLocker(t, pool, "b")
+		var token int64
 		for {
-			ttl := time.Minute
-			p := rec.Begin(c.ID(), history.Input{Kind: history.Acquire, Key: "crash", Holder: "b", TTL: ttl})
-			err := pool.QueryRow(ctx, q.sql, q.args(t, map[string]any{"name": "crash", "holder": "b", "ttl_us": ttl.Microseconds()})...).Scan(&token, &expires)
+			lease, err := c.Acquire(ctx, lb, "crash", time.Minute, false)
 			if err == nil {
-				p.End(history.Output{Outcome: history.OK, Token: token, Expires: history.Micros(expires), Deadline: p.Call() + int64(ttl)})
+				token = lease.Token()
 				break
 			}
-			if !errors.Is(err, pgx.ErrNoRows) {
+			if !errors.Is(err, pglock.ErrLocked) && !errors.Is(err, pglock.ErrSlowGrant) {
 				t.Fatal(err)
 			}
-			p.End(history.Output{Outcome: history.Busy})
 			sleep(ctx, 5*time.Millisecond)
 		}
 		if err := srv.Kill(syscall.SIGQUIT); err != nil {
 			t.Fatal(err)
 		}
 		l.Close()
+		lb.Close()
 		pool.Close()
 		if err := srv.Restart(ctx); err != nil {
 			t.Fatal(err)

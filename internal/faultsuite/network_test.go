@@ -474,7 +474,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		}
 		switch {
 		case ours && v.reconcile:
-			if err := unsure.ReleaseToken(ctx, locker, name, locker.Holder(), info.Token); err != nil {
+			if err := unsure.ReleaseToken(ctx, locker, name, info.Token); err != nil {
 				// On a loaded machine the grant's TTL can run out between
 				// the look and the release: then the release is refused
 				// (correctly) and this run missed its window.

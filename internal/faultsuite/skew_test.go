@@ -163,7 +163,7 @@ func skewWorkerMain(offset string) int {
 		return fail(err)
 	}
 	renew := "accepted"
-	if err := hc.RenewToken(ctx, locker, skewOwnLock, locker.Holder(), lease.Token(), skewOwnTTL); errors.Is(err, pglock.ErrLeaseLost) {
+	if err := hc.RenewToken(ctx, locker, skewOwnLock, lease.Token(), skewOwnTTL); errors.Is(err, pglock.ErrLeaseLost) {
 		renew = "refused"
 	} else if err != nil {
 		return fail(err)

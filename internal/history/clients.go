@@ -131,12 +131,14 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 	return err
 }
 
-// ReleaseToken records l.ReleaseToken of (name, holder, token): the release
-// a caller that lost its Lease (an acquire with an unknown outcome, a
-// restarted process) sends after reading the grant with Inspect.
-func (c *Client) ReleaseToken(ctx context.Context, l *pglock.Locker, name, holder string, token int64) error {
-	p := c.begin(Input{Kind: Release, Key: name, Holder: holder, Token: token})
-	err := l.ReleaseToken(ctx, name, holder, token)
+// ReleaseToken records l.ReleaseToken of (name, token): the release a
+// caller that lost its Lease (an acquire with an unknown outcome, a restarted
+// process with the same lease key) sends after reading the grant with
+// Inspect. The holder recorded is l's: in these histories a holder stands for
+// one lease key.
+func (c *Client) ReleaseToken(ctx context.Context, l *pglock.Locker, name string, token int64) error {
+	p := c.begin(Input{Kind: Release, Key: name, Holder: l.Holder(), Token: token})
+	err := l.ReleaseToken(ctx, name, token)
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
@@ -149,11 +151,11 @@ func (c *Client) ReleaseToken(ctx context.Context, l *pglock.Locker, name, holde
 	return err
 }
 
-// RenewToken records l.RenewToken of (name, holder, token): the renewal of
-// a caller that kept only the lease's name, holder and token.
-func (c *Client) RenewToken(ctx context.Context, l *pglock.Locker, name, holder string, token int64, ttl time.Duration) error {
-	p := c.begin(Input{Kind: Renew, Key: name, Holder: holder, Token: token, TTL: ttl})
-	expires, err := l.RenewToken(ctx, name, holder, token, ttl)
+// RenewToken records l.RenewToken of (name, token): the renewal of a caller
+// that kept only the lease's name and token (and l, with its key).
+func (c *Client) RenewToken(ctx context.Context, l *pglock.Locker, name string, token int64, ttl time.Duration) error {
+	p := c.begin(Input{Kind: Renew, Key: name, Holder: l.Holder(), Token: token, TTL: ttl})
+	expires, err := l.RenewToken(ctx, name, token, ttl)
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK, Expires: Micros(expires)})
