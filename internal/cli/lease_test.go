@@ -191,7 +191,14 @@ func TestAcquireRenewRelease(t *testing.T) {
 	if r = run(t, dsn, "renew", "--lock", "script", "--token", "99", "--key", got.Key); r.code != ExitLeaseLost {
 		t.Fatalf("renew forged token: %+v", r)
 	}
-	for _, key := range []string{"00112233445566778899aabbccddeeff", got.Key[:30] + "00"} {
+	// Another key, and the lease's own key with its last byte changed (a
+	// fixed replacement byte would equal the key's own 1 time in 256).
+	last := got.Key[30:]
+	other := "00"
+	if last == other {
+		other = "01"
+	}
+	for _, key := range []string{"00112233445566778899aabbccddeeff", got.Key[:30] + other} {
 		if r = run(t, dsn, "release", "--lock", "script", "--token", tok, "--key", key); r.code != ExitLeaseLost {
 			t.Fatalf("release with another key: %+v", r)
 		}
