@@ -53,7 +53,7 @@ func (b *bench) enqueueO1(ctx context.Context, n int) error {
 	for i := 0; i < n; i += 500 {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			for j := i; j < min(n, i+500); j++ {
-				if _, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: "bench:o1", Topic: o1Topic,
+				if _, err := outbox.Enqueue(ctx, tx, lease, outbox.Intent{Topic: o1Topic,
 					Key: fmt.Sprintf("o1:%d:%d", lease.Token(), j), Payload: payload}); err != nil {
 					return err
 				}

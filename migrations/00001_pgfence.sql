@@ -42,6 +42,10 @@
 --   PF011  a lease function refused an argument (NULL, empty or oversized name
 --          or holder, TTL out of bounds, token <= 0, key not 16..64 bytes); the
 --          message names the argument and the rule
+--          (pgfence.outbox_enqueue too: lock name, key, topic, idempotency key,
+--          max_attempts)
+--   PF012  outbox intent refused: the lease (lock, token) is not held with the
+--          key given (released, expired, or another key)
 --   (PF009 and PF010 were the pre-release integrity trigger's; no longer raised)
 --
 -- Contents, in order: the schema; the tables with their constraints and
@@ -443,7 +447,10 @@ COMMENT ON INDEX pgfence.job_dead_counts_pkey IS
 --   its insert and its COMMIT does not hold back the next grant, and its
 --   COMMIT is then refused.
 -- Every insert and every change of lock_name or token is checked, whether it
--- comes from pgfence.outbox_enqueue() or from plain SQL.
+-- comes from pgfence.outbox_enqueue() or from plain SQL. Applications record
+-- intents only through pgfence.outbox_enqueue(), which also requires the
+-- lease's key (their role has no INSERT on this table): a token is public, the
+-- key is a secret of the holder.
 --
 -- Each intent is delivered through one row of pgfence.jobs on queue
 -- 'outbox:' || topic; the intent's id is that job's id. There is no foreign
@@ -1581,10 +1588,35 @@ COMMENT ON FUNCTION pgfence.outbox_check_token() IS
   'Deferred constraint trigger of pgfence.outbox: at COMMIT, locks the intent''s lock row FOR SHARE and refuses the '
   'intent unless its token is the lock''s latest (see pgfence.outbox_token_refused).';
 
+-- pgfence.outbox_enqueue records an intent of the lease (lock_name, token)
+-- held with key, in the caller's transaction: the only way the application's
+-- role records intents (it has no INSERT on pgfence.outbox). SECURITY DEFINER:
+-- it writes pgfence.outbox and pgfence.jobs as their owner.
+--
+-- Arguments are checked before anything is read or written, and a bad one
+-- changes nothing: lock_name 1..512 bytes (PF011); token NULL or <= 0: PF007,
+-- as for a fenced statement; key 16..64 bytes (PF011); topic 1..100 bytes of
+-- ASCII letters, digits and . _ : / - (PF011); idempotency_key 1..255 visible
+-- ASCII characters (PF011); payload not NULL (22004) and at most 1 MiB in its
+-- text form (23514, constraint outbox_payload_size, as the table's CHECK says);
+-- max_attempts 1..1000000 (PF011). A NULL run_at means now().
+--
+-- Then the lease. The token must be the lock's latest grant: PF003 when a
+-- newer grant exists, PF002 when the lock never issued it (or has no row), as
+-- pgfence.outbox_token_refused raises them. And the lease must be held with
+-- key: holder set, expires_at > now() (the start of the caller's transaction,
+-- the time every pgfence function compares with) and key_hash = sha256(key);
+-- otherwise PF012, with the DETAIL of PF002 ("op INSERT, key K, token N, lock
+-- L, latest token M"). The token is public (fenced rows, pgfence.lock_status),
+-- the key is a secret of the holder: without the key, a session that reads a
+-- lease's token could record intents under a lease it does not hold. The
+-- deferred trigger outbox_check_token checks the token again at COMMIT, under
+-- a lock of the lock row; the key and the expiry are checked here only.
 -- +goose StatementBegin
 CREATE FUNCTION pgfence.outbox_enqueue(
     lock_name       text,
     token           bigint,
+    key             bytea,
     topic           text,
     idempotency_key text,
     payload         jsonb,
@@ -1592,23 +1624,67 @@ CREATE FUNCTION pgfence.outbox_enqueue(
     run_at          timestamptz DEFAULT NULL
 ) RETURNS TABLE (intent_id bigint, duplicate boolean, intent_topic text, intent_lock_name text, intent_token bigint,
                  enqueued_at timestamptz)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    latest bigint;
-    jid    bigint;
+    latest  bigint;
+    held_by text;
+    expires timestamptz;
+    kh      bytea;
+    jid     bigint;
 BEGIN
-    IF outbox_enqueue.payload IS NULL THEN
-        RAISE EXCEPTION 'pgfence outbox: payload must not be NULL' USING ERRCODE = '22004';
+    -- 1. The arguments.
+    IF outbox_enqueue.lock_name IS NULL OR octet_length(outbox_enqueue.lock_name) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: lock_name must be 1 to 512 bytes, got %',
+            coalesce(octet_length(outbox_enqueue.lock_name)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF outbox_enqueue.token IS NULL OR outbox_enqueue.token <= 0 THEN
+        PERFORM pgfence.outbox_token_refused(outbox_enqueue.lock_name, outbox_enqueue.idempotency_key,
+                                             outbox_enqueue.token, NULL);  -- PF007
+    ELSIF outbox_enqueue.key IS NULL OR octet_length(outbox_enqueue.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: key must be 16 to 64 random bytes (the lease''s key), got %',
+            coalesce(octet_length(outbox_enqueue.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF outbox_enqueue.topic IS NULL OR outbox_enqueue.topic !~ '^[A-Za-z0-9._:/-]{1,100}$' THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: topic must be 1 to 100 bytes of ASCII letters, digits and . _ : / -, got %',
+            coalesce(CASE WHEN octet_length(outbox_enqueue.topic) BETWEEN 1 AND 100 THEN 'another character'
+                          ELSE octet_length(outbox_enqueue.topic)::text || ' bytes' END, 'NULL')
+            USING ERRCODE = 'PF011';
+    ELSIF outbox_enqueue.idempotency_key IS NULL OR outbox_enqueue.idempotency_key !~ '^[!-~]{1,255}$' THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: idempotency_key must be 1 to 255 visible ASCII characters, got %',
+            coalesce(CASE WHEN octet_length(outbox_enqueue.idempotency_key) BETWEEN 1 AND 255 THEN 'another character'
+                          ELSE octet_length(outbox_enqueue.idempotency_key)::text || ' bytes' END, 'NULL')
+            USING ERRCODE = 'PF011';
+    ELSIF outbox_enqueue.payload IS NULL THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: payload must not be NULL' USING ERRCODE = '22004';
+    ELSIF octet_length(outbox_enqueue.payload::text) > 1048576 THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: payload must be at most 1048576 bytes in its text form, got %',
+                octet_length(outbox_enqueue.payload::text) || ' bytes'
+            USING ERRCODE = '23514', SCHEMA = 'pgfence', TABLE = 'outbox', CONSTRAINT = 'outbox_payload_size';
+    ELSIF outbox_enqueue.max_attempts IS NULL OR outbox_enqueue.max_attempts NOT BETWEEN 1 AND 1000000 THEN
+        RAISE EXCEPTION 'pgfence.outbox_enqueue: max_attempts must be 1 to 1000000, got %',
+            coalesce(outbox_enqueue.max_attempts::text, 'NULL') USING ERRCODE = 'PF011';
     END IF;
-    -- 1. The token must be the lock's latest grant (checked again at COMMIT,
-    --    under a lock, by trigger outbox_check_token).
-    SELECT l.token INTO latest FROM pgfence.locks l WHERE l.name = outbox_enqueue.lock_name;
+    -- 2. The token must be the lock's latest grant (checked again at COMMIT,
+    --    under a lock, by trigger outbox_check_token), and the lease held
+    --    with this key.
+    SELECT l.token, l.holder, l.expires_at, l.key_hash INTO latest, held_by, expires, kh
+    FROM pgfence.locks l WHERE l.name = outbox_enqueue.lock_name;
     PERFORM pgfence.outbox_token_refused(outbox_enqueue.lock_name, outbox_enqueue.idempotency_key,
                                          outbox_enqueue.token, latest);
+    IF held_by IS NULL OR NOT expires > now() OR kh IS DISTINCT FROM sha256(outbox_enqueue.key) THEN
+        RAISE EXCEPTION 'pgfence outbox: intent % refused: the lease of lock % with token % is not held with this key (%)',
+                jsonb_build_object('idempotency_key', outbox_enqueue.idempotency_key)::text,
+                quote_literal(outbox_enqueue.lock_name), outbox_enqueue.token,
+                CASE WHEN held_by IS NULL THEN 'released' WHEN NOT expires > now() THEN 'expired'
+                     ELSE 'held with another key' END
+            USING ERRCODE = 'PF012', SCHEMA = 'pgfence', TABLE = 'outbox',
+                  DETAIL = format('op INSERT, key %s, token %s, lock %s, latest token %s',
+                                  jsonb_build_object('idempotency_key', outbox_enqueue.idempotency_key)::text,
+                                  outbox_enqueue.token, outbox_enqueue.lock_name, latest),
+                  HINT = 'Pass the lease of the current holder with its own key (pglock: Lease.Key()).';
+    END IF;
     FOR attempt IN 1..3 LOOP
-        -- 2. A key already recorded for this lock: the first intent wins.
+        -- 3. A key already recorded for this lock: the first intent wins.
         RETURN QUERY SELECT o.id, true, o.topic, o.lock_name, o.token, o.created_at
                        FROM pgfence.outbox o
                       WHERE o.lock_name = outbox_enqueue.lock_name
@@ -1616,7 +1692,7 @@ BEGIN
         IF FOUND THEN
             RETURN;
         END IF;
-        -- 3. The delivery job, then the intent under the job's id.
+        -- 4. The delivery job, then the intent under the job's id.
         INSERT INTO pgfence.jobs (queue, run_at, max_attempts)
         VALUES ('outbox:' || outbox_enqueue.topic, coalesce(outbox_enqueue.run_at, now()), outbox_enqueue.max_attempts)
         RETURNING id INTO jid;
@@ -1640,12 +1716,14 @@ BEGIN
 END
 $fn$;
 -- +goose StatementEnd
-COMMENT ON FUNCTION pgfence.outbox_enqueue(text, bigint, text, text, jsonb, integer, timestamptz) IS
-  'Record a side-effect intent in the current transaction, only if token is the latest grant of lock_name: returns '
-  'the new intent (duplicate = false), or the intent already recorded under idempotency_key (duplicate = true, '
-  'nothing recorded). Refused with PF003 (stale token), PF002 (token never issued, or no such lock) or PF007 '
-  '(token <= 0); the check is repeated at COMMIT under a lock of the lock row. Delivered through a pgfence.jobs row '
-  'on queue outbox:<topic> (max_attempts attempts, not before run_at).';
+COMMENT ON FUNCTION pgfence.outbox_enqueue(text, bigint, bytea, text, text, jsonb, integer, timestamptz) IS
+  'Record a side-effect intent in the current transaction, only under the live lease (lock_name, token) held with '
+  'key: returns the new intent (duplicate = false), or the intent already recorded under idempotency_key '
+  '(duplicate = true, nothing recorded). Refused with PF003 (stale token: a newer grant exists), PF002 (token never '
+  'issued, or no such lock) or PF012 (lease not held with this key: released, expired, or another key); the token '
+  'is checked again at COMMIT under a lock of the lock row. Bad arguments: PF011, PF007 (token <= 0), 22004 (NULL '
+  'payload), 23514 (payload over 1 MiB). Delivered through a pgfence.jobs row on queue outbox:<topic> '
+  '(max_attempts attempts, not before run_at). SECURITY DEFINER.';
 
 -- Functions: the HA epoch (owner only) ----------------------------------------
 
@@ -2039,7 +2117,7 @@ DROP FUNCTION pgfence.ha_enable();
 DROP FUNCTION pgfence.ha_bump();
 DROP FUNCTION pgfence.ha_gate();
 DROP FUNCTION pgfence.ha_timeline();
-DROP FUNCTION pgfence.outbox_enqueue(text, bigint, text, text, jsonb, integer, timestamptz);
+DROP FUNCTION pgfence.outbox_enqueue(text, bigint, bytea, text, text, jsonb, integer, timestamptz);
 DROP FUNCTION pgfence.outbox_check_token();
 DROP FUNCTION pgfence.outbox_token_refused(text, text, bigint, bigint);
 DROP FUNCTION pgfence.jobs_count_dead();

@@ -340,6 +340,8 @@ var intendedStatements = []struct{ sql, why string }{
 	{"DROP TRIGGER locks_integrity ON pgfence.locks; DROP TRIGGER locks_integrity_truncate ON pgfence.locks; " +
 		"DROP FUNCTION pgfence.locks_integrity()",
 		"only the lease functions (the door) write pgfence.locks, as its owner, whom the integrity trigger always let through"},
+	{"DROP FUNCTION pgfence.outbox_enqueue(text, bigint, text, text, jsonb, integer, timestamptz)",
+		"outbox_enqueue takes the lease key (a third argument, bytea): the token alone, which is public, no longer records an intent"},
 }
 
 // intendedAdditions are the objects the baseline has and the pre-release
@@ -356,6 +358,8 @@ var intendedAdditions = []struct {
 		"the lease door: every change of pgfence.locks and pgfence.lock_queue is one of these functions"},
 	{regexp.MustCompile(`(^|[^a-z])(locks|lock_queue)(\.| )key_hash([^a-z_]|$)`),
 		"the lease key: a grant stores the SHA-256 of the holder's key, renewals and releases must present the key"},
+	{regexp.MustCompile(`(^|[^a-z])outbox_enqueue( lock_name text, token bigint, key bytea,|\(pg_catalog\.text,bigint,pg_catalog\.bytea,)`),
+		"outbox_enqueue with the lease key: SECURITY DEFINER, every argument checked (PF011), refused unless the lease is held with the key (PF012)"},
 }
 
 func TestBaselineMatchesPrereleaseChain(t *testing.T) {

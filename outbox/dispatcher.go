@@ -182,7 +182,7 @@ func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
 		return skiplocked.Permanent(fmt.Errorf("%w: job %d of queue %s", ErrNotAnIntent, j.ID, j.Queue))
 	}
 	if err != nil {
-		return translate("load intent", "", err)
+		return translate("load intent", nil, err)
 	}
 	del := Delivery{
 		ID: row.ID, Topic: row.Topic, Key: row.IdempotencyKey, LockName: row.LockName, Token: row.Token,

@@ -56,11 +56,11 @@ func TestDispatcherRetriesAndDead(t *testing.T) {
 	l := b.grant(t, "mailer")
 	const n = 20
 	for i := range n {
-		in := outbox.Intent{LockName: "mailer", Topic: "emails", Key: fmt.Sprintf("k-%d", i), Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+		in := outbox.Intent{Topic: "emails", Key: fmt.Sprintf("k-%d", i), Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
 		if i == 17 {
 			in.MaxAttempts = 3
 		}
-		if _, err := outbox.Enqueue(b.ctx, b.pool, l.Token(), in); err != nil {
+		if _, err := outbox.Enqueue(b.ctx, b.pool, l, in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -221,7 +221,7 @@ func TestHTTPHandler(t *testing.T) {
 	defer srv.Close()
 	keys := []string{"ok-1", "ok-2", "conflict-1", "unprocessable-1", "fail-1", "huge-1", "hang-1", "redirect-1"}
 	for _, k := range keys {
-		if _, err := outbox.Enqueue(b.ctx, b.pool, l.Token(), outbox.Intent{LockName: "notifier", Topic: "webhooks", Key: k,
+		if _, err := outbox.Enqueue(b.ctx, b.pool, l, outbox.Intent{Topic: "webhooks", Key: k,
 			Payload: json.RawMessage(`{"key":"` + k + `"}`)}); err != nil {
 			t.Fatal(err)
 		}

@@ -7,17 +7,21 @@
 // records an intent with [Enqueue], in the same transaction as its fenced
 // writes, and a [Dispatcher] sends it after the commit.
 //
-// [Enqueue] records the intent only if the token is the latest grant of its
-// lock (the rule of the guard trigger of package fencedwrite): a holder that
+// [Enqueue] takes the holder's [pglock.Lease] and records the intent only if
+// its token is the latest grant of its lock (the rule of the guard trigger of
+// package fencedwrite) and the lease is held with its key: a holder that
 // paused past its lease while another was granted the lock is refused with
-// [ErrStaleToken] (the same sentinel as a refused fenced write), a forged
-// token with [ErrTokenNotIssued], and nothing is recorded. The database
-// checks the token again when the transaction commits, with the lock row
-// locked until the commit ends, so no grant can slip in between.
+// [ErrStaleToken] (the same sentinel as a refused fenced write), a released
+// or expired lease with [ErrLeaseNotHeld], a token the lock never issued
+// with [ErrTokenNotIssued], and nothing is recorded. Tokens are public; the
+// lease key is the holder's secret, so a session that read a token cannot
+// record intents in the holder's name. The database checks the token again
+// when the transaction commits, with the lock row locked until the commit
+// ends, so no grant can slip in between.
 //
-// Each intent carries an idempotency key, unique across the outbox: a second
-// intent with the same key is not recorded ([Result].Duplicate tells the
-// caller, with the first intent's id and token).
+// Each intent carries an idempotency key, unique per lock: a second intent
+// of the lock with the same key is not recorded ([Result].Duplicate tells
+// the caller, with the first intent's id and token).
 //
 // A [Dispatcher] delivers the intents of one topic to a [Handler] at least
 // once, with the key and the attempt number ([Delivery]), using leased

@@ -40,10 +40,9 @@ type DBTX interface {
 
 var queries = dbsqlc.New()
 
-// Intent is one side effect to record.
+// Intent is one side effect to record. The lease that authorises it is
+// passed to [Enqueue] beside it.
 type Intent struct {
-	// LockName is the lock whose lease authorises the effect.
-	LockName string
 	// Topic says which [Dispatcher] delivers it: 1..[MaxTopicBytes] bytes of
 	// ASCII letters, digits and . _ : / -.
 	Topic string
@@ -79,13 +78,22 @@ type Result struct {
 	CreatedAt time.Time
 }
 
-func (in Intent) check(token int64) error {
-	if token <= 0 {
+// checkLease refuses a nil lease, and one whose token or name cannot be a
+// grant's (a zero pglock.Lease): its Key must not be called then.
+func checkLease(lease *pglock.Lease) error {
+	if lease == nil {
+		return fmt.Errorf("%w: pass the *pglock.Lease that authorises the intent", ErrNilLease)
+	}
+	if token := lease.Token(); token <= 0 {
 		return fmt.Errorf("%w: %d", ErrInvalidToken, token)
 	}
-	if err := pglock.ValidateName(in.LockName); err != nil {
+	if err := pglock.ValidateName(lease.Name()); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidLockName, err)
 	}
+	return nil
+}
+
+func (in Intent) check() error {
 	if err := ValidateTopic(in.Topic); err != nil {
 		return err
 	}
@@ -143,29 +151,41 @@ func cutForError(s string) string {
 	return s
 }
 
-// Enqueue records in into the outbox, run on db: pass the transaction of the
-// writes the effect belongs to, so that the intent commits with them or not
-// at all. It is recorded only if token is the latest grant of in.LockName.
+// Enqueue records in into the outbox under lease, run on db: pass the
+// transaction of the writes the effect belongs to, so that the intent commits
+// with them or not at all. The lock name, the token and the lease key come
+// from lease ([pglock.Lease.Name], [pglock.Lease.Token], [pglock.Lease.Key]).
+// The intent is recorded only if the token is the latest grant of the lock
+// and the lease is held with its key (not released, not expired on the
+// database's clock): the token is public, the key is the holder's secret, so
+// a session that only read the token cannot record intents in its name.
 //
 // A superseded holder (a newer grant exists) gets a [*RefusedError] matching
 // [ErrStaleToken] (which is [fencedwrite.ErrStaleToken]); a token the lock
 // never issued, or a lock that does not exist, one matching
-// [ErrTokenNotIssued]. Nothing is recorded then. The check runs again when
-// the transaction commits, with the lock row locked until the commit ends:
-// if a grant committed in between, the COMMIT fails (SQLSTATE PF003; see
-// [TranslateError]) and nothing of the transaction is recorded.
+// [ErrTokenNotIssued]; a lease released or expired (or a key that is not the
+// lease's), one matching [ErrLeaseNotHeld] and [pglock.ErrLeaseLost].
+// Nothing is recorded then. The token is checked again when the transaction
+// commits, with the lock row locked until the commit ends: if a grant
+// committed in between, the COMMIT fails (SQLSTATE PF003; see
+// [TranslateError]) and nothing of the transaction is recorded. A lease that
+// merely expires between Enqueue and the COMMIT, granted to nobody else, does
+// not fail the COMMIT: the token is still the latest.
 //
-// If an intent with in.Key exists, nothing is recorded and the Result
-// describes that intent with Duplicate set: the first intent wins.
+// If an intent of the lock with in.Key exists, nothing is recorded and the
+// Result describes that intent with Duplicate set: the first intent wins.
 //
 // Bad input is refused before any SQL runs, with an error matching
-// [ErrInvalidToken], [ErrInvalidLockName], [ErrInvalidTopic],
+// [ErrNilLease], [ErrInvalidToken], [ErrInvalidLockName], [ErrInvalidTopic],
 // [ErrInvalidKey], [ErrInvalidPayload], [ErrInvalidIntent] or [ErrNilDB].
-func Enqueue(ctx context.Context, db DBTX, token int64, in Intent) (Result, error) {
+func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Result, error) {
 	if nilcheck.IsNil(db) {
 		return Result{}, fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", ErrNilDB)
 	}
-	if err := in.check(token); err != nil {
+	if err := checkLease(lease); err != nil {
+		return Result{}, err
+	}
+	if err := in.check(); err != nil {
 		return Result{}, err
 	}
 	attempts := in.MaxAttempts
@@ -173,7 +193,7 @@ func Enqueue(ctx context.Context, db DBTX, token int64, in Intent) (Result, erro
 		attempts = skiplocked.DefaultMaxAttempts
 	}
 	arg := dbsqlc.OutboxEnqueueParams{
-		LockName: in.LockName, Token: token, Topic: in.Topic, IdempotencyKey: in.Key,
+		LockName: lease.Name(), Token: lease.Token(), Key: lease.Key(), Topic: in.Topic, IdempotencyKey: in.Key,
 		Payload: in.Payload, MaxAttempts: int32(attempts),
 	}
 	if !in.NotBefore.IsZero() {
@@ -181,7 +201,7 @@ func Enqueue(ctx context.Context, db DBTX, token int64, in Intent) (Result, erro
 	}
 	row, err := queries.OutboxEnqueue(ctx, db, arg)
 	if err != nil {
-		return Result{}, translate("enqueue", in.LockName, err)
+		return Result{}, translate("enqueue", lease, err)
 	}
 	return Result{ID: row.ID, Duplicate: row.Duplicate, Topic: row.Topic, LockName: row.LockName, Token: row.Token,
 		CreatedAt: row.CreatedAt}, nil

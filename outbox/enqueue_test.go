@@ -12,10 +12,18 @@ import (
 
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/outbox"
+	"github.com/pgfence/pgfence/pglock"
 )
 
 func intent(key string) outbox.Intent {
-	return outbox.Intent{LockName: "settle:store-7", Topic: "payments", Key: key, Payload: json.RawMessage(`{"amount":100}`)}
+	return outbox.Intent{Topic: "payments", Key: key, Payload: json.RawMessage(`{"amount":100}`)}
+}
+
+// enqueueSQL calls pgfence.outbox_enqueue with any lock name, token and key
+// (what Enqueue takes from a lease), and returns the translated error.
+func enqueueSQL(b bundle, lock string, token int64, key []byte, idemKey string) error {
+	_, err := b.pool.Exec(b.ctx, "SELECT * FROM pgfence.outbox_enqueue($1, $2, $3, 'payments', $4, '{}')", lock, token, key, idemKey)
+	return outbox.TranslateError(err)
 }
 
 // TestEnqueueFenced: the latest token records; the same key again is a
@@ -26,18 +34,18 @@ func TestEnqueueFenced(t *testing.T) {
 	b := setup(t)
 	old := b.grant(t, "settle:store-7")
 
-	r, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day1"))
-	if err != nil || r.Duplicate || r.ID == 0 || r.Token != old.Token() || r.Topic != "payments" {
+	r, err := outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day1"))
+	if err != nil || r.Duplicate || r.ID == 0 || r.Token != old.Token() || r.Topic != "payments" || r.LockName != "settle:store-7" {
 		t.Fatalf("first enqueue: %+v, %v", r, err)
 	}
-	again, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), outbox.Intent{LockName: "settle:store-7", Topic: "payments",
+	again, err := outbox.Enqueue(b.ctx, b.pool, old, outbox.Intent{Topic: "payments",
 		Key: "settle:7:day1", Payload: json.RawMessage(`{"amount":999}`)})
 	if err != nil || !again.Duplicate || again.ID != r.ID || again.Token != old.Token() {
 		t.Fatalf("same key again: %+v, %v; want a duplicate of %d", again, err, r.ID)
 	}
 
 	cur := b.regrant(t, old)
-	_, err = outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day2"))
+	_, err = outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day2"))
 	var refused *outbox.RefusedError
 	var stale *fencedwrite.StaleTokenError
 	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.Is(err, outbox.ErrStaleToken) ||
@@ -47,26 +55,98 @@ func TestEnqueueFenced(t *testing.T) {
 	if refused.Token != old.Token() || refused.Latest != cur.Token() || refused.Key != "settle:7:day2" || stale.Fence != cur.Token() {
 		t.Errorf("stale refusal %+v / %+v, want token %d latest %d key settle:7:day2", refused, stale, old.Token(), cur.Token())
 	}
+	if errors.Is(err, outbox.ErrLeaseNotHeld) || errors.Is(err, pglock.ErrLeaseLost) {
+		t.Errorf("stale token: %v also matches the lease-not-held refusal", err)
+	}
 	// A stale holder is refused even for a key already recorded.
-	if _, err := outbox.Enqueue(b.ctx, b.pool, old.Token(), intent("settle:7:day1")); !errors.Is(err, outbox.ErrStaleToken) {
+	if _, err := outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day1")); !errors.Is(err, outbox.ErrStaleToken) {
 		t.Fatalf("stale token, existing key: %v", err)
 	}
+	// Tokens the lock never issued (a lease cannot carry one: plain SQL, with
+	// the current holder's key).
 	for _, c := range []struct {
 		lock  string
 		token int64
-	}{{"settle:store-7", cur.Token() + 1}, {"settle:store-7", 1 << 62}, {"no such lock", 1}} {
-		in := intent("settle:7:forged")
-		in.LockName = c.lock
-		_, err := outbox.Enqueue(b.ctx, b.pool, c.token, in)
-		if !errors.Is(err, outbox.ErrTokenNotIssued) || !errors.As(err, &refused) || refused.Token != c.token || refused.LockName != c.lock {
+	}{{"settle:store-7", cur.Token() + 1}, {"settle:store-7", 1 << 62}, {"no such lock", 1},
+		{"x'; DROP TABLE pgfence.outbox; --", 1}} {
+		err := enqueueSQL(b, c.lock, c.token, cur.Key(), "settle:7:forged")
+		if !errors.Is(err, outbox.ErrTokenNotIssued) || !errors.As(err, &refused) || refused.Token != c.token ||
+			refused.LockName != c.lock || refused.Key != "settle:7:forged" {
 			t.Fatalf("forged token %d on %q: %v, want ErrTokenNotIssued", c.token, c.lock, err)
 		}
 	}
 	if n, jobs := b.counts(t); n != 1 || jobs != 1 {
 		t.Fatalf("%d intents and %d jobs recorded, want 1 and 1", n, jobs)
 	}
-	if r, err := outbox.Enqueue(b.ctx, b.pool, cur.Token(), intent("settle:7:day2")); err != nil || r.Duplicate || r.Token != cur.Token() {
+	if r, err := outbox.Enqueue(b.ctx, b.pool, cur, intent("settle:7:day2")); err != nil || r.Duplicate || r.Token != cur.Token() {
 		t.Fatalf("current holder: %+v, %v", r, err)
+	}
+}
+
+// TestEnqueueLeaseNotHeld: a lease whose token is still the lock's latest
+// records nothing once it is released or expired, nor with a key that is not
+// its own: ErrLeaseNotHeld, which also matches pglock.ErrLeaseLost. A lease
+// that expires after its Enqueue, granted to nobody else, still commits: the
+// COMMIT checks the token.
+func TestEnqueueLeaseNotHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	released := b.grant(t, "settle:released")
+	if err := released.Release(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	expired := b.grant(t, "settle:expired")
+	b.expire(t, expired)
+	for what, l := range map[string]*pglock.Lease{"released": released, "expired": expired} {
+		_, err := outbox.Enqueue(b.ctx, b.pool, l, intent("k-"+what))
+		var refused *outbox.RefusedError
+		var lost *pglock.LeaseLostError
+		if !errors.Is(err, outbox.ErrLeaseNotHeld) || !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
+			!errors.As(err, &lost) {
+			t.Fatalf("%s lease: %v (%T), want a RefusedError matching ErrLeaseNotHeld and pglock.ErrLeaseLost", what, err, err)
+		}
+		if refused.LockName != l.Name() || refused.Token != l.Token() || refused.Latest != l.Token() || refused.Key != "k-"+what ||
+			lost.Name != l.Name() || lost.Token != l.Token() || lost.Holder != l.Holder() {
+			t.Errorf("%s lease: refusal %+v / %+v, want lock %s token %d", what, refused, lost, l.Name(), l.Token())
+		}
+		if !strings.Contains(err.Error(), "not held") || !strings.Contains(lost.Cause.Error(), what) {
+			t.Errorf("%s lease: %q (server: %v) does not say why", what, err, lost.Cause)
+		}
+		if errors.Is(err, outbox.ErrStaleToken) || errors.Is(err, outbox.ErrTokenNotIssued) {
+			t.Errorf("%s lease: %v also matches another refusal", what, err)
+		}
+	}
+	// The holder's name and token with another key (plain SQL: a lease has
+	// its own key).
+	held := b.grant(t, "settle:held")
+	otherKey := b.grantBy(t, b.other, "settle:other").Key()
+	for what, key := range map[string][]byte{"a made-up key": []byte("0123456789abcdef"), "another Locker's key": otherKey} {
+		err := enqueueSQL(b, held.Name(), held.Token(), key, "k-wrong")
+		var refused *outbox.RefusedError
+		if !errors.Is(err, outbox.ErrLeaseNotHeld) || !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
+			refused.LockName != held.Name() || refused.Token != held.Token() || !strings.Contains(err.Error(), "not held") {
+			t.Fatalf("%s: %v (%+v), want ErrLeaseNotHeld for %s token %d", what, err, refused, held.Name(), held.Token())
+		}
+	}
+	if n, jobs := b.counts(t); n != 0 || jobs != 0 {
+		t.Fatalf("%d intents and %d jobs recorded, want none", n, jobs)
+	}
+
+	// Expired after its Enqueue, granted to nobody: the COMMIT succeeds.
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if _, err := outbox.Enqueue(b.ctx, tx, held, intent("k-held")); err != nil {
+		t.Fatalf("the holder's enqueue: %v", err)
+	}
+	b.expire(t, held)
+	if err := outbox.TranslateError(tx.Commit(b.ctx)); err != nil {
+		t.Fatalf("COMMIT after the lease expired, not granted again: %v", err)
+	}
+	if n, jobs := b.counts(t); n != 1 || jobs != 1 {
+		t.Fatalf("%d intents and %d jobs recorded, want 1 and 1", n, jobs)
 	}
 }
 
@@ -88,7 +168,7 @@ func TestEnqueueRefusedAtCommit(t *testing.T) {
 	if _, err := tx.Exec(b.ctx, "INSERT INTO settlements VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.Enqueue(b.ctx, tx, old.Token(), intent("settle:7:day1")); err != nil {
+	if _, err := outbox.Enqueue(b.ctx, tx, old, intent("settle:7:day1")); err != nil {
 		t.Fatal(err)
 	}
 	// The transaction holds no lock on the lock row yet: the next grant is
@@ -109,13 +189,12 @@ func TestEnqueueRefusedAtCommit(t *testing.T) {
 }
 
 // TestEnqueueBadInput: every bad input gets its typed error before any SQL
-// runs, and nothing is recorded. SQL-looking text is data: as a lock name or
-// key it is stored verbatim (bind parameters).
+// runs, and nothing is recorded. SQL-looking text is data: as a key it is
+// stored verbatim (bind parameters).
 func TestEnqueueBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	l := b.grant(t, "settle:store-7")
-	tok := l.Token()
 	with := func(f func(*outbox.Intent)) outbox.Intent {
 		in := intent("k-1")
 		f(&in)
@@ -123,42 +202,37 @@ func TestEnqueueBadInput(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		token int64
+		lease *pglock.Lease
 		in    outbox.Intent
 		want  error
 	}{
-		{"token 0", 0, intent("k-1"), outbox.ErrInvalidToken},
-		{"negative token", -5, intent("k-1"), outbox.ErrInvalidToken},
-		{"empty topic", tok, with(func(in *outbox.Intent) { in.Topic = "" }), outbox.ErrInvalidTopic},
-		{"huge topic", tok, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", outbox.MaxTopicBytes+1) }), outbox.ErrInvalidTopic},
-		{"SQL-looking topic", tok, with(func(in *outbox.Intent) { in.Topic = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrInvalidTopic},
-		{"non-ASCII topic", tok, with(func(in *outbox.Intent) { in.Topic = "paiements-é" }), outbox.ErrInvalidTopic},
-		{"empty key", tok, with(func(in *outbox.Intent) { in.Key = "" }), outbox.ErrInvalidKey},
-		{"huge key", tok, with(func(in *outbox.Intent) { in.Key = strings.Repeat("k", outbox.MaxKeyBytes+1) }), outbox.ErrInvalidKey},
-		{"key with a space", tok, with(func(in *outbox.Intent) { in.Key = "a b" }), outbox.ErrInvalidKey},
-		{"key with a newline", tok, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), outbox.ErrInvalidKey},
-		{"nil payload", tok, with(func(in *outbox.Intent) { in.Payload = nil }), outbox.ErrInvalidPayload},
-		{"invalid JSON", tok, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
-		{"huge payload", tok, with(func(in *outbox.Intent) {
+		{"nil lease", nil, intent("k-1"), outbox.ErrNilLease},
+		{"zero lease (token 0)", new(pglock.Lease), intent("k-1"), outbox.ErrInvalidToken},
+		{"empty topic", l, with(func(in *outbox.Intent) { in.Topic = "" }), outbox.ErrInvalidTopic},
+		{"huge topic", l, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", outbox.MaxTopicBytes+1) }), outbox.ErrInvalidTopic},
+		{"SQL-looking topic", l, with(func(in *outbox.Intent) { in.Topic = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrInvalidTopic},
+		{"non-ASCII topic", l, with(func(in *outbox.Intent) { in.Topic = "paiements-é" }), outbox.ErrInvalidTopic},
+		{"empty key", l, with(func(in *outbox.Intent) { in.Key = "" }), outbox.ErrInvalidKey},
+		{"huge key", l, with(func(in *outbox.Intent) { in.Key = strings.Repeat("k", outbox.MaxKeyBytes+1) }), outbox.ErrInvalidKey},
+		{"key with a space", l, with(func(in *outbox.Intent) { in.Key = "a b" }), outbox.ErrInvalidKey},
+		{"key with a newline", l, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), outbox.ErrInvalidKey},
+		{"nil payload", l, with(func(in *outbox.Intent) { in.Payload = nil }), outbox.ErrInvalidPayload},
+		{"invalid JSON", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
+		{"huge payload", l, with(func(in *outbox.Intent) {
 			in.Payload = json.RawMessage(`"` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"`)
 		}), outbox.ErrInvalidPayload},
-		{"empty lock name", tok, with(func(in *outbox.Intent) { in.LockName = "" }), outbox.ErrInvalidLockName},
-		{"huge lock name", tok, with(func(in *outbox.Intent) { in.LockName = strings.Repeat("l", 513) }), outbox.ErrInvalidLockName},
-		{"lock name with NUL", tok, with(func(in *outbox.Intent) { in.LockName = "a\x00b" }), outbox.ErrInvalidLockName},
-		{"negative max attempts", tok, with(func(in *outbox.Intent) { in.MaxAttempts = -1 }), outbox.ErrInvalidIntent},
-		{"huge max attempts", tok, with(func(in *outbox.Intent) { in.MaxAttempts = 1 << 30 }), outbox.ErrInvalidIntent},
-		{"forged token", tok + 100, intent("k-1"), outbox.ErrTokenNotIssued},
-		{"SQL-looking lock name (no such lock)", 1, with(func(in *outbox.Intent) { in.LockName = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrTokenNotIssued},
+		{"negative max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = -1 }), outbox.ErrInvalidIntent},
+		{"huge max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = 1 << 30 }), outbox.ErrInvalidIntent},
 	}
 	for _, c := range cases {
-		if _, err := outbox.Enqueue(b.ctx, b.pool, c.token, c.in); !errors.Is(err, c.want) {
+		if _, err := outbox.Enqueue(b.ctx, b.pool, c.lease, c.in); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
 	var nilPool *pgxpool.Pool
 	var nilTx pgx.Tx
 	for _, db := range []outbox.DBTX{nil, nilPool, nilTx} {
-		if _, err := outbox.Enqueue(b.ctx, db, tok, intent("k-1")); !errors.Is(err, outbox.ErrNilDB) {
+		if _, err := outbox.Enqueue(b.ctx, db, l, intent("k-1")); !errors.Is(err, outbox.ErrNilDB) {
 			t.Errorf("nil db %T: %v, want ErrNilDB", db, err)
 		}
 	}
@@ -170,7 +244,7 @@ func TestEnqueueBadInput(t *testing.T) {
 	}
 	// SQL-looking text where any visible ASCII is allowed: stored verbatim.
 	key := `k';DROP_TABLE_pgfence.outbox;--`
-	r, err := outbox.Enqueue(b.ctx, b.pool, tok, intent(key))
+	r, err := outbox.Enqueue(b.ctx, b.pool, l, intent(key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,17 +265,16 @@ func TestEnqueueKeysScopedByLock(t *testing.T) {
 	honest := b.grant(t, "settle:store-7")
 	in := intent("settle:7:day1")
 	sq := in
-	sq.LockName = "other:lock"
 	sq.Payload = json.RawMessage(`{"amount":1}`)
-	first, err := outbox.Enqueue(b.ctx, b.pool, squatter.Token(), sq)
+	first, err := outbox.Enqueue(b.ctx, b.pool, squatter, sq)
 	if err != nil || first.Duplicate {
 		t.Fatalf("squatter's enqueue: %+v, %v", first, err)
 	}
-	mine, err := outbox.Enqueue(b.ctx, b.pool, honest.Token(), in)
+	mine, err := outbox.Enqueue(b.ctx, b.pool, honest, in)
 	if err != nil || mine.Duplicate || mine.ID == first.ID || mine.LockName != "settle:store-7" || mine.Token != honest.Token() {
 		t.Fatalf("the lock's own enqueue after another lock took the key: %+v, %v; want a new intent of settle:store-7", mine, err)
 	}
-	again, err := outbox.Enqueue(b.ctx, b.pool, honest.Token(), in)
+	again, err := outbox.Enqueue(b.ctx, b.pool, honest, in)
 	if err != nil || !again.Duplicate || again.ID != mine.ID {
 		t.Fatalf("same lock, same key again: %+v, %v; want a duplicate of %d", again, err, mine.ID)
 	}
@@ -227,11 +300,12 @@ func TestEnqueuePayloadServerLimit(t *testing.T) {
 	if len(in.Payload) > outbox.MaxPayloadBytes {
 		t.Fatalf("test payload is %d bytes", len(in.Payload))
 	}
-	if _, err := outbox.Enqueue(b.ctx, b.pool, l.Token(), in); !errors.Is(err, outbox.ErrInvalidPayload) {
+	if _, err := outbox.Enqueue(b.ctx, b.pool, l, in); !errors.Is(err, outbox.ErrInvalidPayload) {
 		t.Fatalf("payload over the server's limit: %v, want ErrInvalidPayload", err)
 	}
 	big := `"` + strings.Repeat("x", 16<<20) + `"`
-	_, err := b.pool.Exec(b.ctx, "SELECT * FROM pgfence.outbox_enqueue($1, $2, 'payments', 'k-big', $3::jsonb)", "settle:store-7", l.Token(), big)
+	_, err := b.pool.Exec(b.ctx, "SELECT * FROM pgfence.outbox_enqueue($1, $2, $3, 'payments', 'k-big', $4::jsonb)",
+		"settle:store-7", l.Token(), l.Key(), big)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "23514" || pgErr.ConstraintName != "outbox_payload_size" {
 		t.Fatalf("16 MiB through plain SQL: %v, want a violation of outbox_payload_size", err)

@@ -9,9 +9,17 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// SQLSTATEs of pgfence.outbox_enqueue that no other package names.
+const (
+	sqlStateBadArgument  = "PF011" // an argument out of its bounds (the message names it)
+	sqlStateLeaseNotHeld = "PF012" // the lease is released, expired, or held with another key
 )
 
 // Sentinel errors, matched with [errors.Is]. Bad input is refused before any
@@ -27,6 +35,16 @@ var (
 	// mistyped token), or no lock has that name. Nothing was recorded. The
 	// error is a [*RefusedError].
 	ErrTokenNotIssued = errors.New("outbox: token not issued by the lock")
+	// ErrLeaseNotHeld means the lease's token is the lock's latest grant, but
+	// the lease is not held with the lease's key: it was released, or it
+	// expired on the database's clock (or the key is not the one the lease
+	// was granted with). Nothing was recorded; take the lock again. The error
+	// is a [*RefusedError] that also unwraps to a [*pglock.LeaseLostError],
+	// so errors.Is(err, [pglock.ErrLeaseLost]) holds too.
+	ErrLeaseNotHeld = errors.New("outbox: lease not held with its key")
+	// ErrNilLease means [Enqueue] was given no lease: every intent is
+	// recorded under the lease of its lock.
+	ErrNilLease = errors.New("outbox: nil lease")
 	// ErrInvalidToken means a token is <= 0.
 	ErrInvalidToken = errors.New("outbox: invalid token: must be > 0")
 	// ErrInvalidLockName means a lock name is not 1..512 bytes of UTF-8
@@ -54,13 +72,17 @@ var (
 )
 
 // RefusedError reports an intent the database refused because its token is
-// not the latest grant of its lock. errors.Is(err, Reason) holds: Reason is
-// [ErrStaleToken] or [ErrTokenNotIssued]. For a stale token, Unwrap returns a
-// [*fencedwrite.StaleTokenError] (Token, and Fence = Latest).
+// not the latest grant of its lock, or because the lease is not held with its
+// key. errors.Is(err, Reason) holds: Reason is [ErrStaleToken],
+// [ErrTokenNotIssued] or [ErrLeaseNotHeld]. For a stale token, Unwrap returns
+// a [*fencedwrite.StaleTokenError] (Token, and Fence = Latest); for a lease
+// not held, a [*pglock.LeaseLostError] (Name, Holder, Token) whose cause is
+// the server's error.
 //
 // The refusal comes from [Enqueue], or from the COMMIT of the caller's
 // transaction when a grant committed after Enqueue returned: pass the
-// commit's error through [TranslateError] to get this type.
+// commit's error through [TranslateError] to get this type (the COMMIT checks
+// the token only, so it never refuses with ErrLeaseNotHeld).
 type RefusedError struct {
 	Reason   error
 	LockName string // the lock named by the intent ("" when refused at COMMIT)
@@ -76,6 +98,9 @@ func (e *RefusedError) Error() string {
 	case e.Reason == ErrStaleToken:
 		return fmt.Sprintf("outbox: intent refused: stale token %d, lock %q has granted %d since (key %s)",
 			e.Token, e.LockName, e.Latest, e.Key)
+	case e.Reason == ErrLeaseNotHeld:
+		return fmt.Sprintf("outbox: intent refused: the lease of lock %q with token %d is not held with its key "+
+			"(released, expired, or another key) (key %s)", e.LockName, e.Token, e.Key)
 	default:
 		return fmt.Sprintf("outbox: intent refused: lock %q never issued token %d (latest %d) (key %s)",
 			e.LockName, e.Token, e.Latest, e.Key)
@@ -106,15 +131,22 @@ func (e *DBError) Unwrap() error { return e.Err }
 func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
 
 // TranslateError turns the database's refusal of an intent (SQLSTATE PF003
-// or PF002 raised for pgfence.outbox) into a [*RefusedError]; context errors
-// are returned as they are, anything else becomes a [*DBError]. [Enqueue]
-// already calls it; call it on the error of your transaction's COMMIT, where
-// the final check of every intent runs.
-func TranslateError(err error) error { return translate("", "", err) }
+// or PF002 raised for pgfence.outbox, PF012 raised by
+// pgfence.outbox_enqueue) into a [*RefusedError]; context errors are returned
+// as they are, anything else becomes a [*DBError]. [Enqueue] already calls
+// it; call it on the error of your transaction's COMMIT, where the final
+// check of every intent runs.
+func TranslateError(err error) error { return translate("", nil, err) }
 
-func translate(op, lock string, err error) error {
+// translate is TranslateError for the call op made under lease (nil when
+// unknown: the lock name, token and key then come from the error's DETAIL).
+func translate(op string, lease *pglock.Lease, err error) error {
 	if err == nil {
 		return nil
+	}
+	lock, holder := "", ""
+	if lease != nil {
+		lock, holder = lease.Name(), lease.Holder()
 	}
 	var re *RefusedError
 	if errors.As(err, &re) {
@@ -138,8 +170,18 @@ func translate(op, lock string, err error) error {
 			parseNotIssued(ge.Detail, r)
 		}
 		return r
+	case sqlStateLeaseNotHeld:
+		r := &RefusedError{Reason: ErrLeaseNotHeld, LockName: lock}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			parseNotIssued(pgErr.Detail, r)
+		}
+		r.Err = &pglock.LeaseLostError{Name: r.LockName, Holder: holder, Token: r.Token, Cause: err}
+		return r
 	case fencedwrite.SQLStateInvalidToken:
 		return fmt.Errorf("%w: %w", ErrInvalidToken, fencedwrite.TranslateError(err))
+	case sqlStateBadArgument:
+		return fmt.Errorf("%w: refused by the server: %w", ErrInvalidIntent, err)
 	}
 	if pgerr.PayloadTooLarge(err) {
 		return fmt.Errorf("%w: larger than the server's limit of %d bytes (text form): %w", ErrInvalidPayload, MaxPayloadBytes, err)
@@ -151,7 +193,7 @@ func translate(op, lock string, err error) error {
 }
 
 // parseNotIssued reads the DETAIL "op INSERT, key K, token N, lock L, latest
-// token M" (M may be "none").
+// token M" (M may be "none") of a PF002 or PF012 refusal.
 func parseNotIssued(detail string, r *RefusedError) {
 	_, rest, ok := strings.Cut(detail, ", key ")
 	if !ok {

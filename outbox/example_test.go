@@ -48,14 +48,13 @@ func Example() {
 	}
 	defer tx.Rollback(ctx)
 	// ... the settlement's fenced writes through tx, with lease.Token() ...
-	_, err = outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{
-		LockName: "settle:store-7",
-		Topic:    "payments",
-		Key:      "settle:store-7:2024-06-01",
-		Payload:  json.RawMessage(`{"store":7,"day":"2024-06-01","amount_cents":123456}`),
+	_, err = outbox.Enqueue(ctx, tx, lease, outbox.Intent{
+		Topic:   "payments",
+		Key:     "settle:store-7:2024-06-01",
+		Payload: json.RawMessage(`{"store":7,"day":"2024-06-01","amount_cents":123456}`),
 	})
 	if err != nil {
-		log.Fatal(err) // ErrStaleToken: a newer holder exists, nothing was recorded
+		log.Fatal(err) // ErrStaleToken: a newer holder exists; ErrLeaseNotHeld: the lease ended. Nothing was recorded
 	}
 	// The token is checked again at COMMIT.
 	if err := outbox.TranslateError(tx.Commit(ctx)); err != nil {
@@ -80,9 +79,9 @@ func Example() {
 	// delivered: 1
 }
 
-// A holder that paused past its lease while the lock was granted again is
-// refused: its intent is not recorded, so the effect is never sent on its
-// behalf.
+// A holder that paused past its lease while the lock was granted to another
+// Locker is refused: its intent is not recorded, so the effect is never sent
+// on its behalf.
 func ExampleEnqueue_staleHolder() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -100,22 +99,26 @@ func ExampleEnqueue_staleHolder() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// The holder stalls; its lease ends (here: released for it) and the lock
-	// is granted again.
+	// The holder stalls; its lease ends (here: released for it) and another
+	// process's Locker is granted the lock.
 	if err := old.Release(ctx); err != nil {
 		log.Fatal(err)
 	}
-	current, err := locker.Acquire(ctx, "settle:store-8", time.Minute)
+	other, err := pglock.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer other.Close()
+	current, err := other.Acquire(ctx, "settle:store-8", time.Minute)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer current.Release(context.Background())
 
-	_, err = outbox.Enqueue(ctx, pool, old.Token(), outbox.Intent{
-		LockName: "settle:store-8",
-		Topic:    "payments",
-		Key:      "settle:store-8:2024-06-01",
-		Payload:  json.RawMessage(`{"store":8,"day":"2024-06-01","amount_cents":4200}`),
+	_, err = outbox.Enqueue(ctx, pool, old, outbox.Intent{
+		Topic:   "payments",
+		Key:     "settle:store-8:2024-06-01",
+		Payload: json.RawMessage(`{"store":8,"day":"2024-06-01","amount_cents":4200}`),
 	})
 	fmt.Println("stale holder refused:", errors.Is(err, outbox.ErrStaleToken))
 	// Output: stale holder refused: true
@@ -147,8 +150,8 @@ func ExampleNewHTTPHandler() {
 		log.Fatal(err)
 	}
 	defer lease.Release(context.Background())
-	if _, err := outbox.Enqueue(ctx, pool, lease.Token(), outbox.Intent{
-		LockName: "refunds:order-31", Topic: "refunds", Key: "refund:order-31",
+	if _, err := outbox.Enqueue(ctx, pool, lease, outbox.Intent{
+		Topic: "refunds", Key: "refund:order-31",
 		Payload: json.RawMessage(`{"order":31,"amount_cents":1999}`),
 	}); err != nil {
 		log.Fatal(err)
@@ -177,7 +180,7 @@ func ExampleNewHTTPHandler() {
 func ExampleEnqueue_badInput() {
 	ctx := context.Background()
 	var db outbox.DBTX // nil here: validation fails before it is used
-	_, err := outbox.Enqueue(ctx, db, 7, outbox.Intent{LockName: "settle:store-7", Topic: "payments", Key: "settle:7:2024-06-01"})
+	_, err := outbox.Enqueue(ctx, db, nil, outbox.Intent{Topic: "payments", Key: "settle:7:2024-06-01"})
 	fmt.Println(errors.Is(err, outbox.ErrNilDB))
 
 	fmt.Println(outbox.ValidateTopic("payments"))

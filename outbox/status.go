@@ -41,7 +41,7 @@ func Status(ctx context.Context, db DBTX) ([]TopicStatus, error) {
 	}
 	rows, err := queries.OutboxStatus(ctx, db)
 	if err != nil {
-		return nil, translate("status", "", err)
+		return nil, translate("status", nil, err)
 	}
 	out := make([]TopicStatus, len(rows))
 	for i, r := range rows {

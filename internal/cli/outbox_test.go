@@ -33,8 +33,8 @@ func TestOutboxCommand(t *testing.T) {
 	}
 	defer lease.Release(context.Background())
 	for i, topic := range []string{"payments", "payments", "payments", "emails"} {
-		in := outbox.Intent{LockName: "settle", Topic: topic, Key: "k" + string(rune('a'+i)), Payload: json.RawMessage(`{}`), MaxAttempts: 1}
-		if _, err := outbox.Enqueue(ctx, pool, lease.Token(), in); err != nil {
+		in := outbox.Intent{Topic: topic, Key: "k" + string(rune('a'+i)), Payload: json.RawMessage(`{}`), MaxAttempts: 1}
+		if _, err := outbox.Enqueue(ctx, pool, lease, in); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -36,13 +36,15 @@ const outboxEnqueue = `-- name: OutboxEnqueue :one
 SELECT e.intent_id::bigint AS id, e.duplicate::boolean AS duplicate, e.intent_topic::pg_catalog.text AS topic,
        e.intent_lock_name::pg_catalog.text AS lock_name, e.intent_token::bigint AS token, e.enqueued_at::pg_catalog.timestamptz AS created_at
 FROM pgfence.outbox_enqueue(
-    $1::pg_catalog.text, $2::bigint, $3::pg_catalog.text, $4::pg_catalog.text,
-    $5::pg_catalog.jsonb, $6::integer, $7::pg_catalog.timestamptz) AS e
+    $1::pg_catalog.text, $2::bigint, $3::pg_catalog.bytea,
+    $4::pg_catalog.text, $5::pg_catalog.text,
+    $6::pg_catalog.jsonb, $7::integer, $8::pg_catalog.timestamptz) AS e
 `
 
 type OutboxEnqueueParams struct {
 	LockName       string
 	Token          int64
+	Key            []byte
 	Topic          string
 	IdempotencyKey string
 	Payload        []byte
@@ -61,13 +63,15 @@ type OutboxEnqueueRow struct {
 
 // OutboxEnqueue records one intent through pgfence.outbox_enqueue, which
 // refuses a token that is not the latest grant of the lock (SQLSTATE PF003
-// stale, PF002 never issued, PF007 <= 0) and returns the intent already
-// recorded under the key (duplicate = true) instead of a second one. A NULL
-// run_at means now() on the database clock.
+// stale, PF002 never issued, PF007 <= 0), a lease not held with key (PF012:
+// released, expired, or another key) and bad arguments (PF011), and returns
+// the intent already recorded under the idempotency key (duplicate = true)
+// instead of a second one. A NULL run_at means now() on the database clock.
 func (q *Queries) OutboxEnqueue(ctx context.Context, db DBTX, arg OutboxEnqueueParams) (OutboxEnqueueRow, error) {
 	row := db.QueryRow(ctx, outboxEnqueue,
 		arg.LockName,
 		arg.Token,
+		arg.Key,
 		arg.Topic,
 		arg.IdempotencyKey,
 		arg.Payload,

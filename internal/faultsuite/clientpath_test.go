@@ -212,8 +212,7 @@ func TestClientStatementsRunNoPlant(t *testing.T) {
 		CREATE TABLE public.tasks (id bigint PRIMARY KEY, state text NOT NULL, due timestamptz NOT NULL DEFAULT now());
 		INSERT INTO public.tasks SELECT g, 'ready' FROM generate_series(1, 20) AS g;
 		SELECT pgfence.guard('public.ledger', lock_name_column => 'store', mode => 'reentrant');
-		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger, public.tasks TO `+appID+`;
-		GRANT SELECT, INSERT ON pgfence.outbox TO `+appID); err != nil {
+		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger, public.tasks TO `+appID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -456,9 +455,9 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 
 	// The outbox, under the handed lease, and its dispatcher.
 	topic := "mail-" + sfx
-	_, err = outbox.Enqueue(ctx, pool, second.Token(), outbox.Intent{LockName: lockName, Topic: topic, Key: "k1", Payload: json.RawMessage(`{"a":1}`)})
+	_, err = outbox.Enqueue(ctx, pool, second, outbox.Intent{Topic: topic, Key: "k1", Payload: json.RawMessage(`{"a":1}`)})
 	must("outbox.Enqueue", err)
-	if r, err := outbox.Enqueue(ctx, pool, second.Token(), outbox.Intent{LockName: lockName, Topic: topic, Key: "k1", Payload: json.RawMessage(`{"a":1}`)}); err != nil || !r.Duplicate {
+	if r, err := outbox.Enqueue(ctx, pool, second, outbox.Intent{Topic: topic, Key: "k1", Payload: json.RawMessage(`{"a":1}`)}); err != nil || !r.Duplicate {
 		t.Fatalf("duplicate outbox.Enqueue: %+v %v", r, err)
 	}
 	if super { // the view is the on-call role's, not the application's

@@ -104,7 +104,7 @@ func TestHistoryRandomized(t *testing.T) {
 					case 2:
 						_, _ = c.Read(wctx, clients, name, lease.Token(), name)
 					case 3:
-						_ = c.Enqueue(wctx, clients, name, lease.Token(), fmt.Sprintf("hist-%d-%d", w, n))
+						_ = c.Enqueue(wctx, clients, lease, fmt.Sprintf("hist-%d-%d", w, n))
 					case 4:
 						_ = c.Renew(wctx, lease)
 					case 5:

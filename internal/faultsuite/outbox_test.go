@@ -108,11 +108,11 @@ func outboxHolderMain(mode string) int {
 	if mode == "before" {
 		stdin.Scan()
 	}
-	in := outbox.Intent{LockName: lease.Name(), Topic: outboxTopic, Key: os.Getenv(envOutboxKey), Payload: json.RawMessage(`{"amount":100}`)}
+	in := outbox.Intent{Topic: outboxTopic, Key: os.Getenv(envOutboxKey), Payload: json.RawMessage(`{"amount":100}`)}
 	var refused *outbox.RefusedError
 	at := "enqueue"
 	err = c.Enqueued(lease.Name(), lease.Token(), in.Key, func() error {
-		if _, err := outbox.Enqueue(ctx, tx, lease.Token(), in); err != nil {
+		if _, err := outbox.Enqueue(ctx, tx, lease, in); err != nil {
 			return err
 		}
 		if mode == "inside" {
@@ -397,7 +397,7 @@ func TestOutboxPausedHolder(t *testing.T) {
 			if _, err := tx.Exec(ctx, "INSERT INTO settlements (key, token) VALUES ($1, $2)", newKey, lease.Token()); err != nil {
 				return err
 			}
-			_, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: newKey,
+			_, err := outbox.Enqueue(ctx, tx, lease, outbox.Intent{Topic: outboxTopic, Key: newKey,
 				Payload: json.RawMessage(`{"amount":100}`)})
 			return err
 		})
@@ -550,7 +550,7 @@ func TestOutboxFaults(t *testing.T) {
 				if _, err := tx.Exec(ctx, "INSERT INTO settlements (key, token) VALUES ($1, $2)", keys[i], lease.Token()); err != nil {
 					return err
 				}
-				r, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: keys[i],
+				r, err := outbox.Enqueue(ctx, tx, lease, outbox.Intent{Topic: outboxTopic, Key: keys[i],
 					Payload: json.RawMessage(fmt.Sprintf(`{"batch":%d,"item":%d}`, b, i)), MaxAttempts: 1000})
 				if err != nil || r.Duplicate {
 					return fmt.Errorf("enqueue %s: %+v, %w", keys[i], r, err)
@@ -571,7 +571,7 @@ func TestOutboxFaults(t *testing.T) {
 			var r outbox.Result
 			err := pc.Enqueued(lock, lease.Token(), again, func() error {
 				var err error
-				r, err = outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: again,
+				r, err = outbox.Enqueue(ctx, admin, lease, outbox.Intent{Topic: outboxTopic, Key: again,
 					Payload: json.RawMessage(`{"again":true}`)})
 				return err
 			})
@@ -591,7 +591,7 @@ func TestOutboxFaults(t *testing.T) {
 			// Enqueue to the COMMIT, by a client of its own.
 			atCommit := fmt.Sprintf("stale:%d:commit", b)
 			commitCall := rec.Now()
-			if _, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: atCommit,
+			if _, err := outbox.Enqueue(ctx, tx, lease, outbox.Intent{Topic: outboxTopic, Key: atCommit,
 				Payload: json.RawMessage(`{}`)}); err != nil {
 				return err
 			}
@@ -604,7 +604,7 @@ func TestOutboxFaults(t *testing.T) {
 			}
 			atEnqueue := fmt.Sprintf("stale:%d:enqueue", b)
 			err = pc.Enqueued(lock, lease.Token(), atEnqueue, func() error {
-				_, err := outbox.Enqueue(ctx, admin, lease.Token(), outbox.Intent{LockName: lock, Topic: outboxTopic, Key: atEnqueue,
+				_, err := outbox.Enqueue(ctx, admin, lease, outbox.Intent{Topic: outboxTopic, Key: atEnqueue,
 					Payload: json.RawMessage(`{}`)})
 				return err
 			})

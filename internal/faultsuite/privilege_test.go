@@ -63,7 +63,7 @@ func TestLeastPrivilege(t *testing.T) {
 	}
 	// An outbox intent under the lease, in a transaction (checked again at COMMIT).
 	if err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
-		_, err := outbox.Enqueue(ctx, tx, lease.Token(), outbox.Intent{LockName: "invoices", Topic: "t", Key: "k1", Payload: []byte(`{}`)})
+		_, err := outbox.Enqueue(ctx, tx, lease, outbox.Intent{Topic: "t", Key: "k1", Payload: []byte(`{}`)})
 		return err
 	}); err != nil {
 		t.Fatalf("outbox enqueue as the app role: %v", err)

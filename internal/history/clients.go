@@ -55,7 +55,7 @@ func (c *Client) at(t time.Time) int64 {
 func invalid(err error) bool {
 	var inv *pglock.InvalidError
 	return errors.As(err, &inv) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
-		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) ||
+		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) || errors.Is(err, outbox.ErrNilLease) ||
 		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
 		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
 		errors.Is(err, skiplocked.ErrInvalidToken)
@@ -266,10 +266,10 @@ func (c *Client) endRow(p *Pending, err error) {
 	}
 }
 
-// Enqueue records outbox.Enqueue of an intent under lock's token.
-func (c *Client) Enqueue(ctx context.Context, db outbox.DBTX, lock string, token int64, key string) error {
-	return c.Enqueued(lock, token, key, func() error {
-		_, err := outbox.Enqueue(ctx, db, token, outbox.Intent{LockName: lock, Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
+// Enqueue records outbox.Enqueue of an intent under lease.
+func (c *Client) Enqueue(ctx context.Context, db outbox.DBTX, lease *pglock.Lease, key string) error {
+	return c.Enqueued(lease.Name(), lease.Token(), key, func() error {
+		_, err := outbox.Enqueue(ctx, db, lease, outbox.Intent{Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
 		return err
 	})
 }
@@ -288,6 +288,8 @@ func (c *Client) Enqueued(lock string, token int64, key string, enqueue func() e
 		c.end(p, Output{Outcome: Stale})
 	case errors.Is(err, outbox.ErrTokenNotIssued):
 		c.end(p, Output{Outcome: NotIssued})
+	case errors.Is(err, outbox.ErrLeaseNotHeld):
+		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
 	}

@@ -55,7 +55,7 @@ type Outcome string
 const (
 	OK        Outcome = "ok"        // granted, renewed, released, accepted, completed
 	Busy      Outcome = "busy"      // acquire: someone else holds the lease
-	Lost      Outcome = "lost"      // renew, release, complete, fail: the lease or claim was not ours any more
+	Lost      Outcome = "lost"      // renew, release, complete, fail, enqueue: the lease or claim was not ours any more
 	Stale     Outcome = "stale"     // write, read, enqueue: refused, a newer token wrote the row
 	Applied   Outcome = "applied"   // write: refused, this token already wrote the row (strict)
 	NotFound  Outcome = "notfound"  // write, read: no such row

@@ -201,6 +201,15 @@ func TestCheckHistories(t *testing.T) {
 			grant(1, 4, 5, "b", 2, 4000, ttl),
 			op(0, 6, 7, Input{Kind: Enqueue, Key: "L", Token: 1}, Output{Outcome: OK}),
 		}, "lease"},
+		{"an enqueue of a released lease refused as not held", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			op(0, 4, 5, Input{Kind: Enqueue, Key: "L", Token: 1}, Output{Outcome: Lost}),
+		}, ""},
+		{"an enqueue under a superseded token refused as not held (the token is checked first)", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 2, 4000, ttl),
+			op(0, 6, 7, Input{Kind: Enqueue, Key: "L", Token: 1}, Output{Outcome: Lost}),
+		}, "lease"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

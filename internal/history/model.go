@@ -87,8 +87,9 @@ func ghosts(s leaseState, holder string, returnWall, budget int64) []any {
 // has passed at the grant's own database time (not assumed to rise with
 // the linearization: a statement that waited on the row lock carries an
 // earlier start). Renew, release and an outbox enqueue are legal only for
-// the current grant; a busy answer or a read must name the current holder
-// and expiry.
+// the current grant; an enqueue refused because the lease is not held
+// (released or expired) names the current grant too (the token is checked
+// first); a busy answer or a read must name the current holder and expiry.
 func leaseStep(st any, input any, output any) []any {
 	s := st.(leaseState)
 	in, out := input.(Input), output.(Output)
@@ -204,6 +205,12 @@ func leaseStep(st any, input any, output any) []any {
 			}
 		case NotIssued:
 			if in.Token <= s.Token {
+				return nil
+			}
+		case Lost:
+			// The model does not know the enqueue's database time: the
+			// lease may have expired.
+			if in.Token != s.Token {
 				return nil
 			}
 		case Unknown:
