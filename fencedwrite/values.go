@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
@@ -22,8 +24,13 @@ type Value struct {
 	UpdatedAt time.Time       // database time of the latest accepted write
 }
 
-// maxKeyBytes is the limit of the fenced_values_key_length constraint.
+// maxKeyBytes is the limit of the fenced_values_key_length constraint and
+// of the fenced value functions' key check.
 const maxKeyBytes = 512
+
+// sqlStateBadArgument is the SQLSTATE of an argument the fenced value
+// functions (pgfence.fenced_value_update and the others) refuse.
+const sqlStateBadArgument = "PF011"
 
 var queries = dbsqlc.New()
 
@@ -76,12 +83,12 @@ func UpdateValue(ctx context.Context, db DBTX, token int64, mode Mode, key strin
 	switch mode {
 	case Strict:
 		var row dbsqlc.FencedValueUpdateRow
-		row, err = queries.FencedValueUpdate(ctx, db, dbsqlc.FencedValueUpdateParams{Value: value, Token: token, Key: key})
-		applied, fence = row.Applied, row.Fence
+		row, err = queries.FencedValueUpdate(ctx, db, dbsqlc.FencedValueUpdateParams{Key: key, Value: value, Token: token})
+		applied, fence = row.Applied.Bool, row.Fence.Int64
 	case Reentrant:
 		var row dbsqlc.FencedValueUpdateReentrantRow
-		row, err = queries.FencedValueUpdateReentrant(ctx, db, dbsqlc.FencedValueUpdateReentrantParams{Value: value, Token: token, Key: key})
-		applied, fence = row.Applied, row.Fence
+		row, err = queries.FencedValueUpdateReentrant(ctx, db, dbsqlc.FencedValueUpdateReentrantParams{Key: key, Value: value, Token: token})
+		applied, fence = row.Applied.Bool, row.Fence.Int64
 	default:
 		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
 	}
@@ -108,11 +115,11 @@ func UpsertValue(ctx context.Context, db DBTX, token int64, mode Mode, key strin
 	case Strict:
 		var row dbsqlc.FencedValueUpsertRow
 		row, err = queries.FencedValueUpsert(ctx, db, dbsqlc.FencedValueUpsertParams{Key: key, Value: value, Token: token})
-		applied, fence, inserted = row.Applied, row.Fence, row.Inserted
+		applied, fence, inserted = row.Applied.Bool, row.Fence.Int64, row.Inserted.Bool
 	case Reentrant:
 		var row dbsqlc.FencedValueUpsertReentrantRow
 		row, err = queries.FencedValueUpsertReentrant(ctx, db, dbsqlc.FencedValueUpsertReentrantParams{Key: key, Value: value, Token: token})
-		applied, fence, inserted = row.Applied, row.Fence, row.Inserted
+		applied, fence, inserted = row.Applied.Bool, row.Fence.Int64, row.Inserted.Bool
 	default:
 		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
 	}
@@ -127,7 +134,7 @@ func DeleteValue(ctx context.Context, db DBTX, token int64, key string) (Result,
 		return Result{}, err
 	}
 	row, err := queries.FencedValueDelete(ctx, db, key, token)
-	return valueResult(ctx, db, Reentrant, key, token, row.Applied, row.Fence, false, err, false)
+	return valueResult(ctx, db, Reentrant, key, token, row.Applied.Bool, row.Fence.Int64, false, err, false)
 }
 
 // ReadValue is the fenced read of a read-modify-write: it returns the row
@@ -140,11 +147,15 @@ func ReadValue(ctx context.Context, db DBTX, token int64, key string) (Value, er
 	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Value{}, err
 	}
-	row, err := queries.FencedValueRead(ctx, db, token, key)
-	if _, err := valueResult(ctx, db, Reentrant, key, token, row.Applied, row.Fence, false, err, false); err != nil {
+	row, err := queries.FencedValueRead(ctx, db, key, token)
+	if _, err := valueResult(ctx, db, Reentrant, key, token, row.Applied.Bool, row.Fence.Int64, false, err, false); err != nil {
 		return Value{}, err
 	}
-	return Value{Key: key, Value: row.Value, Fence: row.Fence, UpdatedAt: row.UpdatedAt}, nil
+	v := Value{Key: key, Value: row.Value, Fence: row.Fence.Int64}
+	if row.UpdatedAt != nil {
+		v.UpdatedAt = *row.UpdatedAt
+	}
+	return v, nil
 }
 
 // GetValue reads key without a fence: for display and inspection only. A
@@ -208,7 +219,7 @@ func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int6
 		found, err = false, nil
 	}
 	if err != nil {
-		return Result{}, TranslateError(err)
+		return Result{}, valueError(err)
 	}
 	if applied {
 		return Result{Fence: fence, Inserted: inserted}, nil
@@ -225,6 +236,23 @@ func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int6
 		}
 	}
 	return Result{}, refused(ctx, mode, token, found, fence, rr.reread)
+}
+
+// valueError translates an error of a call of a fenced value function. The
+// functions check their arguments as checkValueArgs does, so PF011 is not
+// expected; should the two checks ever disagree (the server measures a key in
+// bytes of its own encoding, checkValueArgs in UTF-8), the refusal becomes
+// [ErrInvalidToken] or [ErrInvalidSpec], wrapping the PostgreSQL error.
+// Anything else goes through [TranslateError].
+func valueError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == sqlStateBadArgument {
+		if strings.Contains(pgErr.Message, ": token must") {
+			return fmt.Errorf("%w: %w", ErrInvalidToken, pgErr)
+		}
+		return fmt.Errorf("%w: %w", ErrInvalidSpec, pgErr)
+	}
+	return TranslateError(err)
 }
 
 // inTx runs fn in a transaction begun on db and commits it; it rolls back on

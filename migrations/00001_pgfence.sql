@@ -42,6 +42,7 @@
 --   PF011  a lease function refused an argument (NULL, empty or oversized name
 --          or holder, TTL out of bounds, token <= 0, key not 16..64 bytes); the
 --          message names the argument and the rule
+--          (the fenced value functions too: key, token, value, reentrant)
 --          (pgfence.outbox_enqueue too: lock name, key, topic, idempotency key,
 --          max_attempts)
 --   PF012  outbox intent refused: the lease (lock, token) is not held with the
@@ -50,9 +51,9 @@
 --
 -- Contents, in order: the schema; the tables with their constraints and
 -- indexes (leases, the waiter queue, fenced writes, jobs, the outbox); the
--- functions (leases, fenced writes and the guard, jobs, the outbox, operator
--- views); the triggers; the views. Nothing is granted here: the grants of the
--- role an application runs as are in docs/migrations.md.
+-- functions (leases, fenced writes and the guard, fenced values, jobs, the
+-- outbox, operator views); the triggers; the views. Nothing is granted here:
+-- the grants of the role an application runs as are in docs/migrations.md.
 
 -- +goose Up
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -202,7 +203,9 @@ COMMENT ON COLUMN pgfence.lock_queue.wait_id IS
 
 -- Fenced writes: a small fenced key/value table used by the generated helpers,
 -- and the registry of the database-side guard a DBA can attach to any table
--- with a fence column (pgfence.guard, below).
+-- with a fence column (pgfence.guard, below). Only the fenced value functions
+-- (pgfence.fenced_value_update and the others, below) change fenced_values:
+-- the application's role reads it.
 CREATE TABLE pgfence.fenced_values (
     key        text        PRIMARY KEY,
     value      jsonb       NOT NULL,
@@ -1501,6 +1504,215 @@ COMMENT ON FUNCTION pgfence.guard(regclass, text, text, text, text, text) IS
   '(lock_name, lock_name_column or lock_name_expression; fence_column; mode strict or reentrant). Refuses a lock '
   'source that could run code of another role than pg_catalog''s.';
 
+-- Functions: fenced values -----------------------------------------------------
+
+-- The fenced values door. Every change of pgfence.fenced_values is one of the
+-- four functions below: fencedwrite (UpdateValue, UpsertValue, DeleteValue,
+-- ReadValue, ModifyValue) calls them, and so can a client in any language.
+-- The application's role has EXECUTE on them and SELECT on the table, no
+-- INSERT, UPDATE or DELETE: every change it makes carries a token and passes
+-- the fence check. Like the lease functions, each is SECURITY DEFINER (it
+-- runs as the table's owner, the role that ran the migrations), has
+-- search_path pinned to pg_catalog, pg_temp and checks every argument before
+-- it reads or writes the table: key 1..512 bytes, token > 0, value and
+-- reentrant not NULL (a JSON null is the jsonb value 'null'). A bad one raises
+-- SQLSTATE PF011 naming the argument and the rule, and changes nothing. A token
+-- is not checked against pgfence.locks: the row's fence is the check.
+--
+-- Modes: reentrant false (strict) writes only when fence < token, once per row
+-- per grant; reentrant true also when fence = token (a grant writes a row
+-- again). A delete and a fenced read need fence <= token.
+--
+-- Results: one row, whose row_found says whether the key exists.
+--   row_found false  there is no such key; nothing changed (applied false,
+--                    the other columns NULL)
+--   applied true     the call changed the row; fence is the token
+--   applied false    refused, nothing changed; fence (and updated_at, value)
+--                    are the row's as a second statement reads it after the
+--                    refusal: fence > token, a newer grant wrote or read the
+--                    row; fence = token in strict mode, this grant already
+--                    wrote it; a fence that would allow the token, the row
+--                    changed between the two statements (read it again)
+-- Under READ COMMITTED the second statement sees what committed meanwhile,
+-- such as the write that made the first one wait and then refuse. An upsert
+-- returns row_found false only when the row it conflicted with was deleted
+-- before the second statement: it changed nothing. (The column is not named
+-- found: in PL/pgSQL that name is the FOUND variable.)
+
+-- pgfence.fenced_value_update writes value under an existing key if the
+-- row's fence allows token (strict: fence < token; reentrant: fence <=
+-- token): fence = token, updated_at = now().
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fenced_value_update(key text, value jsonb, token bigint, reentrant boolean,
+    OUT applied boolean, OUT fence bigint, OUT updated_at timestamptz, OUT row_found boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF fenced_value_update.key IS NULL OR octet_length(fenced_value_update.key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_update: key must be 1 to 512 bytes, got %',
+            coalesce(octet_length(fenced_value_update.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_update.token IS NULL OR fenced_value_update.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_update: token must be > 0, got %',
+            coalesce(fenced_value_update.token::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_update.value IS NULL THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_update: value must be a jsonb value (JSON null is ''null''), got NULL'
+            USING ERRCODE = 'PF011';
+    ELSIF fenced_value_update.reentrant IS NULL THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_update: reentrant must be true or false, got NULL'
+            USING ERRCODE = 'PF011';
+    END IF;
+    UPDATE pgfence.fenced_values AS v
+    SET value = fenced_value_update.value, fence = fenced_value_update.token, updated_at = now()
+    WHERE v.key = fenced_value_update.key
+      AND (v.fence < fenced_value_update.token
+           OR (fenced_value_update.reentrant AND v.fence = fenced_value_update.token))
+    RETURNING true, v.fence, v.updated_at
+    INTO fenced_value_update.applied, fenced_value_update.fence, fenced_value_update.updated_at;
+    fenced_value_update.row_found := FOUND;
+    IF NOT fenced_value_update.row_found THEN
+        SELECT c.fence, c.updated_at
+        INTO fenced_value_update.fence, fenced_value_update.updated_at
+        FROM pgfence.fenced_values AS c WHERE c.key = fenced_value_update.key;
+        fenced_value_update.row_found := FOUND;
+        fenced_value_update.applied := false;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.fenced_value_update(text, jsonb, bigint, boolean) IS
+  'Writes value under an existing key of pgfence.fenced_values if the row''s fence allows token (fence < token; '
+  'reentrant: fence <= token); fence becomes token. applied true: written; applied false: refused, nothing changed, '
+  'with the row''s fence and updated_at. row_found false: no such key. Bad arguments: PF011.';
+
+-- pgfence.fenced_value_upsert inserts key with value and fence = token, or,
+-- if the key exists, updates it as fenced_value_update does. inserted: the row
+-- is new.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fenced_value_upsert(key text, value jsonb, token bigint, reentrant boolean,
+    OUT applied boolean, OUT fence bigint, OUT updated_at timestamptz, OUT inserted boolean,
+    OUT row_found boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF fenced_value_upsert.key IS NULL OR octet_length(fenced_value_upsert.key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_upsert: key must be 1 to 512 bytes, got %',
+            coalesce(octet_length(fenced_value_upsert.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_upsert.token IS NULL OR fenced_value_upsert.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_upsert: token must be > 0, got %',
+            coalesce(fenced_value_upsert.token::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_upsert.value IS NULL THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_upsert: value must be a jsonb value (JSON null is ''null''), got NULL'
+            USING ERRCODE = 'PF011';
+    ELSIF fenced_value_upsert.reentrant IS NULL THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_upsert: reentrant must be true or false, got NULL'
+            USING ERRCODE = 'PF011';
+    END IF;
+    INSERT INTO pgfence.fenced_values AS t (key, value, fence, updated_at)
+    VALUES (fenced_value_upsert.key, fenced_value_upsert.value, fenced_value_upsert.token, now())
+    ON CONFLICT ON CONSTRAINT fenced_values_pkey DO UPDATE
+    SET value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at
+    WHERE t.fence < excluded.fence
+       OR (fenced_value_upsert.reentrant AND t.fence = excluded.fence)
+    RETURNING true, t.fence, t.updated_at, t.xmax = 0
+    INTO fenced_value_upsert.applied, fenced_value_upsert.fence, fenced_value_upsert.updated_at,
+         fenced_value_upsert.inserted;
+    fenced_value_upsert.row_found := FOUND;
+    IF NOT fenced_value_upsert.row_found THEN
+        SELECT c.fence, c.updated_at
+        INTO fenced_value_upsert.fence, fenced_value_upsert.updated_at
+        FROM pgfence.fenced_values AS c WHERE c.key = fenced_value_upsert.key;
+        fenced_value_upsert.row_found := FOUND;
+        fenced_value_upsert.applied := false;
+        fenced_value_upsert.inserted := false;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.fenced_value_upsert(text, jsonb, bigint, boolean) IS
+  'Inserts key with value and fence = token into pgfence.fenced_values, or updates the existing row if its fence '
+  'allows token (fence < token; reentrant: fence <= token). applied true: written (inserted: the row is new); '
+  'applied false: refused, nothing changed, with the row''s fence and updated_at. row_found false: the conflicting '
+  'row was deleted during the call, nothing changed. Bad arguments: PF011.';
+
+-- pgfence.fenced_value_delete deletes key unless a newer grant wrote it
+-- (fence <= token: a grant may delete a row it wrote). A deleted key keeps no
+-- fence: an older grant may insert it again.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fenced_value_delete(key text, token bigint,
+    OUT applied boolean, OUT fence bigint, OUT row_found boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF fenced_value_delete.key IS NULL OR octet_length(fenced_value_delete.key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_delete: key must be 1 to 512 bytes, got %',
+            coalesce(octet_length(fenced_value_delete.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_delete.token IS NULL OR fenced_value_delete.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_delete: token must be > 0, got %',
+            coalesce(fenced_value_delete.token::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    DELETE FROM pgfence.fenced_values AS v
+    WHERE v.key = fenced_value_delete.key AND v.fence <= fenced_value_delete.token
+    RETURNING true, v.fence
+    INTO fenced_value_delete.applied, fenced_value_delete.fence;
+    fenced_value_delete.row_found := FOUND;
+    IF NOT fenced_value_delete.row_found THEN
+        SELECT c.fence
+        INTO fenced_value_delete.fence
+        FROM pgfence.fenced_values AS c WHERE c.key = fenced_value_delete.key;
+        fenced_value_delete.row_found := FOUND;
+        fenced_value_delete.applied := false;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.fenced_value_delete(text, bigint) IS
+  'Deletes key from pgfence.fenced_values if its fence <= token. applied true: deleted (fence: the deleted row''s); '
+  'applied false: refused, nothing changed, with the row''s fence. row_found false: no such key. Bad arguments: '
+  'PF011.';
+
+-- pgfence.fenced_value_read is the fenced read of a read-modify-write: it
+-- returns the row and raises its fence to token (fence <= token), so a later
+-- write by an older grant is refused. It locks the row until the caller's
+-- transaction ends; updated_at is kept (the value did not change).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.fenced_value_read(key text, token bigint,
+    OUT applied boolean, OUT value jsonb, OUT fence bigint, OUT updated_at timestamptz,
+    OUT row_found boolean)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF fenced_value_read.key IS NULL OR octet_length(fenced_value_read.key) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_read: key must be 1 to 512 bytes, got %',
+            coalesce(octet_length(fenced_value_read.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF fenced_value_read.token IS NULL OR fenced_value_read.token <= 0 THEN
+        RAISE EXCEPTION 'pgfence.fenced_value_read: token must be > 0, got %',
+            coalesce(fenced_value_read.token::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    UPDATE pgfence.fenced_values AS v
+    SET fence = fenced_value_read.token
+    WHERE v.key = fenced_value_read.key AND v.fence <= fenced_value_read.token
+    RETURNING true, v.value, v.fence, v.updated_at
+    INTO fenced_value_read.applied, fenced_value_read.value, fenced_value_read.fence, fenced_value_read.updated_at;
+    fenced_value_read.row_found := FOUND;
+    IF NOT fenced_value_read.row_found THEN
+        SELECT c.value, c.fence, c.updated_at
+        INTO fenced_value_read.value, fenced_value_read.fence, fenced_value_read.updated_at
+        FROM pgfence.fenced_values AS c WHERE c.key = fenced_value_read.key;
+        fenced_value_read.row_found := FOUND;
+        fenced_value_read.applied := false;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.fenced_value_read(text, bigint) IS
+  'Fenced read of pgfence.fenced_values: returns key''s row and raises its fence to token if fence <= token (applied '
+  'true), locking the row until the transaction ends. applied false: refused, nothing changed; the row as it is. '
+  'row_found false: no such key. Bad arguments: PF011.';
+
 -- Functions: jobs -------------------------------------------------------------
 
 -- +goose StatementBegin
@@ -2122,6 +2334,10 @@ DROP FUNCTION pgfence.outbox_check_token();
 DROP FUNCTION pgfence.outbox_token_refused(text, text, bigint, bigint);
 DROP FUNCTION pgfence.jobs_count_dead();
 DROP FUNCTION pgfence.jobs_notify();
+DROP FUNCTION pgfence.fenced_value_read(text, bigint);
+DROP FUNCTION pgfence.fenced_value_delete(text, bigint);
+DROP FUNCTION pgfence.fenced_value_upsert(text, jsonb, bigint, boolean);
+DROP FUNCTION pgfence.fenced_value_update(text, jsonb, bigint, boolean);
 DROP FUNCTION pgfence.guard(regclass, text, text, text, text, text);
 DROP FUNCTION pgfence.lock_column_unsafe(regclass, text);
 DROP FUNCTION pgfence.lock_source_unsafe(regclass, text);

@@ -8,6 +8,8 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const fenceOf = `-- name: FenceOf :one
@@ -24,20 +26,14 @@ func (q *Queries) FenceOf(ctx context.Context, db DBTX, key string) (int64, erro
 }
 
 const fencedValueDelete = `-- name: FencedValueDelete :one
-WITH w AS (
-    DELETE FROM pgfence.fenced_values v
-    WHERE (v.key OPERATOR(pg_catalog.=) $1) AND (v.fence OPERATOR(pg_catalog.<=) $2::bigint)
-    RETURNING v.fence
-)
-SELECT true AS applied, w.fence FROM w
-UNION ALL
-SELECT false, c.fence FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.fence
+FROM pgfence.fenced_value_delete($1::pg_catalog.text, $2::bigint) AS f
+WHERE f.row_found
 `
 
 type FencedValueDeleteRow struct {
-	Applied bool
-	Fence   int64
+	Applied pgtype.Bool
+	Fence   pgtype.Int8
 }
 
 // FencedValueDelete deletes the key unless a newer grant wrote it (fence <= token).
@@ -49,29 +45,22 @@ func (q *Queries) FencedValueDelete(ctx context.Context, db DBTX, key string, to
 }
 
 const fencedValueRead = `-- name: FencedValueRead :one
-WITH w AS (
-    UPDATE pgfence.fenced_values v
-    SET fence = $1::bigint
-    WHERE (v.key OPERATOR(pg_catalog.=) $2) AND (v.fence OPERATOR(pg_catalog.<=) $1::bigint)
-    RETURNING v.value, v.fence, v.updated_at
-)
-SELECT true AS applied, w.value, w.fence, w.updated_at FROM w
-UNION ALL
-SELECT false, c.value, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $2) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.value, f.fence, f.updated_at
+FROM pgfence.fenced_value_read($1::pg_catalog.text, $2::bigint) AS f
+WHERE f.row_found
 `
 
 type FencedValueReadRow struct {
-	Applied   bool
+	Applied   pgtype.Bool
 	Value     []byte
-	Fence     int64
-	UpdatedAt time.Time
+	Fence     pgtype.Int8
+	UpdatedAt *time.Time
 }
 
 // FencedValueRead is the fenced read of a read-modify-write: it raises the row's
 // fence to the token (fence <= token) so an older grant's later write is refused.
-func (q *Queries) FencedValueRead(ctx context.Context, db DBTX, token int64, key string) (FencedValueReadRow, error) {
-	row := db.QueryRow(ctx, fencedValueRead, token, key)
+func (q *Queries) FencedValueRead(ctx context.Context, db DBTX, key string, token int64) (FencedValueReadRow, error) {
+	row := db.QueryRow(ctx, fencedValueRead, key, token)
 	var i FencedValueReadRow
 	err := row.Scan(
 		&i.Applied,
@@ -84,94 +73,73 @@ func (q *Queries) FencedValueRead(ctx context.Context, db DBTX, token int64, key
 
 const fencedValueUpdate = `-- name: FencedValueUpdate :one
 
-WITH w AS (
-    UPDATE pgfence.fenced_values v
-    SET value = $1, fence = $2::bigint, updated_at = pg_catalog.now()
-    WHERE (v.key OPERATOR(pg_catalog.=) $3) AND (v.fence OPERATOR(pg_catalog.<) $2::bigint)
-    RETURNING v.fence, v.updated_at
-)
-SELECT true AS applied, w.fence, w.updated_at FROM w
-UNION ALL
-SELECT false, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $3) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.fence, f.updated_at
+FROM pgfence.fenced_value_update($1::pg_catalog.text, $2::pg_catalog.jsonb, $3::bigint, false) AS f
+WHERE f.row_found
 `
 
 type FencedValueUpdateParams struct {
+	Key   string
 	Value []byte
 	Token int64
-	Key   string
 }
 
 type FencedValueUpdateRow struct {
-	Applied   bool
-	Fence     int64
-	UpdatedAt time.Time
+	Applied   pgtype.Bool
+	Fence     pgtype.Int8
+	UpdatedAt *time.Time
 }
 
-// Fenced writes on pgfence.fenced_values. Every write returns one row that
-// says what happened, in the same round trip:
+// Fenced writes on pgfence.fenced_values are calls of the fenced value
+// functions of the schema (migrations/00001_pgfence.sql, "Functions: fenced
+// values"), which hold every rule: a client in another language calls the
+// same ones. sqlc types each column from the function's OUT parameters. Each
+// call returns what happened, in the same round trip:
 //
 //	applied = true              the write changed the row; fence = the token
-//	applied = false, a row      refused; fence = the row's fence (snapshot of
-//	                            the statement), which says why
-//	no row at all               there is no such key
+//	applied = false, a row      refused; fence = the row's fence, read right
+//	                            after the refusal, which says why
+//	no row at all               there is no such key (the function's
+//	                            row_found is false: WHERE f.row_found)
 //
-// The second branch of each UNION ALL runs only when the first changed nothing
-// (NOT EXISTS on the CTE is evaluated once, as a gate).
 // FencedValueUpdate is the strict form: one write per row per grant (fence < token).
 func (q *Queries) FencedValueUpdate(ctx context.Context, db DBTX, arg FencedValueUpdateParams) (FencedValueUpdateRow, error) {
-	row := db.QueryRow(ctx, fencedValueUpdate, arg.Value, arg.Token, arg.Key)
+	row := db.QueryRow(ctx, fencedValueUpdate, arg.Key, arg.Value, arg.Token)
 	var i FencedValueUpdateRow
 	err := row.Scan(&i.Applied, &i.Fence, &i.UpdatedAt)
 	return i, err
 }
 
 const fencedValueUpdateReentrant = `-- name: FencedValueUpdateReentrant :one
-WITH w AS (
-    UPDATE pgfence.fenced_values v
-    SET value = $1, fence = $2::bigint, updated_at = pg_catalog.now()
-    WHERE (v.key OPERATOR(pg_catalog.=) $3) AND (v.fence OPERATOR(pg_catalog.<=) $2::bigint)
-    RETURNING v.fence, v.updated_at
-)
-SELECT true AS applied, w.fence, w.updated_at FROM w
-UNION ALL
-SELECT false, c.fence, c.updated_at FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $3) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.fence, f.updated_at
+FROM pgfence.fenced_value_update($1::pg_catalog.text, $2::pg_catalog.jsonb, $3::bigint, true) AS f
+WHERE f.row_found
 `
 
 type FencedValueUpdateReentrantParams struct {
+	Key   string
 	Value []byte
 	Token int64
-	Key   string
 }
 
 type FencedValueUpdateReentrantRow struct {
-	Applied   bool
-	Fence     int64
-	UpdatedAt time.Time
+	Applied   pgtype.Bool
+	Fence     pgtype.Int8
+	UpdatedAt *time.Time
 }
 
 // FencedValueUpdateReentrant is the re-entrant form: a grant may write the same row again (fence <= token).
 func (q *Queries) FencedValueUpdateReentrant(ctx context.Context, db DBTX, arg FencedValueUpdateReentrantParams) (FencedValueUpdateReentrantRow, error) {
-	row := db.QueryRow(ctx, fencedValueUpdateReentrant, arg.Value, arg.Token, arg.Key)
+	row := db.QueryRow(ctx, fencedValueUpdateReentrant, arg.Key, arg.Value, arg.Token)
 	var i FencedValueUpdateReentrantRow
 	err := row.Scan(&i.Applied, &i.Fence, &i.UpdatedAt)
 	return i, err
 }
 
 const fencedValueUpsert = `-- name: FencedValueUpsert :one
-WITH w AS (
-    INSERT INTO pgfence.fenced_values AS t (key, value, fence, updated_at)
-    VALUES ($1, $2, $3::bigint, pg_catalog.now())
-    ON CONFLICT (key) DO UPDATE
-    SET value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at
-    WHERE (t.fence OPERATOR(pg_catalog.<) excluded.fence)
-    RETURNING t.fence, t.updated_at, (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted
-)
-SELECT true AS applied, w.fence, w.updated_at, w.inserted FROM w
-UNION ALL
-SELECT false, c.fence, c.updated_at, false FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.fence, f.updated_at, f.inserted
+FROM pgfence.fenced_value_upsert($1::pg_catalog.text, $2::pg_catalog.jsonb, $3::bigint, false) AS f
+WHERE f.row_found
 `
 
 type FencedValueUpsertParams struct {
@@ -181,10 +149,10 @@ type FencedValueUpsertParams struct {
 }
 
 type FencedValueUpsertRow struct {
-	Applied   bool
-	Fence     int64
-	UpdatedAt time.Time
-	Inserted  bool
+	Applied   pgtype.Bool
+	Fence     pgtype.Int8
+	UpdatedAt *time.Time
+	Inserted  pgtype.Bool
 }
 
 // FencedValueUpsert inserts the key, or updates it when fence < token (strict).
@@ -201,18 +169,9 @@ func (q *Queries) FencedValueUpsert(ctx context.Context, db DBTX, arg FencedValu
 }
 
 const fencedValueUpsertReentrant = `-- name: FencedValueUpsertReentrant :one
-WITH w AS (
-    INSERT INTO pgfence.fenced_values AS t (key, value, fence, updated_at)
-    VALUES ($1, $2, $3::bigint, pg_catalog.now())
-    ON CONFLICT (key) DO UPDATE
-    SET value = excluded.value, fence = excluded.fence, updated_at = excluded.updated_at
-    WHERE (t.fence OPERATOR(pg_catalog.<=) excluded.fence)
-    RETURNING t.fence, t.updated_at, (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted
-)
-SELECT true AS applied, w.fence, w.updated_at, w.inserted FROM w
-UNION ALL
-SELECT false, c.fence, c.updated_at, false FROM pgfence.fenced_values c
-WHERE (c.key OPERATOR(pg_catalog.=) $1) AND NOT EXISTS (SELECT 1 FROM w)
+SELECT f.applied, f.fence, f.updated_at, f.inserted
+FROM pgfence.fenced_value_upsert($1::pg_catalog.text, $2::pg_catalog.jsonb, $3::bigint, true) AS f
+WHERE f.row_found
 `
 
 type FencedValueUpsertReentrantParams struct {
@@ -222,10 +181,10 @@ type FencedValueUpsertReentrantParams struct {
 }
 
 type FencedValueUpsertReentrantRow struct {
-	Applied   bool
-	Fence     int64
-	UpdatedAt time.Time
-	Inserted  bool
+	Applied   pgtype.Bool
+	Fence     pgtype.Int8
+	UpdatedAt *time.Time
+	Inserted  pgtype.Bool
 }
 
 // FencedValueUpsertReentrant inserts the key, or updates it when fence <= token.
