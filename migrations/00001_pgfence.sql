@@ -308,6 +308,7 @@ CREATE TABLE pgfence.jobs (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     finished_at      timestamptz,
     claim_outcome    text,
+    claim_key_hash   bytea,
     CONSTRAINT jobs_queue_length CHECK (octet_length(queue) BETWEEN 1 AND 128),
     CONSTRAINT jobs_state_known CHECK (state IN ('available', 'running', 'completed', 'dead')),
     CONSTRAINT jobs_attempts_nonnegative CHECK (attempts >= 0),
@@ -376,6 +377,9 @@ COMMENT ON COLUMN pgfence.jobs.claim_outcome IS
   'or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while '
   'the claim runs and before the first claim. A retried Complete, '
   'Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.';
+COMMENT ON COLUMN pgfence.jobs.claim_key_hash IS
+  'sha256 of the claim key of the latest leased claim, a secret of the claimer: renewing, completing, failing and '
+  'releasing the claim must present the key. NULL for jobs never claimed with a lease.';
 COMMENT ON CONSTRAINT jobs_payload_size ON pgfence.jobs IS
   'A job payload is at most 1 MiB in its text form (skiplocked refuses larger ones before sending them).';
 
@@ -1747,6 +1751,453 @@ COMMENT ON FUNCTION pgfence.jobs_count_dead() IS
   'Row trigger on pgfence.jobs: adds one to pgfence.job_dead_counts for a row that became dead. SECURITY DEFINER '
   '(search_path pinned), so the role that fails jobs needs no grant on the counter table.';
 
+-- The job door. Every change of pgfence.jobs by an application is one of the
+-- functions below: SECURITY DEFINER (they run as the tables' owner, the role
+-- that migrated), search_path pinned, every argument checked first (SQLSTATE
+-- PF011 naming the argument and the rule; nothing changes). Durations are
+-- milliseconds added to now(): the database clock decides.
+--
+-- A leased claim stores the SHA-256 of a claim key (claim_key_hash), a random
+-- secret of the claimer (skiplocked draws 16 bytes per Claim). Renewing,
+-- completing, failing and releasing a claim take the job id, the claim token
+-- and the key: the token is public (any role that reads pgfence.jobs sees it),
+-- the key is not, so a session that knows only the token cannot end or extend
+-- another worker's claim. The batch forms take parallel arrays (one element
+-- per claim, at most 10000) and return the ids they changed.
+
+-- pgfence.job_enqueue inserts one job per element of its arrays (at most
+-- 100000; all of the same length), in order: a NULL run_at means now(). It
+-- returns the inserted rows in the order given. pgfence_jobs is notified with
+-- each queue's name when the transaction commits (trigger jobs_notify).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_enqueue(queue text[], payload jsonb[], priority smallint[], run_at timestamptz[],
+    max_attempts integer[])
+RETURNS SETOF pgfence.jobs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(job_enqueue.queue);
+BEGIN
+    IF n IS NULL OR n NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: queue must be an array of 1 to 100000 names, got %',
+            coalesce(n::text || ' elements', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF cardinality(job_enqueue.payload) IS DISTINCT FROM n OR cardinality(job_enqueue.priority) IS DISTINCT FROM n
+       OR cardinality(job_enqueue.run_at) IS DISTINCT FROM n OR cardinality(job_enqueue.max_attempts) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: queue, payload, priority, run_at and max_attempts must have the same length (%)', n
+            USING ERRCODE = 'PF011';
+    ELSIF EXISTS (SELECT 1 FROM unnest(job_enqueue.queue) AS q(v) WHERE q.v IS NULL OR octet_length(q.v) NOT BETWEEN 1 AND 128) THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: every queue must be 1 to 128 bytes' USING ERRCODE = 'PF011';
+    ELSIF array_position(job_enqueue.payload, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: payload must not contain NULL' USING ERRCODE = 'PF011';
+    ELSIF array_position(job_enqueue.priority, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: priority must not contain NULL' USING ERRCODE = 'PF011';
+    ELSIF EXISTS (SELECT 1 FROM unnest(job_enqueue.max_attempts) AS m(v) WHERE m.v IS NULL OR m.v NOT BETWEEN 1 AND 1000000) THEN
+        RAISE EXCEPTION 'pgfence.job_enqueue: every max_attempts must be 1 to 1000000' USING ERRCODE = 'PF011';
+    END IF;
+    RETURN QUERY
+    INSERT INTO pgfence.jobs AS j (queue, payload, priority, run_at, max_attempts)
+    SELECT t.q, t.p, t.pr, coalesce(t.r, now()), t.m
+    FROM unnest(job_enqueue.queue, job_enqueue.payload, job_enqueue.priority, job_enqueue.run_at,
+                job_enqueue.max_attempts) WITH ORDINALITY AS t(q, p, pr, r, m, ord)
+    ORDER BY t.ord
+    RETURNING j.*;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_enqueue(text[], jsonb[], smallint[], timestamptz[], integer[]) IS
+  'Inserts one job per element of the arrays (same length, 1 to 100000; run_at NULL = now()) and returns the rows '
+  'in the order given. NOTIFY pgfence_jobs with each queue at commit. Bad arguments: PF011.';
+
+-- pgfence.job_claim is the leased claim: it takes up to max_jobs claimable
+-- jobs of queue (available and due, or running with an expired claim) with
+-- FOR UPDATE SKIP LOCKED, gives each a new claim token, holder, an expiry of
+-- now() + ttl_ms and claim_key_hash = sha256(key), counts an attempt, and
+-- returns them in claim order (priority, run_at, id). An expired claim on a
+-- job with no attempts left sends the job to dead instead (not returned).
+-- holder 1..512 bytes, ttl_ms 100..86400000, max_jobs 1..10000, key 16..64
+-- bytes.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_claim(queue text, holder text, ttl_ms bigint, max_jobs integer, key bytea)
+RETURNS SETOF pgfence.jobs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    kh bytea;
+BEGIN
+    IF job_claim.queue IS NULL OR octet_length(job_claim.queue) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'pgfence.job_claim: queue must be 1 to 128 bytes, got %',
+            coalesce(octet_length(job_claim.queue)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_claim.holder IS NULL OR octet_length(job_claim.holder) NOT BETWEEN 1 AND 512 THEN
+        RAISE EXCEPTION 'pgfence.job_claim: holder must be 1 to 512 bytes, got %',
+            coalesce(octet_length(job_claim.holder)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_claim.ttl_ms IS NULL OR job_claim.ttl_ms NOT BETWEEN 100 AND 86400000 THEN
+        RAISE EXCEPTION 'pgfence.job_claim: ttl_ms must be 100 to 86400000 (100 ms to 24 hours), got %',
+            coalesce(job_claim.ttl_ms::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_claim.max_jobs IS NULL OR job_claim.max_jobs NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'pgfence.job_claim: max_jobs must be 1 to 10000, got %',
+            coalesce(job_claim.max_jobs::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_claim.key IS NULL OR octet_length(job_claim.key) NOT BETWEEN 16 AND 64 THEN
+        RAISE EXCEPTION 'pgfence.job_claim: key must be 16 to 64 random bytes, got %',
+            coalesce(octet_length(job_claim.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    kh := sha256(job_claim.key);
+    -- The picked rows stay locked until the UPDATE, so a running one is one
+    -- whose claim expired. The UPDATE finds them by primary key (id = ANY): a
+    -- join with picked becomes, on a small table, a hash join over every row.
+    RETURN QUERY
+    WITH due AS (
+        SELECT a.id, a.priority, a.run_at
+        FROM pgfence.jobs a
+        WHERE a.queue = job_claim.queue AND a.state = 'available' AND a.run_at <= now()
+        ORDER BY a.priority, a.run_at, a.id
+        LIMIT job_claim.max_jobs
+        FOR UPDATE SKIP LOCKED
+    ), expired AS (
+        SELECT r.id, r.priority, r.run_at
+        FROM pgfence.jobs r
+        WHERE r.queue = job_claim.queue AND r.state = 'running' AND r.claim_expires_at <= now()
+        ORDER BY r.claim_expires_at
+        LIMIT job_claim.max_jobs
+        FOR UPDATE SKIP LOCKED
+    ), picked AS (
+        SELECT c.id
+        FROM (SELECT d.id, d.priority, d.run_at FROM due d
+              UNION ALL
+              SELECT e.id, e.priority, e.run_at FROM expired e) AS c
+        ORDER BY c.priority, c.run_at, c.id
+        LIMIT job_claim.max_jobs
+    ), claimed AS (
+        UPDATE pgfence.jobs j
+        SET state            = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'running' END,
+            attempts         = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.attempts ELSE j.attempts + 1 END,
+            holder           = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.holder ELSE job_claim.holder END,
+            claim_token      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.claim_token
+                                    ELSE nextval('pgfence.jobs_claim_token_seq') END,
+            claim_key_hash   = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN j.claim_key_hash ELSE kh END,
+            claim_expires_at = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN NULL
+                                    ELSE now() + job_claim.ttl_ms * interval '1 millisecond' END,
+            last_error       = CASE WHEN j.state = 'running'
+                                    THEN 'claim ' || j.claim_token || ' of ' || j.holder || ' expired at ' || j.claim_expires_at
+                                    ELSE j.last_error END,
+            finished_at      = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN now() END,
+            claim_outcome    = CASE WHEN j.state = 'running' AND j.attempts >= j.max_attempts THEN 'expired' END,
+            updated_at       = now()
+        WHERE j.id = ANY (ARRAY(SELECT p.id FROM picked p))
+        RETURNING j.*
+    )
+    SELECT c.* FROM claimed c
+    WHERE c.state = 'running'
+    ORDER BY c.priority, c.run_at, c.id;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_claim(text, text, bigint, integer, bytea) IS
+  'Leased claim: up to max_jobs claimable jobs of queue (FOR UPDATE SKIP LOCKED), each with a new claim token, '
+  'holder, expiry now() + ttl_ms and the sha256 of key; returned in claim order. An expired claim with no attempts '
+  'left sends its job to dead. Bad arguments: PF011.';
+
+-- pgfence.job_claims_refused checks the arrays of a batch call on claims
+-- (ids, tokens, keys: same length, 1..10000, ids and tokens > 0, keys 16..64
+-- bytes) and raises PF011 for the calling function fn when they are not.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_claims_refused(fn text, ids bigint[], tokens bigint[], keys bytea[])
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    n integer := cardinality(ids);
+BEGIN
+    IF n IS NULL OR n NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION '%: ids must be an array of 1 to 10000 job ids, got %', fn,
+            coalesce(n::text || ' elements', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF cardinality(tokens) IS DISTINCT FROM n OR cardinality(keys) IS DISTINCT FROM n THEN
+        RAISE EXCEPTION '%: ids, tokens and keys must have the same length (%)', fn, n USING ERRCODE = 'PF011';
+    ELSIF EXISTS (SELECT 1 FROM unnest(ids) AS i(v) WHERE i.v IS NULL OR i.v <= 0) THEN
+        RAISE EXCEPTION '%: every id must be > 0', fn USING ERRCODE = 'PF011';
+    ELSIF EXISTS (SELECT 1 FROM unnest(tokens) AS t(v) WHERE t.v IS NULL OR t.v <= 0) THEN
+        RAISE EXCEPTION '%: every token must be > 0', fn USING ERRCODE = 'PF011';
+    ELSIF EXISTS (SELECT 1 FROM unnest(keys) AS k(v) WHERE k.v IS NULL OR octet_length(k.v) NOT BETWEEN 16 AND 64) THEN
+        RAISE EXCEPTION '%: every key must be 16 to 64 random bytes', fn USING ERRCODE = 'PF011';
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_claims_refused(text, bigint[], bigint[], bytea[]) IS
+  'Raises PF011 for function fn unless ids, tokens and keys are arrays of the same length (1 to 10000), ids and '
+  'tokens > 0, keys 16 to 64 bytes. Used by the job functions that act on claims.';
+
+-- pgfence.job_renew extends the claims still held (running, same token, same
+-- key) to now() + ttl_ms and returns each extended job's id and new expiry.
+-- It never waits: a job whose row another transaction holds at that moment is
+-- skipped (not extended, not lost).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_renew(ids bigint[], tokens bigint[], keys bytea[], ttl_ms bigint)
+RETURNS TABLE (id bigint, claim_expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgfence.job_claims_refused('pgfence.job_renew', job_renew.ids, job_renew.tokens, job_renew.keys);
+    IF job_renew.ttl_ms IS NULL OR job_renew.ttl_ms NOT BETWEEN 100 AND 86400000 THEN
+        RAISE EXCEPTION 'pgfence.job_renew: ttl_ms must be 100 to 86400000 (100 ms to 24 hours), got %',
+            coalesce(job_renew.ttl_ms::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    RETURN QUERY
+    WITH c AS (
+        SELECT u.i, u.t, sha256(u.k) AS kh FROM unnest(job_renew.ids, job_renew.tokens, job_renew.keys) AS u(i, t, k)
+    ), held AS (
+        SELECT h.id
+        FROM pgfence.jobs h JOIN c ON c.i = h.id AND c.t = h.claim_token AND c.kh = h.claim_key_hash
+        WHERE h.state = 'running'
+        FOR UPDATE OF h SKIP LOCKED
+    )
+    UPDATE pgfence.jobs j
+    SET claim_expires_at = now() + job_renew.ttl_ms * interval '1 millisecond', updated_at = now()
+    FROM held, c
+    WHERE j.id = held.id AND c.i = j.id AND j.claim_token = c.t AND j.claim_key_hash = c.kh AND j.state = 'running'
+    RETURNING j.id, j.claim_expires_at;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_renew(bigint[], bigint[], bytea[], bigint) IS
+  'Extends the claims (ids[i], tokens[i]) held with keys[i] to now() + ttl_ms; returns the extended ids and expiries. '
+  'A row locked by another transaction is skipped. Bad arguments: PF011.';
+
+-- pgfence.job_complete marks jobs completed, each only if it is still running
+-- under its token and key, and returns the ids that changed.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_complete(ids bigint[], tokens bigint[], keys bytea[])
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgfence.job_claims_refused('pgfence.job_complete', job_complete.ids, job_complete.tokens, job_complete.keys);
+    RETURN QUERY
+    UPDATE pgfence.jobs j
+    SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
+    FROM unnest(job_complete.ids, job_complete.tokens, job_complete.keys) AS c(i, t, k)
+    WHERE j.id = c.i AND j.claim_token = c.t AND j.claim_key_hash = sha256(c.k) AND j.state = 'running'
+    RETURNING j.id;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_complete(bigint[], bigint[], bytea[]) IS
+  'Completes the jobs (ids[i]) still running under tokens[i] claimed with keys[i]; returns the ids that changed. '
+  'Bad arguments: PF011.';
+
+-- pgfence.job_release gives claims back unfinished: each job still running
+-- under its token and key becomes available at once, its attempt not counted.
+-- Returns the ids that changed.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_release(ids bigint[], tokens bigint[], keys bytea[])
+RETURNS TABLE (id bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgfence.job_claims_refused('pgfence.job_release', job_release.ids, job_release.tokens, job_release.keys);
+    RETURN QUERY
+    UPDATE pgfence.jobs j
+    SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, claim_outcome = 'released',
+        updated_at = now()
+    FROM unnest(job_release.ids, job_release.tokens, job_release.keys) AS c(i, t, k)
+    WHERE j.id = c.i AND j.claim_token = c.t AND j.claim_key_hash = sha256(c.k) AND j.state = 'running'
+    RETURNING j.id;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_release(bigint[], bigint[], bytea[]) IS
+  'Gives the claims (ids[i], tokens[i], keys[i]) back unfinished: available at once, the attempt not counted; returns '
+  'the ids that changed. Bad arguments: PF011.';
+
+-- pgfence.job_fail records a failed attempt of a job still running under
+-- token and key: available again at now() + retry_in_ms, or dead (last_error
+-- kept) when no attempts are left or give_up. Returns the job as it is now;
+-- no row: the claim was lost, nothing changed. last_error at most 8192 bytes,
+-- retry_in_ms 0..31536000000 (a year).
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_fail(id bigint, token bigint, key bytea, last_error text, retry_in_ms bigint,
+    give_up boolean)
+RETURNS SETOF pgfence.jobs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgfence.job_claims_refused('pgfence.job_fail', ARRAY[job_fail.id], ARRAY[job_fail.token], ARRAY[job_fail.key]);
+    IF job_fail.last_error IS NULL OR octet_length(job_fail.last_error) > 8192 THEN
+        RAISE EXCEPTION 'pgfence.job_fail: last_error must be 0 to 8192 bytes, got %',
+            coalesce(octet_length(job_fail.last_error)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_fail.retry_in_ms IS NULL OR job_fail.retry_in_ms NOT BETWEEN 0 AND 31536000000 THEN
+        RAISE EXCEPTION 'pgfence.job_fail: retry_in_ms must be 0 to 31536000000 (a year), got %',
+            coalesce(job_fail.retry_in_ms::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_fail.give_up IS NULL THEN
+        RAISE EXCEPTION 'pgfence.job_fail: give_up must not be NULL' USING ERRCODE = 'PF011';
+    END IF;
+    RETURN QUERY
+    UPDATE pgfence.jobs j
+    SET state            = CASE WHEN j.attempts >= j.max_attempts OR job_fail.give_up THEN 'dead' ELSE 'available' END,
+        run_at           = CASE WHEN j.attempts >= j.max_attempts OR job_fail.give_up THEN j.run_at
+                                ELSE now() + job_fail.retry_in_ms * interval '1 millisecond' END,
+        finished_at      = CASE WHEN j.attempts >= j.max_attempts OR job_fail.give_up THEN now() END,
+        last_error       = job_fail.last_error,
+        claim_expires_at = NULL,
+        claim_outcome    = 'failed',
+        updated_at       = now()
+    WHERE j.id = job_fail.id AND j.claim_token = job_fail.token AND j.claim_key_hash = sha256(job_fail.key)
+      AND j.state = 'running'
+    RETURNING j.*;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_fail(bigint, bigint, bytea, text, bigint, boolean) IS
+  'Records a failed attempt of the job id still running under token claimed with key: available at now() + '
+  'retry_in_ms, or dead when no attempts are left or give_up. Returns the job; no row: the claim was lost. Bad '
+  'arguments: PF011.';
+
+-- In-transaction claims: the row lock is the claim, and it lasts until the
+-- calling transaction ends (a row lock taken in a function is the
+-- transaction's). They write no claim token and need no key: another
+-- transaction cannot lock, complete or fail the row while it is held.
+
+-- pgfence.job_claim_tx locks up to max_jobs available, due jobs of queue with
+-- FOR UPDATE SKIP LOCKED for the calling transaction and returns them.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_claim_tx(queue text, max_jobs integer)
+RETURNS SETOF pgfence.jobs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF job_claim_tx.queue IS NULL OR octet_length(job_claim_tx.queue) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'pgfence.job_claim_tx: queue must be 1 to 128 bytes, got %',
+            coalesce(octet_length(job_claim_tx.queue)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_claim_tx.max_jobs IS NULL OR job_claim_tx.max_jobs NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'pgfence.job_claim_tx: max_jobs must be 1 to 10000, got %',
+            coalesce(job_claim_tx.max_jobs::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    RETURN QUERY
+    SELECT j.* FROM pgfence.jobs j
+    WHERE j.queue = job_claim_tx.queue AND j.state = 'available' AND j.run_at <= now()
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT job_claim_tx.max_jobs
+    FOR UPDATE SKIP LOCKED;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_claim_tx(text, integer) IS
+  'In-transaction claim: locks up to max_jobs available, due jobs of queue (FOR UPDATE SKIP LOCKED) until the calling '
+  'transaction ends, and returns them. Nothing is written. Bad arguments: PF011.';
+
+-- pgfence.job_complete_tx marks an available job completed, in the
+-- transaction that claimed it with job_claim_tx. false: no available job id.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_complete_tx(id bigint)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF job_complete_tx.id IS NULL OR job_complete_tx.id <= 0 THEN
+        RAISE EXCEPTION 'pgfence.job_complete_tx: id must be > 0, got %',
+            coalesce(job_complete_tx.id::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    UPDATE pgfence.jobs j
+    SET state = 'completed', finished_at = now(), updated_at = now()
+    WHERE j.id = job_complete_tx.id AND j.state = 'available';
+    RETURN FOUND;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_complete_tx(bigint) IS
+  'Completes the available job id in the transaction that claimed it with job_claim_tx; false: no available job id. '
+  'Bad arguments: PF011.';
+
+-- pgfence.job_fail_tx records a failed attempt of a job claimed with
+-- job_claim_tx, in the same transaction: attempts + 1, then available at
+-- now() + retry_in_ms, or dead when no attempts are left or give_up. No row:
+-- no available job id.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_fail_tx(id bigint, last_error text, retry_in_ms bigint, give_up boolean)
+RETURNS SETOF pgfence.jobs
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+BEGIN
+    IF job_fail_tx.id IS NULL OR job_fail_tx.id <= 0 THEN
+        RAISE EXCEPTION 'pgfence.job_fail_tx: id must be > 0, got %',
+            coalesce(job_fail_tx.id::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_fail_tx.last_error IS NULL OR octet_length(job_fail_tx.last_error) > 8192 THEN
+        RAISE EXCEPTION 'pgfence.job_fail_tx: last_error must be 0 to 8192 bytes, got %',
+            coalesce(octet_length(job_fail_tx.last_error)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_fail_tx.retry_in_ms IS NULL OR job_fail_tx.retry_in_ms NOT BETWEEN 0 AND 31536000000 THEN
+        RAISE EXCEPTION 'pgfence.job_fail_tx: retry_in_ms must be 0 to 31536000000 (a year), got %',
+            coalesce(job_fail_tx.retry_in_ms::text, 'NULL') USING ERRCODE = 'PF011';
+    ELSIF job_fail_tx.give_up IS NULL THEN
+        RAISE EXCEPTION 'pgfence.job_fail_tx: give_up must not be NULL' USING ERRCODE = 'PF011';
+    END IF;
+    RETURN QUERY
+    UPDATE pgfence.jobs j
+    SET attempts    = j.attempts + 1,
+        state       = CASE WHEN j.attempts + 1 >= j.max_attempts OR job_fail_tx.give_up THEN 'dead' ELSE 'available' END,
+        run_at      = CASE WHEN j.attempts + 1 >= j.max_attempts OR job_fail_tx.give_up THEN j.run_at
+                           ELSE now() + job_fail_tx.retry_in_ms * interval '1 millisecond' END,
+        finished_at = CASE WHEN j.attempts + 1 >= j.max_attempts OR job_fail_tx.give_up THEN now() END,
+        last_error  = job_fail_tx.last_error,
+        updated_at  = now()
+    WHERE j.id = job_fail_tx.id AND j.state = 'available'
+    RETURNING j.*;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_fail_tx(bigint, text, bigint, boolean) IS
+  'Records a failed attempt of the available job id in the transaction that claimed it with job_claim_tx: '
+  'attempts + 1, available at now() + retry_in_ms or dead. No row: no available job id. Bad arguments: PF011.';
+
+-- pgfence.job_purge deletes up to max_jobs (1..10000) completed or dead jobs
+-- that finished before finished_before, oldest first, and returns how many.
+-- +goose StatementBegin
+CREATE FUNCTION pgfence.job_purge(finished_before timestamptz, max_jobs integer)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    n bigint;
+BEGIN
+    IF job_purge.finished_before IS NULL THEN
+        RAISE EXCEPTION 'pgfence.job_purge: finished_before must not be NULL' USING ERRCODE = 'PF011';
+    ELSIF job_purge.max_jobs IS NULL OR job_purge.max_jobs NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'pgfence.job_purge: max_jobs must be 1 to 10000, got %',
+            coalesce(job_purge.max_jobs::text, 'NULL') USING ERRCODE = 'PF011';
+    END IF;
+    DELETE FROM pgfence.jobs
+    WHERE id = ANY (ARRAY(SELECT f.id FROM pgfence.jobs f
+                          WHERE f.state IN ('completed', 'dead') AND f.finished_at < job_purge.finished_before
+                          ORDER BY f.finished_at
+                          LIMIT job_purge.max_jobs));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.job_purge(timestamptz, integer) IS
+  'Deletes up to max_jobs completed or dead jobs that finished before finished_before (oldest first); returns how '
+  'many. Bad arguments: PF011.';
+
 -- Functions: the outbox -------------------------------------------------------
 
 -- +goose StatementBegin
@@ -2310,6 +2761,19 @@ DROP VIEW pgfence.outbox_status;
 DROP VIEW pgfence.guarded_fences;
 DROP VIEW pgfence.job_summary;
 DROP VIEW pgfence.lock_status;
+
+-- The job functions return rows of pgfence.jobs: they go before the table.
+DROP FUNCTION pgfence.job_purge(timestamptz, integer);
+DROP FUNCTION pgfence.job_fail_tx(bigint, text, bigint, boolean);
+DROP FUNCTION pgfence.job_complete_tx(bigint);
+DROP FUNCTION pgfence.job_claim_tx(text, integer);
+DROP FUNCTION pgfence.job_fail(bigint, bigint, bytea, text, bigint, boolean);
+DROP FUNCTION pgfence.job_release(bigint[], bigint[], bytea[]);
+DROP FUNCTION pgfence.job_complete(bigint[], bigint[], bytea[]);
+DROP FUNCTION pgfence.job_renew(bigint[], bigint[], bytea[], bigint);
+DROP FUNCTION pgfence.job_claims_refused(text, bigint[], bigint[], bytea[]);
+DROP FUNCTION pgfence.job_claim(text, text, bigint, integer, bytea);
+DROP FUNCTION pgfence.job_enqueue(text[], jsonb[], smallint[], timestamptz[], integer[]);
 
 -- Their triggers go with the tables.
 DROP TABLE pgfence.outbox;

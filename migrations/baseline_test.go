@@ -358,10 +358,14 @@ var intendedAdditions = []struct {
 		"the lease door: every change of pgfence.locks and pgfence.lock_queue is one of these functions"},
 	{regexp.MustCompile(`(^|[^a-z])(locks|lock_queue)(\.| )key_hash([^a-z_]|$)`),
 		"the lease key: a grant stores the SHA-256 of the holder's key, renewals and releases must present the key"},
-	{regexp.MustCompile(`(^|[^a-z])fenced_value_(update|upsert|delete|read)([^a-z_]|$)`),
-		"the fenced values door: every change of pgfence.fenced_values by an application is one of these functions"},
 	{regexp.MustCompile(`(^|[^a-z])outbox_enqueue( lock_name text, token bigint, key bytea,|\(pg_catalog\.text,bigint,pg_catalog\.bytea,)`),
 		"outbox_enqueue with the lease key: SECURITY DEFINER, every argument checked (PF011), refused unless the lease is held with the key (PF012)"},
+	{regexp.MustCompile(`(^|[^a-z])fenced_value_(update|upsert|delete|read)([^a-z_]|$)`),
+		"the fenced values door: every change of pgfence.fenced_values by an application is one of these functions"},
+	{regexp.MustCompile(`(^|[^a-z])job_(enqueue|claim|claims_refused|renew|complete|fail|release|claim_tx|complete_tx|fail_tx|purge)([^a-z_]|$)`),
+		"the job door: every change of pgfence.jobs by an application is one of these functions"},
+	{regexp.MustCompile(`(^|[^a-z])jobs(\.| )claim_key_hash([^a-z_]|$)`),
+		"the claim key: a leased claim stores the SHA-256 of the claimer's key; renewing and ending the claim must present it"},
 }
 
 func TestBaselineMatchesPrereleaseChain(t *testing.T) {

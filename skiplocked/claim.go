@@ -2,6 +2,7 @@ package skiplocked
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -37,6 +38,10 @@ type ClaimParams struct {
 // Run it on a pool or connection, not inside a long transaction. Each claim
 // counts as an attempt. If ctx is cancelled the statement took effect fully
 // or not at all; unreported claims simply expire.
+//
+// The jobs of one call share a new random claim key ([Job.ClaimKey]); the
+// database stores only its SHA-256, and every later change of the claims
+// needs it ([Job.Ref] carries it).
 func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
@@ -53,15 +58,17 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 	if err := checkTTL(p.TTL); err != nil {
 		return nil, err
 	}
+	key := newClaimKey()
 	rows, err := queries.ClaimJobs(ctx, db, dbsqlc.ClaimJobsParams{
-		Queue: p.Queue, MaxJobs: int32(p.Limit), Holder: p.Holder, TtlMs: p.TTL.Milliseconds(),
+		Queue: p.Queue, MaxJobs: int32(p.Limit), Holder: p.Holder, TtlMs: p.TTL.Milliseconds(), Key: key[:],
 	})
 	if err != nil {
 		return nil, translate("claim", err)
 	}
 	jobs := make([]Job, len(rows))
 	for i, r := range rows {
-		jobs[i] = jobFromRow(dbsqlc.PgfenceJob(r))
+		jobs[i] = jobFromRow(r)
+		jobs[i].ClaimKey = key
 	}
 	return jobs, nil
 }
@@ -105,11 +112,11 @@ func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	if id <= 0 {
 		return fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
 	}
-	n, err := queries.CompleteJobTx(ctx, tx, id)
+	done, err := queries.CompleteJobTx(ctx, tx, id)
 	if err != nil {
 		return translate("complete in transaction", err)
 	}
-	if n == 0 {
+	if !done {
 		return fmt.Errorf("%w: no available job %d", ErrJobNotFound, id)
 	}
 	return nil
@@ -138,4 +145,11 @@ func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, err
 		return Job{}, translate("fail in transaction", err)
 	}
 	return jobFromRow(row), nil
+}
+
+// newClaimKey draws the secret key of one Claim call: 16 bytes from
+// crypto/rand (which does not fail on the platforms Go supports).
+func newClaimKey() (k [16]byte) {
+	_, _ = rand.Read(k[:])
+	return k
 }

@@ -1,7 +1,9 @@
 package skiplocked
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 
@@ -115,6 +117,22 @@ type ClaimLostError struct {
 	// your own claim ended, by a call other than the one refused (a Complete
 	// after your Release, for example).
 	Outcome string
+
+	keyHash  []byte // claim_key_hash of the job as read
+	wrongKey bool   // Token is the job's claim token, but the key presented is not its key
+}
+
+// checkKey marks e when the claim of e.Token is the job's current one but
+// key is not its key: such a call is refused as a lost claim, never taken
+// for one already done.
+func (e *ClaimLostError) checkKey(key [16]byte) {
+	if e.CurrentToken != e.Token {
+		return
+	}
+	h := sha256.Sum256(key[:])
+	if !bytes.Equal(e.keyHash, h[:]) {
+		e.wrongKey = true
+	}
 }
 
 // Reclaimed reports whether the job was claimed again after the claim of
@@ -124,6 +142,8 @@ func (e *ClaimLostError) Reclaimed() bool { return e.CurrentToken > e.Token }
 // Error describes why the claim is lost.
 func (e *ClaimLostError) Error() string {
 	switch {
+	case e.wrongKey:
+		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d was not made with this claim key, state %s", e.JobID, e.Token, e.State)
 	case e.CurrentToken > e.Token:
 		return fmt.Sprintf("skiplocked: claim lost: job %d was re-claimed with token %d by %q (yours: %d), state %s",
 			e.JobID, e.CurrentToken, e.Holder, e.Token, e.State)

@@ -103,19 +103,28 @@ type Job struct {
 	UpdatedAt time.Time
 	// FinishedAt is zero unless State is completed or dead.
 	FinishedAt time.Time
+	// ClaimKey is the secret key of the claim, set only on the jobs [Claim]
+	// returns (the database keeps only its SHA-256). Renewing, completing,
+	// failing and releasing the claim need it, with ClaimToken: pass
+	// [Job.Ref]. Keep it to the process that holds the claim.
+	ClaimKey [16]byte
 }
 
-// ClaimRef names one leased claim: a job and the claim token it was claimed
-// with. Every change made under a claim is conditional on both.
+// ClaimRef names one leased claim: a job, the claim token it was claimed
+// with and the claim's secret key. Every change made under a claim is
+// conditional on all three: the token is public (any role that reads
+// pgfence.jobs sees it), the key is known only to the claimer.
 type ClaimRef struct {
 	// JobID is the claimed job.
 	JobID int64
 	// Token is the claim token the job was claimed with.
 	Token int64
+	// Key is the claim's key ([Job.ClaimKey]).
+	Key [16]byte
 }
 
 // Ref returns the claim reference of a job returned by [Claim].
-func (j Job) Ref() ClaimRef { return ClaimRef{JobID: j.ID, Token: j.ClaimToken} }
+func (j Job) Ref() ClaimRef { return ClaimRef{JobID: j.ID, Token: j.ClaimToken, Key: j.ClaimKey} }
 
 func jobFromRow(r dbsqlc.PgfenceJob) Job {
 	j := Job{
@@ -210,17 +219,21 @@ func Enqueue(ctx context.Context, db DBTX, p EnqueueParams) (Job, error) {
 	if err != nil {
 		return Job{}, err
 	}
-	arg := dbsqlc.EnqueueJobParams{
-		Queue: p.Queue, Payload: p.Payload, Priority: p.Priority, MaxAttempts: int32(p.MaxAttempts),
+	arg := dbsqlc.EnqueueJobsParams{
+		Queues: []string{p.Queue}, Payloads: [][]byte{p.Payload}, Priorities: []int16{p.Priority},
+		RunAts: []time.Time{p.RunAt}, RunNows: []bool{p.RunAt.IsZero()}, MaxAttempts: []int32{int32(p.MaxAttempts)},
 	}
-	if !p.RunAt.IsZero() {
-		arg.RunAt = &p.RunAt
+	if p.RunAt.IsZero() {
+		arg.RunAts[0] = time.Unix(0, 0)
 	}
-	row, err := queries.EnqueueJob(ctx, db, arg)
+	rows, err := queries.EnqueueJobs(ctx, db, arg)
 	if err != nil {
 		return Job{}, translate("enqueue", err)
 	}
-	return jobFromRow(row), nil
+	if len(rows) != 1 {
+		return Job{}, fmt.Errorf("skiplocked: enqueue: pgfence.job_enqueue returned %d rows for one job", len(rows))
+	}
+	return jobFromRow(rows[0]), nil
 }
 
 // EnqueueMany inserts up to [MaxEnqueueBatch] jobs in one statement and
@@ -237,7 +250,7 @@ func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, err
 		return nil, fmt.Errorf("%w: %d jobs in one batch, at most %d", ErrInvalidJob, len(ps), MaxEnqueueBatch)
 	}
 	arg := dbsqlc.EnqueueJobsParams{
-		Queues: make([]string, len(ps)), Payloads: make([]string, len(ps)), Priorities: make([]int16, len(ps)),
+		Queues: make([]string, len(ps)), Payloads: make([][]byte, len(ps)), Priorities: make([]int16, len(ps)),
 		RunAts: make([]time.Time, len(ps)), RunNows: make([]bool, len(ps)), MaxAttempts: make([]int32, len(ps)),
 	}
 	for i, p := range ps {
@@ -245,7 +258,7 @@ func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, err
 		if err != nil {
 			return nil, fmt.Errorf("job %d: %w", i, err)
 		}
-		arg.Queues[i], arg.Payloads[i], arg.Priorities[i] = p.Queue, string(p.Payload), p.Priority
+		arg.Queues[i], arg.Payloads[i], arg.Priorities[i] = p.Queue, p.Payload, p.Priority
 		arg.MaxAttempts[i] = int32(p.MaxAttempts)
 		if p.RunAt.IsZero() {
 			arg.RunNows[i], arg.RunAts[i] = true, time.Unix(0, 0)
@@ -253,9 +266,13 @@ func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, err
 			arg.RunAts[i] = p.RunAt
 		}
 	}
-	ids, err := queries.EnqueueJobs(ctx, db, arg)
+	rows, err := queries.EnqueueJobs(ctx, db, arg)
 	if err != nil {
 		return nil, translate("enqueue many", err)
+	}
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
 	}
 	return ids, nil
 }

@@ -1,7 +1,9 @@
 package skiplocked_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
@@ -88,7 +91,7 @@ func TestEnqueueAndClaim(t *testing.T) {
 	if got := mustJob(t, pool, later.ID); got.State != skiplocked.StateAvailable {
 		t.Fatalf("future job = %+v", got)
 	}
-	if err := skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: 999999, Token: 1}); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if err := skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: 999999, Token: 1, Key: [16]byte{1}}); !errors.Is(err, skiplocked.ErrJobNotFound) {
 		t.Fatalf("complete missing job err = %v", err)
 	}
 }
@@ -456,27 +459,10 @@ func TestJobsInTransaction(t *testing.T) {
 	}
 }
 
-// captureSQL records the statements a connection sends.
-type captureSQL struct {
-	mu   sync.Mutex
-	sqls []string
-	args [][]any
-}
-
-func (c *captureSQL) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.sqls = append(c.sqls, d.SQL)
-	c.args = append(c.args, d.Args)
-	return ctx
-}
-
-func (c *captureSQL) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-// TestClaimUsesPartialIndex runs EXPLAIN ANALYZE on the very statement Claim
-// sends (captured by a tracer) over a table with 100k finished rows: it must
-// read the partial indexes and never scan the table, so claim latency does
-// not grow as finished rows accumulate.
+// TestClaimUsesPartialIndex has auto_explain report, as notices, the plans
+// of the statements pgfence.job_claim runs when Claim calls it, over a table
+// with 100k finished rows: they must read the partial indexes and never scan
+// the table, so claim latency does not grow as finished rows accumulate.
 func TestClaimUsesPartialIndex(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -495,37 +481,44 @@ func TestClaimUsesPartialIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracer := &captureSQL{}
-	cfg.Tracer = tracer
+	var mu sync.Mutex
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Message)
+	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
+	for _, set := range []string{
+		"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_nested_statements = on",
+		"SET auto_explain.log_analyze = on", "SET auto_explain.log_buffers = on", "SET auto_explain.log_level = notice",
+		"SET client_min_messages = notice",
+	} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Fatalf("%s: %v", set, err)
+		}
+	}
 	start := time.Now()
 	js, err := skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "idx", Holder: "w", Limit: 10, TTL: time.Minute})
 	if err != nil || len(js) != 10 {
 		t.Fatal(js, err)
 	}
 	elapsed := time.Since(start)
-	claimSQL, claimArgs := tracer.sqls[len(tracer.sqls)-1], tracer.args[len(tracer.args)-1]
-	if !strings.Contains(claimSQL, "FOR UPDATE SKIP LOCKED") {
-		t.Fatalf("captured %q, not the claim", claimSQL)
+	mu.Lock()
+	var plan string
+	for _, n := range notices {
+		if strings.Contains(n, "FOR UPDATE SKIP LOCKED") {
+			plan = n // the claim statement inside pgfence.job_claim
+		}
 	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	mu.Unlock()
+	if plan == "" {
+		t.Fatalf("auto_explain reported no plan of the claim statement; notices: %q", notices)
 	}
-	defer tx.Rollback(ctx) // EXPLAIN ANALYZE runs the UPDATE; undo it
-	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT TEXT) "+claimSQL, claimArgs...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan := strings.Join(lines, "\n")
 	for _, want := range []string{"jobs_available_idx", "jobs_running_expiry_idx", "jobs_pkey"} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("claim plan does not use %s", want)
@@ -645,4 +638,70 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 		t.Fatalf("%d rows in table, want %d", n, len(ids))
 	}
 	t.Logf("rows per worker: %v", perWorker)
+}
+
+// TestClaimKey: a claim changes only with its own key. With the right job id
+// and token but another key, Complete, CompleteMany, Renew, RenewMany,
+// Release and Fail are refused as lost claims (never taken for a call
+// already done, nor for a row locked for a moment) and the job is unchanged;
+// then the claimer's own key completes it.
+func TestClaimKey(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	enqueueN(t, pool, "key", 1, 1)
+	js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "key", Holder: "w", Limit: 1, TTL: time.Minute})
+	if err != nil || len(js) != 1 {
+		t.Fatal(js, err)
+	}
+	j := js[0]
+	if j.ClaimKey == ([16]byte{}) {
+		t.Fatal("Claim returned no claim key")
+	}
+	var stored []byte
+	if err := pool.QueryRow(ctx, "SELECT claim_key_hash FROM pgfence.jobs WHERE id = $1", j.ID).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if h := sha256.Sum256(j.ClaimKey[:]); !bytes.Equal(stored, h[:]) || bytes.Contains(stored, j.ClaimKey[:]) {
+		t.Fatalf("claim_key_hash %x is not the SHA-256 of the key", stored)
+	}
+	forged := j.Ref()
+	forged.Key[15] ^= 1
+	before := mustJob(t, pool, j.ID)
+	errs := map[string]error{
+		"complete": skiplocked.Complete(ctx, pool, forged),
+		"release":  skiplocked.Release(ctx, pool, forged),
+	}
+	_, errs["renew"] = skiplocked.Renew(ctx, pool, forged, time.Hour)
+	_, errs["fail"] = skiplocked.Fail(ctx, pool, forged, skiplocked.FailParams{Error: "forged", GiveUp: true})
+	_, errs["complete many"] = skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{forged})
+	_, _, errs["renew many"] = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{forged}, time.Hour)
+	for op, err := range errs {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		var many *skiplocked.ClaimsLostError
+		if errors.As(err, &many) && len(many.Details) == 1 && many.Details[0] != nil {
+			msg = many.Details[0].Error()
+		}
+		if !errors.Is(err, skiplocked.ErrClaimLost) || !strings.Contains(msg, "claim key") {
+			t.Errorf("%s with another key: %v, want a lost claim naming the key", op, err)
+		}
+	}
+	after := mustJob(t, pool, j.ID)
+	if after.State != skiplocked.StateRunning || !after.ClaimExpiresAt.Equal(before.ClaimExpiresAt) ||
+		after.ClaimToken != j.ClaimToken || after.Attempts != before.Attempts || after.LastError != before.LastError {
+		t.Fatalf("a call with another key changed the job: before %+v, after %+v", before, after)
+	}
+	if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
+		t.Fatalf("complete with the claim's key: %v", err)
+	}
+	// Retried with the right key: already done. With another key: not.
+	if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
+		t.Fatalf("retried complete: %v", err)
+	}
+	if err := skiplocked.Complete(ctx, pool, forged); !errors.Is(err, skiplocked.ErrClaimLost) {
+		t.Fatalf("complete of a completed job with another key: %v, want a lost claim", err)
+	}
 }

@@ -18,8 +18,8 @@ import (
 // ([ErrClaimLost]) or [ErrJobNotFound] and changes nothing. It is idempotent:
 // a job already completed under ref.Token returns nil.
 func Complete(ctx context.Context, db DBTX, ref ClaimRef) error {
-	return single(ctx, db, "complete", ref, func(ids, tokens []int64) ([]int64, error) {
-		return queries.CompleteJobs(ctx, db, ids, tokens)
+	return single(ctx, db, "complete", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		return queries.CompleteJobs(ctx, db, dbsqlc.CompleteJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
 }
 
@@ -31,8 +31,8 @@ func Complete(ctx context.Context, db DBTX, ref ClaimRef) error {
 // err never takes a refused completion for a success. The other claims of
 // the batch were completed.
 func CompleteMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef, err error) {
-	return conditional(ctx, db, "complete", refs, func(ids, tokens []int64) ([]int64, error) {
-		return queries.CompleteJobs(ctx, db, ids, tokens)
+	return conditional(ctx, db, "complete", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		return queries.CompleteJobs(ctx, db, dbsqlc.CompleteJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
 }
 
@@ -40,16 +40,16 @@ func CompleteMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRe
 // and the attempt is not counted. Conditional on ref like [Complete], and
 // idempotent like it: a claim already released under ref.Token returns nil.
 func Release(ctx context.Context, db DBTX, ref ClaimRef) error {
-	return single(ctx, db, "release", ref, func(ids, tokens []int64) ([]int64, error) {
-		return queries.ReleaseJobs(ctx, db, ids, tokens)
+	return single(ctx, db, "release", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		return queries.ReleaseJobs(ctx, db, dbsqlc.ReleaseJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
 }
 
 // ReleaseMany releases many claims in one statement; see [Release] and
 // [CompleteMany] for lost.
 func ReleaseMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef, err error) {
-	return conditional(ctx, db, "release", refs, func(ids, tokens []int64) ([]int64, error) {
-		return queries.ReleaseJobs(ctx, db, ids, tokens)
+	return conditional(ctx, db, "release", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		return queries.ReleaseJobs(ctx, db, dbsqlc.ReleaseJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
 }
 
@@ -64,14 +64,12 @@ func Renew(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (time.
 		return time.Time{}, err
 	}
 	var exp time.Time
-	err := single(ctx, db, "renew", ref, func(ids, tokens []int64) ([]int64, error) {
-		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens})
+	err := single(ctx, db, "renew", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens, Keys: keys})
 		done := make([]int64, len(rows))
 		for i, r := range rows {
 			done[i] = r.ID
-			if r.ClaimExpiresAt != nil {
-				exp = *r.ClaimExpiresAt
-			}
+			exp = r.ClaimExpiresAt
 		}
 		return done, err
 	})
@@ -94,14 +92,12 @@ func RenewMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration)
 		return nil, nil, err
 	}
 	exp := make(map[int64]time.Time, len(refs))
-	lost, err := conditional(ctx, db, "renew", refs, func(ids, tokens []int64) ([]int64, error) {
-		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens})
+	lost, err := conditional(ctx, db, "renew", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens, Keys: keys})
 		done := make([]int64, len(rows))
 		for i, r := range rows {
 			done[i] = r.ID
-			if r.ClaimExpiresAt != nil {
-				exp[r.ID] = *r.ClaimExpiresAt
-			}
+			exp[r.ID] = r.ClaimExpiresAt
 		}
 		return done, err
 	})
@@ -142,13 +138,14 @@ func Fail(ctx context.Context, db DBTX, ref ClaimRef, p FailParams) (Job, error)
 	}
 	row, err := queries.FailJob(ctx, db, dbsqlc.FailJobParams{
 		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: ref.JobID, ClaimToken: ref.Token,
+		Key: ref.Key[:],
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		lost, err := claimState(ctx, db, "fail", ref)
 		if err != nil {
 			return Job{}, err
 		}
-		if lost.CurrentToken != ref.Token || lost.Outcome != OutcomeFailed {
+		if lost.CurrentToken != ref.Token || lost.wrongKey || lost.Outcome != OutcomeFailed {
 			return Job{}, lost
 		}
 		// Already failed under this token: report the job as it is now.
@@ -175,7 +172,7 @@ func DefaultBackoff(attempt int) time.Duration {
 
 // single runs a conditional update for one ref and explains a refusal with a
 // *ClaimLostError (or ErrJobNotFound).
-func single(ctx context.Context, db DBTX, op string, ref ClaimRef, run func(ids, tokens []int64) ([]int64, error)) error {
+func single(ctx context.Context, db DBTX, op string, ref ClaimRef, run func(ids, tokens []int64, keys [][]byte) ([]int64, error)) error {
 	_, err := conditional(ctx, db, op, []ClaimRef{ref}, run)
 	var cl *ClaimsLostError
 	if !errors.As(err, &cl) {
@@ -191,7 +188,7 @@ func single(ctx context.Context, db DBTX, op string, ref ClaimRef, run func(ids,
 // fact already been applied under the same token: the claim ended with the
 // outcome op writes. A renewal is never "already done".
 func alreadyDone(op string, ref ClaimRef, e *ClaimLostError) bool {
-	if e == nil || e.CurrentToken != ref.Token {
+	if e == nil || e.CurrentToken != ref.Token || e.wrongKey {
 		return false
 	}
 	switch op {
@@ -209,7 +206,7 @@ func alreadyDone(op string, ref ClaimRef, e *ClaimLostError) bool {
 // token (see alreadyDone) are not lost. When the rows of unchanged refs
 // cannot be read to tell which is which, it returns that error (the whole
 // call may be retried: every op is conditional and idempotent).
-func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run func(ids, tokens []int64) ([]int64, error)) ([]ClaimRef, error) {
+func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run func(ids, tokens []int64, keys [][]byte) ([]int64, error)) ([]ClaimRef, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
@@ -221,13 +218,14 @@ func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run f
 	}
 	ids := make([]int64, len(refs))
 	tokens := make([]int64, len(refs))
+	keys := make([][]byte, len(refs))
 	for i, r := range refs {
 		if err := checkRef(r); err != nil {
 			return nil, err
 		}
-		ids[i], tokens[i] = r.JobID, r.Token
+		ids[i], tokens[i], keys[i] = r.JobID, r.Token, r.Key[:]
 	}
-	done, err := run(ids, tokens)
+	done, err := run(ids, tokens, keys)
 	if err != nil {
 		return nil, translate(op, err)
 	}
@@ -256,12 +254,14 @@ func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run f
 	for _, r := range unchanged {
 		e := states[r.JobID]
 		if e != nil {
-			e = &ClaimLostError{JobID: r.JobID, Token: r.Token, CurrentToken: e.CurrentToken, State: e.State, Holder: e.Holder, Outcome: e.Outcome}
+			e = &ClaimLostError{JobID: r.JobID, Token: r.Token, CurrentToken: e.CurrentToken, State: e.State, Holder: e.Holder, Outcome: e.Outcome,
+				keyHash: e.keyHash}
+			e.checkKey(r.Key)
 		}
 		if alreadyDone(op, r, e) {
 			continue
 		}
-		if op == "renew" && e != nil && e.CurrentToken == r.Token && e.State == StateRunning {
+		if op == "renew" && e != nil && !e.wrongKey && e.CurrentToken == r.Token && e.State == StateRunning {
 			continue // still held, its row locked for a moment: not extended this time
 		}
 		lost = append(lost, r)
@@ -296,6 +296,7 @@ func claimStates(ctx context.Context, db DBTX, refs []ClaimRef) (map[int64]*Clai
 		if row.ClaimOutcome != nil {
 			e.Outcome = *row.ClaimOutcome
 		}
+		e.keyHash = row.ClaimKeyHash
 		m[row.ID] = e
 	}
 	return m, nil
@@ -313,5 +314,6 @@ func claimState(ctx context.Context, db DBTX, op string, ref ClaimRef) (*ClaimLo
 		return nil, fmt.Errorf("%w: id %d", ErrJobNotFound, ref.JobID)
 	}
 	e.Token = ref.Token
+	e.checkKey(ref.Key)
 	return e, nil
 }

@@ -12,6 +12,10 @@ func checkRef(r ClaimRef) error {
 	if r.JobID <= 0 || r.Token <= 0 {
 		return fmt.Errorf("%w: job %d token %d", ErrInvalidToken, r.JobID, r.Token)
 	}
+	if r.Key == ([16]byte{}) {
+		return fmt.Errorf("%w: job %d token %d: no claim key (Job.ClaimKey of the claimed job; pass Job.Ref())",
+			ErrInvalidToken, r.JobID, r.Token)
+	}
 	return nil
 }
 

@@ -83,9 +83,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 			_, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"}, {Queue: "v", Payload: []byte("nope")}})
 			return err
 		}(), skiplocked.ErrInvalidPayload},
-		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID}), skiplocked.ErrInvalidToken},
-		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1}), skiplocked.ErrInvalidToken},
-		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1}), skiplocked.ErrClaimLost},
+		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
+		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
+		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1, Key: held[0].ClaimKey}), skiplocked.ErrClaimLost},
 		{"heartbeat: zero TTL", func() error {
 			_, err := skiplocked.Renew(ctx, pool, held[0].Ref(), 0)
 			return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
@@ -136,7 +137,7 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	w.mu.Lock()
 	h.completing = true
 	w.mu.Unlock()
-	done, err := queries.CompleteJobs(cctx, tx, []int64{h.ref.JobID}, []int64{h.ref.Token})
+	done, err := queries.CompleteJobs(cctx, tx, dbsqlc.CompleteJobsParams{Ids: []int64{h.ref.JobID}, ClaimTokens: []int64{h.ref.Token}, Keys: [][]byte{h.ref.Key[:]}})
 	if err != nil {
 		rollback()
 		return result{h: h, outcome: outFail, err: translate("complete in the handler's transaction", err)}

@@ -96,6 +96,8 @@ type PgfenceJob struct {
 	FinishedAt *time.Time
 	// How the latest leased claim (claim_token) ended: completed (Complete), failed (Fail: available for a retry, or dead), released (Release), expired (its claim ran out on the last attempt and the job went dead). NULL while the claim runs and before the first claim. A retried Complete, Fail or Release under the same token that finds its own outcome here succeeds instead of reporting a lost claim.
 	ClaimOutcome *string
+	// sha256 of the claim key of the latest leased claim, a secret of the claimer: renewing, completing, failing and releasing the claim must present the key. NULL for jobs never claimed with a lease.
+	ClaimKeyHash []byte
 }
 
 // Jobs that went dead, per queue, counted by trigger (jobs_count_dead) since the schema was created. Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.

@@ -13,98 +13,37 @@ import (
 )
 
 const claimJobs = `-- name: ClaimJobs :many
-WITH due AS (
-    SELECT a.id, a.priority, a.run_at
-    FROM pgfence.jobs a
-    WHERE (a.queue OPERATOR(pg_catalog.=) $1) AND (a.state OPERATOR(pg_catalog.=) 'available') AND (a.run_at OPERATOR(pg_catalog.<=) pg_catalog.now())
-    ORDER BY a.priority, a.run_at, a.id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT r.id, r.priority, r.run_at
-    FROM pgfence.jobs r
-    WHERE (r.queue OPERATOR(pg_catalog.=) $1) AND (r.state OPERATOR(pg_catalog.=) 'running') AND (r.claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now())
-    ORDER BY r.claim_expires_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT c.id
-    FROM (SELECT d.id, d.priority, d.run_at FROM due d
-          UNION ALL
-          SELECT e.id, e.priority, e.run_at FROM expired e) AS c
-    ORDER BY c.priority, c.run_at, c.id
-    LIMIT $2
-), claimed AS (
-    UPDATE pgfence.jobs j
-    SET state            = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN 'dead' ELSE 'running' END,
-        attempts         = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.attempts ELSE (j.attempts OPERATOR(pg_catalog.+) 1) END,
-        holder       = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.holder ELSE $3::pg_catalog.text END,
-        claim_token      = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN j.claim_token
-                                ELSE pg_catalog.nextval('pgfence.jobs_claim_token_seq') END,
-        claim_expires_at = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN NULL
-                                ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $4::bigint)) END,
-        last_error       = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running')
-                                THEN ((((('claim ' OPERATOR(pg_catalog.||) j.claim_token) OPERATOR(pg_catalog.||) ' of ') OPERATOR(pg_catalog.||) j.holder) OPERATOR(pg_catalog.||) ' expired at ') OPERATOR(pg_catalog.||) j.claim_expires_at)
-                                ELSE j.last_error END,
-        finished_at      = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN pg_catalog.now() END,
-        claim_outcome    = CASE WHEN (j.state OPERATOR(pg_catalog.=) 'running') AND (j.attempts OPERATOR(pg_catalog.>=) j.max_attempts) THEN 'expired' END,
-        updated_at       = pg_catalog.now()
-    WHERE (j.id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT p.id FROM picked p)))
-    RETURNING j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome
-)
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM claimed
-WHERE (claimed.state OPERATOR(pg_catalog.=) 'running')
-ORDER BY claimed.priority, claimed.run_at, claimed.id
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash
+FROM pgfence.job_claim($1::pg_catalog.text, $2::pg_catalog.text, $3::bigint,
+                       $4::integer, $5::pg_catalog.bytea) AS j
 `
 
 type ClaimJobsParams struct {
 	Queue   string
-	MaxJobs int32
 	Holder  string
 	TtlMs   int64
+	MaxJobs int32
+	Key     []byte
 }
 
-type ClaimJobsRow struct {
-	ID             int64
-	Queue          string
-	Payload        []byte
-	Priority       int16
-	RunAt          time.Time
-	Attempts       int32
-	MaxAttempts    int32
-	State          string
-	Holder         *string
-	ClaimToken     pgtype.Int8
-	ClaimExpiresAt *time.Time
-	LastError      *string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	FinishedAt     *time.Time
-	ClaimOutcome   *string
-}
-
-// ClaimJobs is the leased claim: it takes up to max_jobs claimable rows of a
-// queue (available and due, or running with an expired claim) with FOR UPDATE
-// SKIP LOCKED, gives each a new claim token and a claim expiry, and returns
-// them. An expired claim on a row that has no attempts left sends the row to
-// dead instead (not returned). The picked rows stay locked until the
-// UPDATE, so a running one is one whose claim expired (dead when it has no
-// attempts left). The UPDATE finds them by primary key (id = ANY): a join
-// with picked becomes, on a small table, a hash join over every row.
-func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) ([]ClaimJobsRow, error) {
+// ClaimJobs is the leased claim (pgfence.job_claim): up to max_jobs
+// claimable jobs of a queue, each with a new claim token, an expiry of now()
+// + ttl_ms and the hash of key, in claim order.
+func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) ([]PgfenceJob, error) {
 	rows, err := db.Query(ctx, claimJobs,
 		arg.Queue,
-		arg.MaxJobs,
 		arg.Holder,
 		arg.TtlMs,
+		arg.MaxJobs,
+		arg.Key,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []ClaimJobsRow
+	var items []PgfenceJob
 	for rows.Next() {
-		var i ClaimJobsRow
+		var i PgfenceJob
 		if err := rows.Scan(
 			&i.ID,
 			&i.Queue,
@@ -122,6 +61,7 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 			&i.UpdatedAt,
 			&i.FinishedAt,
 			&i.ClaimOutcome,
+			&i.ClaimKeyHash,
 		); err != nil {
 			return nil, err
 		}
@@ -134,16 +74,14 @@ func (q *Queries) ClaimJobs(ctx context.Context, db DBTX, arg ClaimJobsParams) (
 }
 
 const claimJobsTx = `-- name: ClaimJobsTx :many
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs
-WHERE (queue OPERATOR(pg_catalog.=) $1) AND (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now())
-ORDER BY priority, run_at, id
-LIMIT $2
-FOR UPDATE SKIP LOCKED
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash
+FROM pgfence.job_claim_tx($1::pg_catalog.text, $2::integer) AS j
 `
 
 // ClaimJobsTx locks up to max_jobs available, due jobs of a queue with FOR
-// UPDATE SKIP LOCKED, for the transaction that runs it. Nothing is written:
-// the row lock is the claim, and it ends with the transaction.
+// UPDATE SKIP LOCKED for the calling transaction (pgfence.job_claim_tx).
+// Nothing is written: the row lock is the claim, and it ends with the
+// transaction.
 func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJobs int32) ([]PgfenceJob, error) {
 	rows, err := db.Query(ctx, claimJobsTx, queue, maxJobs)
 	if err != nil {
@@ -170,6 +108,7 @@ func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJob
 			&i.UpdatedAt,
 			&i.FinishedAt,
 			&i.ClaimOutcome,
+			&i.ClaimKeyHash,
 		); err != nil {
 			return nil, err
 		}
@@ -181,35 +120,34 @@ func (q *Queries) ClaimJobsTx(ctx context.Context, db DBTX, queue string, maxJob
 	return items, nil
 }
 
-const completeJobTx = `-- name: CompleteJobTx :execrows
-UPDATE pgfence.jobs
-SET state = 'completed', finished_at = pg_catalog.now(), updated_at = pg_catalog.now()
-WHERE (id OPERATOR(pg_catalog.=) $1) AND (state OPERATOR(pg_catalog.=) 'available')
+const completeJobTx = `-- name: CompleteJobTx :one
+SELECT pgfence.job_complete_tx($1::bigint)::boolean AS completed
 `
 
 // CompleteJobTx marks a job claimed by ClaimJobsTx completed, in the same
-// transaction.
-func (q *Queries) CompleteJobTx(ctx context.Context, db DBTX, id int64) (int64, error) {
-	result, err := db.Exec(ctx, completeJobTx, id)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// transaction (pgfence.job_complete_tx): false if no available job has the id.
+func (q *Queries) CompleteJobTx(ctx context.Context, db DBTX, id int64) (bool, error) {
+	row := db.QueryRow(ctx, completeJobTx, id)
+	var completed bool
+	err := row.Scan(&completed)
+	return completed, err
 }
 
 const completeJobs = `-- name: CompleteJobs :many
-UPDATE pgfence.jobs j
-SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = pg_catalog.now(), updated_at = pg_catalog.now()
-FROM (SELECT pg_catalog.unnest($1::bigint[]) AS id, pg_catalog.unnest($2::bigint[]) AS claim_token) AS c
-WHERE (j.id OPERATOR(pg_catalog.=) c.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
-RETURNING j.id
+SELECT c.id::bigint AS id
+FROM pgfence.job_complete($1::bigint[], $2::bigint[], $3::pg_catalog.bytea[]) AS c
 `
 
+type CompleteJobsParams struct {
+	Ids         []int64
+	ClaimTokens []int64
+	Keys        [][]byte
+}
+
 // CompleteJobs marks jobs completed, each only if it is still running under
-// the given claim token, and records the claim's outcome. It returns the ids
-// that changed.
-func (q *Queries) CompleteJobs(ctx context.Context, db DBTX, ids []int64, claimTokens []int64) ([]int64, error) {
-	rows, err := db.Query(ctx, completeJobs, ids, claimTokens)
+// its claim token and key (pgfence.job_complete); returns the ids that changed.
+func (q *Queries) CompleteJobs(ctx context.Context, db DBTX, arg CompleteJobsParams) ([]int64, error) {
+	rows, err := db.Query(ctx, completeJobs, arg.Ids, arg.ClaimTokens, arg.Keys)
 	if err != nil {
 		return nil, err
 	}
@@ -228,94 +166,47 @@ func (q *Queries) CompleteJobs(ctx context.Context, db DBTX, ids []int64, claimT
 	return items, nil
 }
 
-const deleteFinishedJobs = `-- name: DeleteFinishedJobs :execrows
-DELETE FROM pgfence.jobs
-WHERE id OPERATOR(pg_catalog.=) ANY (SELECT f.id FROM pgfence.jobs f
-             WHERE (f.state OPERATOR(pg_catalog.=) ANY (ARRAY['completed', 'dead']::pg_catalog.text[])) AND (f.finished_at OPERATOR(pg_catalog.<) $1::pg_catalog.timestamptz)
-             ORDER BY f.finished_at
-             LIMIT $2)
+const deleteFinishedJobs = `-- name: DeleteFinishedJobs :one
+SELECT pgfence.job_purge($1::pg_catalog.timestamptz, $2::integer)::bigint AS deleted
 `
 
 // DeleteFinishedJobs deletes up to max_jobs completed or dead jobs that
-// finished before the given time.
+// finished before the given time (pgfence.job_purge) and returns how many.
 func (q *Queries) DeleteFinishedJobs(ctx context.Context, db DBTX, finishedBefore time.Time, maxJobs int32) (int64, error) {
-	result, err := db.Exec(ctx, deleteFinishedJobs, finishedBefore, maxJobs)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const enqueueJob = `-- name: EnqueueJob :one
-
-INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
-VALUES ($1, $2, $3, coalesce($4::pg_catalog.timestamptz, pg_catalog.now()), $5)
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
-`
-
-type EnqueueJobParams struct {
-	Queue       string
-	Payload     []byte
-	Priority    int16
-	RunAt       *time.Time
-	MaxAttempts int32
-}
-
-// Queries on pgfence.jobs used by package skiplocked. Durations are passed as
-// milliseconds and added to now(): every time that decides anything is the
-// clock of the database.
-// EnqueueJob inserts one job. A NULL run_at means now() on the database clock.
-func (q *Queries) EnqueueJob(ctx context.Context, db DBTX, arg EnqueueJobParams) (PgfenceJob, error) {
-	row := db.QueryRow(ctx, enqueueJob,
-		arg.Queue,
-		arg.Payload,
-		arg.Priority,
-		arg.RunAt,
-		arg.MaxAttempts,
-	)
-	var i PgfenceJob
-	err := row.Scan(
-		&i.ID,
-		&i.Queue,
-		&i.Payload,
-		&i.Priority,
-		&i.RunAt,
-		&i.Attempts,
-		&i.MaxAttempts,
-		&i.State,
-		&i.Holder,
-		&i.ClaimToken,
-		&i.ClaimExpiresAt,
-		&i.LastError,
-		&i.CreatedAt,
-		&i.UpdatedAt,
-		&i.FinishedAt,
-		&i.ClaimOutcome,
-	)
-	return i, err
+	row := db.QueryRow(ctx, deleteFinishedJobs, finishedBefore, maxJobs)
+	var deleted int64
+	err := row.Scan(&deleted)
+	return deleted, err
 }
 
 const enqueueJobs = `-- name: EnqueueJobs :many
-INSERT INTO pgfence.jobs (queue, payload, priority, run_at, max_attempts)
-SELECT t.queue, t.payload::pg_catalog.jsonb, t.priority,
-       CASE WHEN t.run_now THEN pg_catalog.now() ELSE t.run_at END, t.max_attempts
-FROM (SELECT pg_catalog.unnest($1::pg_catalog.text[]) AS queue, pg_catalog.unnest($2::pg_catalog.text[]) AS payload,
-             pg_catalog.unnest($3::smallint[]) AS priority, pg_catalog.unnest($4::pg_catalog.timestamptz[]) AS run_at,
-             pg_catalog.unnest($5::boolean[]) AS run_now, pg_catalog.unnest($6::integer[]) AS max_attempts) AS t
-RETURNING id
+
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash
+FROM pgfence.job_enqueue($1::pg_catalog.text[], $2::pg_catalog.jsonb[], $3::smallint[],
+                         ARRAY(SELECT CASE WHEN u.run_now THEN NULL ELSE u.run_at END
+                               FROM (SELECT pg_catalog.unnest($4::pg_catalog.timestamptz[]) AS run_at,
+                                            pg_catalog.unnest($5::boolean[]) AS run_now) AS u),
+                         $6::integer[]) AS j
 `
 
 type EnqueueJobsParams struct {
 	Queues      []string
-	Payloads    []string
+	Payloads    [][]byte
 	Priorities  []int16
 	RunAts      []time.Time
 	RunNows     []bool
 	MaxAttempts []int32
 }
 
-// EnqueueJobs inserts many jobs in one statement (one NOTIFY per queue).
-func (q *Queries) EnqueueJobs(ctx context.Context, db DBTX, arg EnqueueJobsParams) ([]int64, error) {
+// Queries on pgfence.jobs used by package skiplocked. Every change of a job
+// is a call of the job functions of the schema (migrations/00001_pgfence.sql,
+// "Functions: jobs"), which hold every rule; the reads are plain SELECTs.
+// Durations are milliseconds added to now() by the functions: every time that
+// decides anything is the clock of the database.
+// EnqueueJobs inserts one job per element of the arrays (pgfence.job_enqueue)
+// and returns the rows in the order given. run_nows[i] means now() on the
+// database clock (a NULL run_at for the function).
+func (q *Queries) EnqueueJobs(ctx context.Context, db DBTX, arg EnqueueJobsParams) ([]PgfenceJob, error) {
 	rows, err := db.Query(ctx, enqueueJobs,
 		arg.Queues,
 		arg.Payloads,
@@ -328,13 +219,31 @@ func (q *Queries) EnqueueJobs(ctx context.Context, db DBTX, arg EnqueueJobsParam
 		return nil, err
 	}
 	defer rows.Close()
-	var items []int64
+	var items []PgfenceJob
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var i PgfenceJob
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Priority,
+			&i.RunAt,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.State,
+			&i.Holder,
+			&i.ClaimToken,
+			&i.ClaimExpiresAt,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+			&i.ClaimOutcome,
+			&i.ClaimKeyHash,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -343,37 +252,30 @@ func (q *Queries) EnqueueJobs(ctx context.Context, db DBTX, arg EnqueueJobsParam
 }
 
 const failJob = `-- name: FailJob :one
-UPDATE pgfence.jobs
-SET state            = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN 'dead' ELSE 'available' END,
-    run_at           = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN run_at
-                            ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $2::bigint)) END,
-    finished_at      = CASE WHEN (attempts OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN pg_catalog.now() END,
-    last_error       = $3::pg_catalog.text,
-    claim_expires_at = NULL,
-    claim_outcome    = 'failed',
-    updated_at       = pg_catalog.now()
-WHERE (id OPERATOR(pg_catalog.=) $4) AND (claim_token OPERATOR(pg_catalog.=) $5::bigint) AND (state OPERATOR(pg_catalog.=) 'running')
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash
+FROM pgfence.job_fail($1::bigint, $2::bigint, $3::pg_catalog.bytea,
+                      $4::pg_catalog.text, $5::bigint, $6::boolean) AS j
 `
 
 type FailJobParams struct {
-	GiveUp     bool
-	RetryInMs  int64
-	LastError  string
 	ID         int64
 	ClaimToken int64
+	Key        []byte
+	LastError  string
+	RetryInMs  int64
+	GiveUp     bool
 }
 
-// FailJob records a failed attempt of a job still running under the given
-// claim token: back to available with run_at pushed by retry_in_ms, or dead
-// when no attempts are left or give_up is set.
+// FailJob records a failed attempt of a job still running under its claim
+// token and key (pgfence.job_fail). No row: the claim was lost.
 func (q *Queries) FailJob(ctx context.Context, db DBTX, arg FailJobParams) (PgfenceJob, error) {
 	row := db.QueryRow(ctx, failJob,
-		arg.GiveUp,
-		arg.RetryInMs,
-		arg.LastError,
 		arg.ID,
 		arg.ClaimToken,
+		arg.Key,
+		arg.LastError,
+		arg.RetryInMs,
+		arg.GiveUp,
 	)
 	var i PgfenceJob
 	err := row.Scan(
@@ -393,38 +295,32 @@ func (q *Queries) FailJob(ctx context.Context, db DBTX, arg FailJobParams) (Pgfe
 		&i.UpdatedAt,
 		&i.FinishedAt,
 		&i.ClaimOutcome,
+		&i.ClaimKeyHash,
 	)
 	return i, err
 }
 
 const failJobTx = `-- name: FailJobTx :one
-UPDATE pgfence.jobs
-SET attempts    = (attempts OPERATOR(pg_catalog.+) 1),
-    state       = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN 'dead' ELSE 'available' END,
-    run_at      = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN run_at
-                       ELSE (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $2::bigint)) END,
-    finished_at = CASE WHEN ((attempts OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.>=) max_attempts) OR $1::boolean THEN pg_catalog.now() END,
-    last_error  = $3::pg_catalog.text,
-    updated_at  = pg_catalog.now()
-WHERE (id OPERATOR(pg_catalog.=) $4) AND (state OPERATOR(pg_catalog.=) 'available')
-RETURNING id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token, j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash
+FROM pgfence.job_fail_tx($1::bigint, $2::pg_catalog.text, $3::bigint,
+                         $4::boolean) AS j
 `
 
 type FailJobTxParams struct {
-	GiveUp    bool
-	RetryInMs int64
-	LastError string
 	ID        int64
+	LastError string
+	RetryInMs int64
+	GiveUp    bool
 }
 
 // FailJobTx records a failed attempt of a job claimed by ClaimJobsTx, in the
-// same transaction (in-transaction claims count attempts only on failure).
+// same transaction (pgfence.job_fail_tx). No row: no available job has the id.
 func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (PgfenceJob, error) {
 	row := db.QueryRow(ctx, failJobTx,
-		arg.GiveUp,
-		arg.RetryInMs,
-		arg.LastError,
 		arg.ID,
+		arg.LastError,
+		arg.RetryInMs,
+		arg.GiveUp,
 	)
 	var i PgfenceJob
 	err := row.Scan(
@@ -444,12 +340,13 @@ func (q *Queries) FailJobTx(ctx context.Context, db DBTX, arg FailJobTxParams) (
 		&i.UpdatedAt,
 		&i.FinishedAt,
 		&i.ClaimOutcome,
+		&i.ClaimKeyHash,
 	)
 	return i, err
 }
 
 const getJob = `-- name: GetJob :one
-SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) $1)
+SELECT id, queue, payload, priority, run_at, attempts, max_attempts, state, holder, claim_token, claim_expires_at, last_error, created_at, updated_at, finished_at, claim_outcome, claim_key_hash FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) $1)
 `
 
 // GetJob returns one job.
@@ -473,12 +370,13 @@ func (q *Queries) GetJob(ctx context.Context, db DBTX, id int64) (PgfenceJob, er
 		&i.UpdatedAt,
 		&i.FinishedAt,
 		&i.ClaimOutcome,
+		&i.ClaimKeyHash,
 	)
 	return i, err
 }
 
 const getJobClaims = `-- name: GetJobClaims :many
-SELECT id, state, claim_token, holder, claim_outcome FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) ANY($1::bigint[]))
+SELECT id, state, claim_token, holder, claim_outcome, claim_key_hash FROM pgfence.jobs WHERE (id OPERATOR(pg_catalog.=) ANY($1::bigint[]))
 `
 
 type GetJobClaimsRow struct {
@@ -487,11 +385,13 @@ type GetJobClaimsRow struct {
 	ClaimToken   pgtype.Int8
 	Holder       *string
 	ClaimOutcome *string
+	ClaimKeyHash []byte
 }
 
 // GetJobClaims returns the claim columns of some jobs, to say why a
-// conditional update changed nothing: the claim was taken over, or it already
-// ended with the outcome the caller is retrying.
+// conditional update changed nothing: the claim was taken over, the key is
+// not the claim's, or it already ended with the outcome the caller is
+// retrying.
 func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]GetJobClaimsRow, error) {
 	rows, err := db.Query(ctx, getJobClaims, ids)
 	if err != nil {
@@ -507,6 +407,7 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 			&i.ClaimToken,
 			&i.Holder,
 			&i.ClaimOutcome,
+			&i.ClaimKeyHash,
 		); err != nil {
 			return nil, err
 		}
@@ -519,37 +420,33 @@ func (q *Queries) GetJobClaims(ctx context.Context, db DBTX, ids []int64) ([]Get
 }
 
 const heartbeatJobs = `-- name: HeartbeatJobs :many
-WITH c AS (
-    SELECT pg_catalog.unnest($2::bigint[]) AS id, pg_catalog.unnest($3::bigint[]) AS claim_token
-), held AS (
-    SELECT h.id
-    FROM pgfence.jobs h JOIN c ON (c.id OPERATOR(pg_catalog.=) h.id) AND (c.claim_token OPERATOR(pg_catalog.=) h.claim_token)
-    WHERE (h.state OPERATOR(pg_catalog.=) 'running')
-    FOR UPDATE OF h SKIP LOCKED
-)
-UPDATE pgfence.jobs j
-SET claim_expires_at = (pg_catalog.now() OPERATOR(pg_catalog.+) (interval '1 millisecond' OPERATOR(pg_catalog.*) $1::bigint)), updated_at = pg_catalog.now()
-FROM held, c
-WHERE (j.id OPERATOR(pg_catalog.=) held.id) AND (c.id OPERATOR(pg_catalog.=) j.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
-RETURNING j.id, j.claim_expires_at
+SELECT r.id::bigint AS id, r.claim_expires_at::pg_catalog.timestamptz AS claim_expires_at
+FROM pgfence.job_renew($1::bigint[], $2::bigint[], $3::pg_catalog.bytea[],
+                       $4::bigint) AS r
 `
 
 type HeartbeatJobsParams struct {
-	TtlMs       int64
 	Ids         []int64
 	ClaimTokens []int64
+	Keys        [][]byte
+	TtlMs       int64
 }
 
 type HeartbeatJobsRow struct {
 	ID             int64
-	ClaimExpiresAt *time.Time
+	ClaimExpiresAt time.Time
 }
 
-// HeartbeatJobs extends the claims still held under the given tokens to
-// now() + ttl_ms and returns them with their new expiry. It never waits: a
-// row locked by another transaction at that moment is skipped (not extended).
+// HeartbeatJobs extends the claims still held under their tokens and keys to
+// now() + ttl_ms (pgfence.job_renew) and returns them with their new expiry.
+// A row locked by another transaction at that moment is skipped.
 func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsParams) ([]HeartbeatJobsRow, error) {
-	rows, err := db.Query(ctx, heartbeatJobs, arg.TtlMs, arg.Ids, arg.ClaimTokens)
+	rows, err := db.Query(ctx, heartbeatJobs,
+		arg.Ids,
+		arg.ClaimTokens,
+		arg.Keys,
+		arg.TtlMs,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -684,18 +581,20 @@ func (q *Queries) QueueHasUnfinished(ctx context.Context, db DBTX, queue string)
 }
 
 const releaseJobs = `-- name: ReleaseJobs :many
-UPDATE pgfence.jobs j
-SET state = 'available', attempts = greatest((j.attempts OPERATOR(pg_catalog.-) 1), 0), claim_expires_at = NULL, claim_outcome = 'released',
-    updated_at = pg_catalog.now()
-FROM (SELECT pg_catalog.unnest($1::bigint[]) AS id, pg_catalog.unnest($2::bigint[]) AS claim_token) AS c
-WHERE (j.id OPERATOR(pg_catalog.=) c.id) AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token) AND (j.state OPERATOR(pg_catalog.=) 'running')
-RETURNING j.id
+SELECT c.id::bigint AS id
+FROM pgfence.job_release($1::bigint[], $2::bigint[], $3::pg_catalog.bytea[]) AS c
 `
 
-// ReleaseJobs gives claims back unfinished: the jobs become available at once
-// and the attempt is not counted. Only claims still held under the token change.
-func (q *Queries) ReleaseJobs(ctx context.Context, db DBTX, ids []int64, claimTokens []int64) ([]int64, error) {
-	rows, err := db.Query(ctx, releaseJobs, ids, claimTokens)
+type ReleaseJobsParams struct {
+	Ids         []int64
+	ClaimTokens []int64
+	Keys        [][]byte
+}
+
+// ReleaseJobs gives claims back unfinished (pgfence.job_release): available
+// at once, the attempt not counted; returns the ids that changed.
+func (q *Queries) ReleaseJobs(ctx context.Context, db DBTX, arg ReleaseJobsParams) ([]int64, error) {
+	rows, err := db.Query(ctx, releaseJobs, arg.Ids, arg.ClaimTokens, arg.Keys)
 	if err != nil {
 		return nil, err
 	}

@@ -124,6 +124,9 @@ func mutateFunction(t *testing.T, ctx context.Context, pool *pgxpool.Pool, fn st
 const (
 	fnLockGrant   = "pgfence.lock_grant(text, text, bigint, bytea)"
 	fnLockRelease = "pgfence.lock_release(text, bigint, bytea)"
+	fnJobComplete = "pgfence.job_complete(bigint[], bigint[], bytea[])"
+
+	fnFencedValueUpsert = "pgfence.fenced_value_upsert(text, jsonb, bigint, boolean)"
 )
 
 // args orders the values of named by q's parameters.
@@ -262,11 +265,10 @@ func strictLessOrEqual(t *testing.T, pool *pgxpool.Pool, mutant bool) []history.
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	var edits []string
 	if mutant {
-		edits = []string{"WHERE (t.fence OPERATOR(pg_catalog.<) excluded.fence)", "WHERE (t.fence OPERATOR(pg_catalog.<=) excluded.fence)"}
+		mutateFunction(t, ctx, pool, fnFencedValueUpsert, "WHERE t.fence < excluded.fence", "WHERE t.fence <= excluded.fence")
 	}
-	q := shipped(t, "fencedwrite.sql", "FencedValueUpsert", edits...)
+	q := shipped(t, "fencedwrite.sql", "FencedValueUpsert")
 	for i, v := range []string{"first", "second"} {
 		p := rec.Begin(c.ID(), history.Input{Kind: history.Write, Key: history.RowKey("row"), Lock: "mut", Token: lease.Token(), Mode: "strict", Value: v})
 		var (
@@ -347,7 +349,8 @@ func handoffToEndedWait(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 }
 
 // completeStaleClaim: x's claim expires, y claims the job, and x completes
-// it; without the token condition x's completion is accepted.
+// it; without the claim conditions of pgfence.job_complete x's completion is
+// accepted.
 func completeStaleClaim(t *testing.T, pool *pgxpool.Pool, mutant bool) []history.Op {
 	ctx := testCtx(t)
 	rec := history.New()
@@ -371,13 +374,15 @@ func completeStaleClaim(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 		}
 		sleep(ctx, 10*time.Millisecond) // x's claim has not expired on the database clock yet
 	}
-	var edits []string
 	if mutant {
-		edits = []string{"AND (j.claim_token OPERATOR(pg_catalog.=) c.claim_token)", ""}
+		// Both claim conditions go: y's claim replaced the token and the
+		// key's hash, and either alone refuses x.
+		mutateFunction(t, ctx, pool, fnJobComplete, "AND j.claim_token = c.t AND j.claim_key_hash = sha256(c.k)", "")
 	}
-	q := shipped(t, "skiplocked.sql", "CompleteJobs", edits...)
+	q := shipped(t, "skiplocked.sql", "CompleteJobs")
 	p := rec.Begin(x.ID(), history.Input{Kind: history.Complete, Key: history.JobKey(job.ID), Token: xs[0].ClaimToken})
-	rows, err := pool.Query(ctx, q.sql, q.args(t, map[string]any{"ids": []int64{job.ID}, "claim_tokens": []int64{xs[0].ClaimToken}})...)
+	rows, err := pool.Query(ctx, q.sql, q.args(t, map[string]any{"ids": []int64{job.ID}, "claim_tokens": []int64{xs[0].ClaimToken},
+		"keys": [][]byte{xs[0].ClaimKey[:]}})...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
+	"github.com/pgfence/pgfence/skiplocked"
 )
 
 // hostilePath is a search_path that puts schema public, where mallory may
@@ -531,7 +532,7 @@ func TestSearchPathHijack(t *testing.T) {
 			t.Fatal(err)
 		}
 		queue := fmt.Sprintf("sp-queue-%d", id)
-		if _, err := ac.Exec(ctx, "INSERT INTO pgfence.jobs (queue) VALUES ($1)", queue); err != nil {
+		if _, err := skiplocked.Enqueue(ctx, ac, skiplocked.EnqueueParams{Queue: queue}); err != nil {
 			t.Fatalf("%s: insert a job as %s: %v", name, app, err)
 		}
 		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
