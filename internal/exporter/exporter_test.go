@@ -900,7 +900,7 @@ func TestExportOlderSchema(t *testing.T) {
 	}
 }
 
-// TestExportLeastPrivilege: the application role (the README's runtime
+// TestExportLeastPrivilege: the application role (docs/migrations.md's
 // grants) can send jobs to dead without any grant on the counter table and
 // cannot change it; a reader role with SELECT on three tables runs the
 // exporter.
@@ -915,11 +915,10 @@ func TestExportLeastPrivilege(t *testing.T) {
 		EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
 		END $$`, role))
 	}
+	for _, g := range pgtest.DocGrants(t, "migrations.md", "app", "pgfence_exp_app") {
+		exec(t, admin, g)
+	}
 	exec(t, admin, `
-		GRANT USAGE ON SCHEMA pgfence TO pgfence_exp_app;
-		GRANT SELECT, INSERT, UPDATE ON pgfence.locks TO pgfence_exp_app;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON pgfence.jobs, pgfence.fenced_values TO pgfence_exp_app;
-		GRANT USAGE ON SEQUENCE pgfence.jobs_claim_token_seq TO pgfence_exp_app;
 		GRANT USAGE ON SCHEMA pgfence TO pgfence_exp_reader;
 		GRANT SELECT ON pgfence.lock_status, pgfence.jobs, pgfence.job_dead_counts TO pgfence_exp_reader;`)
 	as := func(role string) *pgxpool.Pool {
