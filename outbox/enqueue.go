@@ -82,7 +82,7 @@ type Result struct {
 // grant's (a zero pglock.Lease): its Key must not be called then.
 func checkLease(lease *pglock.Lease) error {
 	if lease == nil {
-		return fmt.Errorf("%w: pass the *pglock.Lease that authorises the intent", ErrNilLease)
+		return fmt.Errorf("%w: nil lease: pass the *pglock.Lease that authorises the intent", ErrInvalidToken)
 	}
 	if token := lease.Token(); token <= 0 {
 		return fmt.Errorf("%w: %d", ErrInvalidToken, token)
@@ -164,7 +164,7 @@ func cutForError(s string) string {
 // [ErrStaleToken] (which is [fencedwrite.ErrStaleToken]); a token the lock
 // never issued, or a lock that does not exist, one matching
 // [ErrTokenNotIssued]; a lease released or expired (or a key that is not the
-// lease's), one matching [ErrLeaseNotHeld] and [pglock.ErrLeaseLost].
+// lease's), one matching [pglock.ErrLeaseLost].
 // Nothing is recorded then. The token is checked again when the transaction
 // commits, with the lock row locked until the commit ends: if a grant
 // committed in between, the COMMIT fails (SQLSTATE PF003; see
@@ -176,7 +176,7 @@ func cutForError(s string) string {
 // Result describes that intent with Duplicate set: the first intent wins.
 //
 // Bad input is refused before any SQL runs, with an error matching
-// [ErrNilLease], [ErrInvalidToken], [ErrInvalidLockName], [ErrInvalidTopic],
+// [ErrInvalidToken] (also for a nil lease), [ErrInvalidLockName], [ErrInvalidTopic],
 // [ErrInvalidKey], [ErrInvalidPayload], [ErrInvalidIntent] or [ErrNilDB].
 func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Result, error) {
 	if nilcheck.IsNil(db) {

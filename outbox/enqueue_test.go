@@ -55,7 +55,7 @@ func TestEnqueueFenced(t *testing.T) {
 	if refused.Token != old.Token() || refused.Latest != cur.Token() || refused.Key != "settle:7:day2" || stale.Fence != cur.Token() {
 		t.Errorf("stale refusal %+v / %+v, want token %d latest %d key settle:7:day2", refused, stale, old.Token(), cur.Token())
 	}
-	if errors.Is(err, outbox.ErrLeaseNotHeld) || errors.Is(err, pglock.ErrLeaseLost) {
+	if errors.Is(err, pglock.ErrLeaseLost) {
 		t.Errorf("stale token: %v also matches the lease-not-held refusal", err)
 	}
 	// A stale holder is refused even for a key already recorded.
@@ -85,7 +85,7 @@ func TestEnqueueFenced(t *testing.T) {
 
 // TestEnqueueLeaseNotHeld: a lease whose token is still the lock's latest
 // records nothing once it is released or expired, nor with a key that is not
-// its own: ErrLeaseNotHeld, which also matches pglock.ErrLeaseLost. A lease
+// its own: pglock.ErrLeaseLost. A lease
 // that expires after its Enqueue, granted to nobody else, still commits: the
 // COMMIT checks the token.
 func TestEnqueueLeaseNotHeld(t *testing.T) {
@@ -101,9 +101,9 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 		_, err := outbox.Enqueue(b.ctx, b.pool, l, intent("k-"+what))
 		var refused *outbox.RefusedError
 		var lost *pglock.LeaseLostError
-		if !errors.Is(err, outbox.ErrLeaseNotHeld) || !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
+		if !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
 			!errors.As(err, &lost) {
-			t.Fatalf("%s lease: %v (%T), want a RefusedError matching ErrLeaseNotHeld and pglock.ErrLeaseLost", what, err, err)
+			t.Fatalf("%s lease: %v (%T), want a RefusedError matching pglock.ErrLeaseLost", what, err, err)
 		}
 		if refused.LockName != l.Name() || refused.Token != l.Token() || refused.Latest != l.Token() || refused.Key != "k-"+what ||
 			lost.Name != l.Name() || lost.Token != l.Token() || lost.Holder != l.Holder() {
@@ -123,9 +123,9 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 	for what, key := range map[string][]byte{"a made-up key": []byte("0123456789abcdef"), "another Locker's key": otherKey} {
 		err := enqueueSQL(b, held.Name(), held.Token(), key, "k-wrong")
 		var refused *outbox.RefusedError
-		if !errors.Is(err, outbox.ErrLeaseNotHeld) || !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
+		if !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
 			refused.LockName != held.Name() || refused.Token != held.Token() || !strings.Contains(err.Error(), "not held") {
-			t.Fatalf("%s: %v (%+v), want ErrLeaseNotHeld for %s token %d", what, err, refused, held.Name(), held.Token())
+			t.Fatalf("%s: %v (%+v), want pglock.ErrLeaseLost for %s token %d", what, err, refused, held.Name(), held.Token())
 		}
 	}
 	if n, jobs := b.counts(t); n != 0 || jobs != 0 {
@@ -206,7 +206,7 @@ func TestEnqueueBadInput(t *testing.T) {
 		in    outbox.Intent
 		want  error
 	}{
-		{"nil lease", nil, intent("k-1"), outbox.ErrNilLease},
+		{"nil lease", nil, intent("k-1"), outbox.ErrInvalidToken},
 		{"zero lease (token 0)", new(pglock.Lease), intent("k-1"), outbox.ErrInvalidToken},
 		{"empty topic", l, with(func(in *outbox.Intent) { in.Topic = "" }), outbox.ErrInvalidTopic},
 		{"huge topic", l, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", outbox.MaxTopicBytes+1) }), outbox.ErrInvalidTopic},

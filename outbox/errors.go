@@ -35,16 +35,6 @@ var (
 	// mistyped token), or no lock has that name. Nothing was recorded. The
 	// error is a [*RefusedError].
 	ErrTokenNotIssued = errors.New("outbox: token not issued by the lock")
-	// ErrLeaseNotHeld means the lease's token is the lock's latest grant, but
-	// the lease is not held with the lease's key: it was released, or it
-	// expired on the database's clock (or the key is not the one the lease
-	// was granted with). Nothing was recorded; take the lock again. The error
-	// is a [*RefusedError] that also unwraps to a [*pglock.LeaseLostError],
-	// so errors.Is(err, [pglock.ErrLeaseLost]) holds too.
-	ErrLeaseNotHeld = errors.New("outbox: lease not held with its key")
-	// ErrNilLease means [Enqueue] was given no lease: every intent is
-	// recorded under the lease of its lock.
-	ErrNilLease = errors.New("outbox: nil lease")
 	// ErrInvalidToken means a token is <= 0.
 	ErrInvalidToken = errors.New("outbox: invalid token: must be > 0")
 	// ErrInvalidLockName means a lock name is not 1..512 bytes of UTF-8
@@ -74,7 +64,8 @@ var (
 // RefusedError reports an intent the database refused because its token is
 // not the latest grant of its lock, or because the lease is not held with its
 // key. errors.Is(err, Reason) holds: Reason is [ErrStaleToken],
-// [ErrTokenNotIssued] or [ErrLeaseNotHeld]. For a stale token, Unwrap returns
+// [ErrTokenNotIssued] or [pglock.ErrLeaseLost] (the lease was released,
+// expired on the database's clock, or the key is not its key). For a stale token, Unwrap returns
 // a [*fencedwrite.StaleTokenError] (Token, and Fence = Latest); for a lease
 // not held, a [*pglock.LeaseLostError] (Name, Holder, Token) whose cause is
 // the server's error.
@@ -82,7 +73,7 @@ var (
 // The refusal comes from [Enqueue], or from the COMMIT of the caller's
 // transaction when a grant committed after Enqueue returned: pass the
 // commit's error through [TranslateError] to get this type (the COMMIT checks
-// the token only, so it never refuses with ErrLeaseNotHeld).
+// the token only, so it never refuses with pglock.ErrLeaseLost).
 type RefusedError struct {
 	Reason   error
 	LockName string // the lock named by the intent ("" when refused at COMMIT)
@@ -98,7 +89,7 @@ func (e *RefusedError) Error() string {
 	case e.Reason == ErrStaleToken:
 		return fmt.Sprintf("outbox: intent refused: stale token %d, lock %q has granted %d since (key %s)",
 			e.Token, e.LockName, e.Latest, e.Key)
-	case e.Reason == ErrLeaseNotHeld:
+	case e.Reason == pglock.ErrLeaseLost:
 		return fmt.Sprintf("outbox: intent refused: the lease of lock %q with token %d is not held with its key "+
 			"(released, expired, or another key) (key %s)", e.LockName, e.Token, e.Key)
 	default:
@@ -171,7 +162,7 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		}
 		return r
 	case sqlStateLeaseNotHeld:
-		r := &RefusedError{Reason: ErrLeaseNotHeld, LockName: lock}
+		r := &RefusedError{Reason: pglock.ErrLeaseLost, LockName: lock}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			parseNotIssued(pgErr.Detail, r)

@@ -55,7 +55,7 @@ func (c *Client) at(t time.Time) int64 {
 func invalid(err error) bool {
 	var inv *pglock.InvalidError
 	return errors.As(err, &inv) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
-		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) || errors.Is(err, outbox.ErrNilLease) ||
+		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) ||
 		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
 		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
 		errors.Is(err, skiplocked.ErrInvalidToken)
@@ -288,7 +288,7 @@ func (c *Client) Enqueued(lock string, token int64, key string, enqueue func() e
 		c.end(p, Output{Outcome: Stale})
 	case errors.Is(err, outbox.ErrTokenNotIssued):
 		c.end(p, Output{Outcome: NotIssued})
-	case errors.Is(err, outbox.ErrLeaseNotHeld):
+	case errors.Is(err, pglock.ErrLeaseLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
