@@ -219,8 +219,9 @@ func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run f
 	ids := make([]int64, len(refs))
 	tokens := make([]int64, len(refs))
 	keys := make([][]byte, len(refs))
-	for i, r := range refs {
-		if err := checkRef(r); err != nil {
+	for i := range refs {
+		r := &refs[i] // keys[i] points into refs: no copy of the key per ref
+		if err := checkRef(*r); err != nil {
 			return nil, err
 		}
 		ids[i], tokens[i], keys[i] = r.JobID, r.Token, r.Key[:]
