@@ -1,0 +1,347 @@
+#!/usr/bin/env python3
+"""A small pgfence client in Python: leases, fenced writes and leased job claims.
+
+This is an example, not a package: copy what you need. It uses only the
+standard library and psycopg 3 (Debian: apt-get install python3-psycopg), and
+calls pgfence's door, the SECURITY DEFINER functions of schema pgfence that a
+role with the grants of docs/migrations.md may execute. Every rule of a lease
+or a claim is in those functions; this file only passes arguments and reads
+results. Every call runs in autocommit mode (one statement, one transaction)
+unless it says otherwise.
+
+Two rules make it safe, in any language:
+
+* A lease's key is a secret of its holder: 16 random bytes drawn per grant
+  here (secrets.token_bytes). The database keeps only its SHA-256; renewing
+  and releasing need the key, the token is public.
+* Every write a lease protects is fenced: ``SET ..., fence = token WHERE key
+  AND fence < token``. A holder paused past its lease (GC, swap, SIGSTOP)
+  still believes it holds it; the fence refuses its late write because a newer
+  holder wrote a larger token. Checking Lease.valid() first is not enough: the
+  pause can fall between the check and the write.
+
+The command line (python3 pgfence.py lease-worker|job-worker --help) drives
+the cross-language tests of internal/crosslang.
+"""
+
+import argparse
+import json
+import secrets
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+KEY_BYTES = 16
+
+
+class LeaseHeld(Exception):
+    """The lease is held by someone else (held_by, expires_at on the database clock)."""
+
+    def __init__(self, name, held_by, expires_at):
+        super().__init__(f"lease {name!r} is held by {held_by!r} until {expires_at}")
+        self.name, self.held_by, self.expires_at = name, held_by, expires_at
+
+
+class LeaseLost(Exception):
+    """The lease expired, was released or was granted to someone else: stop writing."""
+
+
+class StaleToken(Exception):
+    """A fenced write changed no row: a newer token wrote it (or the key does not exist)."""
+
+    def __init__(self, table, key, token, fence):
+        super().__init__(f"write to {table} key {key!r} refused: token {token}, row fence {fence}")
+        self.table, self.key, self.token, self.fence = table, key, token, fence
+
+
+@dataclass
+class Lease:
+    """A granted lease. token fences every write; key renews and releases it.
+
+    deadline is local (time.monotonic()): the send time of the grant or
+    renewal plus the TTL, never later than the database's expiry, so a lease
+    ends here no later than in the database even if the clocks drift.
+    """
+
+    name: str
+    holder: str
+    token: int
+    key: bytes = field(repr=False)
+    ttl: float
+    deadline: float
+    expires_at: object  # database clock (datetime)
+
+    def remaining(self):
+        """Seconds left before the local deadline (negative when passed)."""
+        return self.deadline - time.monotonic()
+
+    def valid(self):
+        """True while the local deadline has not passed."""
+        return self.remaining() > 0
+
+
+def _deadline(sent, ttl, expires_at, db_now):
+    # The database's expiry measured on its own clock, moved to ours from the
+    # send time: the grant was made after we sent it, so this is never late.
+    return sent + min(ttl, (expires_at - db_now).total_seconds())
+
+
+def acquire(conn, name, ttl, holder):
+    """Grant lease name to holder for ttl seconds if it is free or expired.
+
+    Returns a Lease with a fresh 16-byte key; raises LeaseHeld if someone else
+    holds it. conn should be in autocommit mode.
+    """
+    key = secrets.token_bytes(KEY_BYTES)
+    for _ in range(10):
+        sent = time.monotonic()
+        token, expires_at, held_by, db_now = conn.execute(
+            "SELECT token, expires_at, held_by, db_now"
+            " FROM pgfence.lock_grant(%s::text, %s::text, %s::bigint, %s::bytea)",
+            (name, holder, int(ttl * 1e6), key),
+        ).fetchone()
+        if token is not None:
+            return Lease(name, holder, token, key, ttl, _deadline(sent, ttl, expires_at, db_now), expires_at)
+        if held_by is not None:
+            raise LeaseHeld(name, held_by, expires_at)
+        # All NULL: the lease changed under the call (released or expired): again.
+    raise LeaseHeld(name, None, None)
+
+
+def renew(conn, lease, ttl=None):
+    """Extend the lease by ttl seconds (default: its TTL); raises LeaseLost."""
+    ttl = lease.ttl if ttl is None else ttl
+    sent = time.monotonic()
+    expires_at, db_now = conn.execute(
+        "SELECT expires_at, db_now FROM pgfence.lock_renew(%s::text, %s::bigint, %s::bytea, %s::bigint)",
+        (lease.name, lease.token, lease.key, int(ttl * 1e6)),
+    ).fetchone()
+    if expires_at is None:
+        raise LeaseLost(f"lease {lease.name!r} token {lease.token} is lost")
+    lease.ttl, lease.expires_at = ttl, expires_at
+    lease.deadline = _deadline(sent, ttl, expires_at, db_now)
+    return lease
+
+
+def release(conn, lease):
+    """Give the lease back (the token stays in the row); raises LeaseLost."""
+    (released,) = conn.execute(
+        "SELECT released FROM pgfence.lock_release(%s::text, %s::bigint, %s::bytea)",
+        (lease.name, lease.token, lease.key),
+    ).fetchone()
+    if not released:
+        raise LeaseLost(f"lease {lease.name!r} token {lease.token} is lost")
+
+
+def fenced_update(conn, table, key_column, key, values, token, fence_column="fence"):
+    """UPDATE table SET values..., fence = token WHERE key_column = key AND fence < token.
+
+    The strict fence rule: one write per row per grant, and none once a newer
+    token wrote the row. 0 rows changed raises StaleToken (with the row's
+    fence, None if there is no such row). Identifiers are quoted; values and
+    token are parameters.
+    """
+    sets = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values]
+    sets.append(sql.SQL("{} = %s").format(sql.Identifier(fence_column)))
+    stmt = sql.SQL("UPDATE {} SET {} WHERE {} = %s AND {} < %s").format(
+        sql.Identifier(*table.split(".")), sql.SQL(", ").join(sets),
+        sql.Identifier(key_column), sql.Identifier(fence_column))
+    cur = conn.execute(stmt, [*values.values(), token, key, token])
+    if cur.rowcount != 1:
+        row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} = %s").format(
+            sql.Identifier(fence_column), sql.Identifier(*table.split(".")), sql.Identifier(key_column)),
+            (key,)).fetchone()
+        raise StaleToken(table, key, token, row[0] if row else None)
+
+
+@dataclass
+class Claim:
+    """A leased claim of one job: complete or fail it with (id, token, key)."""
+
+    id: int
+    token: int
+    key: bytes = field(repr=False)
+    payload: object
+    attempts: int
+    deadline: float  # local, time.monotonic(): send time + TTL
+
+
+def enqueue(conn, queue, payloads):
+    """Insert one job per payload (JSON-serialisable) into queue; returns their ids."""
+    n = len(payloads)
+    rows = conn.execute(
+        "SELECT id FROM pgfence.job_enqueue(%s::text[], %s::jsonb[], %s::smallint[], %s::timestamptz[], %s::integer[])",
+        ([queue] * n, [json.dumps(p) for p in payloads], [0] * n, [None] * n, [25] * n),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def claim(conn, queue, holder, ttl, max_jobs):
+    """Claim up to max_jobs jobs of queue for ttl seconds (database clock), with a fresh key."""
+    key = secrets.token_bytes(KEY_BYTES)
+    sent = time.monotonic()
+    rows = conn.execute(
+        "SELECT id, claim_token, payload, attempts"
+        " FROM pgfence.job_claim(%s::text, %s::text, %s::bigint, %s::integer, %s::bytea)",
+        (queue, holder, int(ttl * 1000), max_jobs, key),
+    ).fetchall()
+    return [Claim(i, t, key, p, a, sent + ttl) for i, t, p, a in rows]
+
+
+def complete(conn, claims):
+    """Complete the claims still held; returns the set of ids completed.
+
+    A claim missing from the result was lost (expired and taken over): the
+    completion changed nothing. To make a job's effect and its completion
+    one, call this inside the transaction that wrote the effect, and roll
+    back when the id is missing.
+    """
+    rows = conn.execute(
+        "SELECT id FROM pgfence.job_complete(%s::bigint[], %s::bigint[], %s::bytea[])",
+        ([c.id for c in claims], [c.token for c in claims], [c.key for c in claims]),
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def fail(conn, c, error, retry_in=0.0, give_up=False):
+    """Record a failed attempt: the job runs again after retry_in seconds (or goes dead).
+
+    Returns False if the claim was lost (nothing changed).
+    """
+    row = conn.execute(
+        "SELECT id FROM pgfence.job_fail(%s::bigint, %s::bigint, %s::bytea, %s::text, %s::bigint, %s::boolean)",
+        (c.id, c.token, c.key, error, int(retry_in * 1000), give_up),
+    ).fetchone()
+    return row is not None
+
+
+def _say(*words):
+    print(*words, flush=True)
+
+
+def lease_worker(args):
+    """Take the lease (waiting while it is held), then obey commands from stdin.
+
+    Commands, one per line: "write ID VALUE" (fenced_update of table's row
+    ID), "raw ID VALUE" (the same without the fence condition, as a code path
+    that forgot it would: the guard refuses it), "renew", "release", "exit".
+    The worker writes whatever it is told, even past its local deadline, to
+    show what the database refuses; an application checks lease.valid() first.
+    Each result is one line: "ok ...", "refused ...".
+    """
+    conn = psycopg.connect(args.dsn, autocommit=True)
+    stop = time.monotonic() + args.wait
+    while True:
+        try:
+            lease = acquire(conn, args.name, args.ttl_ms / 1000, args.holder)
+            break
+        except LeaseHeld:
+            if time.monotonic() > stop:
+                raise
+            time.sleep(0.02)
+    _say("acquired", lease.token)
+    for line in iter(sys.stdin.readline, ""):
+        cmd = line.strip().split(maxsplit=2)
+        if not cmd:
+            continue
+        op = cmd[0]
+        try:
+            if op == "write":
+                fenced_update(conn, args.table, "id", int(cmd[1]), {"v": cmd[2]}, lease.token)
+                _say("ok write", cmd[1], lease.token, "local-valid=%s" % lease.valid())
+            elif op == "raw":
+                conn.execute(sql.SQL("UPDATE {} SET v = %s, fence = %s WHERE id = %s").format(
+                    sql.Identifier(*args.table.split("."))), (cmd[2], lease.token, int(cmd[1])))
+                _say("ok raw", cmd[1], lease.token)
+            elif op == "renew":
+                renew(conn, lease)
+                _say("ok renew")
+            elif op == "release":
+                release(conn, lease)
+                _say("ok release")
+            elif op == "exit":
+                break
+            else:
+                _say("error unknown command", op)
+        except StaleToken as e:
+            _say("refused", op, cmd[1], "stale", "fence=%s" % e.fence, "local-valid=%s" % lease.valid())
+        except LeaseLost:
+            _say("refused", op, "lost")
+        except psycopg.Error as e:
+            _say("refused", op, cmd[1] if len(cmd) > 1 else "-", e.sqlstate or "no-sqlstate")
+    conn.close()
+
+
+def job_worker(args):
+    """Drain a queue: claim, record each job's effect and complete it in one transaction.
+
+    The effect is a row (job_id, claim_token, who) in args.effects; it commits
+    only if job_complete accepted the claim, so a stale worker's effect rolls
+    back. A payload {"fail_once": true} fails its first attempt (job_fail,
+    retried at once). With --hold N the N-th non-empty claim prints "held
+    ID:TOKEN,..." and waits for a line on stdin before handling it (the test
+    pauses the process there). Prints "done ID TOKEN", "stale ID TOKEN",
+    "failed ID TOKEN", and "drained" when the queue has no available or
+    running job left.
+    """
+    conn = psycopg.connect(args.dsn, autocommit=True)
+    effects = sql.Identifier(*args.effects.split("."))
+    claims_seen = 0
+    while True:
+        batch = claim(conn, args.queue, args.holder, args.ttl_ms / 1000, args.batch)
+        if not batch:
+            (left,) = conn.execute(
+                "SELECT count(*) FROM pgfence.jobs WHERE queue = %s AND state IN ('available', 'running')",
+                (args.queue,)).fetchone()
+            if left == 0:
+                break
+            time.sleep(0.02)  # poll: the jobs left are claimed by others or not due yet
+            continue
+        claims_seen += 1
+        if claims_seen == args.hold:
+            _say("held", ",".join(f"{c.id}:{c.token}" for c in batch))
+            sys.stdin.readline()
+        for c in batch:
+            if isinstance(c.payload, dict) and c.payload.get("fail_once") and c.attempts == 1:
+                _say("failed" if fail(conn, c, "first attempt fails") else "stale", c.id, c.token)
+                continue
+            done = False
+            with conn.transaction():  # effect and completion commit together, or not at all
+                conn.execute(sql.SQL("INSERT INTO {} (job_id, claim_token, who) VALUES (%s, %s, %s)")
+                             .format(effects), (c.id, c.token, args.holder))
+                if c.id not in complete(conn, [c]):
+                    raise psycopg.Rollback()  # the claim was lost: undo the effect
+                done = True
+            _say("done" if done else "stale", c.id, c.token)
+    _say("drained")
+    conn.close()
+
+
+def main(argv=None):
+    """Command line: lease-worker and job-worker (see their docstrings)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    lw = sub.add_parser("lease-worker", help=lease_worker.__doc__.splitlines()[0])
+    lw.add_argument("--dsn", required=True)
+    lw.add_argument("--name", required=True)
+    lw.add_argument("--holder", required=True)
+    lw.add_argument("--ttl-ms", type=int, required=True)
+    lw.add_argument("--table", required=True, help="fenced table with columns id, v, fence")
+    lw.add_argument("--wait", type=float, default=60, help="seconds to wait for a held lease")
+    jw = sub.add_parser("job-worker", help=job_worker.__doc__.splitlines()[0])
+    jw.add_argument("--dsn", required=True)
+    jw.add_argument("--queue", required=True)
+    jw.add_argument("--holder", required=True)
+    jw.add_argument("--ttl-ms", type=int, default=30000)
+    jw.add_argument("--batch", type=int, default=5)
+    jw.add_argument("--effects", required=True, help="table (job_id, claim_token, who)")
+    jw.add_argument("--hold", type=int, default=0, help="wait for stdin before handling the N-th claim")
+    args = p.parse_args(argv)
+    {"lease-worker": lease_worker, "job-worker": job_worker}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
