@@ -64,7 +64,7 @@ func TestPythonAndGoDrainOneQueue(t *testing.T) {
 	}
 
 	pyw := startProc(t, "python job worker", nil, py.exe, clientPath(t), "job-worker", "--dsn", roleDSN,
-		"--queue", jobQueue, "--holder", pyHolder, "--ttl-ms", "1000", "--batch", "5", "--effects", effectsTable, "--hold", "3")
+		"--queue", jobQueue, "--holder", pyHolder, "--ttl-ms", "300", "--batch", "5", "--effects", effectsTable, "--hold", "3")
 	var pyLines []string
 	l, before := pyw.expect("done ", lineWait) // the Python worker is at work: start the Go one
 	pyLines = append(append(pyLines, before...), l)
@@ -83,7 +83,7 @@ func TestPythonAndGoDrainOneQueue(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO "+effectsTable+" (job_id, claim_token, who) VALUES ($1, $2, $3)",
 			job.ID, job.ClaimToken, goHolder)
 		return err
-	}, &skiplocked.Config{Holder: goHolder, Concurrency: 4, PollInterval: 20 * time.Millisecond,
+	}, &skiplocked.Config{Holder: goHolder, Concurrency: 2, PollInterval: 20 * time.Millisecond,
 		Backoff: func(int) time.Duration { return time.Millisecond }})
 	if err != nil {
 		t.Fatal(err)
