@@ -16,7 +16,7 @@ demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_U
 test: test-deps $(SQLC) ## run the whole test suite with the race detector (installs sqlc into .bin for the end-to-end tests)
 	go test -race ./...
 
-test-deps: ## install the Debian packages some tests need (pgbouncer, faketime, patroni, etcd-server) when missing
+test-deps: ## install the Debian packages some tests need (pgbouncer, faketime, patroni, etcd-server, prometheus, python3-psycopg) when missing
 	@bash scripts/test-deps.sh
 
 $(SQLC):
