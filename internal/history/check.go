@@ -116,8 +116,15 @@ func Check(ops []Op) ([]Violation, Summary) {
 		if name == "lease" {
 			for _, k := range keys {
 				b := unseenBudget(byKey[k])
+				g := &tokenSet{m: map[int64]bool{}}
+				for _, o := range byKey[k] {
+					if o.Input.Kind == Acquire && o.Output.Outcome == OK {
+						g.m[o.Output.Token] = true
+					}
+				}
 				for i := range byKey[k] {
 					byKey[k][i].Input.Budget = b
+					byKey[k][i].Input.granted = g
 				}
 			}
 		}

@@ -88,7 +88,16 @@ type Input struct {
 	// Budget (acquire, ghost) is the number of tokens of the lock that no
 	// returned grant has, set by the checker.
 	Budget int64 `json:"-"`
+	// granted (acquire, ghost) holds the tokens of the lock that a returned
+	// grant has, set by the checker: no unseen grant can have one of them.
+	granted *tokenSet
 }
+
+// tokenSet is a set of tokens of one lock.
+type tokenSet struct{ m map[int64]bool }
+
+// has reports whether t is in the set (false for a nil set).
+func (s *tokenSet) has(t int64) bool { return s != nil && s.m[t] }
 
 // Output is what the client saw. Times are microseconds since the Unix
 // epoch on the database clock; 0 means not returned.
@@ -249,10 +258,30 @@ func (r *Recorder) Ops() []Op {
 }
 
 // lostInCrash reports whether release o may have been undone by one of the
-// crashes: called before it, and returned no earlier than LossWindow before.
+// crashes: called before it, returned no earlier than LossWindow before, and
+// not flushed by a later synchronous commit before it. A grant or renewal
+// commits with synchronous_commit on: it returns only once the WAL is flushed
+// up to its commit record. One that was called after o returned has its
+// commit record after o's, so if it returned ok before the crash was sent,
+// o's commit was on disk too and the crash cannot undo it.
 func (r *Recorder) lostInCrash(o Op) bool {
 	for _, c := range r.crashes {
-		if o.Call < c+int64(time.Second) && o.Return >= c-int64(LossWindow) {
+		if o.Call < c+int64(time.Second) && o.Return >= c-int64(LossWindow) && !r.flushedBefore(o, c) {
+			return true
+		}
+	}
+	return false
+}
+
+// flushedBefore reports whether some grant or renewal in the history that
+// returned ok before crash c was called after o returned (see lostInCrash).
+func (r *Recorder) flushedBefore(o Op, c int64) bool {
+	if o.Return == math.MaxInt64 {
+		return false // never returned: nothing orders a later commit after it
+	}
+	for _, w := range r.ops {
+		if (w.Input.Kind == Acquire || w.Input.Kind == Renew) && w.Output.Outcome == OK &&
+			w.Call > o.Return && w.Return < c {
 			return true
 		}
 	}

@@ -308,3 +308,79 @@ func TestJournal(t *testing.T) {
 		t.Errorf("cut op %v: want the release, unknown, open", ops[1])
 	}
 }
+
+// A release that returned just before a crash may be undone by it, unless a
+// grant or renewal called after it returned ok before the crash (its
+// synchronous commit flushed the release's commit record first).
+func TestLostInCrashFlushedByLaterGrant(t *testing.T) {
+	ttl := time.Second
+	cases := []struct {
+		name  string
+		ops   []Op
+		lossy bool
+	}{
+		{"no later commit", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 101, "a", 1, OK),
+		}, true},
+		{"a later grant acknowledged before the crash", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 101, "a", 1, OK),
+			grant(1, 102, 103, "b", 2, 102000, ttl),
+		}, false},
+		{"a later renewal acknowledged before the crash", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 101, "a", 1, OK),
+			op(1, 150, 160, Input{Kind: Renew, Key: "M", Holder: "c", Token: 7, TTL: ttl}, Output{Outcome: OK}),
+		}, false},
+		{"the grant started before the release returned", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 110, "a", 1, OK),
+			grant(1, 105, 120, "b", 2, 105000, ttl),
+		}, true},
+		{"the grant returned after the crash", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 101, "a", 1, OK),
+			grant(1, 102, 300, "b", 2, 102000, ttl),
+		}, true},
+		{"a later busy answer flushes nothing", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 100, 101, "a", 1, OK),
+			op(1, 102, 103, Input{Kind: Acquire, Key: "L", Holder: "b", TTL: ttl}, Output{Outcome: Busy}),
+		}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New()
+			r.Add(tc.ops...)
+			r.crashes = append(r.crashes, 200*ms)
+			var got *Op
+			for _, o := range r.Ops() {
+				if o.Input.Kind == Release {
+					got = &o
+				}
+			}
+			if got == nil || got.Input.Lossy != tc.lossy {
+				t.Fatalf("release lossy = %v, want %v", got != nil && got.Input.Lossy, tc.lossy)
+			}
+		})
+	}
+}
+
+// An unseen grant never takes a token that a returned grant has: that
+// grant would then have no legal place (tokens only rise), so the search
+// does not fork on it.
+func TestGhostsSkipReturnedTokens(t *testing.T) {
+	s := leaseState{Token: 4}
+	free := ghosts(s, "c", 1000, 10, &tokenSet{m: map[int64]bool{7: true}})
+	// Tokens 5 and 6 may be unseen grants (each held or given back); 7 is
+	// a returned grant's, so the chain stops before it.
+	if len(free) != 5 {
+		t.Fatalf("ghosts from token 4 with 7 returned: %d states, want 5: %v", len(free), free)
+	}
+	for _, st := range free {
+		if tok := st.(leaseState).Token; tok > 6 {
+			t.Errorf("an unseen grant took token %d, which a returned grant has", tok)
+		}
+	}
+	if got := ghosts(s, "c", 1000, 10, &tokenSet{m: map[int64]bool{5: true}}); len(got) != 1 {
+		t.Errorf("ghosts with the next token returned: %d states, want only the unchanged one", len(got))
+	}
+	if got := ghosts(s, "c", 1000, 10, nil); len(got) != 1+2*maxGhosts {
+		t.Errorf("ghosts with no returned tokens: %d states, want %d", len(got), 1+2*maxGhosts)
+	}
+}

@@ -60,15 +60,17 @@ const maxGhosts = 3
 // call that returned at returnWall (µs on the database clock of this
 // machine; unknownExpiry if it never returned).
 //
-// Every unseen grant takes a token that no returned grant has: budget, the
-// number of such tokens up to the highest token any output named, bounds
-// them over the whole history (an unseen grant above it conflicts with
-// nothing observed).
-func ghosts(s leaseState, holder string, returnWall, budget int64) []any {
+// Every unseen grant takes a token that no returned grant has: granted holds
+// the tokens returned grants have (a grant of one of them would leave its
+// returned grant no legal place, tokens only rise), and budget, the number
+// of other tokens up to the highest token any output named, bounds them over
+// the whole history (an unseen grant above it conflicts with nothing
+// observed).
+func ghosts(s leaseState, holder string, returnWall, budget int64, granted *tokenSet) []any {
 	out := []any{s}
 	cur := s
 	for range maxGhosts {
-		if cur.Unseen >= budget {
+		if cur.Unseen >= budget || granted.has(cur.Token+1) {
 			return out
 		}
 		if cur.Holder != "" && cur.Expires != unknownExpiry && cur.Expires > returnWall {
@@ -130,10 +132,10 @@ func leaseStep(st any, input any, output any) []any {
 			// Not applied, or granted (perhaps more than once) and
 			// perhaps given back: see ghost. The grant this call asked
 			// for is one of them.
-			return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
+			return ghosts(s, in.Holder, in.ReturnWall, in.Budget, in.granted)
 		}
 	case ghost:
-		return ghosts(s, in.Holder, in.ReturnWall, in.Budget)
+		return ghosts(s, in.Holder, in.ReturnWall, in.Budget, in.granted)
 	case giveBack:
 		if s.Ghost && s.Holder == in.Holder {
 			return []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}}
