@@ -1917,9 +1917,9 @@ BEGIN
             coalesce(n::text || ' elements', 'NULL') USING ERRCODE = 'PF011';
     ELSIF cardinality(tokens) IS DISTINCT FROM n OR cardinality(keys) IS DISTINCT FROM n THEN
         RAISE EXCEPTION '%: ids, tokens and keys must have the same length (%)', fn, n USING ERRCODE = 'PF011';
-    ELSIF EXISTS (SELECT 1 FROM unnest(ids) AS i(v) WHERE i.v IS NULL OR i.v <= 0) THEN
+    ELSIF (0 < ALL (ids)) IS NOT TRUE THEN -- a NULL or an id <= 0
         RAISE EXCEPTION '%: every id must be > 0', fn USING ERRCODE = 'PF011';
-    ELSIF EXISTS (SELECT 1 FROM unnest(tokens) AS t(v) WHERE t.v IS NULL OR t.v <= 0) THEN
+    ELSIF (0 < ALL (tokens)) IS NOT TRUE THEN
         RAISE EXCEPTION '%: every token must be > 0', fn USING ERRCODE = 'PF011';
     ELSIF EXISTS (SELECT 1 FROM unnest(keys) AS k(v) WHERE k.v IS NULL OR octet_length(k.v) NOT BETWEEN 16 AND 64) THEN
         RAISE EXCEPTION '%: every key must be 16 to 64 random bytes', fn USING ERRCODE = 'PF011';
@@ -1943,7 +1943,11 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
 BEGIN
-    PERFORM pgfence.job_claims_refused('pgfence.job_renew', job_renew.ids, job_renew.tokens, job_renew.keys);
+    IF (cardinality(job_renew.ids) = 1 AND cardinality(job_renew.tokens) = 1 AND cardinality(job_renew.keys) = 1
+        AND job_renew.ids[1] > 0 AND job_renew.tokens[1] > 0 AND octet_length(job_renew.keys[1]) BETWEEN 16 AND 64) IS NOT TRUE THEN
+        -- One valid claim (the common call) is checked above without a call.
+        PERFORM pgfence.job_claims_refused('pgfence.job_renew', job_renew.ids, job_renew.tokens, job_renew.keys);
+    END IF;
     IF job_renew.ttl_ms IS NULL OR job_renew.ttl_ms NOT BETWEEN 100 AND 86400000 THEN
         RAISE EXCEPTION 'pgfence.job_renew: ttl_ms must be 100 to 86400000 (100 ms to 24 hours), got %',
             coalesce(job_renew.ttl_ms::text, 'NULL') USING ERRCODE = 'PF011';
@@ -1979,7 +1983,11 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
 BEGIN
-    PERFORM pgfence.job_claims_refused('pgfence.job_complete', job_complete.ids, job_complete.tokens, job_complete.keys);
+    IF (cardinality(job_complete.ids) = 1 AND cardinality(job_complete.tokens) = 1 AND cardinality(job_complete.keys) = 1
+        AND job_complete.ids[1] > 0 AND job_complete.tokens[1] > 0 AND octet_length(job_complete.keys[1]) BETWEEN 16 AND 64) IS NOT TRUE THEN
+        -- One valid claim (the common call) is checked above without a call.
+        PERFORM pgfence.job_claims_refused('pgfence.job_complete', job_complete.ids, job_complete.tokens, job_complete.keys);
+    END IF;
     RETURN QUERY
     UPDATE pgfence.jobs j
     SET state = 'completed', claim_outcome = 'completed', claim_expires_at = NULL, finished_at = now(), updated_at = now()
@@ -2004,7 +2012,11 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
 BEGIN
-    PERFORM pgfence.job_claims_refused('pgfence.job_release', job_release.ids, job_release.tokens, job_release.keys);
+    IF (cardinality(job_release.ids) = 1 AND cardinality(job_release.tokens) = 1 AND cardinality(job_release.keys) = 1
+        AND job_release.ids[1] > 0 AND job_release.tokens[1] > 0 AND octet_length(job_release.keys[1]) BETWEEN 16 AND 64) IS NOT TRUE THEN
+        -- One valid claim (the common call) is checked above without a call.
+        PERFORM pgfence.job_claims_refused('pgfence.job_release', job_release.ids, job_release.tokens, job_release.keys);
+    END IF;
     RETURN QUERY
     UPDATE pgfence.jobs j
     SET state = 'available', attempts = greatest(j.attempts - 1, 0), claim_expires_at = NULL, claim_outcome = 'released',
@@ -2033,7 +2045,9 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
 BEGIN
-    PERFORM pgfence.job_claims_refused('pgfence.job_fail', ARRAY[job_fail.id], ARRAY[job_fail.token], ARRAY[job_fail.key]);
+    IF (job_fail.id > 0 AND job_fail.token > 0 AND octet_length(job_fail.key) BETWEEN 16 AND 64) IS NOT TRUE THEN
+        PERFORM pgfence.job_claims_refused('pgfence.job_fail', ARRAY[job_fail.id], ARRAY[job_fail.token], ARRAY[job_fail.key]);
+    END IF;
     IF job_fail.last_error IS NULL OR octet_length(job_fail.last_error) > 8192 THEN
         RAISE EXCEPTION 'pgfence.job_fail: last_error must be 0 to 8192 bytes, got %',
             coalesce(octet_length(job_fail.last_error)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
