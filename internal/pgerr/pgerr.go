@@ -26,6 +26,9 @@ const (
 	SerializationFailure      = "40001"
 	DeadlockDetected          = "40P01"
 	UndefinedTable            = "42P01"
+	UndefinedFunction         = "42883"
+	InvalidSchemaName         = "3F000" // the schema does not exist
+	InsufficientPrivilege     = "42501"
 	UndefinedColumn           = "42703"
 	LockNotAvailable          = "55P03"
 	QueryCanceled             = "57014" // statement_timeout or a cancel request
