@@ -306,7 +306,9 @@ func TranslateError(err error) error {
 
 // DBError is a database or connection error that is not a refusal: the
 // statement failed for another reason (a lost connection, a constraint, a
-// missing table). Unwrap returns the pgx or PostgreSQL error.
+// missing table). Unwrap returns the pgx or PostgreSQL error. On a database
+// without pgfence's schema, its text says to run "pgfence migrate up" as the
+// schema owner.
 type DBError struct {
 	Op  string // the call that failed; "" when translated by [TranslateError]
 	Err error
@@ -314,9 +316,9 @@ type DBError struct {
 
 func (e *DBError) Error() string {
 	if e.Op == "" {
-		return "fencedwrite: " + e.Err.Error()
+		return "fencedwrite: " + pgerr.Describe(e.Err)
 	}
-	return "fencedwrite: " + e.Op + ": " + e.Err.Error()
+	return "fencedwrite: " + e.Op + ": " + pgerr.Describe(e.Err)
 }
 
 // Unwrap returns the pgx or PostgreSQL error.

@@ -14,8 +14,11 @@
 // and can be copied into an application's own goose directory (renumbered to fit
 // its sequence). [FS] returns them for tooling that wants to copy or embed them.
 //
-// The role that runs the migrations needs CREATE on the database. The role that
-// uses pgfence at run time needs only the grants listed in docs/migrations.md.
+// The role that runs the migrations (the schema owner) needs CREATE on the
+// database. The role that uses pgfence at run time needs only the grants
+// listed in docs/migrations.md; with them, [Up] and [UpPool] succeed without
+// any change when the schema is current, and fail, changing nothing, with an
+// error saying to migrate as the schema owner when migrations are pending.
 package migrations
 
 import (
@@ -31,6 +34,8 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 //go:embed *.sql
@@ -93,29 +98,16 @@ var ErrUnknownMigration = errors.New("migrations: the database has a pgfence mig
 // checkKnownVersions refuses a database whose version table names an
 // applied migration that is not among p's sources.
 func checkKnownVersions(ctx context.Context, db *sql.DB, p *goose.Provider) error {
-	known := map[int64]bool{0: true}
-	for _, src := range p.ListSources() {
-		known[src.Version] = true
-	}
-	rows, err := db.QueryContext(ctx, `SELECT DISTINCT ON (version_id) version_id, is_applied
-		FROM `+VersionTable+` ORDER BY version_id, id DESC`)
+	applied, err := appliedVersions(ctx, db)
 	if err != nil {
-		return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+		return err
 	}
-	defer rows.Close()
+	known := knownVersions(p)
 	var unknown []int64
-	for rows.Next() {
-		var v int64
-		var applied bool
-		if err := rows.Scan(&v, &applied); err != nil {
-			return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
-		}
-		if applied && !known[v] {
+	for _, v := range applied {
+		if !known[v] {
 			unknown = append(unknown, v)
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("migrations: read %s: %w", VersionTable, err)
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("%w: versions %v are applied in %s (a database migrated by a pre-release build: drop schema %s and migrate again, see docs/migrations.md)",
@@ -123,6 +115,53 @@ func checkKnownVersions(ctx context.Context, db *sql.DB, p *goose.Provider) erro
 	}
 	return nil
 }
+
+// knownVersions returns the versions of p's sources, and 0 (the row goose
+// writes when it creates the version table).
+func knownVersions(p *goose.Provider) map[int64]bool {
+	known := map[int64]bool{0: true}
+	for _, src := range p.ListSources() {
+		known[src.Version] = true
+	}
+	return known
+}
+
+// queryer is a *sql.DB or a *sql.Conn.
+type queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// appliedVersions returns the versions [VersionTable] records as applied, in
+// ascending order. Reading the table needs SELECT on it, which the
+// application role of docs/migrations.md has.
+func appliedVersions(ctx context.Context, q queryer) ([]int64, error) {
+	rows, err := q.QueryContext(ctx, `SELECT version_id FROM (SELECT DISTINCT ON (version_id) version_id, is_applied
+		FROM `+VersionTable+` ORDER BY version_id, id DESC) v WHERE is_applied ORDER BY version_id`)
+	if err != nil {
+		if pgerr.Code(err) == pgerr.InsufficientPrivilege {
+			return nil, fmt.Errorf("migrations: read %s: %w (grant the role SELECT on it, as docs/migrations.md does, or %s)",
+				VersionTable, err, migrateAsOwner)
+		}
+		return nil, fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+	}
+	defer rows.Close()
+	var applied []int64
+	for rows.Next() {
+		var v int64
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+		}
+		applied = append(applied, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrations: read %s: %w", VersionTable, err)
+	}
+	return applied, nil
+}
+
+// migrateAsOwner ends the error of a role that may not apply pgfence's
+// migrations: what to run instead.
+const migrateAsOwner = "migrate as the schema owner: pgfence migrate up"
 
 // bootstrap creates the schema and the version table while holding the
 // migration lock: goose creates its version table from methods that take no
@@ -158,6 +197,10 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 		return nil
 	}
 	if _, err := conn.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+Schema); err != nil {
+		if pgerr.Code(err) == pgerr.InsufficientPrivilege {
+			return fmt.Errorf("migrations: schema %s is not migrated and this role may not create it: %s: %w",
+				Schema, migrateAsOwner, err)
+		}
 		return fmt.Errorf("migrations: create schema %s: %w", Schema, err)
 	}
 	if err := createVersionTable(ctx, conn); err != nil {
@@ -199,15 +242,82 @@ func createVersionTable(ctx context.Context, conn *sql.Conn) error {
 // Up applies every pending migration to db. It is safe to call from many
 // processes at once. It uses one connection of db at a time, so a *sql.DB
 // limited to one open connection works.
+//
+// When every migration is applied, Up changes nothing and needs only the
+// grants of the application role in docs/migrations.md: an application may
+// call it at start-up as that role once its deploy has migrated as the
+// owner. When migrations are pending and the role does not own pgfence's
+// objects (nor is a superuser), Up changes nothing and returns an error that
+// says to migrate as the schema owner.
 func Up(ctx context.Context, db *sql.DB) error {
 	p, err := NewProvider(ctx, db)
 	if err != nil {
 		return err
 	}
+	pending, err := checkPending(ctx, db, p)
+	if err != nil || !pending {
+		return err
+	}
 	if _, err := p.Up(ctx); err != nil {
+		if pgerr.Code(err) == pgerr.InsufficientPrivilege {
+			return fmt.Errorf("migrations: up: %s: %w", migrateAsOwner, err)
+		}
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
+}
+
+// checkPending reports whether p has migrations that db has not applied,
+// read while holding the migration lock (so a migrator that is applying
+// them is waited for), and, when it has, returns an error unless the
+// current role may apply them: it owns [VersionTable] (the role that
+// created the schema owns every pgfence object) or is a member of its
+// owner or a superuser.
+func checkPending(ctx context.Context, db *sql.DB, p *goose.Provider) (pending bool, err error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return false, fmt.Errorf("migrations: %w", err)
+	}
+	defer conn.Close()
+	l := sessionLocker{id: LockID}
+	if err := l.SessionLock(ctx, conn); err != nil {
+		return false, err
+	}
+	defer func() {
+		if uerr := l.SessionUnlock(context.WithoutCancel(ctx), conn); err == nil {
+			err = uerr
+		}
+	}()
+	applied, err := appliedVersions(ctx, conn)
+	if err != nil {
+		return false, err
+	}
+	done := make(map[int64]bool, len(applied))
+	for _, v := range applied {
+		done[v] = true
+	}
+	var missing []int64
+	for _, src := range p.ListSources() {
+		if !done[src.Version] {
+			missing = append(missing, src.Version)
+		}
+	}
+	if len(missing) == 0 {
+		return false, nil
+	}
+	var owns bool
+	var role, owner string
+	if err := conn.QueryRowContext(ctx, `SELECT pg_catalog.pg_has_role(c.relowner, 'USAGE'),
+			CURRENT_USER::pg_catalog.text, c.relowner::pg_catalog.regrole::pg_catalog.text
+		FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)`,
+		VersionTable).Scan(&owns, &role, &owner); err != nil {
+		return false, fmt.Errorf("migrations: find the owner of %s: %w", VersionTable, err)
+	}
+	if !owns {
+		return false, fmt.Errorf("migrations: %d pgfence migration(s) pending (versions %v) and role %s does not own schema %s (%s does): %s",
+			len(missing), missing, role, Schema, owner, migrateAsOwner)
+	}
+	return true, nil
 }
 
 // UpPool is [Up] for a pgx pool. It uses one connection of pool (so MaxConns

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -503,4 +504,104 @@ func TestUpPoolOneConnectionConcurrent(t *testing.T) {
 		}
 	}
 	assertAppliedOnce(t, openDB(t, dsn))
+}
+
+// TestUpAsAppRole: the application role of docs/migrations.md, created
+// from that block alone, may call Up and UpPool at start-up. With every
+// migration applied they succeed and change nothing; with one pending, or
+// on a database without the schema, they change nothing and say to migrate
+// as the owner.
+func TestUpAsAppRole(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := pgtest.DSN(t)
+	owner := openDB(t, dsn)
+	role, appDSN := pgtest.DocRole(t, "migrations.md", dsn, "app")
+
+	// Current: no DDL, no error (the role has no CREATE anywhere; any DDL
+	// would fail).
+	var canCreate bool
+	if err := owner.QueryRowContext(ctx, `SELECT has_database_privilege($1, current_database(), 'CREATE')
+		OR has_schema_privilege($1, 'pgfence', 'CREATE')`, role).Scan(&canCreate); err != nil {
+		t.Fatal(err)
+	}
+	if canCreate {
+		t.Fatalf("the documented role %s has CREATE on the database or schema pgfence", role)
+	}
+	appPool := pgtest.PoolFor(t, appDSN)
+	if err := migrations.UpPool(ctx, appPool); err != nil {
+		t.Fatalf("UpPool as the app role on a current schema: %v", err)
+	}
+	if err := migrations.Up(ctx, openDB(t, appDSN)); err != nil {
+		t.Fatalf("Up as the app role on a current schema: %v", err)
+	}
+
+	// Pending: the owner rolled back to 0 (schema pgfence and its version
+	// table stay, and so does the role's USAGE and SELECT).
+	if err := migrations.DownTo(ctx, owner, 0); err != nil {
+		t.Fatal(err)
+	}
+	err := migrations.UpPool(ctx, appPool)
+	if err == nil || !strings.Contains(err.Error(), "pending") ||
+		!strings.Contains(err.Error(), "migrate as the schema owner: pgfence migrate up") {
+		t.Fatalf("UpPool as the app role with a migration pending: %v, want an error saying to migrate as the schema owner", err)
+	}
+	t.Logf("pending, as %s: %v", role, err)
+	if err := migrations.Up(ctx, openDB(t, appDSN)); err == nil || !strings.Contains(err.Error(), "migrate as the schema owner") {
+		t.Fatalf("Up as the app role with a migration pending: %v", err)
+	}
+	if tableExists(t, owner, "pgfence.locks") || currentVersion(t, owner) != 0 {
+		t.Fatal("the app role's Up changed the schema")
+	}
+	// The owner migrates; the app role's start-up succeeds again.
+	if err := migrations.Up(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.UpPool(ctx, appPool); err != nil {
+		t.Fatalf("UpPool as the app role after the owner migrated: %v", err)
+	}
+
+	// No schema at all: a role without CREATE on the database is told the
+	// same, and nothing is created.
+	empty := pgtest.EmptyDSN(t)
+	bare := openDB(t, empty)
+	if _, err := bare.ExecContext(ctx, "CREATE ROLE "+pgx.Identifier{role + "_bare"}.Sanitize()+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = bare.Exec("DROP ROLE IF EXISTS " + pgx.Identifier{role + "_bare"}.Sanitize()) })
+	if _, err := bare.ExecContext(ctx, "REVOKE CREATE ON DATABASE "+pgx.Identifier{dbName(t, empty)}.Sanitize()+" FROM PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	bareDSN := withUser(t, empty, role+"_bare")
+	err = migrations.UpPool(ctx, pgtest.PoolFor(t, bareDSN))
+	if err == nil || !strings.Contains(err.Error(), "migrate as the schema owner: pgfence migrate up") {
+		t.Fatalf("UpPool without CREATE on an empty database: %v, want an error saying to migrate as the schema owner", err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("UpPool without CREATE: %v does not wrap the server's 42501", err)
+	}
+	if tableExists(t, bare, "pgfence.goose_db_version") {
+		t.Fatal("UpPool without CREATE created the version table")
+	}
+}
+
+func dbName(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Database
+}
+
+func withUser(t *testing.T, dsn, user string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(user)
+	return u.String()
 }

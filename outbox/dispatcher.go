@@ -21,8 +21,9 @@ type Delivery struct {
 	// ID is the intent's id.
 	ID int64
 	// Topic, Key, LockName, Token and Payload are the intent's, as recorded
-	// by [Enqueue]. Send Key to the receiving system so that it applies the
-	// effect once however many attempts reach it.
+	// by [Enqueue] (Payload as PostgreSQL prints the stored jsonb, not the
+	// bytes Enqueue was given). Send Key to the receiving system so that it
+	// applies the effect once however many attempts reach it.
 	Topic    string
 	Key      string
 	LockName string

@@ -52,7 +52,10 @@ type Intent struct {
 	// attempt, so that every holder that tries the same effect uses the same
 	// key.
 	Key string
-	// Payload is what to send, as JSON (at most [MaxPayloadBytes]).
+	// Payload is what to send, as JSON (at most [MaxPayloadBytes]). It is
+	// stored as jsonb: the delivery carries the same JSON value as
+	// PostgreSQL prints it, not these bytes (object keys sorted, the last of
+	// duplicate keys kept, whitespace as PostgreSQL writes it).
 	Payload json.RawMessage
 	// MaxAttempts is the number of delivery attempts before the intent is
 	// dead. Defaults to [skiplocked.DefaultMaxAttempts].
@@ -174,6 +177,12 @@ func cutForError(s string) string {
 //
 // If an intent of the lock with in.Key exists, nothing is recorded and the
 // Result describes that intent with Duplicate set: the first intent wins.
+//
+// The payload is stored as jsonb and delivered re-serialised by PostgreSQL:
+// the same JSON value, but object keys reordered, duplicate keys reduced to
+// the last one and whitespace normalised. A receiver that needs the exact
+// bytes (a signature over the body) should get them inside the payload, as a
+// string.
 //
 // Bad input is refused before any SQL runs, with an error matching
 // [ErrInvalidToken] (also for a nil lease), [ErrInvalidLockName], [ErrInvalidTopic],

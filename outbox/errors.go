@@ -105,13 +105,15 @@ func (e *RefusedError) Is(target error) bool { return target == e.Reason }
 func (e *RefusedError) Unwrap() error { return e.Err }
 
 // DBError is a database or connection error of one of this package's calls
-// that is not a refusal. Unwrap returns the pgx or PostgreSQL error.
+// that is not a refusal. Unwrap returns the pgx or PostgreSQL error. On a
+// database without pgfence's schema, its text says to run
+// "pgfence migrate up" as the schema owner.
 type DBError struct {
 	Op  string // "enqueue", "load intent", "status"
 	Err error
 }
 
-func (e *DBError) Error() string { return "outbox: " + e.Op + ": " + e.Err.Error() }
+func (e *DBError) Error() string { return "outbox: " + e.Op + ": " + pgerr.Describe(e.Err) }
 
 // Unwrap returns the pgx or PostgreSQL error.
 func (e *DBError) Unwrap() error { return e.Err }

@@ -150,7 +150,9 @@ func invalid(sentinel error, format string, args ...any) error {
 
 // DBError wraps an error from the database or the connection, with the
 // operation that failed. Transient reports whether retrying may help
-// (connection failures, serialization failures, server shutting down).
+// (connection failures, serialization failures, server shutting down). On a
+// database without pgfence's schema, its text says to run
+// "pgfence migrate up" as the schema owner.
 type DBError struct {
 	Op   string // "acquire", "renew", "release", "leader", ...
 	Name string
@@ -158,7 +160,7 @@ type DBError struct {
 }
 
 func (e *DBError) Error() string {
-	return fmt.Sprintf("pglock: %s %q: %v", e.Op, e.Name, e.Err)
+	return fmt.Sprintf("pglock: %s %q: %s", e.Op, e.Name, pgerr.Describe(e.Err))
 }
 
 // Unwrap returns the pgx error.

@@ -193,7 +193,8 @@ func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost 
 // with the operation that failed. Kind is the sentinel it matches with
 // [errors.Is] ([ErrConnection], [ErrUnknownTable], [ErrUnknownColumn],
 // [ErrTokenExhausted], [ErrInvalidPayload]), or nil; Unwrap returns the
-// pgx or PostgreSQL error.
+// pgx or PostgreSQL error. On a database without pgfence's schema, its text
+// says to run "pgfence migrate up" as the schema owner.
 type DBError struct {
 	Op   string // "claim", "complete", "enqueue", ...
 	Kind error
@@ -202,9 +203,9 @@ type DBError struct {
 
 func (e *DBError) Error() string {
 	if e.Kind != nil {
-		return fmt.Sprintf("%v: %s: %v", e.Kind, e.Op, e.Err)
+		return fmt.Sprintf("%v: %s: %s", e.Kind, e.Op, pgerr.Describe(e.Err))
 	}
-	return fmt.Sprintf("skiplocked: %s: %v", e.Op, e.Err)
+	return fmt.Sprintf("skiplocked: %s: %s", e.Op, pgerr.Describe(e.Err))
 }
 
 // Is reports whether target is the error's Kind.
@@ -228,6 +229,8 @@ func translate(op string, err error) error {
 	}
 	var kind error
 	switch code := pgerr.Code(err); {
+	case pgerr.SchemaMissing(err):
+		// pgfence's own schema, not the table of a Spec: the message says so.
 	case code == pgerr.UndefinedTable:
 		kind = ErrUnknownTable
 	case code == pgerr.UndefinedColumn:

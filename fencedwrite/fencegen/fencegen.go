@@ -298,7 +298,7 @@ func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool)
 	case migrated:
 		return nil
 	case has:
-		return fmt.Errorf("%w: %s already has column %q; set HasFenceColumn to generate without adding it",
+		return fmt.Errorf("%w: %s already has column %q; set Options.HasFenceColumn (pgfence gen fenced --has-fence-column) to generate without adding it",
 			ErrInvalidOptions, ti.Qualified(), p.fence)
 	}
 	return nil

@@ -113,6 +113,27 @@ func TestGenFenced(t *testing.T) {
 	}
 }
 
+// TestGenFencedExistingColumn: a table that already has its fence column is
+// a usage error that names the flag to pass, not the Go field behind it.
+func TestGenFencedExistingColumn(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	if _, err := pgtest.PoolFor(t, dsn).Exec(context.Background(),
+		"CREATE TABLE invoices (id int PRIMARY KEY, status text, fence bigint NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	args := []string{"gen", "fenced", "--table", "invoices", "--key", "id", "--set", "status",
+		"--migrations-dir", dir, "--queries-dir", dir, "--check"}
+	r := run(t, dsn, args...)
+	if r.code != ExitUsage || !strings.Contains(r.stderr, "--has-fence-column") {
+		t.Fatalf("gen on a table with a fence column: code %d, want %d and a message naming --has-fence-column:\n%s", r.code, ExitUsage, r.stderr)
+	}
+	if r := run(t, dsn, append(args, "--has-fence-column")...); r.code != 0 {
+		t.Fatalf("gen --has-fence-column: %+v", r)
+	}
+}
+
 // dirNames lists the names in dir (none when it does not exist).
 func dirNames(t *testing.T, dir string) []string {
 	t.Helper()

@@ -26,6 +26,9 @@ const (
 	SerializationFailure      = "40001"
 	DeadlockDetected          = "40P01"
 	UndefinedTable            = "42P01"
+	UndefinedFunction         = "42883"
+	InvalidSchemaName         = "3F000" // the schema does not exist
+	InsufficientPrivilege     = "42501"
 	UndefinedColumn           = "42703"
 	LockNotAvailable          = "55P03"
 	QueryCanceled             = "57014" // statement_timeout or a cancel request
@@ -46,6 +49,41 @@ func Code(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// SchemaHint says what to do when the database has no pgfence schema, or an
+// older one than the build expects.
+const SchemaHint = `schema pgfence is missing or not migrated in this database: run "pgfence migrate up" (or migrations.Up) as the schema owner`
+
+// SchemaMissing reports whether err says that schema pgfence, or one of its
+// tables, views or functions, does not exist: SQLSTATE 3F000 naming the
+// schema, 42P01 naming a pgfence relation, or 42883 naming a pgfence
+// function (a schema migrated by an older build).
+func SchemaMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case InvalidSchemaName:
+		return strings.Contains(pgErr.Message, `"pgfence"`)
+	case UndefinedTable:
+		return strings.Contains(pgErr.Message, `"pgfence.`)
+	case UndefinedFunction:
+		return strings.Contains(pgErr.Message, "function pgfence.")
+	}
+	return false
+}
+
+// Describe returns err's text, preceded by [SchemaHint] when
+// [SchemaMissing](err) is true. The packages' error types print their
+// cause with it and keep the cause itself in their chain, so errors.As
+// still finds the *pgconn.PgError.
+func Describe(err error) string {
+	if SchemaMissing(err) {
+		return SchemaHint + ": " + err.Error()
+	}
+	return err.Error()
 }
 
 // Constraint returns the name of the constraint the first *pgconn.PgError in

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -98,5 +99,33 @@ func TestRealConnectionLoss(t *testing.T) {
 	_, err = closed.Exec(ctx, "SELECT 1")
 	if !pgerr.IsConnectionLost(err) {
 		t.Fatalf("closed pool: %v not a lost connection", err)
+	}
+}
+
+func TestSchemaMissing(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no schema", &pgconn.PgError{Code: pgerr.InvalidSchemaName, Message: `schema "pgfence" does not exist`}, true},
+		{"no pgfence relation", &pgconn.PgError{Code: pgerr.UndefinedTable, Message: `relation "pgfence.locks" does not exist`}, true},
+		{"no pgfence function (older schema)", fmt.Errorf("w: %w", &pgconn.PgError{Code: pgerr.UndefinedFunction,
+			Message: "function pgfence.lock_grant(text, text, bigint, bytea) does not exist"}), true},
+		{"the caller's table", &pgconn.PgError{Code: pgerr.UndefinedTable, Message: `relation "import_rows" does not exist`}, false},
+		{"another schema", &pgconn.PgError{Code: pgerr.InvalidSchemaName, Message: `schema "nope" does not exist`}, false},
+		{"the caller's function", &pgconn.PgError{Code: pgerr.UndefinedFunction, Message: "function public.f() does not exist"}, false},
+		{"not from the server", errors.New(`relation "pgfence.locks" does not exist`), false},
+		{"nil", nil, false},
+	} {
+		if got := pgerr.SchemaMissing(c.err); got != c.want {
+			t.Errorf("%s: SchemaMissing = %v, want %v", c.name, got, c.want)
+		}
+		if c.err == nil {
+			continue
+		}
+		if got := pgerr.Describe(c.err); strings.HasPrefix(got, pgerr.SchemaHint) != c.want || !strings.HasSuffix(got, c.err.Error()) {
+			t.Errorf("%s: Describe = %q", c.name, got)
+		}
 	}
 }

@@ -44,5 +44,5 @@
 // [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilDB], [ErrNilFunc],
 // [ErrInvalidConfig]. A key held by someone else gives a [*LockedError]
 // ([ErrLocked]) from the Try variants; a lost session lock a [*LostError]
-// ([ErrLost]); use after Unlock [ErrReleased].
+// ([ErrLost]); use after [SessionLock.Release] [ErrReleased].
 package advisory

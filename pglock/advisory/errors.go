@@ -46,9 +46,9 @@ var (
 	// ErrLost is matched by the error of a [SessionLock] whose connection died
 	// or changed backend while the lock was thought held.
 	ErrLost = errors.New("advisory: session lock lost")
-	// ErrReleased is returned when a [SessionLock] is used after Unlock.
+	// ErrReleased is returned when a [SessionLock] is used after Release.
 	ErrReleased = errors.New("advisory: session lock already unlocked")
-	// ErrReleaseFailed is returned by [SessionLock.Unlock] when PostgreSQL did
+	// ErrReleaseFailed is returned by [SessionLock.Release] when PostgreSQL did
 	// not confirm the unlock. The connection was destroyed, which releases
 	// every session lock it held.
 	ErrReleaseFailed = errors.New("advisory: unlock failed")

@@ -87,7 +87,7 @@ type SessionLock struct {
 	pid   uint32
 	conn  *pgxpool.Conn
 	cfg   SessionConfig
-	sem   chan struct{} // one user of conn at a time (ping or Unlock)
+	sem   chan struct{} // one user of conn at a time (ping or Release)
 	stop  chan struct{} // closed to stop the pinger
 	done  chan struct{} // closed when the lock is released or lost
 	wg    sync.WaitGroup
@@ -106,7 +106,7 @@ const (
 
 // Acquire takes a session-scoped advisory lock on key in mode
 // (pg_advisory_lock or pg_advisory_lock_shared), waiting as long as ctx
-// allows. It takes a connection from pool and keeps it until Unlock or until
+// allows. It takes a connection from pool and keeps it until Release or until
 // the lock is lost; the pool has one connection fewer meanwhile, and
 // pool.Close waits for it.
 //
@@ -260,13 +260,13 @@ func (l *SessionLock) Mode() Mode { return l.mode }
 func (l *SessionLock) PID() uint32 { return l.pid }
 
 // Done returns a channel that is closed when the lock ends: when its
-// connection fails a check or when Unlock is called; Err says which. After a
+// connection fails a check or when Release is called; Err says which. After a
 // loss another session may already hold the lock: stop the work. Done is
 // advisory: the connection can die right after a successful check.
 func (l *SessionLock) Done() <-chan struct{} { return l.done }
 
 // Err returns nil while the lock is held, a [*LostError] (matching [ErrLost])
-// after the lock was lost, and [ErrReleased] after a successful Unlock.
+// after the lock was lost, and [ErrReleased] after a successful Release.
 func (l *SessionLock) Err() error {
 	l.errMu.Lock()
 	defer l.errMu.Unlock()

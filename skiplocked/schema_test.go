@@ -1,0 +1,30 @@
+package skiplocked_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/skiplocked"
+)
+
+// TestMissingSchema: on a database nobody migrated, the job calls say the
+// schema is missing and what to run, and do not call it an unknown table of
+// a Spec.
+func TestMissingSchema(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.PoolFor(t, pgtest.EmptyDSN(t))
+	_, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "q", Payload: []byte(`{}`)})
+	pgtest.WantSchemaHint(t, "Enqueue", err)
+	_, err = skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute})
+	pgtest.WantSchemaHint(t, "Claim", err)
+	if errors.Is(err, skiplocked.ErrUnknownTable) {
+		t.Errorf("Claim without schema pgfence: %v matches ErrUnknownTable (meant for a Spec's table)", err)
+	}
+	var dbErr *skiplocked.DBError
+	if !errors.As(err, &dbErr) {
+		t.Errorf("Claim without schema pgfence: %T, want a *DBError", err)
+	}
+}
