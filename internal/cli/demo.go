@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/pgfence/pgfence/internal/localpg"
+	"github.com/pgfence/pgfence/internal/testing/localpg"
 	"github.com/pgfence/pgfence/migrations"
 )
 
