@@ -78,11 +78,21 @@ func Docs(root string) ([]string, error) {
 
 // ModuleImports maps the package name of every importable package of the
 // module at root to its import path: packages outside internal/, testdata and
-// nested modules, other than main. A name that two packages share is left out.
+// nested modules, other than main. The packages of a nested module that
+// root's go.work uses (observe/promobserve, a module of its own) are
+// included, with the nested module's path: in workspace mode a block
+// imports them as a reader's program does. A name that two packages share is
+// left out.
 func ModuleImports(root, modulePath string) (map[string]string, error) {
 	out := map[string]string{}
 	dup := map[string]bool{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+	workspace, err := workspaceModules(root)
+	if err != nil {
+		return nil, err
+	}
+	// modules maps the directory of every module walked to its path.
+	modules := map[string]string{root: modulePath}
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -95,18 +105,31 @@ func ModuleImports(root, modulePath string) (map[string]string, error) {
 				return fs.SkipDir
 			}
 			if _, err := os.Stat(filepath.Join(p, "go.mod")); err == nil {
-				return fs.SkipDir // a nested module
+				if !workspace[p] {
+					return fs.SkipDir // a nested module outside the workspace
+				}
+				mp, err := goModPath(filepath.Join(p, "go.mod"))
+				if err != nil {
+					return err
+				}
+				modules[p] = mp
 			}
 		}
 		pkg, err := packageName(p)
 		if err != nil || pkg == "" || pkg == "main" {
 			return err
 		}
-		rel, err := filepath.Rel(root, p)
+		// The import path: the path of the nearest module above p, and p's
+		// directory below it.
+		mdir := p
+		for modules[mdir] == "" {
+			mdir = filepath.Dir(mdir)
+		}
+		rel, err := filepath.Rel(mdir, p)
 		if err != nil {
 			return err
 		}
-		ip := modulePath
+		ip := modules[mdir]
 		if rel != "." {
 			ip += "/" + filepath.ToSlash(rel)
 		}
@@ -120,6 +143,50 @@ func ModuleImports(root, modulePath string) (map[string]string, error) {
 		delete(out, name)
 	}
 	return out, err
+}
+
+// workspaceModules returns the directories of the modules root/go.work uses
+// (none without a go.work).
+func workspaceModules(root string) (map[string]bool, error) {
+	data, err := os.ReadFile(filepath.Join(root, "go.work"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]bool{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	dirs := map[string]bool{}
+	inUse := false
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "//")
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0:
+		case inUse && f[0] == ")":
+			inUse = false
+		case inUse:
+			dirs[filepath.Join(root, strings.Trim(f[0], `"`))] = true
+		case f[0] == "use" && len(f) == 2 && f[1] == "(":
+			inUse = true
+		case f[0] == "use" && len(f) == 2:
+			dirs[filepath.Join(root, strings.Trim(f[1], `"`))] = true
+		}
+	}
+	return dirs, nil
+}
+
+// goModPath returns the module path of a go.mod file.
+func goModPath(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`), nil
+		}
+	}
+	return "", fmt.Errorf("%s: no module line", file)
 }
 
 // packageName returns the package clause of the first non-test Go file of dir

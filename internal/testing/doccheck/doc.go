@@ -6,7 +6,9 @@
 // or ~~~go) is type-checked with the go command (go build, then go vet) as a
 // package of its own, written for the test's duration under
 // internal/testing/doccheck/testdata/tmp-*/ (inside the module, so imports of
-// github.com/pgfence/pgfence/... resolve; ignored by ./... patterns). A failure
+// github.com/pgfence/pgfence/... resolve; ignored by ./... patterns), in the
+// repository's workspace (go.work), so that the observe adapters, modules of
+// their own, resolve too. A failure
 // names the document and line, as in "README.md:624:2: declared and not used:
 // err". Blocks in other languages (sh, sql, yaml, text) are not checked.
 //
@@ -31,8 +33,9 @@
 // Import lines at the top of a declaration or statement block are kept and must
 // be used. Other imports are added for the package names a block uses without
 // declaring: the standard-library and third-party names of [KnownImports], and
-// the name of every non-internal package of this module (advisory →
-// github.com/pgfence/pgfence/pglock/advisory). Blocks must not import internal
+// the name of every non-internal package of this module and of the modules
+// go.work uses (advisory → github.com/pgfence/pgfence/pglock/advisory,
+// promobserve → github.com/pgfence/pgfence/observe/promobserve). Blocks must not import internal
 // packages: readers cannot.
 //
 // The prelude, testdata/prelude.go, declares at package level the names that

@@ -31,6 +31,16 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatalf("the go command is needed to compile the documentation's Go blocks: %v", err)
 	}
+	// The blocks import the observe adapters, modules of their own that only
+	// the repository's go.work puts next to the library.
+	out, err := exec.Command(goBin, "env", "GOWORK").Output()
+	if err != nil {
+		t.Fatalf("go env GOWORK: %v", err)
+	}
+	if gowork := strings.TrimSpace(string(out)); gowork != filepath.Join(root, "go.work") {
+		t.Fatalf("the documentation's Go blocks compile in the repository's workspace (%s), the go command uses %q: unset GOWORK",
+			filepath.Join(root, "go.work"), gowork)
+	}
 	src, err := os.ReadFile(filepath.Join("testdata", "prelude.go"))
 	if err != nil {
 		t.Fatal(err)

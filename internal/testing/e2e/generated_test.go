@@ -17,6 +17,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/repo"
 )
 
 // repoRoot is the pgfence module's directory.
@@ -48,16 +49,10 @@ func fileExists(p string) bool {
 	return err == nil
 }
 
-// pgfenceBinary builds the CLI into the test's temporary directory.
+// pgfenceBinary builds the CLI (the module in cmd/pgfence).
 func pgfenceBinary(t testing.TB) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "pgfence")
-	cmd := exec.Command("go", "build", "-o", path, "./cmd/pgfence")
-	cmd.Dir = repoRoot(t)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build pgfence: %v\n%s", err, out)
-	}
-	return path
+	return repo.Pgfence(t)
 }
 
 // run runs a command in dir and fails the test with its output if it fails.

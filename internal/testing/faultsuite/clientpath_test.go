@@ -1,14 +1,17 @@
 package faultsuite
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,9 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/cli"
-	"github.com/pgfence/pgfence/internal/exporter"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/repo"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/pglock/advisory"
@@ -329,7 +331,7 @@ func hijackPool(t *testing.T, ctx context.Context, dsn, role, path string, w *hi
 
 // clientWorkload runs the library's statements through pool. sfx keeps its
 // names apart from other runs on the same database; super adds what needs
-// a table owner (Guard, Unguard) and the exporter.
+// a table owner (Guard, Unguard).
 func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx string, super bool) {
 	t.Helper()
 	must := func(what string, err error) {
@@ -546,35 +548,21 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("advisory.TryAcquire", err)
 	must("advisory Release", h.Release(ctx))
 
-	if super {
-		e, err := exporter.New(pool, exporter.Options{})
-		must("exporter.New", err)
-		defer e.Close()
-		rec := httptest.NewRecorder()
-		e.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-		if rec.Code != 200 || !strings.Contains(rec.Body.String(), "pgfence_") {
-			t.Fatalf("exporter scrape: %d %.300s", rec.Code, rec.Body.String())
-		}
-	}
 }
 
-// cliWorkload runs the CLI's reading commands, and a lease's acquire,
-// renew and release, against dsn.
+// cliWorkload runs the pgfence command (built from cmd/pgfence, a module of
+// its own) against dsn: its reading commands, a lease's acquire, renew and
+// release, and one scrape of its exporter.
 func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	t.Helper()
+	bin := repo.Pgfence(t)
 	runCode := func(want int, args ...string) string {
 		t.Helper()
-		var out, errb bytes.Buffer
-		env := cli.Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
-			if k == "DATABASE_URL" {
-				return dsn
-			}
-			return os.Getenv(k)
-		}}
-		if code := cli.Main(ctx, args, env); code != want {
-			t.Fatalf("pgfence %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errb.String())
+		out, errb, code := runPgfence(t, ctx, bin, dsn, args...)
+		if code != want {
+			t.Fatalf("pgfence %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errb)
 		}
-		return out.String()
+		return out
 	}
 	run := func(args ...string) string { t.Helper(); return runCode(0, args...) }
 	lock := fmt.Sprintf("cli:%d", i)
@@ -604,4 +592,77 @@ func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	run("gen", "fenced", "--table", "public.accounts", "--key", "id", "--set", "balance", "--has-fence-column",
 		"--check", "--dry-run", "--migrations-dir", mig, "--queries-dir", q)
 	run("release", "--lock", lock, "--token", tok, "--key", lease.Key)
+	scrapeExporter(t, ctx, bin, dsn)
+}
+
+// runPgfence runs the pgfence binary bin with args, DATABASE_URL set to dsn
+// and an empty stdin, and returns its stdout, its stderr and its exit code.
+func runPgfence(t *testing.T, ctx context.Context, bin, dsn string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+	cmd.Stdin = strings.NewReader("")
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit) && exit.ExitCode() >= 0:
+		code = exit.ExitCode()
+	default:
+		t.Fatalf("pgfence %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+	}
+	return out.String(), errb.String(), code
+}
+
+// scrapeExporter starts `pgfence exporter` on a free loopback port against
+// dsn, scrapes /metrics once (it must answer 200 with pgfence's metrics)
+// and stops it.
+func scrapeExporter(t *testing.T, ctx context.Context, bin, dsn string) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, bin, "exporter", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dsn)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop := func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		_ = cmd.Process.Signal(os.Interrupt)
+		return cmd.Wait()
+	}
+	defer stop()
+	// The first line is "serving metrics on http://ADDR/metrics".
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	_, metricsURL, ok := strings.Cut(strings.TrimSpace(line), "serving metrics on ")
+	if err != nil || !ok {
+		_ = stop()
+		t.Fatalf("pgfence exporter: %q, %v\n%s", line, err, errb.String())
+	}
+	req, err := http.NewRequestWithContext(ctx, "GET", metricsURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("exporter scrape: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "pgfence_") {
+		t.Fatalf("exporter scrape: %d %v %.300s", resp.StatusCode, err, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("pgfence exporter: %v\n%s", err, errb.String())
+	}
 }

@@ -1,7 +1,6 @@
 package faultsuite
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/cli"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/repo"
 )
 
 // tenantDB is a migrated database with a tenant role that owns schema tenant
@@ -108,18 +107,10 @@ func (db *tenantDB) readAll(t *testing.T, ctx context.Context, role string, fenc
 		}
 	}
 	for _, tbl := range fencesTables {
-		var out, errb bytes.Buffer
-		code := cli.Main(ctx, []string{"fences", "--table", tbl, "--key", "id", "--lock-column", "store"}, cli.Env{
-			Stdout: &out, Stderr: &errb,
-			Getenv: func(k string) string {
-				if k == "DATABASE_URL" {
-					return asRole(t, db.dsn, role)
-				}
-				return ""
-			},
-		})
+		_, errb, code := runPgfence(t, ctx, repo.Pgfence(t), asRole(t, db.dsn, role),
+			"fences", "--table", tbl, "--key", "id", "--lock-column", "store")
 		if code != 0 {
-			failed = append(failed, fmt.Sprintf("pgfence fences --table %s as %q: exit %d: %s", tbl, role, code, strings.TrimSpace(errb.String())))
+			failed = append(failed, fmt.Sprintf("pgfence fences --table %s as %q: exit %d: %s", tbl, role, code, strings.TrimSpace(errb)))
 		}
 	}
 	return failed

@@ -353,7 +353,7 @@ func TestGenFencedNoDirectories(t *testing.T) {
 // whose sqlc.yaml points at the library's own migrations/ and queries/, the
 // generator refuses rather than add a user migration to the library.
 func TestGenFencedRefusesPgfenceModule(t *testing.T) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", "..", "..")) // the repository
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package deploy
+package deploycheck
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/pgfence/pgfence/internal/exporter"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/exporter"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
@@ -30,11 +30,14 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// The files checked, relative to this package's directory (the repository's
+// deploy/ and docs/).
 const (
-	alertsFile     = "prometheus/pgfence-alerts.yml"
-	alertTestsFile = "prometheus/pgfence-alerts_test.yml"
-	dashboardFile  = "grafana/pgfence-dashboard.json"
-	guideFile      = "../docs/observability.md"
+	promDir        = "../../../../deploy/prometheus"
+	alertsFile     = promDir + "/pgfence-alerts.yml"
+	alertTestsFile = promDir + "/pgfence-alerts_test.yml"
+	dashboardFile  = "../../../../deploy/grafana/pgfence-dashboard.json"
+	guideFile      = "../../../../docs/observability.md"
 )
 
 // promtool returns the path of promtool, or fails the test saying how to get
@@ -70,11 +73,11 @@ func run(t *testing.T, dir string, stdin []byte, args ...string) string {
 // unit test of pgfence-alerts_test.yml passes.
 func TestPromtoolRules(t *testing.T) {
 	t.Parallel()
-	out := run(t, "prometheus", nil, "check", "rules", filepath.Base(alertsFile))
+	out := run(t, promDir, nil, "check", "rules", filepath.Base(alertsFile))
 	if !strings.Contains(out, "SUCCESS") {
 		t.Fatalf("promtool check rules:\n%s", out)
 	}
-	out = run(t, "prometheus", nil, "test", "rules", filepath.Base(alertTestsFile))
+	out = run(t, promDir, nil, "test", "rules", filepath.Base(alertTestsFile))
 	if !strings.Contains(out, "SUCCESS") || strings.Contains(out, "FAILED") {
 		t.Fatalf("promtool test rules:\n%s", out)
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgfence/pgfence/internal/exporter"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/exporter"
 )
 
 // DefaultExporterListen is the default address of `pgfence exporter`. Port

@@ -13,9 +13,9 @@ import (
 	"github.com/pgfence/pgfence/migrations"
 )
 
-// modulePath is pgfence's module, reported when the binary carries no build
+// modulePath is the command's module, reported when the binary carries no build
 // information.
-const modulePath = "github.com/pgfence/pgfence"
+const modulePath = "github.com/pgfence/pgfence/cmd/pgfence"
 
 // shortRevision is how many hex digits of a commit the one-line version shows
 // (as many as Go's pseudo-versions).

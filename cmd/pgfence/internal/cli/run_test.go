@@ -48,13 +48,13 @@ func pgfenceBin(t *testing.T) string {
 			binErr = fmt.Errorf("runtime.Caller failed")
 			return
 		}
-		root := filepath.Join(filepath.Dir(file), "..", "..")
+		root := filepath.Join(filepath.Dir(file), "..", "..") // cmd/pgfence
 		dir := filepath.Join(os.TempDir(), fmt.Sprintf("pgfence-cli-test-%d", os.Getuid()))
 		if binErr = os.MkdirAll(dir, 0o700); binErr != nil {
 			return
 		}
 		tmp := filepath.Join(dir, fmt.Sprintf("pgfence.%d.tmp", os.Getpid()))
-		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/pgfence")
+		cmd := exec.Command("go", "build", "-o", tmp, ".")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
