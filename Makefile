@@ -5,7 +5,14 @@ TOOLS_BIN           := $(CURDIR)/.bin
 SQLC                := $(TOOLS_BIN)/sqlc
 STATICCHECK         := $(TOOLS_BIN)/staticcheck
 
-.PHONY: help demo test test-deps bench-deps generate verify verify-generated lint tools bench bench-quick
+# The modules whose tests `make test` runs: the library, the command and the
+# observe adapters (go.work joins them, and bench, whose benchmark has targets
+# of its own). PKGS names all their packages for one go command run from this
+# directory; `make lint` checks bench's packages too.
+MODULES := . cmd/pgfence observe/promobserve observe/otelobserve
+PKGS    := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
+
+.PHONY: help demo test test-deps bench-deps generate verify verify-generated verify-tidy lint tools bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -13,8 +20,8 @@ help: ## list the targets
 demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_URL is unset)
 	go run ./cmd/pgfence demo
 
-test: test-deps $(SQLC) ## run the whole test suite with the race detector (installs sqlc into .bin for the end-to-end tests)
-	go test -race ./...
+test: test-deps $(SQLC) ## run the whole test suite of every module with the race detector (installs sqlc into .bin for the end-to-end tests)
+	go test -race $(PKGS)
 
 test-deps: ## install the Debian packages some tests need (pgbouncer, faketime, patroni, etcd-server, prometheus, python3-psycopg) when missing
 	@bash scripts/test-deps.sh
@@ -33,12 +40,15 @@ generate: $(SQLC) ## regenerate internal/dbsqlc from migrations/ and queries/
 verify-generated: $(SQLC) ## fail if internal/dbsqlc is not what sqlc generates now
 	$(SQLC) diff
 
-lint: $(STATICCHECK) ## gofmt, go vet, staticcheck
+lint: $(STATICCHECK) ## gofmt, go vet, staticcheck (every module, bench included)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	go vet ./...
-	$(STATICCHECK) ./...
+	go vet $(PKGS) ./bench/...
+	$(STATICCHECK) $(PKGS) ./bench/...
 
-verify: lint verify-generated ## everything CI checks before the tests
+verify-tidy: ## fail if a module of go.work is missing from it, or its go.mod or go.sum is not tidy
+	@bash scripts/verify-tidy.sh
+
+verify: lint verify-tidy verify-generated ## everything CI checks before the tests
 
 bench-deps: ## install the bench's peers (etcd-server, redis-server) when missing
 	@bash scripts/bench-deps.sh

@@ -12,7 +12,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
 
-	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/testing/pgserver"
 )
 
 // startEtcd starts a single-member etcd on loopback with its default

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/testing/pgserver"
 )
 
 // startRedis starts redis-server on loopback. Without durable it runs

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // TestCheckIdentifierNamesTheCharacter: a refused non-ASCII name is reported

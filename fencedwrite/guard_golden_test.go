@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 var updateGolden = flag.Bool("update-guard-golden", false, "rewrite fencedwrite/testdata/guard/*.plpgsql from what pgfence.guard() generates")

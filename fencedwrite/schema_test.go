@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // TestValuesMissingSchema: on a database nobody migrated, every value

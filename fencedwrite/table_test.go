@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 func prepare(t testing.TB, db fencedwrite.DBTX, spec fencedwrite.Spec) *fencedwrite.Table {

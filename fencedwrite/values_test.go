@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 func TestValuesStrict(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/outbox"
 )
 

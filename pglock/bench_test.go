@@ -15,7 +15,7 @@ import (
 
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // benchPool returns a pool large enough for 8 goroutines and a table with

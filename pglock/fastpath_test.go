@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // The statements the fast path learned are the generated methods' own: a

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // A Lease makes its context on first use. Asked for only after the lease

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // TestMissingSchema: on a database nobody migrated, the calls that reach the

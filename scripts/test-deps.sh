@@ -2,10 +2,10 @@
 # Installs the Debian packages some tests need when they are missing:
 # pgbouncer (advisory locks through a transaction pooler), faketime
 # (clock-skew fault tests), and patroni with etcd-server (the HA tests in
-# internal/hatest start etcd and three Patroni-managed PostgreSQL nodes;
+# internal/testing/hatest start etcd and three Patroni-managed PostgreSQL nodes;
 # Debian's patroni package brings python3-etcd for its etcd DCS), and
 # prometheus for its promtool (deploy/ checks the alert rules and the
-# dashboard's queries with it), and python3-psycopg (internal/crosslang runs
+# dashboard's queries with it), and python3-psycopg (internal/testing/crosslang runs
 # the Python example client, examples/python, against Go; Debian's package
 # installs into Debian's python3, which the tests also look for when the
 # python3 on PATH lacks psycopg). The PostgreSQL server binaries themselves are

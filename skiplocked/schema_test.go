@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 

@@ -10,7 +10,7 @@ import (
 
 // heavyDeps are fragments of import paths that must never be linked into the
 // pgfence binary: the container test harness and what it drags in. They
-// belong to the tests only (internal/pgserver).
+// belong to the tests only (internal/testing/pgserver).
 var heavyDeps = []string{
 	"testcontainers",
 	"docker",

@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pgfence/pgfence/internal/cli"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/cli"
 )
 
 func main() {

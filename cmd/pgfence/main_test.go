@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-const modulePath = "github.com/pgfence/pgfence"
+const modulePath = "github.com/pgfence/pgfence/cmd/pgfence"
 
 // TestVersionBinary builds pgfence as a user would from this checkout and
 // checks that `--version` and `version` report the module and, when the

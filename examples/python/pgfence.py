@@ -21,7 +21,7 @@ Two rules make it safe, in any language:
   pause can fall between the check and the write.
 
 The command line (python3 pgfence.py lease-worker|job-worker --help) drives
-the cross-language tests of internal/crosslang.
+the cross-language tests of internal/testing/crosslang.
 """
 
 import argparse

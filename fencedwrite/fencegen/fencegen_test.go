@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/fencedwrite/fencegen"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }

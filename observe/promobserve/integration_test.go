@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
 	"github.com/pgfence/pgfence/pglock"

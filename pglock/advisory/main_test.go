@@ -3,7 +3,7 @@ package advisory_test
 import (
 	"testing"
 
-	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // TestMain runs the tests and the examples; the examples read DATABASE_URL, as
