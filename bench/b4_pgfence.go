@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -125,7 +125,7 @@ type completions struct {
 }
 
 func (c *completions) Add(_ context.Context, name string, delta float64, _ ...string) {
-	if name == observe.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
+	if name == metricdefs.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
 		c.once.Do(func() { close(c.done) })
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
 )
@@ -93,7 +94,7 @@ func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 	}
 	t := &Table{spec: spec, name: ti.Qualified(), label: ti.Schema + "." + ti.Name}
 	t.build(ti.builtin)
-	observe.InitTable(ctx, observe.OrNop(spec.Metrics), t.label)
+	metricdefs.InitTable(ctx, metricdefs.OrNop(spec.Metrics), t.label)
 	return t, nil
 }
 
@@ -327,7 +328,7 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	m, log := t.spec.Metrics, t.spec.Logger
 	if err == nil {
 		if m != nil {
-			m.Add(ctx, observe.FencedWritesTotal, 1, t.label)
+			m.Add(ctx, metricdefs.FencedWritesTotal, 1, t.label)
 		}
 		if log != nil {
 			log.DebugContext(ctx, "fencedwrite: applied", "table", t.spec.Table, "op", op, "token", token)
@@ -337,18 +338,18 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	var reason string
 	switch {
 	case errors.Is(err, ErrStaleToken):
-		reason = observe.RefusedStale
+		reason = metricdefs.RefusedStale
 	case errors.Is(err, ErrAlreadyApplied):
-		reason = observe.RefusedAlreadyApplied
+		reason = metricdefs.RefusedAlreadyApplied
 	case errors.Is(err, ErrNotFound):
-		reason = observe.RefusedNotFound
+		reason = metricdefs.RefusedNotFound
 	case errors.Is(err, ErrGuardRejected):
-		reason = observe.RefusedGuard
+		reason = metricdefs.RefusedGuard
 	default:
 		return err
 	}
 	if m != nil {
-		m.Add(ctx, observe.FencedRefusedTotal, 1, t.label, reason)
+		m.Add(ctx, metricdefs.FencedRefusedTotal, 1, t.label, reason)
 	}
 	if log != nil {
 		log.InfoContext(ctx, "fencedwrite: write refused", "table", t.spec.Table, "op", op, "token", token, "reason", reason, "err", err)

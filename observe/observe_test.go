@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/observe"
 )
 
@@ -73,10 +74,10 @@ func (r *recorder) Observe(_ context.Context, name string, _ float64, _ ...strin
 func TestInit(t *testing.T) {
 	ctx := context.Background()
 	r := &recorder{t: t, calls: map[string]int{}}
-	observe.InitLeases(ctx, r)
-	observe.InitTable(ctx, r, "public.items")
-	observe.InitQueue(ctx, r, "mail")
-	observe.InitTopic(ctx, r, "billing")
+	metricdefs.InitLeases(ctx, r)
+	metricdefs.InitTable(ctx, r, "public.items")
+	metricdefs.InitQueue(ctx, r, "mail")
+	metricdefs.InitTopic(ctx, r, "billing")
 	for _, want := range []string{
 		"pgfence_leases_lost_total{deadline_passed}", "pgfence_lease_renewals_total{refused}",
 		"pgfence_fenced_writes_total{public.items}", "pgfence_fenced_write_refused_total{public.items,guard}",

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -89,8 +90,8 @@ type Config struct {
 	// discarding them.
 	Logger *slog.Logger
 	// Metrics receives the claim metrics of package skiplocked (queue
-	// "outbox:<topic>") and [observe.OutboxDeliveriesTotal] and
-	// [observe.OutboxDeliverySeconds] by topic. Defaults to nil: nothing is
+	// "outbox:<topic>") and [metricdefs.OutboxDeliveriesTotal] and
+	// [metricdefs.OutboxDeliverySeconds] by topic. Defaults to nil: nothing is
 	// recorded.
 	Metrics observe.Metrics
 }
@@ -140,7 +141,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
 	}
-	d := &Dispatcher{topic: topic, pool: pool, handler: h, metrics: observe.OrNop(c.Metrics)}
+	d := &Dispatcher{topic: topic, pool: pool, handler: h, metrics: metricdefs.OrNop(c.Metrics)}
 	w, err := skiplocked.NewWorker(pool, QueuePrefix+topic, d.deliver, &skiplocked.Config{
 		Holder: c.Holder, Concurrency: c.Concurrency, BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL,
 		PollInterval: c.PollInterval, PollOnly: c.PollOnly, Backoff: c.Backoff, ShutdownTimeout: c.ShutdownTimeout,
@@ -150,7 +151,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	d.worker = w
-	observe.InitTopic(context.Background(), d.metrics, topic)
+	metricdefs.InitTopic(context.Background(), d.metrics, topic)
 	return d, nil
 }
 
@@ -191,17 +192,17 @@ func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
 	}
 	start := time.Now()
 	err = d.call(ctx, del)
-	d.metrics.Observe(ctx, observe.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
+	d.metrics.Observe(ctx, metricdefs.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
 	var pe *permanentError
 	switch {
 	case err == nil:
-		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryDelivered)
+		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryDelivered)
 		return nil
 	case errors.As(err, &pe):
-		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryPermanent)
+		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryPermanent)
 		return skiplocked.Permanent(err)
 	default:
-		d.metrics.Add(ctx, observe.OutboxDeliveriesTotal, 1, d.topic, observe.DeliveryFailed)
+		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryFailed)
 		return err
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -136,13 +136,13 @@ func TestDispatcherRetriesAndDead(t *testing.T) {
 	if sum.Completed != n-3 || sum.Dead != 4 {
 		t.Errorf("summary %+v", sum)
 	}
-	if got := m.get(observe.OutboxDeliveriesTotal, "emails", observe.DeliveryDelivered); got != n-3 {
+	if got := m.get(metricdefs.OutboxDeliveriesTotal, "emails", metricdefs.DeliveryDelivered); got != n-3 {
 		t.Errorf("delivered metric %v", got)
 	}
-	if got := m.get(observe.OutboxDeliveriesTotal, "emails", observe.DeliveryPermanent); got != 1 {
+	if got := m.get(metricdefs.OutboxDeliveriesTotal, "emails", metricdefs.DeliveryPermanent); got != 1 {
 		t.Errorf("permanent metric %v", got)
 	}
-	if got := m.get(observe.RowsDeadTotal, outbox.QueuePrefix+"emails"); got != 4 {
+	if got := m.get(metricdefs.RowsDeadTotal, outbox.QueuePrefix+"emails"); got != 4 {
 		t.Errorf("dead rows metric %v", got)
 	}
 }

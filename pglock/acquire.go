@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // TryAcquire makes one attempt to take the lock name for ttl. It returns the
@@ -45,17 +45,17 @@ func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time
 	elapsed := time.Since(start).Seconds()
 	switch {
 	case err == nil:
-		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeGranted)
+		l.m.Observe(ctx, metricdefs.LeaseAcquireSeconds, elapsed, metricdefs.OutcomeGranted)
 		if waited {
-			l.m.Observe(ctx, observe.LeaseWaitSeconds, elapsed)
+			l.m.Observe(ctx, metricdefs.LeaseWaitSeconds, elapsed)
 		}
 		if l.log.Enabled(context.Background(), slog.LevelInfo) { // no argument boxing on the hot path when silent
 			l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
 		}
 	case errors.Is(err, ErrLocked):
-		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeLocked)
+		l.m.Observe(ctx, metricdefs.LeaseAcquireSeconds, elapsed, metricdefs.OutcomeLocked)
 	default:
-		l.m.Observe(ctx, observe.LeaseAcquireSeconds, elapsed, observe.OutcomeError)
+		l.m.Observe(ctx, metricdefs.LeaseAcquireSeconds, elapsed, metricdefs.OutcomeError)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // Default election timings, in the spirit of Kubernetes leader election.
@@ -164,7 +164,7 @@ func (e *Elector) lead(ctx context.Context, lease *Lease) {
 	e.lease = lease
 	e.mu.Unlock()
 	e.l.log.Info("pglock: started leading", "name", e.name, "token", lease.Token())
-	e.l.m.Add(ctx, observe.LeaderChangesTotal, 1, e.name, "started")
+	e.l.m.Add(ctx, metricdefs.LeaderChangesTotal, 1, e.name, "started")
 
 	cbDone := make(chan struct{})
 	go func() {
@@ -211,7 +211,7 @@ loop:
 	e.mu.Unlock()
 	err := lease.Err()
 	e.l.log.Info("pglock: stopped leading", "name", e.name, "token", lease.Token(), "err", err)
-	e.l.m.Add(ctx, observe.LeaderChangesTotal, 1, e.name, "stopped")
+	e.l.m.Add(ctx, metricdefs.LeaderChangesTotal, 1, e.name, "stopped")
 	if e.cfg.OnStoppedLeading != nil {
 		e.cfg.OnStoppedLeading(lease, err)
 	}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // Lease is one grant of a lock: a name, the holder, the fencing token of this
@@ -173,17 +173,17 @@ func (s *Lease) end(err error) {
 	// Metrics before cancelling, so whoever waits on Done sees them; logs
 	// after, so a slow log handler cannot delay Done. The metrics get a
 	// background context: the lease's own carries no values.
-	s.l.m.Observe(context.Background(), observe.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
+	s.l.m.Observe(context.Background(), metricdefs.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
 	reason := ""
 	if errors.Is(err, ErrLeaseLost) {
-		reason = observe.LostRenewalRefused
+		reason = metricdefs.LostRenewalRefused
 		if errors.Is(err, errDeadline) || errors.Is(err, errRenewDeadline) {
-			reason = observe.LostDeadline
+			reason = metricdefs.LostDeadline
 			if renewFailing {
-				reason = observe.LostConnection
+				reason = metricdefs.LostConnection
 			}
 		}
-		s.l.m.Add(context.Background(), observe.LeasesLostTotal, 1, reason)
+		s.l.m.Add(context.Background(), metricdefs.LeasesLostTotal, 1, reason)
 	}
 	s.mu.Lock()
 	s.cancelled = true
@@ -230,17 +230,17 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if err != nil {
 		var lost *LeaseLostError
 		if errors.As(err, &lost) {
-			s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewRefused)
+			s.l.m.Add(ctx, metricdefs.LeaseRenewalsTotal, 1, metricdefs.RenewRefused)
 			s.end(lost)
 		} else {
-			s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewError)
+			s.l.m.Add(ctx, metricdefs.LeaseRenewalsTotal, 1, metricdefs.RenewError)
 			s.mu.Lock()
 			s.renewFailing = true
 			s.mu.Unlock()
 		}
 		return err
 	}
-	s.l.m.Add(ctx, observe.LeaseRenewalsTotal, 1, observe.RenewOK)
+	s.l.m.Add(ctx, metricdefs.LeaseRenewalsTotal, 1, metricdefs.RenewOK)
 	s.mu.Lock()
 	if s.err != nil {
 		err := s.err

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/observe"
 )
 
@@ -103,7 +104,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		l.lis = newListener(l)
 	}
 	if c.Metrics != nil {
-		observe.InitLeases(context.Background(), c.Metrics)
+		metricdefs.InitLeases(context.Background(), c.Metrics)
 	}
 	return l, nil
 }

@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -175,13 +175,13 @@ type countCompleted struct {
 }
 
 func (c *countCompleted) Add(_ context.Context, name string, delta float64, _ ...string) {
-	if name == observe.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
+	if name == metricdefs.RowsCompletedTotal && c.n.Add(int64(delta)) >= c.want {
 		c.once.Do(func() { close(c.done) })
 	}
 }
 
 func (c *countCompleted) Observe(_ context.Context, name string, v float64, _ ...string) {
-	if name == observe.ClaimSeconds {
+	if name == metricdefs.ClaimSeconds {
 		c.claims.Add(1)
 		c.claimMicros.Add(int64(v * 1e6))
 	}

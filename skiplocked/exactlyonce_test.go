@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -442,10 +442,10 @@ func TestWorkerNoFalseClaimLost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sum.Completed != n || sum.ClaimsLost != 0 || hook.Load() != 0 || m.get(observe.ClaimsLostTotal) != 0 ||
-				m.get(observe.RowsCompletedTotal) != n || logs.String() != "" {
+			if sum.Completed != n || sum.ClaimsLost != 0 || hook.Load() != 0 || m.get(metricdefs.ClaimsLostTotal) != 0 ||
+				m.get(metricdefs.RowsCompletedTotal) != n || logs.String() != "" {
 				t.Fatalf("summary %+v, hook %d, claims lost metric %d, completed metric %d, logs %q; want %d completed, no loss",
-					sum, hook.Load(), m.get(observe.ClaimsLostTotal), m.get(observe.RowsCompletedTotal), logs.String(), n)
+					sum, hook.Load(), m.get(metricdefs.ClaimsLostTotal), m.get(metricdefs.RowsCompletedTotal), logs.String(), n)
 			}
 			var effects int
 			if err := pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&effects); err != nil || effects != n {

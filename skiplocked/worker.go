@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/holder"
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // Handler processes one job. Return nil to complete it, an error to fail the
@@ -391,10 +391,10 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 		}
 		start := time.Now()
 		claimed, err := Claim(ctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL})
-		m := observe.OrNop(w.cfg.Metrics)
-		m.Observe(ctx, observe.ClaimSeconds, time.Since(start).Seconds(), w.queue)
+		m := metricdefs.OrNop(w.cfg.Metrics)
+		m.Observe(ctx, metricdefs.ClaimSeconds, time.Since(start).Seconds(), w.queue)
 		if len(claimed) > 0 {
-			m.Add(ctx, observe.RowsClaimedTotal, float64(len(claimed)), w.queue)
+			m.Add(ctx, metricdefs.RowsClaimedTotal, float64(len(claimed)), w.queue)
 			w.stats.claimed.Add(int64(len(claimed)))
 		}
 		if err != nil && ctx.Err() == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
 )
@@ -136,6 +137,6 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	observe.InitQueue(context.Background(), observe.OrNop(c.Metrics), queue)
+	metricdefs.InitQueue(context.Background(), metricdefs.OrNop(c.Metrics), queue)
 	return &Worker{pool: pool, queue: queue, cfg: c, inflight: map[int64]*held{}}, nil
 }

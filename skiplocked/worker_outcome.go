@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgfence/pgfence/observe"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // readClaim reads a job's claim columns for ref, retrying connection errors
@@ -39,7 +39,7 @@ func orBare(e *ClaimLostError, ref ClaimRef) *ClaimLostError {
 // flight, and batches grow only while the database is busy.
 func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<- struct{}, drain bool) {
 	const maxBatch = 1000
-	m := observe.OrNop(w.cfg.Metrics)
+	m := metricdefs.OrNop(w.cfg.Metrics)
 	for first := range results {
 		batch := []result{first}
 	drain:
@@ -61,7 +61,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 				done = append(done, r)
 			case outCompleted:
 				w.stats.completed.Add(1)
-				m.Add(ctx, observe.RowsCompletedTotal, 1, w.queue)
+				m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
 			case outRelease:
 				release = append(release, r)
 			case outFail:
@@ -94,7 +94,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg string) {
 	e = orBare(e, h.ref)
 	w.stats.lost.Add(1)
-	observe.OrNop(w.cfg.Metrics).Add(ctx, observe.ClaimsLostTotal, 1, w.queue)
+	metricdefs.OrNop(w.cfg.Metrics).Add(ctx, metricdefs.ClaimsLostTotal, 1, w.queue)
 	w.cfg.Logger.Warn(msg, "job", e.JobID, "token", e.Token, "current_token", e.CurrentToken,
 		"state", string(e.State), "holder", e.Holder)
 	if w.cfg.OnClaimLost == nil {
@@ -169,7 +169,7 @@ func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(cont
 	if op == "complete" {
 		w.stats.completed.Add(int64(landed))
 		if landed > 0 {
-			observe.OrNop(w.cfg.Metrics).Add(ctx, observe.RowsCompletedTotal, float64(landed), w.queue)
+			metricdefs.OrNop(w.cfg.Metrics).Add(ctx, metricdefs.RowsCompletedTotal, float64(landed), w.queue)
 		}
 	} else {
 		w.stats.released.Add(int64(landed))
@@ -193,21 +193,21 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		})
 		return err
 	})
-	m := observe.OrNop(w.cfg.Metrics)
+	m := metricdefs.OrNop(w.cfg.Metrics)
 	var lost *ClaimLostError
 	switch {
 	case err == nil:
-		m.Add(ctx, observe.RowsFailedTotal, 1, w.queue)
+		m.Add(ctx, metricdefs.RowsFailedTotal, 1, w.queue)
 		if job.State == StateDead {
 			w.stats.dead.Add(1)
-			m.Add(ctx, observe.RowsDeadTotal, 1, w.queue)
+			m.Add(ctx, metricdefs.RowsDeadTotal, 1, w.queue)
 		} else {
 			w.stats.failed.Add(1)
 		}
 	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == OutcomeCompleted:
 		// A commit whose reply was lost did land after all (see runTx).
 		w.stats.completed.Add(1)
-		m.Add(ctx, observe.RowsCompletedTotal, 1, w.queue)
+		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
 	case lost != nil:
 		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
 	case errors.Is(err, ErrJobNotFound):

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -185,7 +185,7 @@ func TestWorkerParallelClaimsStayWithinBound(t *testing.T) {
 type countClaimed struct{ n atomic.Int64 }
 
 func (c *countClaimed) Add(_ context.Context, name string, delta float64, _ ...string) {
-	if name == observe.RowsClaimedTotal {
+	if name == metricdefs.RowsClaimedTotal {
 		c.n.Add(int64(delta))
 	}
 }

@@ -8,7 +8,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/otelobserve"
 )
 
@@ -28,7 +27,7 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	// What fencedwrite records when a write with a stale token is refused.
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.invoices", observe.RefusedStale)
+	m.Add(ctx, "pgfence_fenced_write_refused_total", 1, "public.invoices", "stale")
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(ctx, &rm); err != nil {

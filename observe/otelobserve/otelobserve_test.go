@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/otelobserve"
 )
@@ -143,30 +144,30 @@ func TestDrops(t *testing.T) {
 	t.Parallel()
 	m, reader := setup(t)
 	ctx := context.Background()
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items")                       // one label of two
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items", "stale", "extra")     // three
-	m.Add(ctx, observe.FencedWritesTotal, 1)                                        // none of one
-	m.Add(ctx, "pgfence_no_such_metric_total", 1)                                   // unknown name
-	m.Add(ctx, observe.ClaimSeconds, 1, "q")                                        // Add on a histogram
-	m.Observe(ctx, observe.RowsClaimedTotal, 1, "q")                                // Observe on a counter
-	m.Add(ctx, observe.RowsClaimedTotal, -1, "q")                                   // counters only go up
-	m.Add(ctx, observe.RowsClaimedTotal, math.NaN(), "q")                           // not a number
-	m.Add(ctx, observe.RowsClaimedTotal, math.Inf(1), "q")                          // nor infinity
-	m.Observe(ctx, observe.ClaimSeconds, math.NaN(), "q")                           // not a number
-	m.Add(ctx, observe.FencedRefusedTotal, 2, "public.items", observe.RefusedStale) // the one good call
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items")                          // one label of two
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items", "stale", "extra")        // three
+	m.Add(ctx, metricdefs.FencedWritesTotal, 1)                                           // none of one
+	m.Add(ctx, "pgfence_no_such_metric_total", 1)                                         // unknown name
+	m.Add(ctx, metricdefs.ClaimSeconds, 1, "q")                                           // Add on a histogram
+	m.Observe(ctx, metricdefs.RowsClaimedTotal, 1, "q")                                   // Observe on a counter
+	m.Add(ctx, metricdefs.RowsClaimedTotal, -1, "q")                                      // counters only go up
+	m.Add(ctx, metricdefs.RowsClaimedTotal, math.NaN(), "q")                              // not a number
+	m.Add(ctx, metricdefs.RowsClaimedTotal, math.Inf(1), "q")                             // nor infinity
+	m.Observe(ctx, metricdefs.ClaimSeconds, math.NaN(), "q")                              // not a number
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 2, "public.items", metricdefs.RefusedStale) // the one good call
 	if n := m.Dropped(); n != 10 {
 		t.Errorf("dropped %d, want 10", n)
 	}
 	got := collect(t, reader)
-	sum, ok := got[observe.FencedRefusedTotal].Data.(metricdata.Sum[float64])
+	sum, ok := got[metricdefs.FencedRefusedTotal].Data.(metricdata.Sum[float64])
 	if !ok || len(sum.DataPoints) != 1 || sum.DataPoints[0].Value != 2 {
-		t.Fatalf("refused: %+v", got[observe.FencedRefusedTotal].Data)
+		t.Fatalf("refused: %+v", got[metricdefs.FencedRefusedTotal].Data)
 	}
 	want := attribute.NewSet(attribute.String("table", "public.items"), attribute.String("reason", "stale"))
 	if a := sum.DataPoints[0].Attributes; !a.Equals(&want) {
 		t.Errorf("attributes %v", a.ToSlice())
 	}
-	for _, name := range []string{observe.FencedWritesTotal, observe.RowsClaimedTotal, observe.ClaimSeconds} {
+	for _, name := range []string{metricdefs.FencedWritesTotal, metricdefs.RowsClaimedTotal, metricdefs.ClaimSeconds} {
 		if g, ok := got[name]; ok {
 			t.Errorf("%s recorded: %+v", name, g.Data)
 		}
@@ -182,17 +183,17 @@ func TestConcurrent(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 1000 {
-				m.Add(ctx, observe.RowsCompletedTotal, 1, "mail")
-				m.Observe(ctx, observe.ClaimSeconds, 0.001, "mail")
+				m.Add(ctx, metricdefs.RowsCompletedTotal, 1, "mail")
+				m.Observe(ctx, metricdefs.ClaimSeconds, 0.001, "mail")
 			}
 		})
 	}
 	wg.Wait()
 	got := collect(t, reader)
-	if p := got[observe.RowsCompletedTotal].Data.(metricdata.Sum[float64]).DataPoints; len(p) != 1 || p[0].Value != 8000 {
+	if p := got[metricdefs.RowsCompletedTotal].Data.(metricdata.Sum[float64]).DataPoints; len(p) != 1 || p[0].Value != 8000 {
 		t.Fatalf("completed %+v", p)
 	}
-	if p := got[observe.ClaimSeconds].Data.(metricdata.Histogram[float64]).DataPoints; len(p) != 1 || p[0].Count != 8000 {
+	if p := got[metricdefs.ClaimSeconds].Data.(metricdata.Histogram[float64]).DataPoints; len(p) != 1 || p[0].Count != 8000 {
 		t.Fatalf("claim seconds %+v", p)
 	}
 }
@@ -224,8 +225,8 @@ func TestNewErrors(t *testing.T) {
 	if _, err := otelobserve.New(nil); err == nil {
 		t.Error("nil MeterProvider accepted")
 	}
-	_, err := otelobserve.New(refusing{name: observe.ClaimSeconds})
-	if err == nil || !strings.Contains(err.Error(), observe.ClaimSeconds) {
+	_, err := otelobserve.New(refusing{name: metricdefs.ClaimSeconds})
+	if err == nil || !strings.Contains(err.Error(), metricdefs.ClaimSeconds) {
 		t.Errorf("refused instrument: %v", err)
 	}
 	// A no-op provider works (and records nothing).
@@ -233,7 +234,7 @@ func TestNewErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Add(context.Background(), observe.RowsClaimedTotal, 1, "q")
+	m.Add(context.Background(), metricdefs.RowsClaimedTotal, 1, "q")
 }
 
 // TestContextReachesExemplars: the operation's context goes to the
@@ -247,11 +248,11 @@ func TestContextReachesExemplars(t *testing.T) {
 	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled,
 	}))
-	m.Add(ctx, observe.RowsClaimedTotal, 3, "mail")
-	m.Observe(ctx, observe.ClaimSeconds, 0.004, "mail")
-	m.Add(context.Background(), observe.RowsClaimedTotal, 1, "sms") // no span: no exemplar
+	m.Add(ctx, metricdefs.RowsClaimedTotal, 3, "mail")
+	m.Observe(ctx, metricdefs.ClaimSeconds, 0.004, "mail")
+	m.Add(context.Background(), metricdefs.RowsClaimedTotal, 1, "sms") // no span: no exemplar
 	got := collect(t, reader)
-	for _, p := range got[observe.RowsClaimedTotal].Data.(metricdata.Sum[float64]).DataPoints {
+	for _, p := range got[metricdefs.RowsClaimedTotal].Data.(metricdata.Sum[float64]).DataPoints {
 		q, _ := p.Attributes.Value("queue")
 		switch n := len(p.Exemplars); {
 		case q.AsString() == "mail" && (n != 1 || trace.TraceID(p.Exemplars[0].TraceID) != tid || trace.SpanID(p.Exemplars[0].SpanID) != sid):
@@ -260,7 +261,7 @@ func TestContextReachesExemplars(t *testing.T) {
 			t.Errorf("sms: exemplars %+v", p.Exemplars)
 		}
 	}
-	h := got[observe.ClaimSeconds].Data.(metricdata.Histogram[float64]).DataPoints
+	h := got[metricdefs.ClaimSeconds].Data.(metricdata.Histogram[float64]).DataPoints
 	if len(h) != 1 || len(h[0].Exemplars) != 1 || trace.TraceID(h[0].Exemplars[0].TraceID) != tid {
 		t.Errorf("histogram exemplars %+v", h)
 	}

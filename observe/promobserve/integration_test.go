@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -110,10 +110,10 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, "job", time.Minute); !errors.Is(err, pglock.ErrLocked) {
 		t.Fatalf("b: %v", err)
 	}
-	if v := value(t, reg, observe.LeaseAcquireSeconds, map[string]string{"outcome": "granted"}); v != 1 {
+	if v := value(t, reg, metricdefs.LeaseAcquireSeconds, map[string]string{"outcome": "granted"}); v != 1 {
 		t.Errorf("acquire{granted} = %v, want 1", v)
 	}
-	if v := value(t, reg, observe.LeaseAcquireSeconds, map[string]string{"outcome": "locked"}); v != 1 {
+	if v := value(t, reg, metricdefs.LeaseAcquireSeconds, map[string]string{"outcome": "locked"}); v != 1 {
 		t.Errorf("acquire{locked} = %v, want 1", v)
 	}
 
@@ -128,10 +128,10 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if err := lease.Renew(ctx); !errors.Is(err, pglock.ErrLeaseLost) {
 		t.Fatalf("renew: %v", err)
 	}
-	if v := value(t, reg, observe.LeasesLostTotal, map[string]string{"reason": observe.LostRenewalRefused}); v != 1 {
+	if v := value(t, reg, metricdefs.LeasesLostTotal, map[string]string{"reason": metricdefs.LostRenewalRefused}); v != 1 {
 		t.Errorf("lost{renewal_refused} = %v, want 1", v)
 	}
-	if v := value(t, reg, observe.LeaseRenewalsTotal, map[string]string{"outcome": observe.RenewRefused}); v != 1 {
+	if v := value(t, reg, metricdefs.LeaseRenewalsTotal, map[string]string{"outcome": metricdefs.RenewRefused}); v != 1 {
 		t.Errorf("renewals{refused} = %v, want 1", v)
 	}
 	if err := taken.Release(ctx); err != nil {
@@ -148,10 +148,10 @@ func TestMetricsFromRealOperations(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-short.Done()
-	if v := value(t, reg, observe.LeasesLostTotal, map[string]string{"reason": observe.LostDeadline}); v != 1 {
+	if v := value(t, reg, metricdefs.LeasesLostTotal, map[string]string{"reason": metricdefs.LostDeadline}); v != 1 {
 		t.Errorf("lost{deadline_passed} = %v, want 1", v)
 	}
-	if v := value(t, reg, observe.LeaseHoldSeconds, nil); v != 3 {
+	if v := value(t, reg, metricdefs.LeaseHoldSeconds, nil); v != 3 {
 		t.Errorf("hold time samples = %v, want 3 (lost, released, lost)", v)
 	}
 
@@ -182,15 +182,15 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	}
 	table := schema + ".items"
 	// Prepare created the table's series at 0, before any refusal.
-	if !exists(t, reg, observe.FencedRefusedTotal, map[string]string{"table": table, "reason": observe.RefusedGuard}) {
-		t.Errorf("no %s{table=%q,reason=guard} series after Prepare", observe.FencedRefusedTotal, table)
+	if !exists(t, reg, metricdefs.FencedRefusedTotal, map[string]string{"table": table, "reason": metricdefs.RefusedGuard}) {
+		t.Errorf("no %s{table=%q,reason=guard} series after Prepare", metricdefs.FencedRefusedTotal, table)
 	}
-	for reason, want := range map[string]float64{observe.RefusedStale: 1, observe.RefusedAlreadyApplied: 1, observe.RefusedNotFound: 1, observe.RefusedGuard: 0} {
-		if v := value(t, reg, observe.FencedRefusedTotal, map[string]string{"table": table, "reason": reason}); v != want {
+	for reason, want := range map[string]float64{metricdefs.RefusedStale: 1, metricdefs.RefusedAlreadyApplied: 1, metricdefs.RefusedNotFound: 1, metricdefs.RefusedGuard: 0} {
+		if v := value(t, reg, metricdefs.FencedRefusedTotal, map[string]string{"table": table, "reason": reason}); v != want {
 			t.Errorf("rejected{%s,%s} = %v, want %v", table, reason, v, want)
 		}
 	}
-	if v := value(t, reg, observe.FencedWritesTotal, map[string]string{"table": table}); v != 1 {
+	if v := value(t, reg, metricdefs.FencedWritesTotal, map[string]string{"table": table}); v != 1 {
 		t.Errorf("fenced writes{%s} = %v, want 1", table, v)
 	}
 }
@@ -252,18 +252,18 @@ func TestWorkerMetrics(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	q := map[string]string{"queue": "mail"}
-	if !exists(t, reg, observe.ClaimsLostTotal, q) {
-		t.Errorf("no %s{queue=mail} series: NewWorker did not create it", observe.ClaimsLostTotal)
+	if !exists(t, reg, metricdefs.ClaimsLostTotal, q) {
+		t.Errorf("no %s{queue=mail} series: NewWorker did not create it", metricdefs.ClaimsLostTotal)
 	}
 	for name, want := range map[string]float64{
-		observe.RowsClaimedTotal: 3, observe.RowsCompletedTotal: 2, observe.RowsFailedTotal: 1,
-		observe.RowsDeadTotal: 1, observe.ClaimsLostTotal: 0,
+		metricdefs.RowsClaimedTotal: 3, metricdefs.RowsCompletedTotal: 2, metricdefs.RowsFailedTotal: 1,
+		metricdefs.RowsDeadTotal: 1, metricdefs.ClaimsLostTotal: 0,
 	} {
 		if v := value(t, reg, name, q); v != want {
 			t.Errorf("%s{queue=mail} = %v, want %v", name, v, want)
 		}
 	}
-	if v := value(t, reg, observe.ClaimSeconds, q); v < 1 {
+	if v := value(t, reg, metricdefs.ClaimSeconds, q); v < 1 {
 		t.Errorf("claim latency samples = %v", v)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/observe/promobserve"
 )
@@ -23,13 +24,13 @@ func TestAdapter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items", observe.RefusedStale)
-	m.Add(ctx, observe.FencedRefusedTotal, 2, "public.items", observe.RefusedStale)
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "app.orders", observe.RefusedGuard)
-	m.Add(ctx, "not_a_pgfence_metric", 1)                     // ignored
-	m.Add(ctx, observe.FencedRefusedTotal, 1, "public.items") // wrong label count: ignored
-	m.Observe(ctx, observe.FencedRefusedTotal, 1, "a", "b")   // a counter observed: ignored
-	m.Observe(ctx, observe.LeaseAcquireSeconds, 0.002, observe.OutcomeGranted)
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items", metricdefs.RefusedStale)
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 2, "public.items", metricdefs.RefusedStale)
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "app.orders", metricdefs.RefusedGuard)
+	m.Add(ctx, "not_a_pgfence_metric", 1)                        // ignored
+	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items") // wrong label count: ignored
+	m.Observe(ctx, metricdefs.FencedRefusedTotal, 1, "a", "b")   // a counter observed: ignored
+	m.Observe(ctx, metricdefs.LeaseAcquireSeconds, 0.002, metricdefs.OutcomeGranted)
 
 	want := `
 # HELP pgfence_fenced_write_refused_total Fenced writes refused, by table (schema.name) and reason (stale, already_applied, not_found, guard).
@@ -37,10 +38,10 @@ func TestAdapter(t *testing.T) {
 pgfence_fenced_write_refused_total{reason="guard",table="app.orders"} 1
 pgfence_fenced_write_refused_total{reason="stale",table="public.items"} 3
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), observe.FencedRefusedTotal); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), metricdefs.FencedRefusedTotal); err != nil {
 		t.Fatal(err)
 	}
-	if n := testutil.CollectAndCount(reg, observe.LeaseAcquireSeconds); n != 1 {
+	if n := testutil.CollectAndCount(reg, metricdefs.LeaseAcquireSeconds); n != 1 {
 		t.Fatalf("acquire histogram series = %d", n)
 	}
 	// Registering twice on one registry is an error, not a panic.
@@ -114,12 +115,12 @@ func TestExemplars(t *testing.T) {
 		t.Fatal(err)
 	}
 	traced := context.WithValue(context.Background(), traceKey{}, "4bf92f3577b34da6a3ce929d0e0e4736")
-	m.Add(traced, observe.RowsClaimedTotal, 3, "mail")
-	m.Observe(traced, observe.ClaimSeconds, 0.004, "mail")
-	m.Add(context.Background(), observe.RowsClaimedTotal, 1, "sms") // no trace: no exemplar
+	m.Add(traced, metricdefs.RowsClaimedTotal, 3, "mail")
+	m.Observe(traced, metricdefs.ClaimSeconds, 0.004, "mail")
+	m.Add(context.Background(), metricdefs.RowsClaimedTotal, 1, "sms") // no trace: no exemplar
 	tooLong := context.WithValue(context.Background(), traceKey{}, strings.Repeat("x", prometheus.ExemplarMaxRunes))
-	m.Add(tooLong, observe.RowsClaimedTotal, 1, "push")   // refused exemplar: plain sample
-	m.Observe(tooLong, observe.ClaimSeconds, 0.5, "push") // no panic either
+	m.Add(tooLong, metricdefs.RowsClaimedTotal, 1, "push")   // refused exemplar: plain sample
+	m.Observe(tooLong, metricdefs.ClaimSeconds, 0.5, "push") // no panic either
 
 	fams, err := reg.Gather()
 	if err != nil {
@@ -132,12 +133,12 @@ func TestExemplars(t *testing.T) {
 		for _, s := range f.Metric {
 			queue := s.Label[0].GetValue()
 			switch f.GetName() {
-			case observe.RowsClaimedTotal:
+			case metricdefs.RowsClaimedTotal:
 				values[queue] = s.GetCounter().GetValue()
 				if e := s.GetCounter().GetExemplar(); e != nil {
 					exemplars[queue] = e.Label[0].GetValue()
 				}
-			case observe.ClaimSeconds:
+			case metricdefs.ClaimSeconds:
 				for _, b := range s.GetHistogram().GetBucket() {
 					if e := b.GetExemplar(); e != nil && queue == "mail" {
 						histTrace = e.Label[0].GetValue()
@@ -170,13 +171,13 @@ func TestExemplars(t *testing.T) {
 }
 
 func TestNop(t *testing.T) {
-	observe.OrNop(nil).Add(context.Background(), observe.FencedWritesTotal, 1, "public.items")
-	observe.OrNop(nil).Observe(context.Background(), observe.ClaimSeconds, 1, "q")
-	if observe.OrNop(nil) != observe.Nop {
-		t.Fatal("OrNop(nil) is not Nop")
+	metricdefs.OrNop(nil).Add(context.Background(), metricdefs.FencedWritesTotal, 1, "public.items")
+	metricdefs.OrNop(nil).Observe(context.Background(), metricdefs.ClaimSeconds, 1, "q")
+	if metricdefs.OrNop(nil) == nil {
+		t.Fatal("OrNop(nil) is nil")
 	}
 	var m observe.Metrics = &promobserve.Metrics{}
-	if observe.OrNop(m) != m {
+	if metricdefs.OrNop(m) != m {
 		t.Fatal("OrNop(m) is not m")
 	}
 }

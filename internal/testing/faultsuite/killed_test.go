@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -448,8 +448,8 @@ func TestKilledRenewer(t *testing.T) {
 	rec.Verify(t)
 	t.Logf("killed renewer: %d rounds, %d backends terminated, %d leases lost and taken over, %d survived through later renewals, %d grants too late to use, "+
 		"renewals ok/error/refused %d/%d/%d, %d grants, 0 overlapping holders, max Done lateness after local deadline %v",
-		rounds, kills, lost, survived, lateGrants, holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewOK),
-		holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewError), holderMetrics.get(observe.LeaseRenewalsTotal, observe.RenewRefused),
+		rounds, kills, lost, survived, lateGrants, holderMetrics.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK),
+		holderMetrics.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewError), holderMetrics.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewRefused),
 		reg.grants, maxLate.Round(time.Millisecond))
 	if kills == 0 {
 		t.Error("no backend was terminated")
@@ -753,8 +753,8 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 		"leases lost %d, 0 overlapping holders, lost updates 0",
 		iterations.Load(), run, kills.Load(), reg.grants, acquireErrs.Load(), lateGrants.Load(), writes.Load(),
 		staleRejected.Load(), paused.Load(), writeErrs.Load(), releaseLost.Load(), releaseErrs.Load(),
-		m.get(observe.LeaseRenewalsTotal, observe.RenewOK), m.get(observe.LeaseRenewalsTotal, observe.RenewError),
-		m.get(observe.LeaseRenewalsTotal, observe.RenewRefused), leasesLost(m))
+		m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK), m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewError),
+		m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewRefused), leasesLost(m))
 	if kills.Load() == 0 || writes.Load() == 0 {
 		t.Errorf("the run did not exercise the faults: %d kills, %d writes", kills.Load(), writes.Load())
 	}
@@ -762,8 +762,8 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 
 // leasesLost sums pglock's lost-lease counter over its reasons.
 func leasesLost(m *counters) int {
-	return m.get(observe.LeasesLostTotal, observe.LostRenewalRefused) + m.get(observe.LeasesLostTotal, observe.LostDeadline) +
-		m.get(observe.LeasesLostTotal, observe.LostConnection)
+	return m.get(metricdefs.LeasesLostTotal, metricdefs.LostRenewalRefused) + m.get(metricdefs.LeasesLostTotal, metricdefs.LostDeadline) +
+		m.get(metricdefs.LeasesLostTotal, metricdefs.LostConnection)
 }
 
 // checkLoopLedger verifies one account of TestKilledBackendsLeaseLoops: each

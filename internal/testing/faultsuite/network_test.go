@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -171,7 +171,7 @@ func TestBlackholedHolder(t *testing.T) {
 	t.Logf("blackholed holder: %d iterations (TTL %v, one-way latency %v before the cut), every lease ended locally before the database's expiry "+
 		"(smallest margin %v, Done at most %v after the local deadline), renewals ok/error %d/%d, %d late releases refused, 0 overlapping holders",
 		iterations, ttl, latency, minMargin.Round(time.Millisecond), maxLate.Round(time.Millisecond),
-		m.get(observe.LeaseRenewalsTotal, observe.RenewOK), m.get(observe.LeaseRenewalsTotal, observe.RenewError), iterations)
+		m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK), m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewError), iterations)
 }
 
 // TestDelayedRenewals runs a keep-alive holder through the proxy: first
@@ -243,7 +243,7 @@ func TestDelayedRenewals(t *testing.T) {
 		phaseStart := time.Now()
 		lease := acquireRetry(t, hc, holder, name, ttl)
 		doneAt := doneTime(lease)
-		before := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
+		before := m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK)
 		time.Sleep(3 * ttl)
 		if err := lease.Err(); err != nil {
 			// This phase checks liveness only. A renewal has 0.43 TTL of
@@ -259,7 +259,7 @@ func TestDelayedRenewals(t *testing.T) {
 			}
 			t.Fatalf("iteration %d: lease lost under a latency of TTL/10 (%v): %v", i, latency, err)
 		}
-		survivedOK += m.get(observe.LeaseRenewalsTotal, observe.RenewOK) - before
+		survivedOK += m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK) - before
 		info, err := pglock.Inspect(ctx, admin, name)
 		if err != nil {
 			t.Fatal(err)
@@ -268,7 +268,7 @@ func TestDelayedRenewals(t *testing.T) {
 			t.Fatalf("iteration %d: after three TTLs with renewals the row is %+v", i, info)
 		}
 
-		okBefore := m.get(observe.LeaseRenewalsTotal, observe.RenewOK)
+		okBefore := m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK)
 		px.Set(Delay, lateDelay)
 		select {
 		case <-lease.Done():
@@ -310,7 +310,7 @@ func TestDelayedRenewals(t *testing.T) {
 		if info.Holder != "contender" || info.Token != c.Token() {
 			t.Errorf("iteration %d: after the delayed renewals landed the row is %+v, want the contender's token %d", i, info, c.Token())
 		}
-		after += m.get(observe.LeaseRenewalsTotal, observe.RenewOK) - okBefore
+		after += m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewOK) - okBefore
 		px.Set(Pass, 0)
 		releaseLate(t, hc, lease)
 		if err := cc.Release(ctx, c); err != nil {
@@ -322,7 +322,7 @@ func TestDelayedRenewals(t *testing.T) {
 		"with latency %v every lease ended (Done at most %v after the local deadline, deadline at least %v before the row's expiry), %d renewals succeeded late, "+
 		"renewal errors %d, every late renewal refused, contenders got the next token",
 		iterations, ttl, survivedOK, latency, lateDelay, maxLate.Round(time.Millisecond), minMargin.Round(time.Millisecond), after,
-		m.get(observe.LeaseRenewalsTotal, observe.RenewError))
+		m.get(metricdefs.LeaseRenewalsTotal, metricdefs.RenewError))
 }
 
 // unknownVariant is one way of making an acquire's outcome unknown.
