@@ -90,9 +90,6 @@ func checkLease(lease *pglock.Lease) error {
 	if token := lease.Token(); token <= 0 {
 		return fmt.Errorf("%w: %d", ErrInvalidToken, token)
 	}
-	if err := pglock.ValidateName(lease.Name()); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidLockName, err)
-	}
 	return nil
 }
 
@@ -185,7 +182,7 @@ func cutForError(s string) string {
 // string.
 //
 // Bad input is refused before any SQL runs, with an error matching
-// [ErrInvalidToken] (also for a nil lease), [ErrInvalidLockName], [ErrInvalidTopic],
+// [ErrInvalidToken] (also for a nil lease), [ErrInvalidTopic],
 // [ErrInvalidKey], [ErrInvalidPayload], [ErrInvalidIntent] or [ErrNilDB].
 func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Result, error) {
 	if nilcheck.IsNil(db) {

@@ -37,9 +37,6 @@ var (
 	ErrTokenNotIssued = errors.New("outbox: token not issued by the lock")
 	// ErrInvalidToken means a token is <= 0.
 	ErrInvalidToken = errors.New("outbox: invalid token: must be > 0")
-	// ErrInvalidLockName means a lock name is not 1..512 bytes of UTF-8
-	// without NUL (the rule of package pglock).
-	ErrInvalidLockName = errors.New("outbox: invalid lock name")
 	// ErrInvalidTopic means a topic is not 1..[MaxTopicBytes] bytes of ASCII
 	// letters, digits and . _ : / -.
 	ErrInvalidTopic = errors.New("outbox: invalid topic")

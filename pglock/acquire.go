@@ -19,10 +19,10 @@ import (
 // and reported as a transient [*DBError] wrapping a [*SlowGrantError]
 // ([ErrSlowGrant]).
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	if err := ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return nil, err
 	}
 	if l.isClosed() {
@@ -69,10 +69,10 @@ func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time
 // errors end the wait and are returned as [*DBError], and so does a grant
 // that arrived too late to be used ([ErrSlowGrant], see [Locker.TryAcquire]).
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	if err := ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -406,12 +406,12 @@ func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 	if len(names) == 0 {
 		return nil, invalid(ErrInvalidName, "no names")
 	}
-	if err := ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return nil, err
 	}
 	order := make([]int, len(names))
 	for i, n := range names {
-		if err := ValidateName(n); err != nil {
+		if err := validateName(n); err != nil {
 			return nil, err
 		}
 		order[i] = i

@@ -9,16 +9,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgfence/pgfence/internal/holder"
 	"github.com/pgfence/pgfence/observe"
 )
 
 // Limits on input. Violations are rejected before any SQL runs.
 const (
-	// MaxNameBytes is the longest lock name, in bytes (the table's CHECK).
-	MaxNameBytes = 512
-	// MaxHolderBytes is the longest holder identity, in bytes (the table's CHECK).
-	MaxHolderBytes = 512
+	// maxNameBytes is the longest lock name, in bytes (the table's CHECK).
+	maxNameBytes = 512
+	// maxHolderBytes is the longest holder identity, in bytes (the table's CHECK).
+	maxHolderBytes = 512
 	// MinTTL is the shortest lease duration accepted.
 	MinTTL = time.Millisecond
 	// MaxTTL is the longest lease duration accepted; longer work renews.
@@ -32,19 +31,19 @@ const (
 	maxKeyBytes = 64
 )
 
-// NotifyChannel is the PostgreSQL NOTIFY channel on which a release announces
+// notifyChannel is the PostgreSQL NOTIFY channel on which a release announces
 // the lock name (the payload). The Lockers of one pool LISTEN on it with one
 // shared dedicated connection to wake their waiters.
-const NotifyChannel = "pgfence_lock_released"
+const notifyChannel = "pgfence_lock_released"
 
-// HandoffChannel is the PostgreSQL NOTIFY channel on which a release that
+// handoffChannel is the PostgreSQL NOTIFY channel on which a release that
 // handed its lease to the first waiter in the queue (pgfence.lock_queue)
 // announces that waiter's key, the id of its wait, the new token and the new
 // expiry in microseconds since the Unix epoch (payload "wkey wait_id token
 // expiry_us"). The LISTEN connection listens on it too. A notification only
 // wakes the waiter: any role that can connect may send one, so the waiter
 // reads its grant in the database before it returns a lease.
-const HandoffChannel = "pgfence_lock_handoff"
+const handoffChannel = "pgfence_lock_handoff"
 
 // DBTX is what the package needs from a database handle: *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
@@ -58,7 +57,8 @@ type DBTX interface {
 type Config struct {
 	// Holder identifies this Locker in the lock rows, so a DBA can see who holds
 	// what. Every lease of one Locker carries the same holder. 1..512 bytes.
-	// Defaults to [DefaultHolder]() ("hostname/pid/random").
+	// Defaults to "hostname/pid/random" (8 random hex digits, so that two
+	// Lockers of one process differ).
 	Holder string
 	// Key is the lease key of this Locker's grants: a secret of 16 to 64
 	// bytes, stored in the database only as its SHA-256. Renewing or
@@ -88,8 +88,8 @@ type Config struct {
 	// PollOnly disables LISTEN, for PgBouncer in transaction pooling mode
 	// where LISTEN does not work: waiters then wake at the holder's expiry
 	// and every PollInterval. Defaults to false: one dedicated connection,
-	// shared by the Lockers of the pool, LISTENs on [NotifyChannel] and
-	// [HandoffChannel].
+	// shared by the Lockers of the pool, LISTENs on pgfence_lock_released and
+	// pgfence_lock_handoff.
 	PollOnly bool
 	// PollInterval is the longest a waiter sleeps without retrying: the
 	// fallback when a notification is missed, and the release detector in
@@ -97,20 +97,16 @@ type Config struct {
 	PollInterval time.Duration
 }
 
-// DefaultHolder returns "hostname/pid/random" with 8 random hex digits, so
-// that two Lockers in one process differ.
-func DefaultHolder() string { return holder.Default() }
-
-// ValidateName reports whether name is acceptable as a lock name: 1 to
-// [MaxNameBytes] bytes of valid UTF-8 without NUL bytes. Any other content,
+// validateName reports whether name is acceptable as a lock name: 1 to
+// 512 bytes of valid UTF-8 without NUL bytes. Any other content,
 // including quotes, semicolons and SQL keywords, is fine: names are always
 // bind parameters and stored verbatim.
-func ValidateName(name string) error {
+func validateName(name string) error {
 	switch {
 	case name == "":
 		return invalid(ErrInvalidName, "empty name")
-	case len(name) > MaxNameBytes:
-		return invalid(ErrInvalidName, "name is %d bytes, more than %d", len(name), MaxNameBytes)
+	case len(name) > maxNameBytes:
+		return invalid(ErrInvalidName, "name is %d bytes, more than %d", len(name), maxNameBytes)
 	case !utf8.ValidString(name):
 		return invalid(ErrInvalidName, "name is not valid UTF-8")
 	case containsNUL(name):
@@ -123,8 +119,8 @@ func validateHolder(h string) error {
 	switch {
 	case h == "":
 		return invalid(ErrInvalidHolder, "empty holder")
-	case len(h) > MaxHolderBytes:
-		return invalid(ErrInvalidHolder, "holder is %d bytes, more than %d", len(h), MaxHolderBytes)
+	case len(h) > maxHolderBytes:
+		return invalid(ErrInvalidHolder, "holder is %d bytes, more than %d", len(h), maxHolderBytes)
 	case !utf8.ValidString(h):
 		return invalid(ErrInvalidHolder, "holder is not valid UTF-8")
 	case containsNUL(h):
@@ -133,8 +129,8 @@ func validateHolder(h string) error {
 	return nil
 }
 
-// ValidateTTL reports whether ttl is within [MinTTL, MaxTTL].
-func ValidateTTL(ttl time.Duration) error {
+// validateTTL reports whether ttl is within [MinTTL, MaxTTL].
+func validateTTL(ttl time.Duration) error {
 	if ttl < MinTTL || ttl > MaxTTL {
 		return invalid(ErrInvalidTTL, "%v is outside [%v, %v]", ttl, MinTTL, MaxTTL)
 	}

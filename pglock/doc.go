@@ -58,7 +58,7 @@
 //
 // # Input, errors and cancellation
 //
-// Names (1..[MaxNameBytes] bytes of UTF-8 without NUL), holders and TTLs
+// Names (1..512 bytes of UTF-8 without NUL), holders and TTLs
 // ([MinTTL]..[MaxTTL]) are validated before any SQL runs ([*InvalidError]);
 // names are always bind parameters and stored verbatim. Database failures
 // are [*DBError]. Tokens never wrap: past the bigint maximum a grant fails

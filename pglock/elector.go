@@ -12,9 +12,9 @@ import (
 
 // Default election timings, in the spirit of Kubernetes leader election.
 const (
-	DefaultLeaseDuration = 15 * time.Second
-	DefaultRenewDeadline = 10 * time.Second
-	DefaultRetryPeriod   = 2 * time.Second
+	defaultLeaseDuration = 15 * time.Second
+	defaultRenewDeadline = 10 * time.Second
+	defaultRetryPeriod   = 2 * time.Second
 )
 
 // ElectionConfig configures an [Elector]. A nil *ElectionConfig means all
@@ -64,7 +64,7 @@ var errRenewDeadline = errors.New("pglock: renewals failed for longer than the r
 
 // NewElector returns an Elector for lock name. It validates and does no I/O.
 func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) {
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return nil, err
 	}
 	var c ElectionConfig
@@ -72,15 +72,15 @@ func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) 
 		c = *cfg
 	}
 	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLeaseDuration
+		c.LeaseDuration = defaultLeaseDuration
 	}
 	if c.RenewDeadline == 0 {
-		c.RenewDeadline = DefaultRenewDeadline
+		c.RenewDeadline = defaultRenewDeadline
 	}
 	if c.RetryPeriod == 0 {
-		c.RetryPeriod = DefaultRetryPeriod
+		c.RetryPeriod = defaultRetryPeriod
 	}
-	if err := ValidateTTL(c.LeaseDuration); err != nil {
+	if err := validateTTL(c.LeaseDuration); err != nil {
 		return nil, err
 	}
 	if !(c.RetryPeriod > 0 && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {

@@ -24,13 +24,13 @@ var (
 	ErrReleased = errors.New("pglock: lease released")
 	// ErrClosed: the Locker was closed.
 	ErrClosed = errors.New("pglock: locker closed")
-	// ErrInvalidName: a lock name is empty, longer than [MaxNameBytes], not
+	// ErrInvalidName: a lock name is empty, longer than 512 bytes, not
 	// valid UTF-8, contains a NUL byte, or appears twice in one AcquireMany.
 	ErrInvalidName = errors.New("pglock: invalid lock name")
 	// ErrInvalidTTL: a lease duration is below [MinTTL] or above [MaxTTL].
 	ErrInvalidTTL = errors.New("pglock: invalid lease duration")
 	// ErrInvalidHolder: a holder identity is empty, longer than
-	// [MaxHolderBytes], not valid UTF-8 or contains a NUL byte.
+	// 512 bytes, not valid UTF-8 or contains a NUL byte.
 	ErrInvalidHolder = errors.New("pglock: invalid holder")
 	// ErrInvalidToken: a fencing token is <= 0 (grants start at 1).
 	ErrInvalidToken = errors.New("pglock: invalid token")

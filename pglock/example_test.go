@@ -365,16 +365,3 @@ func ExampleElector() {
 	// term ended by resigning: true
 	// Run: context canceled
 }
-
-// Bad input is rejected before any SQL runs.
-func ExampleValidateName() {
-	fmt.Println(pglock.ValidateName(""))
-	fmt.Println(errors.Is(pglock.ValidateName(string(make([]byte, 513))), pglock.ErrInvalidName))
-	fmt.Println(pglock.ValidateName("x'; DROP TABLE pgfence.locks; --")) // fine: a bind parameter
-	fmt.Println(pglock.ValidateTTL(0))
-	// Output:
-	// pglock: invalid lock name: empty name
-	// true
-	// <nil>
-	// pglock: invalid lease duration: 0s is outside [1ms, 24h0m0s]
-}

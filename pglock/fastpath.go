@@ -360,7 +360,7 @@ type fastConn struct {
 const fastConnKey = "pgfence/pglock.fastConn"
 
 // fastBufKeep bounds the parameter buffer a connection keeps: two names of
-// MaxNameBytes and MaxHolderBytes and a bigint fit.
+// maxNameBytes and maxHolderBytes and a bigint fit.
 const fastBufKeep = 2048
 
 // errFastUnusable: the fast path does not apply to this statement on this

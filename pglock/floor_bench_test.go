@@ -203,7 +203,7 @@ func floorRingWith(ctx context.Context, pool *pgxpool.Pool, name string, n int, 
 
 // floorReleaseLock times n handoffs of name around a ring of floorRingSize
 // clients through pglock's statements: ReleaseLock hands the lease to the
-// first queued waiter and notifies it on HandoffChannel; the releasing
+// first queued waiter and notifies it on handoffChannel; the releasing
 // client then queues again with QueueGrant, reusing its row (its key, a new
 // wait id) as a Locker does.
 func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n int) (time.Duration, error) {
@@ -231,7 +231,7 @@ func floorReleaseLock(ctx context.Context, pool *pgxpool.Pool, name string, n in
 			return 0, err
 		}
 	}
-	return floorRun(ctx, pool, HandoffChannel, n, r, func(payload string) (int, int64, bool) {
+	return floorRun(ctx, pool, handoffChannel, n, r, func(payload string) (int, int64, bool) {
 		f := strings.Fields(payload) // "wkey wait_id token expiry_us"
 		if len(f) != 4 {
 			return 0, 0, false

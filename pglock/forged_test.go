@@ -102,7 +102,7 @@ func TestHandoffForgedNotification(t *testing.T) {
 		forged{"b's key, a's wait id", b, fmt.Sprintf("%d %d %d %d", b.wkey, a.waitID, tok+1, far)},
 	)
 	for _, c := range cases {
-		if _, err := forger.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, c.payload); err != nil {
+		if _, err := forger.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, c.payload); err != nil {
 			t.Fatalf("%s: %v", c.what, err)
 		}
 		// The woken waiter reads its grant and, finding none, sleeps again

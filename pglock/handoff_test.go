@@ -420,7 +420,7 @@ func TestHandoffPayloadChecked(t *testing.T) {
 		fmt.Sprintf("%d %d 99 1", wkey, wait+1),     // another wait of the key
 		fmt.Sprintf("%d 0 99 1", wkey),              // wait id 0
 	} {
-		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, p); err != nil {
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, p); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -618,7 +618,7 @@ func TestQueueRowReused(t *testing.T) {
 	}
 	// A late notification of the first handoff is no lease for the second wait.
 	late := fmt.Sprintf("%d %d %d %d", first[0][0], first[0][3], held.Token(), held.ExpiresAt().UnixMicro())
-	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", HandoffChannel, late); err != nil {
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, late); err != nil {
 		t.Fatal(err)
 	}
 	select {

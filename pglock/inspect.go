@@ -28,7 +28,7 @@ func Inspect(ctx context.Context, db DBTX, name string) (LockInfo, error) {
 	if nilcheck.IsNil(db) {
 		return LockInfo{}, invalid(ErrNilDB, "nil database handle")
 	}
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return LockInfo{}, err
 	}
 	h, err := dbsqlc.New().LockHolder(ctx, db, name)

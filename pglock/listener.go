@@ -16,9 +16,9 @@ import (
 // other open Locker of the same pool (one connection per pool, however many
 // Lockers: each NOTIFY signals every listening backend of the database, so
 // fewer listeners make every release cheaper). The connection multiplexes
-// every waiter: a notification on HandoffChannel wakes the one waiter whose
+// every waiter: a notification on handoffChannel wakes the one waiter whose
 // key starts its payload (a release handed it the lease), one on
-// NotifyChannel wakes the waiters of the lock name in its payload (a release
+// notifyChannel wakes the waiters of the lock name in its payload (a release
 // freed the lock), and each (re)connection wakes every waiter so that a
 // notification missed while the connection was down is re-checked. The
 // connection starts with the first waiter and stops with the last Locker of
@@ -58,8 +58,8 @@ func newListener(l *Locker) *listener {
 	sl := shared.m[l.pool]
 	if sl == nil {
 		sl = &sharedListener{n: notify.New(l.pool, notify.Config{
-			Channels:      []string{NotifyChannel, HandoffChannel},
-			KeyedChannels: []string{HandoffChannel},
+			Channels:      []string{notifyChannel, handoffChannel},
+			KeyedChannels: []string{handoffChannel},
 			Logger:        l.log,
 			DownMsg:       "pglock: LISTEN connection lost; waiters fall back to expiry timers until it is back",
 			UpMsg:         "pglock: listening",
@@ -79,8 +79,8 @@ func (ls *listener) register(name string) *waiter {
 		wkey = randNonZero()
 	}
 	waitID := randNonZero()
-	sub := ls.n.SubscribePayload(NotifyChannel, name)
-	hsub := ls.n.SubscribePayload(HandoffChannel, strconv.FormatInt(wkey, 10))
+	sub := ls.n.SubscribePayload(notifyChannel, name)
+	hsub := ls.n.SubscribePayload(handoffChannel, strconv.FormatInt(wkey, 10))
 	if !ls.l.isClosed() {
 		ls.n.Start()
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/holder"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/observe"
 )
@@ -58,7 +59,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		c = *cfg
 	}
 	if c.Holder == "" {
-		c.Holder = DefaultHolder()
+		c.Holder = holder.Default()
 	}
 	if err := validateHolder(c.Holder); err != nil {
 		return nil, err

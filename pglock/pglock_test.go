@@ -32,7 +32,7 @@ func TestValidationBeforeSQL(t *testing.T) {
 	lc := newLocker(t, closed, nil)
 	ctx := testCtx(t, 30*time.Second)
 
-	long := strings.Repeat("n", MaxNameBytes+1)
+	long := strings.Repeat("n", maxNameBytes+1)
 	nameCases := map[string]string{"empty": "", "513 bytes": long, "bad utf8": "a\xffb", "nul": "a\x00b"}
 	ttlCases := map[string]time.Duration{"zero": 0, "negative": -time.Second, "sub-minimum": time.Microsecond, "absurd": MaxTTL + time.Nanosecond, "huge": 1<<63 - 1}
 	for _, lk := range []*Locker{l, lc} {
@@ -92,7 +92,7 @@ func TestValidationBeforeSQL(t *testing.T) {
 		t.Errorf("AcquireMany(nil) = %v, want ErrInvalidName", err)
 	}
 	for _, cfg := range []*Config{
-		{Holder: strings.Repeat("h", MaxHolderBytes+1)},
+		{Holder: strings.Repeat("h", maxHolderBytes+1)},
 		{Holder: "bad\xff"},
 		{KeepAliveFraction: 0.9},
 		{KeepAliveFraction: -1},
@@ -135,7 +135,7 @@ func TestSQLLookingNamesStoredVerbatim(t *testing.T) {
 		"x'; DROP TABLE pgfence.locks; --",
 		`"; TRUNCATE pgfence.locks; --`,
 		"$1", "%", "_", `\`, "a b\tc\nd", "Robert'); DROP TABLE students;--",
-		"ключ:42", "🔒", strings.Repeat("é", MaxNameBytes/2), // exactly 512 bytes
+		"ключ:42", "🔒", strings.Repeat("é", maxNameBytes/2), // exactly 512 bytes
 	}
 	for _, name := range names {
 		s, err := l.TryAcquire(ctx, name, time.Minute)
@@ -554,8 +554,8 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 
 // A release sends NOTIFY only when a waiter is queued or marked the lock:
 // uncontended cycles stay NOTIFY-free. With a waiter queued it hands the
-// lease over and notifies HandoffChannel with the waiter's key; without one,
-// under a recent mark, NotifyChannel with the name.
+// lease over and notifies handoffChannel with the waiter's key; without one,
+// under a recent mark, notifyChannel with the name.
 func TestReleaseNotifiesChannel(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -566,7 +566,7 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{notifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	a := newLocker(t, pool, &Config{Holder: "a"})
@@ -588,7 +588,7 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()+"; LISTEN "+pgx.Identifier{HandoffChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{notifyChannel}.Sanitize()+"; LISTEN "+pgx.Identifier{handoffChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -610,8 +610,8 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := strings.Fields(n.Payload)
-	if n.Channel != HandoffChannel || len(f) != 4 {
-		t.Fatalf("notification %q %q, want %s with \"wkey wait_id token expiry_us\"", n.Channel, n.Payload, HandoffChannel)
+	if n.Channel != handoffChannel || len(f) != 4 {
+		t.Fatalf("notification %q %q, want %s with \"wkey wait_id token expiry_us\"", n.Channel, n.Payload, handoffChannel)
 	}
 	if _, perr := strconv.ParseInt(f[0], 10, 64); perr != nil {
 		t.Errorf("payload %q: queue key %q is not an integer", n.Payload, f[0])

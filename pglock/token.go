@@ -22,7 +22,7 @@ func (l *Locker) RenewToken(ctx context.Context, name string, token int64, ttl t
 	if err := validatePair(name, token); err != nil {
 		return time.Time{}, err
 	}
-	if err := ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return time.Time{}, err
 	}
 	exp, _, err := l.renew(ctx, name, token, ttl)
@@ -53,7 +53,7 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	if err := validatePair(name, token); err != nil {
 		return nil, err
 	}
-	if err := ValidateTTL(ttl); err != nil {
+	if err := validateTTL(ttl); err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
@@ -80,7 +80,7 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 }
 
 func validatePair(name string, token int64) error {
-	if err := ValidateName(name); err != nil {
+	if err := validateName(name); err != nil {
 		return err
 	}
 	return validateToken(token)

@@ -385,7 +385,7 @@ func TestWaitMarkWindows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{notifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	s := mustAcquire(t, a, "win", time.Minute)

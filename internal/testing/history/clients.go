@@ -55,7 +55,7 @@ func (c *Client) at(t time.Time) int64 {
 func invalid(err error) bool {
 	var inv *pglock.InvalidError
 	return errors.As(err, &inv) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
-		errors.Is(err, outbox.ErrInvalidToken) || errors.Is(err, outbox.ErrInvalidLockName) ||
+		errors.Is(err, outbox.ErrInvalidToken) ||
 		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
 		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
 		errors.Is(err, skiplocked.ErrInvalidToken)

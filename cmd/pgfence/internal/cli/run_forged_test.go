@@ -46,7 +46,7 @@ func TestRunForgedHandoff(t *testing.T) {
 	}
 	far := time.Now().Add(time.Hour).UnixMicro()
 	for _, tok := range []int64{held.Token() + 1, held.Token() + 1000} {
-		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", pglock.HandoffChannel, fmt.Sprintf("%d %d %d %d", wkey, waitID, tok, far)); err != nil {
+		if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", "pgfence_lock_handoff", fmt.Sprintf("%d %d %d %d", wkey, waitID, tok, far)); err != nil {
 			t.Fatal(err)
 		}
 	}
