@@ -29,8 +29,8 @@
 //
 // A [Key] is either a bigint key ([Name], [Int64]) or a pair of ints
 // ([Namespaced], [Pair]); PostgreSQL keeps the two spaces apart. [Name] hashes
-// a name to 64 bits with a fixed definition, computable from psql with
-// [NameKeySQL]. Every lock has a [Mode], [Exclusive] or [Shared].
+// a name to 64 bits with a fixed definition, computable from psql (see
+// [Name]). Every lock has a [Mode], [Exclusive] or [Shared].
 //
 // # Inspecting
 //

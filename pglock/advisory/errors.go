@@ -15,7 +15,7 @@ import (
 var (
 	// ErrEmptyName is returned for a key name of zero length.
 	ErrEmptyName = errors.New("advisory: empty lock name")
-	// ErrNameTooLong is returned for a key name longer than [MaxNameBytes] bytes.
+	// ErrNameTooLong is returned for a key name longer than 512 bytes.
 	ErrNameTooLong = errors.New("advisory: lock name too long")
 	// ErrInvalidName is returned for a key name that is not valid UTF-8 or
 	// contains a NUL byte (PostgreSQL text cannot hold either, so the name could
@@ -24,8 +24,6 @@ var (
 	// ErrZeroKey is returned when a [Key] was not made by one of the key
 	// constructors (its zero value).
 	ErrZeroKey = errors.New("advisory: zero Key (use Name, Namespaced, Int64 or Pair)")
-	// ErrInvalidKey is returned by [ParseKey] for text that is not a key.
-	ErrInvalidKey = errors.New("advisory: invalid key syntax (want \"123\" or \"7,-5\")")
 	// ErrInvalidMode is returned for a [Mode] other than [Exclusive] or [Shared].
 	ErrInvalidMode = errors.New("advisory: invalid lock mode")
 	// ErrNilDB is returned when the pool, connection or transaction starter

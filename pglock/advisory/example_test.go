@@ -16,7 +16,7 @@ import (
 // The examples that use a database connect to the one named by DATABASE_URL.
 
 // The key of a name is fixed by its definition, so it can be checked here and
-// computed from psql with advisory.NameKeySQL.
+// computed from psql with the SQL in Name's documentation.
 func ExampleName() {
 	k, err := advisory.Name("invoice:42")
 	if err != nil {

@@ -3,29 +3,28 @@ package advisory
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
-// MaxNameBytes is the longest key name accepted, in bytes. It matches the limit
+// maxNameBytes is the longest key name accepted, in bytes. It matches the limit
 // on lease names in pgfence.locks, so one name can be used for both.
-const MaxNameBytes = 512
+const maxNameBytes = 512
 
-// NameKeySQL is the SQL expression that computes the key [Name] derives from
+// nameKeySQL is the SQL expression that computes the key [Name] derives from
 // the text parameter $1, for use from psql in a UTF8 database:
 //
 //	SELECT pg_try_advisory_lock(('x' || left(encode(sha256(convert_to('invoice:42', 'UTF8')), 'hex'), 16))::bit(64)::bigint);
 //
 // It requires PostgreSQL 11 or newer (sha256).
-const NameKeySQL = `('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit(64)::bigint`
+const nameKeySQL = `('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit(64)::bigint`
 
-// NameHash32SQL is the SQL expression for the second half of a [Namespaced]
+// nameHash32SQL is the SQL expression for the second half of a [Namespaced]
 // key, computed from the text parameter $1:
 //
 //	SELECT pg_try_advisory_lock(7, ('x' || left(encode(sha256(convert_to('invoice:42', 'UTF8')), 'hex'), 8))::bit(32)::int);
-const NameHash32SQL = `('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 8))::bit(32)::int`
+const nameHash32SQL = `('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 8))::bit(32)::int`
 
 // Mode is the lock mode: [Exclusive] (one holder) or [Shared] (any number of
 // shared holders, excluding exclusive ones). The zero value is Exclusive.
@@ -80,12 +79,14 @@ type Key struct {
 
 // Name returns the bigint key for a name: the first 8 bytes of the SHA-256
 // digest of the name's UTF-8 bytes, read as a big-endian two's-complement
-// int64. The definition is part of the API and never changes; [NameKeySQL]
-// computes the same value in PostgreSQL.
+// int64. The definition is part of the API and never changes; in
+// PostgreSQL the same value is
+//
+//	('x' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 16))::bit(64)::bigint
 //
 // Names are hashed as given: case-sensitive, not Unicode-normalised.
 //
-// The name must be 1 to [MaxNameBytes] bytes of valid UTF-8 without NUL bytes;
+// The name must be 1 to 512 bytes of valid UTF-8 without NUL bytes;
 // otherwise the error is a [*KeyError] matching [ErrEmptyName],
 // [ErrNameTooLong] or [ErrInvalidName].
 func Name(name string) (Key, error) {
@@ -106,8 +107,9 @@ func MustName(name string) Key {
 }
 
 // Namespaced returns a two-int key: namespace as the first int and the first
-// 4 bytes of the SHA-256 digest of name (big-endian int32, see
-// [NameHash32SQL]) as the second. Use it to keep an application's locks apart
+// 4 bytes of the SHA-256 digest of name (big-endian int32; in PostgreSQL
+// ('x' || left(encode(sha256(convert_to(name, 'UTF8')), 'hex'), 8))::bit(32)::int)
+// as the second. Use it to keep an application's locks apart
 // from another's by namespace; within one namespace, 32 bits of hash make
 // collisions likely after about 77,000 distinct names (50%), so prefer [Name]
 // for large or unbounded sets of names. Name rules are those of [Name].
@@ -161,32 +163,6 @@ func (k Key) String() string {
 	return "<zero key>"
 }
 
-// ParseKey parses the output of [Key.String]: "123" for a bigint key, "7,-5"
-// for a two-int key (spaces around the numbers are allowed). It is meant for
-// command-line tools; a name is turned into a key with [Name], not ParseKey.
-// Malformed input gives an error matching [ErrInvalidKey].
-func ParseKey(s string) (Key, error) {
-	bad := func(err error) (Key, error) {
-		return Key{}, fmt.Errorf("%w: %q: %v", ErrInvalidKey, s, err)
-	}
-	if a, b, ok := strings.Cut(s, ","); ok {
-		x, err := strconv.ParseInt(strings.TrimSpace(a), 10, 32)
-		if err != nil {
-			return bad(err)
-		}
-		y, err := strconv.ParseInt(strings.TrimSpace(b), 10, 32)
-		if err != nil {
-			return bad(err)
-		}
-		return Pair(int32(x), int32(y)), nil
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil {
-		return bad(err)
-	}
-	return Int64(v), nil
-}
-
 func (k Key) valid() error {
 	if k.form == formNone {
 		return ErrZeroKey
@@ -207,7 +183,7 @@ func checkName(name string) error {
 	switch {
 	case name == "":
 		return &KeyError{Name: name, Err: ErrEmptyName}
-	case len(name) > MaxNameBytes:
+	case len(name) > maxNameBytes:
 		return &KeyError{Name: name, Err: ErrNameTooLong}
 	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
 		return &KeyError{Name: name, Err: ErrInvalidName}

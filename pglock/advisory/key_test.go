@@ -209,9 +209,8 @@ func TestKeyProperties(t *testing.T) {
 			t.Fatalf("Int64(%d) round trip = %d", v, g)
 		}
 		for _, k := range []advisory.Key{p, advisory.Int64(v), nk, k1} {
-			back, err := advisory.ParseKey(k.String())
-			if err != nil || back != k {
-				t.Fatalf("ParseKey(%q) = %v, %v; want %v", k.String(), back, err, k)
+			if k.String() == "" || k.IsZero() {
+				t.Fatalf("key %v prints %q, zero %v", k, k.String(), k.IsZero())
 			}
 		}
 		if advisory.Int64(v) == p {
@@ -232,14 +231,6 @@ func TestKeyString(t *testing.T) {
 		if got := k.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)
 		}
-	}
-	for _, bad := range []string{"", "x", "1,", ",1", "1,2,3", "2147483648,1", "9223372036854775808", "1;DROP TABLE x"} {
-		if k, err := advisory.ParseKey(bad); !errors.Is(err, advisory.ErrInvalidKey) {
-			t.Errorf("ParseKey(%q) = %v, %v; want ErrInvalidKey", bad, k, err)
-		}
-	}
-	if k, err := advisory.ParseKey(" 7 , -5 "); err != nil || k != advisory.Pair(7, -5) {
-		t.Errorf("ParseKey with spaces = %v, %v", k, err)
 	}
 	if !(advisory.Key{}).IsZero() || advisory.Int64(0).IsZero() {
 		t.Error("IsZero wrong")
@@ -286,25 +277,4 @@ func TestNameValidation(t *testing.T) {
 		t.Errorf("SQL-looking name refused: %v", err)
 	}
 	_ = time.Second
-}
-
-// FuzzParseKey: ParseKey never panics, and whatever it accepts prints back to
-// a string it parses to the same key.
-func FuzzParseKey(f *testing.F) {
-	for _, s := range []string{"0", "-1", "7,-5", " 1 , 2 ", "9223372036854775807", "-2147483648,2147483647", "", "x", "1,2,3", "1;"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		k, err := advisory.ParseKey(s)
-		if err != nil {
-			if !errors.Is(err, advisory.ErrInvalidKey) {
-				t.Fatalf("ParseKey(%q) error %v does not match ErrInvalidKey", s, err)
-			}
-			return
-		}
-		back, err := advisory.ParseKey(k.String())
-		if err != nil || back != k {
-			t.Fatalf("ParseKey(%q) = %v; reparse of %q = %v, %v", s, k, k.String(), back, err)
-		}
-	})
 }

@@ -13,15 +13,15 @@ import (
 
 // Session-lock defaults and limits.
 const (
-	// DefaultPingInterval is how often a [SessionLock] checks its connection
+	// defaultPingInterval is how often a [SessionLock] checks its connection
 	// when [SessionConfig.PingInterval] is zero.
-	DefaultPingInterval = 5 * time.Second
-	// DefaultPingTimeout bounds each check when [SessionConfig.PingTimeout]
+	defaultPingInterval = 5 * time.Second
+	// defaultPingTimeout bounds each check when [SessionConfig.PingTimeout]
 	// is zero.
-	DefaultPingTimeout = 5 * time.Second
-	// MinPingInterval is the smallest accepted [SessionConfig.PingInterval]
+	defaultPingTimeout = 5 * time.Second
+	// minPingInterval is the smallest accepted [SessionConfig.PingInterval]
 	// and [SessionConfig.PingTimeout].
-	MinPingInterval = 10 * time.Millisecond
+	minPingInterval = 10 * time.Millisecond
 	// closeTimeout bounds closing a connection that is being destroyed.
 	closeTimeout = 5 * time.Second
 )
@@ -33,12 +33,12 @@ type SessionConfig struct {
 	// PingInterval is how often the lock's connection is checked (one round
 	// trip); Done is closed within about one interval (plus PingTimeout when
 	// the network hangs) after the connection dies. Defaults to
-	// DefaultPingInterval (5s); at least MinPingInterval.
+	// 5s; at least 10ms.
 	PingInterval time.Duration
 	// PingTimeout bounds each check. A check that times out counts as a lost
 	// lock (the connection is closed, which frees it), so keep it above the
-	// server's worst response time. Defaults to DefaultPingTimeout (5s); at
-	// least MinPingInterval.
+	// server's worst response time. Defaults to 5s; at
+	// least 10ms.
 	PingTimeout time.Duration
 	// AllowPooler accepts a connection through a pooler. Set it only for a
 	// pooler in session mode; the backend is still checked on every ping and
@@ -56,17 +56,17 @@ func (c *SessionConfig) resolve() (SessionConfig, error) {
 	case r.PingInterval < 0:
 		return r, fmt.Errorf("%w: PingInterval %v is negative", ErrInvalidConfig, r.PingInterval)
 	case r.PingInterval == 0:
-		r.PingInterval = DefaultPingInterval
-	case r.PingInterval < MinPingInterval:
-		return r, fmt.Errorf("%w: PingInterval %v is below the minimum %v", ErrInvalidConfig, r.PingInterval, MinPingInterval)
+		r.PingInterval = defaultPingInterval
+	case r.PingInterval < minPingInterval:
+		return r, fmt.Errorf("%w: PingInterval %v is below the minimum %v", ErrInvalidConfig, r.PingInterval, minPingInterval)
 	}
 	switch {
 	case r.PingTimeout < 0:
 		return r, fmt.Errorf("%w: PingTimeout %v is negative", ErrInvalidConfig, r.PingTimeout)
 	case r.PingTimeout == 0:
-		r.PingTimeout = DefaultPingTimeout
-	case r.PingTimeout < MinPingInterval:
-		return r, fmt.Errorf("%w: PingTimeout %v is below the minimum %v", ErrInvalidConfig, r.PingTimeout, MinPingInterval)
+		r.PingTimeout = defaultPingTimeout
+	case r.PingTimeout < minPingInterval:
+		return r, fmt.Errorf("%w: PingTimeout %v is below the minimum %v", ErrInvalidConfig, r.PingTimeout, minPingInterval)
 	}
 	return r, nil
 }
