@@ -128,7 +128,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 	if nilcheck.IsNil(pool) {
 		return nil, fmt.Errorf("%w: pass a *pgxpool.Pool", ErrNilDB)
 	}
-	if err := ValidateTopic(topic); err != nil {
+	if err := validateTopic(topic); err != nil {
 		return nil, err
 	}
 	if h == nil {
@@ -142,7 +142,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 		c.Backoff = DefaultBackoff
 	}
 	d := &Dispatcher{topic: topic, pool: pool, handler: h, metrics: metricdefs.OrNop(c.Metrics)}
-	w, err := skiplocked.NewWorker(pool, QueuePrefix+topic, d.deliver, &skiplocked.Config{
+	w, err := skiplocked.NewWorker(pool, queuePrefix+topic, d.deliver, &skiplocked.Config{
 		Holder: c.Holder, Concurrency: c.Concurrency, BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL,
 		PollInterval: c.PollInterval, PollOnly: c.PollOnly, Backoff: c.Backoff, ShutdownTimeout: c.ShutdownTimeout,
 		Logger: c.Logger, Metrics: c.Metrics,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/topic"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -18,16 +19,14 @@ import (
 // Limits checked before anything is sent to the database (the table's CHECK
 // constraints say the same).
 const (
-	// MaxTopicBytes is the longest topic, in bytes.
-	MaxTopicBytes = 100
-	// MaxKeyBytes is the longest idempotency key, in bytes.
-	MaxKeyBytes = 255
-	// MaxPayloadBytes is the largest payload, in bytes: intents carry
+	// maxKeyBytes is the longest idempotency key, in bytes.
+	maxKeyBytes = 255
+	// maxPayloadBytes is the largest payload, in bytes: intents carry
 	// references to large data, not the data.
-	MaxPayloadBytes = 1 << 20
-	// QueuePrefix starts the name of the pgfence.jobs queue that delivers a
+	maxPayloadBytes = 1 << 20
+	// queuePrefix starts the name of the pgfence.jobs queue that delivers a
 	// topic: "outbox:" + topic.
-	QueuePrefix = "outbox:"
+	queuePrefix = "outbox:"
 )
 
 // DBTX is what the functions of this package need to run a statement: a
@@ -43,16 +42,16 @@ var queries = dbsqlc.New()
 // Intent is one side effect to record. The lease that authorises it is
 // passed to [Enqueue] beside it.
 type Intent struct {
-	// Topic says which [Dispatcher] delivers it: 1..[MaxTopicBytes] bytes of
+	// Topic says which [Dispatcher] delivers it: 1..100 bytes of
 	// ASCII letters, digits and . _ : / -.
 	Topic string
 	// Key is the idempotency key, unique across the outbox and sent to the
-	// receiver: 1..[MaxKeyBytes] visible ASCII characters. Derive it from
+	// receiver: 1..255 visible ASCII characters. Derive it from
 	// the business operation ("settle:store-7:2024-06-01"), not from the
 	// attempt, so that every holder that tries the same effect uses the same
 	// key.
 	Key string
-	// Payload is what to send, as JSON (at most [MaxPayloadBytes]). It is
+	// Payload is what to send, as JSON (at most 1 MiB). It is
 	// stored as jsonb: the delivery carries the same JSON value as
 	// PostgreSQL prints it, not these bytes (object keys sorted, the last of
 	// duplicate keys kept, whitespace as PostgreSQL writes it).
@@ -94,17 +93,17 @@ func checkLease(lease *pglock.Lease) error {
 }
 
 func (in Intent) check() error {
-	if err := ValidateTopic(in.Topic); err != nil {
+	if err := validateTopic(in.Topic); err != nil {
 		return err
 	}
-	if err := ValidateKey(in.Key); err != nil {
+	if err := validateKey(in.Key); err != nil {
 		return err
 	}
 	switch {
 	case len(in.Payload) == 0:
 		return fmt.Errorf("%w: empty (key %s); send {} for no data", ErrInvalidPayload, in.Key)
-	case len(in.Payload) > MaxPayloadBytes:
-		return fmt.Errorf("%w: %d bytes (key %s), the limit is %d", ErrInvalidPayload, len(in.Payload), in.Key, MaxPayloadBytes)
+	case len(in.Payload) > maxPayloadBytes:
+		return fmt.Errorf("%w: %d bytes (key %s), the limit is %d", ErrInvalidPayload, len(in.Payload), in.Key, maxPayloadBytes)
 	case !json.Valid(in.Payload):
 		return fmt.Errorf("%w: not valid JSON (key %s)", ErrInvalidPayload, in.Key)
 	}
@@ -114,27 +113,21 @@ func (in Intent) check() error {
 	return nil
 }
 
-// ValidateTopic reports whether topic is acceptable: 1..[MaxTopicBytes] bytes
-// of ASCII letters, digits and . _ : / -.
-func ValidateTopic(topic string) error {
-	if topic == "" || len(topic) > MaxTopicBytes {
-		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidTopic, len(topic), MaxTopicBytes)
-	}
-	for i := 0; i < len(topic); i++ {
-		c := topic[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '/' || c == '-') {
-			return fmt.Errorf("%w: %q: byte %d is %q; use ASCII letters, digits and . _ : / -", ErrInvalidTopic, cutForError(topic), i, c)
-		}
+// validateTopic reports whether topic is acceptable: 1..100 bytes of ASCII
+// letters, digits and . _ : / -.
+func validateTopic(t string) error {
+	if err := topic.Check(t); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidTopic, err)
 	}
 	return nil
 }
 
-// ValidateKey reports whether key is acceptable as an idempotency key:
-// 1..[MaxKeyBytes] visible ASCII characters (no space, no control
+// validateKey reports whether key is acceptable as an idempotency key:
+// 1..255 visible ASCII characters (no space, no control
 // character: it is sent as an HTTP header).
-func ValidateKey(key string) error {
-	if key == "" || len(key) > MaxKeyBytes {
-		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidKey, len(key), MaxKeyBytes)
+func validateKey(key string) error {
+	if key == "" || len(key) > maxKeyBytes {
+		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidKey, len(key), maxKeyBytes)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < '!' || c > '~' {

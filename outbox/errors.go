@@ -37,14 +37,14 @@ var (
 	ErrTokenNotIssued = errors.New("outbox: token not issued by the lock")
 	// ErrInvalidToken means a token is <= 0.
 	ErrInvalidToken = errors.New("outbox: invalid token: must be > 0")
-	// ErrInvalidTopic means a topic is not 1..[MaxTopicBytes] bytes of ASCII
+	// ErrInvalidTopic means a topic is not 1..100 bytes of ASCII
 	// letters, digits and . _ : / -.
 	ErrInvalidTopic = errors.New("outbox: invalid topic")
-	// ErrInvalidKey means an idempotency key is not 1..[MaxKeyBytes] visible
+	// ErrInvalidKey means an idempotency key is not 1..255 visible
 	// ASCII characters (it travels in an HTTP header).
 	ErrInvalidKey = errors.New("outbox: invalid idempotency key")
 	// ErrInvalidPayload means a payload is empty, not valid JSON, or larger
-	// than [MaxPayloadBytes].
+	// than 1 MiB.
 	ErrInvalidPayload = errors.New("outbox: invalid payload")
 	// ErrInvalidIntent means another field of an [Intent] is out of range.
 	ErrInvalidIntent = errors.New("outbox: invalid intent")
@@ -174,7 +174,7 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		return fmt.Errorf("%w: refused by the server: %w", ErrInvalidIntent, err)
 	}
 	if pgerr.PayloadTooLarge(err) {
-		return fmt.Errorf("%w: larger than the server's limit of %d bytes (text form): %w", ErrInvalidPayload, MaxPayloadBytes, err)
+		return fmt.Errorf("%w: larger than the server's limit of %d bytes (text form): %w", ErrInvalidPayload, maxPayloadBytes, err)
 	}
 	if op == "" {
 		op = "statement"

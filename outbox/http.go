@@ -14,15 +14,15 @@ import (
 
 // Headers the HTTP helper sends with every attempt.
 const (
-	HeaderIdempotencyKey = "Idempotency-Key" // the intent's key
-	HeaderToken          = "Pgfence-Token"   // the fencing token that authorised the intent
-	HeaderTopic          = "Pgfence-Topic"
-	HeaderIntentID       = "Pgfence-Intent-Id"
-	HeaderAttempt        = "Pgfence-Attempt" // 1, 2, ...
+	headerIdempotencyKey = "Idempotency-Key" // the intent's key
+	headerToken          = "Pgfence-Token"   // the fencing token that authorised the intent
+	headerTopic          = "Pgfence-Topic"
+	headerIntentID       = "Pgfence-Intent-Id"
+	headerAttempt        = "Pgfence-Attempt" // 1, 2, ...
 )
 
-// MaxHTTPTimeout is the longest [HTTPConfig].Timeout.
-const MaxHTTPTimeout = 10 * time.Minute
+// maxHTTPTimeout is the longest [HTTPConfig].Timeout.
+const maxHTTPTimeout = 10 * time.Minute
 
 // HTTPConfig configures [NewHTTPHandler].
 type HTTPConfig struct {
@@ -33,21 +33,21 @@ type HTTPConfig struct {
 	// 302 or 303 would turn the POST into a GET.
 	Client *http.Client
 	// Timeout bounds one attempt, from connecting to the end of the answer;
-	// a timeout is a failed attempt, retried. 1ms..[MaxHTTPTimeout].
+	// a timeout is a failed attempt, retried. 1ms..10m.
 	// Defaults to 10s. Keep it well below the dispatcher's ClaimTTL.
 	Timeout time.Duration
 	// Header is added to every request (authorization, for example).
 	Header http.Header
 	// Permanent says which answers send the intent to dead at once instead
-	// of retrying it. Defaults to [PermanentStatus].
+	// of retrying it. Defaults to treating 422 Unprocessable Content as permanent.
 	Permanent func(status int) bool
 }
 
-// PermanentStatus is the default [HTTPConfig].Permanent: only 422
+// permanentStatus is the default [HTTPConfig].Permanent: only 422
 // Unprocessable Content, which receivers following the Idempotency-Key
 // convention send when a key is reused with a different payload. A retry
 // cannot fix that.
-func PermanentStatus(status int) bool { return status == http.StatusUnprocessableEntity }
+func permanentStatus(status int) bool { return status == http.StatusUnprocessableEntity }
 
 // HTTPStatusError is a failed attempt's answer: a status other than 2xx.
 type HTTPStatusError struct {
@@ -84,14 +84,14 @@ func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second
 	}
-	if cfg.Timeout < time.Millisecond || cfg.Timeout > MaxHTTPTimeout {
-		return nil, fmt.Errorf("%w: HTTP timeout %s not in 1ms..%s", ErrInvalidConfig, cfg.Timeout, MaxHTTPTimeout)
+	if cfg.Timeout < time.Millisecond || cfg.Timeout > maxHTTPTimeout {
+		return nil, fmt.Errorf("%w: HTTP timeout %s not in 1ms..%s", ErrInvalidConfig, cfg.Timeout, maxHTTPTimeout)
 	}
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	if cfg.Permanent == nil {
-		cfg.Permanent = PermanentStatus
+		cfg.Permanent = permanentStatus
 	}
 	target := u.String()
 	header := cfg.Header.Clone()
@@ -106,11 +106,11 @@ func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 			req.Header[k] = append([]string(nil), vs...)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set(HeaderIdempotencyKey, d.Key)
-		req.Header.Set(HeaderToken, strconv.FormatInt(d.Token, 10))
-		req.Header.Set(HeaderTopic, d.Topic)
-		req.Header.Set(HeaderIntentID, strconv.FormatInt(d.ID, 10))
-		req.Header.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+		req.Header.Set(headerIdempotencyKey, d.Key)
+		req.Header.Set(headerToken, strconv.FormatInt(d.Token, 10))
+		req.Header.Set(headerTopic, d.Topic)
+		req.Header.Set(headerIntentID, strconv.FormatInt(d.ID, 10))
+		req.Header.Set(headerAttempt, strconv.Itoa(d.Attempt))
 		resp, err := cfg.Client.Do(req)
 		if err != nil {
 			return fmt.Errorf("outbox: POST %s: %w", u.Redacted(), err)

@@ -276,8 +276,8 @@ func newReceiver(flaky bool) *receiver {
 }
 
 func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key := r.Header.Get(outbox.HeaderIdempotencyKey)
-	tok, _ := strconv.ParseInt(r.Header.Get(outbox.HeaderToken), 10, 64)
+	key := r.Header.Get("Idempotency-Key")
+	tok, _ := strconv.ParseInt(r.Header.Get("Pgfence-Token"), 10, 64)
 	_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, 1<<20))
 	roll := rand.IntN(100)
 	if !rc.flaky {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"text/tabwriter"
 
+	topicrule "github.com/pgfence/pgfence/internal/topic"
+
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/outbox"
@@ -52,8 +54,8 @@ every intent deleted) exits with code 3. Counting reads every intent.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			if cmd.Flags().Changed("topic") {
-				if err := outbox.ValidateTopic(topic); err != nil {
-					return withCode(ExitUsage, err)
+				if err := topicrule.Check(topic); err != nil {
+					return withCode(ExitUsage, fmt.Errorf("invalid topic: %w", err))
 				}
 			}
 			pool, err := a.connectMigrated(ctx)

@@ -1,0 +1,13 @@
+package outbox
+
+// Internals the external tests check against.
+const (
+	MaxKeyBytes     = maxKeyBytes
+	MaxPayloadBytes = maxPayloadBytes
+	QueuePrefix     = queuePrefix
+)
+
+var (
+	ValidateTopic = validateTopic
+	ValidateKey   = validateKey
+)
