@@ -47,8 +47,8 @@ var (
 	ErrGuardRejected = errors.New("fencedwrite: rejected by the pgfence guard")
 )
 
-// Problems with a table description ([Spec], [GuardOptions], fencegen
-// options). They are detected before any write runs.
+// Problems with a table description ([Spec], [GuardOptions], the options of
+// `pgfence gen fenced`). They are detected before any write runs.
 var (
 	// ErrInvalidIdentifier: an empty, oversized (more than 63 bytes) or
 	// SQL-looking table or column name. The error is an *[IdentifierError].
@@ -112,9 +112,9 @@ func (e *StaleTokenError) Unwrap() error {
 	return e.Err
 }
 
-// RefusedError is a refusal raised by a statement that fencegen generated
-// (SQLSTATE PF004..PF007), as returned by [TranslateError]. errors.Is(err,
-// Reason) reports true: Reason is [ErrAlreadyApplied], [ErrNotFound],
+// RefusedError is a refusal raised by a statement that `pgfence gen fenced`
+// generated (SQLSTATE PF004..PF007), as returned by [TranslateError].
+// errors.Is(err, Reason) reports true: Reason is [ErrAlreadyApplied], [ErrNotFound],
 // [ErrConcurrentChange] or [ErrInvalidToken]. A stale token is a
 // *[StaleTokenError] instead.
 type RefusedError struct {
@@ -265,7 +265,7 @@ func (e *ColumnError) Unwrap() error { return e.Sentinel }
 
 // TranslateError turns errors from the database into this package's errors:
 // a guard refusal (SQLSTATE PF001/PF002/PF008) becomes a *[GuardError]; a
-// refusal raised by a statement fencegen generated becomes a
+// refusal raised by a statement `pgfence gen fenced` generated becomes a
 // *[StaleTokenError] (PF003) or a *[RefusedError] (PF004..PF007), so
 // errors.Is(TranslateError(err), [ErrStaleToken]) and the like hold for the
 // error a generated sqlc method returns; context errors are returned as they
