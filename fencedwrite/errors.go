@@ -160,24 +160,6 @@ const (
 	GuardTokenSuperseded
 )
 
-// SQLSTATEs raised by the guard trigger (class PF).
-const (
-	SQLStateFenceNotRaised  = "PF001"
-	SQLStateTokenNotIssued  = "PF002"
-	SQLStateTokenSuperseded = "PF008"
-)
-
-// SQLSTATEs raised by the statements fencegen generates (through
-// pgfence.fence_refused) when their write changed no row. DETAIL carries
-// "token N, fence N, table T, key K".
-const (
-	SQLStateStaleToken       = "PF003"
-	SQLStateAlreadyApplied   = "PF004"
-	SQLStateNotFound         = "PF005"
-	SQLStateConcurrentChange = "PF006"
-	SQLStateInvalidToken     = "PF007"
-)
-
 // String returns a short description of the reason.
 func (r GuardReason) String() string {
 	switch r {
@@ -289,7 +271,7 @@ func TranslateError(err error) error {
 			return &GuardError{Reason: r, Schema: pgErr.SchemaName, Table: pgErr.TableName,
 				Message: pgErr.Message, Detail: pgErr.Detail, Err: pgErr}
 		}
-		if pgErr.Code == SQLStateStaleToken {
+		if pgErr.Code == pgerr.StaleToken {
 			token, fence, table, key := parseRefusal(pgErr.Detail)
 			return &StaleTokenError{Token: token, Fence: fence, Table: table, Key: key, Err: pgErr}
 		}
@@ -331,15 +313,15 @@ func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
 
 var (
 	guardReasons = map[string]GuardReason{
-		SQLStateFenceNotRaised:  GuardFenceNotRaised,
-		SQLStateTokenNotIssued:  GuardTokenNotIssued,
-		SQLStateTokenSuperseded: GuardTokenSuperseded,
+		pgerr.FenceNotRaised:  GuardFenceNotRaised,
+		pgerr.TokenNotIssued:  GuardTokenNotIssued,
+		pgerr.TokenSuperseded: GuardTokenSuperseded,
 	}
 	refusalReasons = map[string]error{
-		SQLStateAlreadyApplied:   ErrAlreadyApplied,
-		SQLStateNotFound:         ErrNotFound,
-		SQLStateConcurrentChange: ErrConcurrentChange,
-		SQLStateInvalidToken:     ErrInvalidToken,
+		pgerr.AlreadyApplied:   ErrAlreadyApplied,
+		pgerr.NotFound:         ErrNotFound,
+		pgerr.ConcurrentChange: ErrConcurrentChange,
+		pgerr.InvalidToken:     ErrInvalidToken,
 	}
 )
 
