@@ -3,7 +3,6 @@ package fencedwrite_test
 import (
 	"context"
 	"errors"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -11,36 +10,19 @@ import (
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
-// TestCheckIdentifierNamesTheCharacter: a refused non-ASCII name is reported
-// with the letter the user typed, not one of its UTF-8 bytes.
-func TestCheckIdentifierNamesTheCharacter(t *testing.T) {
-	t.Parallel()
-	for name, want := range map[string]string{
-		"größe":   `'ö'`,
-		"naïve":   `'ï'`,
-		"tbl;x":   `';'`,
-		"a\x00b":  `'\x00'`,
-		"日本":      `'日'`,
-		"ok_name": "",
-	} {
-		err := fencedwrite.CheckIdentifier("table", name)
-		if want == "" {
-			if err != nil {
-				t.Errorf("%q: %v", name, err)
-			}
-			continue
-		}
-		var ie *fencedwrite.IdentifierError
-		if !errors.As(err, &ie) || !errors.Is(err, fencedwrite.ErrInvalidIdentifier) || !strings.Contains(ie.Reason, want) {
-			t.Errorf("%q: %v, want a reason naming %s", name, err, want)
-		}
-	}
-}
-
-// TestIdentifierErrorsKeepTheirType: refusals of the shared identifier rule
-// reach callers as *IdentifierError naming the part that was wrong.
+// TestIdentifierErrorsKeepTheirType: names refused by pgfence's identifier
+// rule reach callers of Prepare as an *IdentifierError naming the part that
+// was wrong and the letter the user typed, before any I/O (db is nil here: a
+// name that passes reaches the nil-handle check).
 func TestIdentifierErrorsKeepTheirType(t *testing.T) {
 	t.Parallel()
+	ctx := context.Background()
+	spec := func(table string, key ...string) fencedwrite.Spec {
+		if len(key) == 0 {
+			key = []string{"id"}
+		}
+		return fencedwrite.Spec{Table: table, Key: key, Set: []string{"v"}}
+	}
 	for in, what := range map[string]string{
 		"":            "table",
 		"s;x.t":       "schema",
@@ -52,28 +34,32 @@ func TestIdentifierErrorsKeepTheirType(t *testing.T) {
 		"x'; --":      "table",
 		"public.\x00": "table",
 	} {
-		_, err := fencedwrite.ParseTableName(in)
+		_, err := fencedwrite.Prepare(ctx, nil, spec(in))
 		var ie *fencedwrite.IdentifierError
 		if !errors.As(err, &ie) || !errors.Is(err, fencedwrite.ErrInvalidIdentifier) || ie.What != what {
-			t.Errorf("ParseTableName(%q) = %v, want an *IdentifierError about the %s", in, err, what)
+			t.Errorf("Prepare(%q) = %v, want an *IdentifierError about the %s", in, err, what)
 		}
 	}
-	err := fencedwrite.CheckIdentifier("key column", strings.Repeat("k", fencedwrite.MaxIdentifierBytes+1))
+	for name, want := range map[string]string{"größe": `'ö'`, "naïve": `'ï'`, "a\x00b": `'\x00'`, "日本": `'日'`} {
+		_, err := fencedwrite.Prepare(ctx, nil, spec("t", name))
+		var ie *fencedwrite.IdentifierError
+		if !errors.As(err, &ie) || ie.What != "key column" || !strings.Contains(ie.Reason, want) {
+			t.Errorf("key %q: %v, want a reason naming %s", name, err, want)
+		}
+	}
+	_, err := fencedwrite.Prepare(ctx, nil, spec("t", strings.Repeat("k", 64)))
 	if want := `fencedwrite: invalid key column name "` + strings.Repeat("k", 64) + `": 64 bytes, the limit is 63`; err == nil || err.Error() != want {
-		t.Errorf("CheckIdentifier(64 bytes) = %v", err)
+		t.Errorf("Prepare(64-byte key) = %v", err)
 	}
-	if err := fencedwrite.CheckIdentifier("key column", "MixedCase_1"); err != nil {
-		t.Errorf("CheckIdentifier(MixedCase_1) = %v", err)
-	}
-	tn, err := fencedwrite.ParseTableName("Billing.Invoices")
-	if err != nil || tn.String() != `"Billing"."Invoices"` || tn.Identifier().Sanitize() != tn.String() {
-		t.Errorf("ParseTableName(Billing.Invoices) = %v, %v", tn, err)
+	if _, err := fencedwrite.Prepare(ctx, nil, spec("Billing.Invoices", "MixedCase_1")); !errors.Is(err, fencedwrite.ErrNilDB) {
+		t.Errorf("Prepare(Billing.Invoices, MixedCase_1) = %v, want the names accepted", err)
 	}
 }
 
-// TestInspect reads columns, unique keys (INCLUDE columns are not part of a
-// key) and the guard from the catalog, and refuses what is not a table.
-func TestInspect(t *testing.T) {
+// TestUnknownTables: Prepare, Guard and Unguard refuse what is not a table
+// with ErrUnknownTable naming the input, and a bad name with an
+// *IdentifierError; a unique index's INCLUDE columns are not part of its key.
+func TestUnknownTables(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
@@ -88,39 +74,31 @@ func TestInspect(t *testing.T) {
 		CREATE VIEW parcels_view AS SELECT * FROM parcels;`); err != nil {
 		t.Fatal(err)
 	}
-	ti, err := fencedwrite.Inspect(ctx, pool, "parcels")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []fencedwrite.Column{
-		{Name: "id", Type: "bigint", NotNull: true},
-		{Name: "code", Type: "text", NotNull: true},
-		{Name: "status", Type: "character varying(10)", HasDefault: true},
-		{Name: "fence", Type: "bigint", NotNull: true, HasDefault: true},
-	}
-	if ti.Schema != "public" || ti.Name != "parcels" || ti.Qualified() != `"public"."parcels"` ||
-		!reflect.DeepEqual(ti.Columns, want) || ti.Guarded {
-		t.Fatalf("Inspect = %+v", ti)
-	}
-	if !ti.IsUniqueKey([]string{"id"}) || !ti.IsUniqueKey([]string{"code"}) || ti.IsUniqueKey([]string{"code", "status"}) {
-		t.Fatalf("unique keys = %v", ti.UniqueKeys)
-	}
-	if err := ti.CheckFenceColumn("fence"); err != nil {
-		t.Fatal(err)
-	}
-	if err := fencedwrite.Guard(ctx, pool, "parcels", fencedwrite.GuardOptions{LockName: "parcels-lock"}); err != nil {
-		t.Fatal(err)
-	}
-	if ti, err := fencedwrite.Inspect(ctx, pool, "public.parcels"); err != nil || !ti.Guarded {
-		t.Fatalf("Inspect after Guard = %+v, %v", ti, err)
-	}
-	for _, name := range []string{"parcels_view", "no_such_table", "nope.parcels", "Parcels"} {
-		if _, err := fencedwrite.Inspect(ctx, pool, name); !errors.Is(err, fencedwrite.ErrUnknownTable) ||
-			err.Error() != "fencedwrite: unknown table: "+name {
-			t.Errorf("Inspect(%s) = %v, want ErrUnknownTable", name, err)
+	for _, key := range [][]string{{"id"}, {"code"}} {
+		if _, err := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: "public.parcels", Key: key, Set: []string{"status"}}); err != nil {
+			t.Errorf("Prepare(key %v): %v", key, err)
 		}
 	}
-	if _, err := fencedwrite.Inspect(ctx, pool, "parcels;"); !errors.Is(err, fencedwrite.ErrInvalidIdentifier) {
-		t.Errorf("Inspect(parcels;) = %v", err)
+	_, err := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: "parcels", Key: []string{"code", "status"}, Set: []string{"id"}})
+	if !errors.Is(err, fencedwrite.ErrKeyNotUnique) {
+		t.Errorf("Prepare(key code, status) = %v, want ErrKeyNotUnique (INCLUDE columns are not a key)", err)
+	}
+	for _, name := range []string{"parcels_view", "no_such_table", "nope.parcels", "Parcels"} {
+		_, perr := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: name, Key: []string{"id"}, Set: []string{"status"}})
+		gerr := fencedwrite.Guard(ctx, pool, name, fencedwrite.GuardOptions{LockName: "parcels-lock"})
+		_, uerr := fencedwrite.Unguard(ctx, pool, name)
+		for call, err := range map[string]error{"Prepare": perr, "Guard": gerr, "Unguard": uerr} {
+			if !errors.Is(err, fencedwrite.ErrUnknownTable) || err.Error() != "fencedwrite: unknown table: "+name {
+				t.Errorf("%s(%s) = %v, want ErrUnknownTable", call, name, err)
+			}
+		}
+	}
+	gerr := fencedwrite.Guard(ctx, pool, "parcels;", fencedwrite.GuardOptions{LockName: "parcels-lock"})
+	_, uerr := fencedwrite.Unguard(ctx, pool, "public.parcels;")
+	for call, err := range map[string]error{"Guard": gerr, "Unguard": uerr} {
+		var ie *fencedwrite.IdentifierError
+		if !errors.As(err, &ie) || ie.What != "table" {
+			t.Errorf("%s(parcels;) = %v, want an *IdentifierError about the table", call, err)
+		}
 	}
 }

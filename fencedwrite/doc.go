@@ -32,10 +32,11 @@
 //   - Your own tables at run time: [Prepare] a [Spec] (table, key columns, set
 //     columns), then [Table.Update], [Table.Upsert], [Table.Delete]. Names are
 //     validated against the catalog and quoted with pgx.Identifier.
-//   - Your own tables through sqlc: package fencegen writes a migration that
-//     adds the fence column and a query file. Every generated method fails
-//     closed: a refused write returns a non-nil error (SQLSTATE PF003..PF007
-//     raised by pgfence.fence_refused, with token, fence, table and key), and
+//   - Your own tables through sqlc: the command `pgfence gen fenced` writes a
+//     migration that adds the fence column and a query file. Every generated
+//     method fails closed: a refused write returns a non-nil error (SQLSTATE
+//     PF003..PF007 raised by pgfence.fence_refused, with token, fence, table
+//     and key), and
 //     [TranslateError] maps it to *[StaleTokenError] or a *[RefusedError]
 //     ([ErrAlreadyApplied], [ErrNotFound], [ErrConcurrentChange],
 //     [ErrInvalidToken]). Code that checks only err never takes a refused

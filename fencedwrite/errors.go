@@ -47,8 +47,8 @@ var (
 	ErrGuardRejected = errors.New("fencedwrite: rejected by the pgfence guard")
 )
 
-// Problems with a table description ([Spec], [GuardOptions], fencegen
-// options). They are detected before any write runs.
+// Problems with a table description ([Spec], [GuardOptions], the options of
+// `pgfence gen fenced`). They are detected before any write runs.
 var (
 	// ErrInvalidIdentifier: an empty, oversized (more than 63 bytes) or
 	// SQL-looking table or column name. The error is an *[IdentifierError].
@@ -112,9 +112,9 @@ func (e *StaleTokenError) Unwrap() error {
 	return e.Err
 }
 
-// RefusedError is a refusal raised by a statement that fencegen generated
-// (SQLSTATE PF004..PF007), as returned by [TranslateError]. errors.Is(err,
-// Reason) reports true: Reason is [ErrAlreadyApplied], [ErrNotFound],
+// RefusedError is a refusal raised by a statement that `pgfence gen fenced`
+// generated (SQLSTATE PF004..PF007), as returned by [TranslateError].
+// errors.Is(err, Reason) reports true: Reason is [ErrAlreadyApplied], [ErrNotFound],
 // [ErrConcurrentChange] or [ErrInvalidToken]. A stale token is a
 // *[StaleTokenError] instead.
 type RefusedError struct {
@@ -158,24 +158,6 @@ const (
 	// latest token of the row's lock: a newer grant exists, so the writer is
 	// a superseded holder. errors.Is(err, [ErrStaleToken]) also reports true.
 	GuardTokenSuperseded
-)
-
-// SQLSTATEs raised by the guard trigger (class PF).
-const (
-	SQLStateFenceNotRaised  = "PF001"
-	SQLStateTokenNotIssued  = "PF002"
-	SQLStateTokenSuperseded = "PF008"
-)
-
-// SQLSTATEs raised by the statements fencegen generates (through
-// pgfence.fence_refused) when their write changed no row. DETAIL carries
-// "token N, fence N, table T, key K".
-const (
-	SQLStateStaleToken       = "PF003"
-	SQLStateAlreadyApplied   = "PF004"
-	SQLStateNotFound         = "PF005"
-	SQLStateConcurrentChange = "PF006"
-	SQLStateInvalidToken     = "PF007"
 )
 
 // String returns a short description of the reason.
@@ -265,7 +247,7 @@ func (e *ColumnError) Unwrap() error { return e.Sentinel }
 
 // TranslateError turns errors from the database into this package's errors:
 // a guard refusal (SQLSTATE PF001/PF002/PF008) becomes a *[GuardError]; a
-// refusal raised by a statement fencegen generated becomes a
+// refusal raised by a statement `pgfence gen fenced` generated becomes a
 // *[StaleTokenError] (PF003) or a *[RefusedError] (PF004..PF007), so
 // errors.Is(TranslateError(err), [ErrStaleToken]) and the like hold for the
 // error a generated sqlc method returns; context errors are returned as they
@@ -289,7 +271,7 @@ func TranslateError(err error) error {
 			return &GuardError{Reason: r, Schema: pgErr.SchemaName, Table: pgErr.TableName,
 				Message: pgErr.Message, Detail: pgErr.Detail, Err: pgErr}
 		}
-		if pgErr.Code == SQLStateStaleToken {
+		if pgErr.Code == pgerr.StaleToken {
 			token, fence, table, key := parseRefusal(pgErr.Detail)
 			return &StaleTokenError{Token: token, Fence: fence, Table: table, Key: key, Err: pgErr}
 		}
@@ -331,15 +313,15 @@ func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
 
 var (
 	guardReasons = map[string]GuardReason{
-		SQLStateFenceNotRaised:  GuardFenceNotRaised,
-		SQLStateTokenNotIssued:  GuardTokenNotIssued,
-		SQLStateTokenSuperseded: GuardTokenSuperseded,
+		pgerr.FenceNotRaised:  GuardFenceNotRaised,
+		pgerr.TokenNotIssued:  GuardTokenNotIssued,
+		pgerr.TokenSuperseded: GuardTokenSuperseded,
 	}
 	refusalReasons = map[string]error{
-		SQLStateAlreadyApplied:   ErrAlreadyApplied,
-		SQLStateNotFound:         ErrNotFound,
-		SQLStateConcurrentChange: ErrConcurrentChange,
-		SQLStateInvalidToken:     ErrInvalidToken,
+		pgerr.AlreadyApplied:   ErrAlreadyApplied,
+		pgerr.NotFound:         ErrNotFound,
+		pgerr.ConcurrentChange: ErrConcurrentChange,
+		pgerr.InvalidToken:     ErrInvalidToken,
 	}
 )
 

@@ -301,12 +301,3 @@ func ExampleCheck() {
 	fmt.Println(errors.Is(err, fencedwrite.ErrStaleToken), err)
 	// Output: true fencedwrite: stale token 5: the row's fence is 8 (a newer grant wrote it)
 }
-
-func ExampleCheckIdentifier() {
-	fmt.Println(fencedwrite.CheckIdentifier("table", "invoices"))
-	err := fencedwrite.CheckIdentifier("table", "x; drop table y")
-	fmt.Println(errors.Is(err, fencedwrite.ErrInvalidIdentifier))
-	// Output:
-	// <nil>
-	// true
-}

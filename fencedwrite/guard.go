@@ -64,7 +64,7 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 		return errNilDB
 	}
 	if opts.FenceColumn == "" {
-		opts.FenceColumn = DefaultFenceColumn
+		opts.FenceColumn = defaultFenceColumn
 	}
 	if !opts.Mode.valid() {
 		return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, opts.Mode)
@@ -85,19 +85,19 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 	if len(opts.LockName) > maxKeyBytes {
 		return fmt.Errorf("%w: lock name is %d bytes, the limit is %d", ErrInvalidSpec, len(opts.LockName), maxKeyBytes)
 	}
-	if err := CheckIdentifier("fence column", opts.FenceColumn); err != nil {
+	if err := checkIdent("fence column", opts.FenceColumn); err != nil {
 		return err
 	}
 	if opts.LockNameColumn != "" {
-		if err := CheckIdentifier("lock name column", opts.LockNameColumn); err != nil {
+		if err := checkIdent("lock name column", opts.LockNameColumn); err != nil {
 			return err
 		}
 	}
-	ti, err := Inspect(ctx, db, table)
+	ti, err := lookup(ctx, db, table)
 	if err != nil {
 		return err
 	}
-	if err := ti.CheckFenceColumn(opts.FenceColumn); err != nil {
+	if err := checkFenceColumn(ti, opts.FenceColumn); err != nil {
 		return err
 	}
 	var lockName, lockCol, lockExpr *string
@@ -124,7 +124,7 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 // Unguard detaches the guard from table (pgfence.unguard()). It reports
 // whether a guard was attached; detaching an unguarded table is not an error.
 func Unguard(ctx context.Context, db DBTX, table string) (bool, error) {
-	ti, err := Inspect(ctx, db, table)
+	ti, err := lookup(ctx, db, table)
 	if err != nil {
 		return false, err
 	}

@@ -25,7 +25,6 @@ func TestNilDatabaseHandle(t *testing.T) {
 		_, calls["DeleteValue"] = fencedwrite.DeleteValue(ctx, db, 1, "k")
 		_, calls["ReadValue"] = fencedwrite.ReadValue(ctx, db, 1, "k")
 		_, calls["GetValue"] = fencedwrite.GetValue(ctx, db, "k")
-		_, calls["Inspect"] = fencedwrite.Inspect(ctx, db, "t")
 		_, calls["Prepare"] = fencedwrite.Prepare(ctx, db, fencedwrite.Spec{Table: "t", Key: []string{"id"}, Set: []string{"v"}})
 		calls["Guard"] = fencedwrite.Guard(ctx, db, "t", fencedwrite.GuardOptions{LockName: "l"})
 		_, calls["Unguard"] = fencedwrite.Unguard(ctx, db, "t")

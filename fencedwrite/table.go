@@ -13,11 +13,9 @@ import (
 
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgident"
 	"github.com/pgfence/pgfence/observe"
 )
-
-// DefaultFenceColumn is the fence column name used when a spec names none.
-const DefaultFenceColumn = "fence"
 
 // Spec describes fenced writes to one of the application's own tables.
 type Spec struct {
@@ -71,7 +69,7 @@ type Table struct {
 // [ErrKeyNotUnique]. Prepare only reads the catalog.
 func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 	if spec.FenceColumn == "" {
-		spec.FenceColumn = DefaultFenceColumn
+		spec.FenceColumn = defaultFenceColumn
 	}
 	if len(spec.Read) == 0 {
 		spec.Read = spec.Set
@@ -79,29 +77,29 @@ func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 	if err := checkSpec(nil, spec); err != nil {
 		return nil, err
 	}
-	ti, err := Inspect(ctx, db, spec.Table)
+	ti, err := lookup(ctx, db, spec.Table)
 	if err != nil {
 		return nil, err
 	}
 	if err := checkSpec(ti, spec); err != nil {
 		return nil, err
 	}
-	if err := ti.CheckFenceColumn(spec.FenceColumn); err != nil {
+	if err := checkFenceColumn(ti, spec.FenceColumn); err != nil {
 		return nil, err
 	}
-	if !ti.IsUniqueKey(spec.Key) {
+	if !pgident.IsUniqueKey(ti.UniqueKeys, spec.Key) {
 		return nil, fmt.Errorf("%w: %s (%s)", ErrKeyNotUnique, ti.Qualified(), strings.Join(spec.Key, ", "))
 	}
 	t := &Table{spec: spec, name: ti.Qualified(), label: ti.Schema + "." + ti.Name}
-	t.build(ti.builtin)
+	t.build(ti)
 	metricdefs.InitTable(ctx, metricdefs.OrNop(spec.Metrics), t.label)
 	return t, nil
 }
 
-func checkSpec(ti *TableInfo, s Spec) error {
+func checkSpec(ti *pgident.Table, s Spec) error {
 	if ti == nil {
-		if _, err := ParseTableName(s.Table); err != nil {
-			return err
+		if _, err := pgident.ParseTableName(s.Table); err != nil {
+			return identError(err)
 		}
 		if !s.Mode.valid() {
 			return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, s.Mode)
@@ -112,7 +110,7 @@ func checkSpec(ti *TableInfo, s Spec) error {
 		if len(s.Set) == 0 {
 			return fmt.Errorf("%w: no set columns", ErrInvalidSpec)
 		}
-		if err := CheckIdentifier("fence column", s.FenceColumn); err != nil {
+		if err := checkIdent("fence column", s.FenceColumn); err != nil {
 			return err
 		}
 		seen := map[string]string{s.FenceColumn: "fence column"}
@@ -154,11 +152,11 @@ func param(n int) string { return "$" + strconv.Itoa(n) }
 // another schema (an extension's citext, a domain of the application) keeps
 // the bare = of its own type, resolved as the application's own statements
 // resolve it.
-func (t *Table) build(builtin map[string]bool) {
+func (t *Table) build(ti *pgident.Table) {
 	s := t.spec
 	fence := ident(s.FenceColumn)
 	eq := func(col string) string {
-		if builtin[col] {
+		if c, _ := ti.Column(col); c.Builtin {
 			return " OPERATOR(pg_catalog.=) "
 		}
 		return " = "
@@ -235,12 +233,6 @@ func (t *Table) build(builtin map[string]bool) {
 	}
 	t.reread = "SELECT " + fence + " FROM " + t.name + " WHERE " + strings.Join(rk, " AND ")
 }
-
-// Spec returns the validated spec (with defaults filled in).
-func (t *Table) Spec() Spec { return t.spec }
-
-// UpdateSQL returns the fenced UPDATE statement, for logging and review.
-func (t *Table) UpdateSQL() string { return t.update }
 
 func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
 	if err := checkToken(token); err != nil {

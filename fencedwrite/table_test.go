@@ -29,12 +29,12 @@ func TestTableUpdateStrictAndReentrant(t *testing.T) {
 	strict := prepare(t, pool, fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"pdf_url", "status"}})
 	reent := prepare(t, pool, fencedwrite.Spec{Table: "public.invoices", Key: []string{"id"}, Set: []string{"pdf_url", "status"},
 		Mode: fencedwrite.Reentrant})
-	if sql := strict.UpdateSQL(); !strings.Contains(sql, `"fence" OPERATOR(pg_catalog.<) $1`) || !strings.Contains(sql, `"public"."invoices"`) {
+	if sql := fencedwrite.UpdateSQL(strict); !strings.Contains(sql, `"fence" OPERATOR(pg_catalog.<) $1`) || !strings.Contains(sql, `"public"."invoices"`) {
 		t.Fatalf("strict SQL = %s", sql)
 	}
 	// An accepted write costs the hand-written statement: one plain UPDATE,
 	// no diagnosis branch (a refusal is explained by a read afterwards).
-	if sql := strict.UpdateSQL(); !strings.HasPrefix(sql, "UPDATE ") || strings.Contains(sql, "UNION") || strings.Contains(sql, "WITH") {
+	if sql := fencedwrite.UpdateSQL(strict); !strings.HasPrefix(sql, "UPDATE ") || strings.Contains(sql, "UNION") || strings.Contains(sql, "WITH") {
 		t.Fatalf("strict SQL is not a plain UPDATE: %s", sql)
 	}
 

@@ -146,13 +146,13 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		return err
 	}
 	switch pgerr.Code(err) {
-	case fencedwrite.SQLStateStaleToken:
+	case pgerr.StaleToken:
 		var stale *fencedwrite.StaleTokenError
 		if tr := fencedwrite.TranslateError(err); errors.As(tr, &stale) {
 			return &RefusedError{Reason: ErrStaleToken, LockName: lock, Key: keyOf(stale.Key), Token: stale.Token,
 				Latest: stale.Fence, Err: tr}
 		}
-	case fencedwrite.SQLStateTokenNotIssued:
+	case pgerr.TokenNotIssued:
 		tr := fencedwrite.TranslateError(err)
 		r := &RefusedError{Reason: ErrTokenNotIssued, LockName: lock, Err: tr}
 		var ge *fencedwrite.GuardError
@@ -168,7 +168,7 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		}
 		r.Err = &pglock.LeaseLostError{Name: r.LockName, Holder: holder, Token: r.Token, Cause: err}
 		return r
-	case fencedwrite.SQLStateInvalidToken:
+	case pgerr.InvalidToken:
 		return fmt.Errorf("%w: %w", ErrInvalidToken, fencedwrite.TranslateError(err))
 	case sqlStateBadArgument:
 		return fmt.Errorf("%w: refused by the server: %w", ErrInvalidIntent, err)

@@ -41,6 +41,23 @@ const (
 	ClassOperatorIntervention  = "57"
 )
 
+// SQLSTATE codes of pgfence's own refusals (class PF, docs/sql.md). The
+// guard trigger raises FenceNotRaised, TokenNotIssued and TokenSuperseded;
+// pgfence.fence_refused, called by the statements `pgfence gen fenced`
+// writes, raises StaleToken..InvalidToken with DETAIL "token N, fence N,
+// table T, key K"; pgfence.outbox_enqueue raises TokenNotIssued, StaleToken
+// and InvalidToken too.
+const (
+	FenceNotRaised   = "PF001" // the guard: the change did not raise the fence
+	TokenNotIssued   = "PF002" // a token the lock never issued, or no such lock
+	StaleToken       = "PF003" // a newer grant exists, or wrote the row
+	AlreadyApplied   = "PF004" // strict mode: this grant already wrote the row
+	NotFound         = "PF005" // no row with that key
+	ConcurrentChange = "PF006" // the row changed concurrently; nothing written
+	InvalidToken     = "PF007" // a token NULL or not above 0
+	TokenSuperseded  = "PF008" // the guard: a newer grant of the row's lock exists
+)
+
 // Code returns the SQLSTATE of the first *pgconn.PgError in err's chain, or
 // "" when the error did not come from the server.
 func Code(err error) string {

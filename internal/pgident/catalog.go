@@ -134,3 +134,18 @@ func Lookup(ctx context.Context, q Querier, t TableName) (*Table, error) {
 	}
 	return ti, nil
 }
+
+// FenceColumnProblem says why column name of t cannot be a fence column
+// (missing, or not bigint), with the statement that adds it when it is
+// missing; "" when it is a bigint column.
+func (t *Table) FenceColumnProblem(name string) string {
+	c, ok := t.Column(name)
+	if !ok {
+		return "no such column; add it with: ALTER TABLE " + t.Qualified() + " ADD COLUMN " +
+			Quote(name) + " bigint NOT NULL DEFAULT 0"
+	}
+	if c.Type != "bigint" {
+		return "type is " + c.Type + ", want bigint"
+	}
+	return ""
+}

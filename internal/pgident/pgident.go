@@ -1,7 +1,7 @@
 // Package pgident is pgfence's one rule for the table and column names it
 // puts into SQL, and its one catalog lookup for application tables. The
-// public packages (fencedwrite, fencegen, skiplocked) map its errors to their
-// own sentinels.
+// public packages (fencedwrite, skiplocked) and the CLI's generator map its
+// errors to their own sentinels.
 package pgident
 
 import (

@@ -8,18 +8,10 @@
 //     test harness is never linked into a user's program;
 //   - a public package links, besides the standard library and pgfence's own
 //     packages, only pgx (and the jackc modules it uses), goose (and the
-//     modules its imported packages use) and golang.org/x/ modules; the one
-//     exception, each with its reason, is listed in [Exceptions].
+//     modules its imported packages use) and golang.org/x/ modules.
 //
-// The CLI (cmd/pgfence) and the observe adapters (observe/promobserve,
-// observe/otelobserve) are modules of their own, so their dependencies
-// (cobra, Prometheus, OpenTelemetry) never reach the root module's go.mod.
+// The CLI (cmd/pgfence, with the generator behind `pgfence gen fenced`) and
+// the observe adapters (observe/promobserve, observe/otelobserve) are modules
+// of their own, so their dependencies (cobra, yaml, Prometheus,
+// OpenTelemetry) never reach the root module's go.mod.
 package layers
-
-// Exceptions are the modules outside the allowed set that one public package
-// may link, with the reason.
-var Exceptions = map[string]map[string]string{
-	"github.com/pgfence/pgfence/fencedwrite/fencegen": {
-		"go.yaml.in/yaml/v3": "the generator reads the application's sqlc.yaml",
-	},
-}

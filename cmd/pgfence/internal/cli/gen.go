@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/fencedwrite/fencegen"
 )
 
 func (a *app) genCommand() *cobra.Command {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgfence/pgfence/fencedwrite/fencegen"
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 )
 
 func TestSQLCConfigDirs(t *testing.T) {

@@ -10,8 +10,8 @@
 // writers send tokens) and the query file ("fenced_<table>.sql", or
 // "fenced_<table>.<name>.sql" for a non-default Options.Name). [Validate]
 // checks the options against a live schema first. Names are validated with
-// [fencedwrite.CheckIdentifier] (SQL-looking input such as "x; drop table y"
-// is refused with a *fencedwrite.IdentifierError) and quoted with
+// the rule of [fencedwrite.Prepare] (SQL-looking input such as "x; drop
+// table y" is refused with a *fencedwrite.IdentifierError) and quoted with
 // pgx.Identifier in the output.
 //
 // Writing is safe to repeat. [Files.Plan] compares the files with what the

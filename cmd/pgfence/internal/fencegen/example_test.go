@@ -5,8 +5,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/fencedwrite/fencegen"
 )
 
 func ExampleGenerate() {

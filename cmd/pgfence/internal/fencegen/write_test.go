@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/fencedwrite/fencegen"
 )
 
 func mustGenerate(t *testing.T, opts fencegen.Options) *fencegen.Files {

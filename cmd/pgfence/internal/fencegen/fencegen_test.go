@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
-	"github.com/pgfence/pgfence/fencedwrite/fencegen"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgident"
 )
 
 // ErrInvalidOptions reports options that are incomplete or contradictory
@@ -123,7 +124,7 @@ type Files struct {
 
 type plan struct {
 	opts    Options
-	table   fencedwrite.TableName
+	table   pgident.TableName
 	fence   string
 	name    string
 	params  map[string]string // column -> sqlc parameter name
@@ -133,13 +134,13 @@ type plan struct {
 func check(opts Options) (*plan, error) {
 	p := &plan{opts: opts, fence: opts.FenceColumn, version: opts.Version}
 	var err error
-	if p.table, err = fencedwrite.ParseTableName(opts.Table); err != nil {
+	if p.table, err = parseTable(opts.Table); err != nil {
 		return nil, err
 	}
 	if p.fence == "" {
-		p.fence = fencedwrite.DefaultFenceColumn
+		p.fence = defaultFenceColumn
 	}
-	if err := fencedwrite.CheckIdentifier("fence column", p.fence); err != nil {
+	if err := checkIdent("fence column", p.fence); err != nil {
 		return nil, err
 	}
 	if len(opts.Key) == 0 {
@@ -156,7 +157,7 @@ func check(opts Options) (*plan, error) {
 		cols []string
 	}{{"key column", opts.Key}, {"set column", opts.Set}} {
 		for _, c := range group.cols {
-			if err := fencedwrite.CheckIdentifier(group.what, c); err != nil {
+			if err := checkIdent(group.what, c); err != nil {
 				return nil, err
 			}
 			if seen[c] {
@@ -197,7 +198,7 @@ func check(opts Options) (*plan, error) {
 			if err := checkLockName(g.LockName); err != nil {
 				return nil, err
 			}
-		} else if err := fencedwrite.CheckIdentifier("lock name column", g.LockNameColumn); err != nil {
+		} else if err := checkIdent("lock name column", g.LockNameColumn); err != nil {
 			return nil, err
 		}
 		if g.Mode != fencedwrite.Strict && g.Mode != fencedwrite.Reentrant {
@@ -259,7 +260,7 @@ func goName(s string) bool {
 // key and set columns exist, the key is a primary key or unique index, and
 // the fence column is absent (or, with HasFenceColumn, present as bigint);
 // with a guard, that the lock name column exists. It only reads the catalog.
-// Errors are those of [fencedwrite.Inspect] and [fencedwrite.Prepare]
+// Errors are those [fencedwrite.Prepare] returns for the same table
 // (fencedwrite.ErrUnknownTable, ErrUnknownColumn, ErrNoFenceColumn,
 // ErrKeyNotUnique) or [ErrInvalidOptions].
 func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
@@ -275,7 +276,7 @@ func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
 // absent (not applied yet) or present (applied) whatever HasFenceColumn says.
 func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool) error {
 	opts := p.opts
-	ti, err := fencedwrite.Inspect(ctx, db, opts.Table)
+	ti, err := lookup(ctx, db, opts.Table)
 	if err != nil {
 		return err
 	}
@@ -288,13 +289,13 @@ func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool)
 			return &fencedwrite.ColumnError{Sentinel: fencedwrite.ErrUnknownColumn, Table: ti.Qualified(), Column: c}
 		}
 	}
-	if !ti.IsUniqueKey(opts.Key) {
+	if !pgident.IsUniqueKey(ti.UniqueKeys, opts.Key) {
 		return fmt.Errorf("%w: %s (%s)", fencedwrite.ErrKeyNotUnique, ti.Qualified(), strings.Join(opts.Key, ", "))
 	}
 	_, has := ti.Column(p.fence)
 	switch {
 	case opts.HasFenceColumn, migrated && has:
-		return ti.CheckFenceColumn(p.fence)
+		return checkFenceColumn(ti, p.fence)
 	case migrated:
 		return nil
 	case has:
@@ -460,7 +461,7 @@ func (p *plan) guardMigration(previous string) string {
 // compares it with the guard statement of the newest earlier migration to
 // decide whether a new guard migration is needed, so any change here (a new
 // lock source, a new argument) leads to a new guard migration on a re-run.
-func guardSQL(table fencedwrite.TableName, fence string, g *fencedwrite.GuardOptions) string {
+func guardSQL(table pgident.TableName, fence string, g *fencedwrite.GuardOptions) string {
 	lock := "lock_name => '" + g.LockName + "'"
 	if g.LockNameColumn != "" {
 		lock = "lock_name_column => '" + g.LockNameColumn + "'"
@@ -469,6 +470,6 @@ func guardSQL(table fencedwrite.TableName, fence string, g *fencedwrite.GuardOpt
 		table, lock, fence, g.Mode)
 }
 
-func unguardSQL(table fencedwrite.TableName) string {
+func unguardSQL(table pgident.TableName) string {
 	return fmt.Sprintf("SELECT pgfence.unguard('%s'::pg_catalog.regclass)", table)
 }
