@@ -121,10 +121,22 @@ func TestLockPathPlansOnce(t *testing.T) {
 			}
 		}
 		pass(40)
-		plans.reset()
-		pass(20)
-		if n, first := plans.get(); n != 0 {
-			t.Errorf("20 handoffs on warm sessions made %d plans, want 0; first:\n%s", n, first)
+		// A waiter's path depends on timing (which pool connection serves
+		// it, whether it waits once or twice), so on a loaded machine a
+		// session can meet a statement for its first few times after the
+		// warm-up. A statement planned on every call plans in every window;
+		// one window of 20 handoffs with no plan shows the path settled.
+		var n int
+		var first string
+		for range 5 {
+			plans.reset()
+			pass(20)
+			if n, first = plans.get(); n == 0 {
+				break
+			}
+		}
+		if n != 0 {
+			t.Errorf("5 windows of 20 handoffs on warm sessions each made plans (the last %d), want a window with none; first:\n%s", n, first)
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
