@@ -61,7 +61,7 @@ type Elector struct {
 
 // errRenewDeadline is the cause of a term that ended because renewals kept
 // failing for RenewDeadline.
-var errRenewDeadline = errors.New("pglock: renewals failed for longer than the renew deadline; stepped down")
+var errRenewDeadline = errors.New("renewals failed for longer than the renew deadline; stepped down")
 
 // NewElector returns an Elector for lock name. It validates and does no I/O.
 func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) {
