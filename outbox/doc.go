@@ -12,7 +12,7 @@
 // package fencedwrite) and the lease is held with its key: a holder that
 // paused past its lease while another was granted the lock is refused with
 // [ErrStaleToken] (the same sentinel as a refused fenced write), a released
-// or expired lease with [pglock.ErrLeaseLost], a token the lock never issued
+// or expired lease with [pgfence.ErrLost], a token the lock never issued
 // with [ErrTokenNotIssued], and nothing is recorded. Tokens are public; the
 // lease key is the holder's secret, so a session that read a token cannot
 // record intents in the holder's name. The database checks the token again

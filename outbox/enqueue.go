@@ -157,7 +157,7 @@ func cutForError(s string) string {
 // [ErrStaleToken] (which is [fencedwrite.ErrStaleToken]); a token the lock
 // never issued, or a lock that does not exist, one matching
 // [ErrTokenNotIssued]; a lease released or expired (or a key that is not the
-// lease's), one matching [pglock.ErrLeaseLost].
+// lease's), one matching [pgfence.ErrLost].
 // Nothing is recorded then. The token is checked again when the transaction
 // commits, with the lock row locked until the commit ends: if a grant
 // committed in between, the COMMIT fails (SQLSTATE PF003; see

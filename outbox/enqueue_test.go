@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
@@ -55,7 +56,7 @@ func TestEnqueueFenced(t *testing.T) {
 	if refused.Token != old.Token() || refused.Latest != cur.Token() || refused.Key != "settle:7:day2" || stale.Fence != cur.Token() {
 		t.Errorf("stale refusal %+v / %+v, want token %d latest %d key settle:7:day2", refused, stale, old.Token(), cur.Token())
 	}
-	if errors.Is(err, pglock.ErrLeaseLost) {
+	if errors.Is(err, pgfence.ErrLost) {
 		t.Errorf("stale token: %v also matches the lease-not-held refusal", err)
 	}
 	// A stale holder is refused even for a key already recorded.
@@ -85,7 +86,7 @@ func TestEnqueueFenced(t *testing.T) {
 
 // TestEnqueueLeaseNotHeld: a lease whose token is still the lock's latest
 // records nothing once it is released or expired, nor with a key that is not
-// its own: pglock.ErrLeaseLost. A lease
+// its own: pgfence.ErrLost. A lease
 // that expires after its Enqueue, granted to nobody else, still commits: the
 // COMMIT checks the token.
 func TestEnqueueLeaseNotHeld(t *testing.T) {
@@ -100,17 +101,17 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 	for what, l := range map[string]*pglock.Lease{"released": released, "expired": expired} {
 		_, err := outbox.Enqueue(b.ctx, b.pool, l, intent("k-"+what))
 		var refused *outbox.RefusedError
-		var lost *pglock.LeaseLostError
-		if !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
-			!errors.As(err, &lost) {
-			t.Fatalf("%s lease: %v (%T), want a RefusedError matching pglock.ErrLeaseLost", what, err, err)
+		var lost *pgfence.Error
+		if !errors.Is(err, pgfence.ErrLost) || !errors.As(err, &refused) ||
+			!errors.As(err, &lost) || lost.Kind != pgfence.ErrLost {
+			t.Fatalf("%s lease: %v (%T), want a RefusedError matching pgfence.ErrLost", what, err, err)
 		}
 		if refused.LockName != l.Name() || refused.Token != l.Token() || refused.Latest != l.Token() || refused.Key != "k-"+what ||
 			lost.Name != l.Name() || lost.Token != l.Token() || lost.Holder != l.Holder() {
 			t.Errorf("%s lease: refusal %+v / %+v, want lock %s token %d", what, refused, lost, l.Name(), l.Token())
 		}
-		if !strings.Contains(err.Error(), "not held") || !strings.Contains(lost.Cause.Error(), what) {
-			t.Errorf("%s lease: %q (server: %v) does not say why", what, err, lost.Cause)
+		if !strings.Contains(err.Error(), "not held") || lost.Err == nil || !strings.Contains(lost.Err.Error(), what) {
+			t.Errorf("%s lease: %q (server: %v) does not say why", what, err, lost.Err)
 		}
 		if errors.Is(err, outbox.ErrStaleToken) || errors.Is(err, outbox.ErrTokenNotIssued) {
 			t.Errorf("%s lease: %v also matches another refusal", what, err)
@@ -123,9 +124,9 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 	for what, key := range map[string][]byte{"a made-up key": []byte("0123456789abcdef"), "another Locker's key": otherKey} {
 		err := enqueueSQL(b, held.Name(), held.Token(), key, "k-wrong")
 		var refused *outbox.RefusedError
-		if !errors.Is(err, pglock.ErrLeaseLost) || !errors.As(err, &refused) ||
+		if !errors.Is(err, pgfence.ErrLost) || !errors.As(err, &refused) ||
 			refused.LockName != held.Name() || refused.Token != held.Token() || !strings.Contains(err.Error(), "not held") {
-			t.Fatalf("%s: %v (%+v), want pglock.ErrLeaseLost for %s token %d", what, err, refused, held.Name(), held.Token())
+			t.Fatalf("%s: %v (%+v), want pgfence.ErrLost for %s token %d", what, err, refused, held.Name(), held.Token())
 		}
 	}
 	if n, jobs := b.counts(t); n != 0 || jobs != 0 {

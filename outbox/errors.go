@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pglock"
@@ -61,16 +62,16 @@ var (
 // RefusedError reports an intent the database refused because its token is
 // not the latest grant of its lock, or because the lease is not held with its
 // key. errors.Is(err, Reason) holds: Reason is [ErrStaleToken],
-// [ErrTokenNotIssued] or [pglock.ErrLeaseLost] (the lease was released,
-// expired on the database's clock, or the key is not its key). For a stale token, Unwrap returns
-// a [*fencedwrite.StaleTokenError] (Token, and Fence = Latest); for a lease
-// not held, a [*pglock.LeaseLostError] (Name, Holder, Token) whose cause is
-// the server's error.
+// [ErrTokenNotIssued] or [pgfence.ErrLost] (the lease was released, expired
+// on the database's clock, or the key is not its key). For a stale token,
+// Unwrap returns a [*fencedwrite.StaleTokenError] (Token, and Fence =
+// Latest); for a lease not held, a [*pgfence.Error] of kind [pgfence.ErrLost]
+// (Name, Holder, Token) whose cause is the server's error.
 //
 // The refusal comes from [Enqueue], or from the COMMIT of the caller's
 // transaction when a grant committed after Enqueue returned: pass the
 // commit's error through [TranslateError] to get this type (the COMMIT checks
-// the token only, so it never refuses with pglock.ErrLeaseLost).
+// the token only, so it never refuses with pgfence.ErrLost).
 type RefusedError struct {
 	Reason   error
 	LockName string // the lock named by the intent ("" when refused at COMMIT)
@@ -86,7 +87,7 @@ func (e *RefusedError) Error() string {
 	case e.Reason == ErrStaleToken:
 		return fmt.Sprintf("outbox: intent refused: stale token %d, lock %q has granted %d since (key %s)",
 			e.Token, e.LockName, e.Latest, e.Key)
-	case e.Reason == pglock.ErrLeaseLost:
+	case e.Reason == pgfence.ErrLost:
 		return fmt.Sprintf("outbox: intent refused: the lease of lock %q with token %d is not held with its key "+
 			"(released, expired, or another key) (key %s)", e.LockName, e.Token, e.Key)
 	default:
@@ -161,12 +162,12 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		}
 		return r
 	case sqlStateLeaseNotHeld:
-		r := &RefusedError{Reason: pglock.ErrLeaseLost, LockName: lock}
+		r := &RefusedError{Reason: pgfence.ErrLost, LockName: lock}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
 			parseNotIssued(pgErr.Detail, r)
 		}
-		r.Err = &pglock.LeaseLostError{Name: r.LockName, Holder: holder, Token: r.Token, Cause: err}
+		r.Err = &pgfence.Error{Op: "outbox.Enqueue", Kind: pgfence.ErrLost, Name: r.LockName, Holder: holder, Token: r.Token, Err: err}
 		return r
 	case pgerr.InvalidToken:
 		return fmt.Errorf("%w: %w", ErrInvalidToken, fencedwrite.TranslateError(err))

@@ -54,7 +54,7 @@ func Example() {
 		Payload: json.RawMessage(`{"store":7,"day":"2024-06-01","amount_cents":123456}`),
 	})
 	if err != nil {
-		log.Fatal(err) // ErrStaleToken: a newer holder exists; pglock.ErrLeaseLost: the lease ended. Nothing was recorded
+		log.Fatal(err) // ErrStaleToken: a newer holder exists; pgfence.ErrLost: the lease ended. Nothing was recorded
 	}
 	// The token is checked again at COMMIT.
 	if err := outbox.TranslateError(tx.Commit(ctx)); err != nil {

@@ -8,28 +8,30 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // TryAcquire makes one attempt to take the lock name for ttl. It returns the
-// lease, or a [*LockedError] ([ErrLocked]) naming the current holder when the
-// lock is held, including by this same Locker. If ctx is cancelled the grant
-// may or may not have committed; if it did, the lock stays held by this
-// Locker's holder until ttl passes. A grant answered after ttl is given back
-// and reported as a transient [*DBError] wrapping a [*SlowGrantError]
-// ([ErrSlowGrant]).
+// lease, or a [*pgfence.Error] matching [pgfence.ErrLocked], with the holder
+// and its expiry, when the lock is held, including by this same Locker. If
+// ctx is cancelled the grant may or may not have committed; if it did, the
+// lock stays held by this Locker's holder until ttl passes. A grant answered
+// after ttl is given back and reported as a [*pgfence.Error] matching
+// [pgfence.ErrSlowGrant] (with the token; [pgfence.IsRetryable] is true).
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := validateName(name); err != nil {
+	const op = "pglock.TryAcquire"
+	if err := validateName(op, name); err != nil {
 		return nil, err
 	}
-	if err := validateTTL(ttl); err != nil {
+	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
 	if l.isClosed() {
-		return nil, ErrClosed
+		return nil, closedError(op, name)
 	}
 	start := time.Now()
-	lease, locked, _, err := l.grant(ctx, name, ttl, attemptTry, nil)
+	lease, locked, _, err := l.grant(ctx, op, name, ttl, attemptTry, nil)
 	if err == nil && locked != nil {
 		err = locked
 	}
@@ -52,7 +54,7 @@ func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time
 		if l.log.Enabled(context.Background(), slog.LevelInfo) { // no argument boxing on the hot path when silent
 			l.log.Info("pglock: granted", "name", name, "token", lease.token, "ttl", lease.ttl, "expires_at", lease.ExpiresAt())
 		}
-	case errors.Is(err, ErrLocked):
+	case errors.Is(err, pgfence.ErrLocked):
 		l.m.Observe(ctx, metricdefs.LeaseAcquireSeconds, elapsed, metricdefs.OutcomeLocked)
 	default:
 		l.m.Observe(ctx, metricdefs.LeaseAcquireSeconds, elapsed, metricdefs.OutcomeError)
@@ -63,20 +65,23 @@ func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time
 // until it gets the lease or ctx ends. It sleeps until a release or the
 // holder's expiry (see the package documentation, "Waiting").
 //
-// When ctx ends while waiting, the error is a [*LockedError] that also
-// matches ctx's error (errors.Is(err, context.DeadlineExceeded)); when it
-// ends during a round trip, a [*DBError] that matches it too. Database
-// errors end the wait and are returned as [*DBError], and so does a grant
-// that arrived too late to be used ([ErrSlowGrant], see [Locker.TryAcquire]).
+// When ctx ends while waiting, the error is a [*pgfence.Error] matching
+// [pgfence.ErrLocked], with the last holder seen, whose cause (Err) is ctx's
+// error (errors.Is(err, context.DeadlineExceeded)); when it ends during a
+// round trip, a [*pgfence.Error] with no Kind that matches it too. Database
+// errors end the wait and are returned as a [*pgfence.Error] whose cause is
+// the driver's error, and a grant that arrived too late to be used matches
+// [pgfence.ErrSlowGrant] (see [Locker.TryAcquire]).
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := validateName(name); err != nil {
+	const op = "pglock.Acquire"
+	if err := validateName(op, name); err != nil {
 		return nil, err
 	}
-	if err := validateTTL(ttl); err != nil {
+	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{})
+	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{op: op})
 	l.recordAcquire(ctx, name, start, waited, lease, err)
 	return lease, err
 }
@@ -91,6 +96,7 @@ func (l *Locker) acquireWaited(ctx context.Context, name string, ttl time.Durati
 
 // waitOpts adjust acquire for the election campaign.
 type waitOpts struct {
+	op       string        // the exported call, for errors
 	cap      time.Duration // longest single sleep; 0 = Config.PollInterval
 	retryErr time.Duration // > 0: retry database errors after this long instead of returning them
 	onErr    func(error)
@@ -140,7 +146,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 	}
 	for {
 		if l.isClosed() {
-			return nil, ErrClosed
+			return nil, closedError(o.op, name)
 		}
 		kind := attemptTry
 		switch {
@@ -155,7 +161,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 				queuedAt = time.Now()
 			}
 		}
-		lease, locked, wait, err := l.grant(ctx, name, ttl, kind, w)
+		lease, locked, wait, err := l.grant(ctx, o.op, name, ttl, kind, w)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -168,7 +174,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			if o.onErr != nil {
 				o.onErr(err)
 			}
-			locked, wait = &LockedError{Name: name}, o.retryErr
+			locked, wait = &pgfence.Error{Op: o.op, Kind: pgfence.ErrLocked, Name: name}, o.retryErr
 		} else if w == nil && l.lis != nil {
 			// Register before the next attempt: a release that commits after
 			// that attempt is then seen by the listener (or, if the listener
@@ -227,7 +233,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			locked.Err = context.Cause(ctx)
 			return nil, locked
 		case turnClosed:
-			return nil, ErrClosed
+			return nil, closedError(o.op, name)
 		case turnHandoff:
 			// A notification says a release handed the lease to this wait.
 			// It only wakes: any role that can read pgfence.lock_queue can
@@ -235,7 +241,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			// nothing. The lease is the one the database shows granted to
 			// this wait (HandedLock, a read, no commit); if it is not there
 			// (or already ended), the next attempt looks again.
-			lease, err := l.handed(ctx, name, ttl, w.wkey, w.waitID)
+			lease, err := l.handed(ctx, o.op, name, ttl, w.wkey, w.waitID)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err
 			}
@@ -401,17 +407,19 @@ const (
 // order (sorted by bytes), so callers asking for overlapping sets cannot
 // deadlock. It is all or nothing: if one acquisition fails, the leases already
 // taken are released and the error is returned. Leases come back in the order
-// of names. Invalid or duplicate names give [ErrInvalidName] before any SQL.
+// of names. Invalid or duplicate names give a [*pgfence.Error] matching
+// [pgfence.ErrInvalid] before any SQL.
 func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Duration) ([]*Lease, error) {
+	const op = "pglock.AcquireMany"
 	if len(names) == 0 {
-		return nil, invalid(ErrInvalidName, "no names")
+		return nil, invalid(op, "lock names", "no names")
 	}
-	if err := validateTTL(ttl); err != nil {
+	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
 	order := make([]int, len(names))
 	for i, n := range names {
-		if err := validateName(n); err != nil {
+		if err := validateName(op, n); err != nil {
 			return nil, err
 		}
 		order[i] = i
@@ -427,12 +435,12 @@ func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 	})
 	for i := 1; i < len(order); i++ {
 		if names[order[i]] == names[order[i-1]] {
-			return nil, invalid(ErrInvalidName, "duplicate name %q", names[order[i]])
+			return nil, invalid(op, "lock names", "duplicate name %q", names[order[i]])
 		}
 	}
 	leases := make([]*Lease, len(names))
 	for _, i := range order {
-		s, err := l.acquire(ctx, names[i], ttl, waitOpts{})
+		s, err := l.acquire(ctx, names[i], ttl, waitOpts{op: op})
 		if err != nil {
 			l.releaseAll(leases)
 			return nil, err

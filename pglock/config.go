@@ -1,13 +1,9 @@
 package pglock
 
 import (
-	"context"
 	"log/slog"
 	"time"
 	"unicode/utf8"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/observe"
 )
@@ -44,14 +40,6 @@ const notifyChannel = "pgfence_lock_released"
 // wakes the waiter: any role that can connect may send one, so the waiter
 // reads its grant in the database before it returns a lease.
 const handoffChannel = "pgfence_lock_handoff"
-
-// DBTX is what the package needs from a database handle: *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx satisfy it.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // Config configures a [Locker]. A nil *Config means all defaults.
 type Config struct {
@@ -101,45 +89,45 @@ type Config struct {
 // 512 bytes of valid UTF-8 without NUL bytes. Any other content,
 // including quotes, semicolons and SQL keywords, is fine: names are always
 // bind parameters and stored verbatim.
-func validateName(name string) error {
+func validateName(op, name string) error {
 	switch {
 	case name == "":
-		return invalid(ErrInvalidName, "empty name")
+		return invalid(op, "lock name", "empty name")
 	case len(name) > maxNameBytes:
-		return invalid(ErrInvalidName, "name is %d bytes, more than %d", len(name), maxNameBytes)
+		return invalid(op, "lock name", "%d bytes, more than %d", len(name), maxNameBytes)
 	case !utf8.ValidString(name):
-		return invalid(ErrInvalidName, "name is not valid UTF-8")
+		return invalid(op, "lock name", "not valid UTF-8")
 	case containsNUL(name):
-		return invalid(ErrInvalidName, "name contains a NUL byte")
+		return invalid(op, "lock name", "contains a NUL byte")
 	}
 	return nil
 }
 
-func validateHolder(h string) error {
+func validateHolder(op, h string) error {
 	switch {
 	case h == "":
-		return invalid(ErrInvalidHolder, "empty holder")
+		return invalid(op, "holder", "empty holder")
 	case len(h) > maxHolderBytes:
-		return invalid(ErrInvalidHolder, "holder is %d bytes, more than %d", len(h), maxHolderBytes)
+		return invalid(op, "holder", "%d bytes, more than %d", len(h), maxHolderBytes)
 	case !utf8.ValidString(h):
-		return invalid(ErrInvalidHolder, "holder is not valid UTF-8")
+		return invalid(op, "holder", "not valid UTF-8")
 	case containsNUL(h):
-		return invalid(ErrInvalidHolder, "holder contains a NUL byte")
+		return invalid(op, "holder", "contains a NUL byte")
 	}
 	return nil
 }
 
 // validateTTL reports whether ttl is within [MinTTL, MaxTTL].
-func validateTTL(ttl time.Duration) error {
+func validateTTL(op string, ttl time.Duration) error {
 	if ttl < MinTTL || ttl > MaxTTL {
-		return invalid(ErrInvalidTTL, "%v is outside [%v, %v]", ttl, MinTTL, MaxTTL)
+		return invalid(op, "lease duration", "%v is outside [%v, %v]", ttl, MinTTL, MaxTTL)
 	}
 	return nil
 }
 
-func validateToken(token int64) error {
+func validateToken(op string, token int64) error {
 	if token <= 0 {
-		return invalid(ErrInvalidToken, "token %d is not positive", token)
+		return invalid(op, "token", "%d is not positive", token)
 	}
 	return nil
 }

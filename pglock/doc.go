@@ -35,8 +35,8 @@
 // [Lease.Done] and [Lease.Context] end when a renewal is refused, when the
 // local deadline passes, on [Lease.Release] and on [Locker.Close];
 // [Lease.Err] says which. Renew and Release are conditional on (name, holder,
-// token): a stale holder's late call changes nothing and returns a
-// [*LeaseLostError]. Release keeps the row and its token. Grants and renewals
+// token): a stale holder's late call changes nothing and returns an error
+// matching [pgfence.ErrLost]. Release keeps the row and its token. Grants and renewals
 // are durable once acknowledged, whatever the server's synchronous_commit.
 //
 // With [Config].KeepAlive a goroutine renews every lease before it expires.
@@ -56,19 +56,34 @@
 // [Locker.NewElector] returns an [Elector] for leader election on a lock
 // name; the term's lease token fences the leader's writes.
 //
-// # Input, errors and cancellation
+// # Input and cancellation
 //
 // Names (1..512 bytes of UTF-8 without NUL), holders and TTLs
-// ([MinTTL]..[MaxTTL]) are validated before any SQL runs ([*InvalidError]);
-// names are always bind parameters and stored verbatim. Database failures
-// are [*DBError]. Tokens never wrap: past the bigint maximum a grant fails
-// with [ErrTokenOverflow].
+// ([MinTTL]..[MaxTTL]) are validated before any SQL runs
+// ([pgfence.ErrInvalid]); names are always bind parameters and stored
+// verbatim. Tokens never wrap: past the bigint maximum a grant fails with
+// [pgfence.ErrTokenExhausted].
 //
 // Every method that does I/O takes a context first. Cancelling it abandons
 // the round trip (pgx closes that connection). A grant whose outcome is
 // therefore unknown stays held by this Locker's holder until its TTL passes
 // ([Inspect] and [Locker.Adopt] reconcile it). A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.
+//
+// # Errors
+//
+// Every error is a [*pgfence.Error] (package github.com/pgfence/pgfence):
+// Op names the call ("pglock.Acquire", "pglock.Renew", ...), Name the lock,
+// Kind one of pgfence's sentinels and Err the cause. Ask with errors.Is:
+// [pgfence.ErrLocked] (held by another holder: Holder and ExpiresAt say by
+// whom and until when), [pgfence.ErrLost] (a renewal or release refused, or
+// the local deadline passed: Holder and Token), [pgfence.ErrReleased],
+// [pgfence.ErrClosed], [pgfence.ErrInvalid] (Reason names the argument),
+// [pgfence.ErrSlowGrant], [pgfence.ErrTokenExhausted] and
+// [pgfence.ErrNotFound] ([Leader]). A database or connection failure has no
+// Kind and the driver's error as Err; [pgfence.IsRetryable] says whether to
+// try again. [Elector.Run] alone returns its context's error as it is when
+// the context ends.
 //
 // The reasons behind these choices (the clock, durability, wake-ups,
 // overflow) are in docs/design.md in the repository.

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
@@ -60,11 +61,12 @@ type Elector struct {
 
 // errRenewDeadline is the cause of a term that ended because renewals kept
 // failing for RenewDeadline.
-var errRenewDeadline = errors.New("pglock: renewals failed for longer than the renew deadline; stepped down")
+var errRenewDeadline = errors.New("renewals failed for longer than the renew deadline; stepped down")
 
 // NewElector returns an Elector for lock name. It validates and does no I/O.
 func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) {
-	if err := validateName(name); err != nil {
+	const op = "pglock.NewElector"
+	if err := validateName(op, name); err != nil {
 		return nil, err
 	}
 	var c ElectionConfig
@@ -80,11 +82,11 @@ func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) 
 	if c.RetryPeriod == 0 {
 		c.RetryPeriod = defaultRetryPeriod
 	}
-	if err := validateTTL(c.LeaseDuration); err != nil {
+	if err := validateTTL(op, c.LeaseDuration); err != nil {
 		return nil, err
 	}
 	if !(c.RetryPeriod > 0 && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
-		return nil, invalid(ErrInvalidConfig, "need 0 < RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
+		return nil, invalid(op, "ElectionConfig", "need 0 < RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
 			c.RetryPeriod, c.RenewDeadline, c.LeaseDuration)
 	}
 	return &Elector{l: l, name: name, cfg: c}, nil
@@ -109,15 +111,17 @@ func (e *Elector) Lease() *Lease {
 // cancelled while leading, it resigns (releases the lease, waking the other
 // candidates at once) and returns ctx's error after OnStoppedLeading. Database
 // errors while campaigning are logged and retried every RetryPeriod. Run
-// returns [ErrClosed] when the Locker is closed, and an error if it is
-// already running.
+// returns a [*pgfence.Error] matching [pgfence.ErrClosed] when the Locker is
+// closed, and one matching [pgfence.ErrInvalid] if it is already running.
 func (e *Elector) Run(ctx context.Context) error {
+	const op = "pglock.Run"
 	if !e.running.CompareAndSwap(false, true) {
-		return invalid(ErrInvalidConfig, "Elector.Run is already running")
+		return invalid(op, "Elector", "Run is already running")
 	}
 	defer e.running.Store(false)
 	for {
 		lease, err := e.l.acquire(ctx, e.name, e.cfg.LeaseDuration, waitOpts{
+			op:       op,
 			cap:      e.cfg.RetryPeriod,
 			retryErr: e.cfg.RetryPeriod,
 			onErr: func(err error) {
@@ -136,7 +140,7 @@ func (e *Elector) Run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if e.l.isClosed() {
-			return ErrClosed
+			return closedError(op, e.name)
 		}
 	}
 }
@@ -149,11 +153,11 @@ func (e *Elector) Run(ctx context.Context) error {
 func (e *Elector) releaseOrphan(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	info, err := Inspect(rctx, e.l.pool, e.name)
+	info, err := inspectAs(rctx, "pglock.Run", e.l.pool, e.name)
 	if err != nil || info.Holder != e.l.holder || e.l.hasLive(e.name, info.Token) {
 		return
 	}
-	if err := e.l.release(rctx, e.name, info.Token); err == nil {
+	if err := e.l.release(rctx, "pglock.Run", e.name, info.Token); err == nil {
 		e.l.log.Info("pglock: released a grant whose answer was lost when the campaign was cancelled", "name", e.name, "token", info.Token)
 	}
 }
@@ -183,7 +187,7 @@ loop:
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			if err := lease.Release(rctx); err != nil {
 				e.l.log.Warn("pglock: resign failed; the lease expires at its TTL", "name", e.name, "err", err)
-				lease.end(lease.lost(err))
+				lease.end(lease.lost("pglock.Run", err))
 			}
 			cancel()
 			break loop
@@ -199,7 +203,7 @@ loop:
 				continue
 			}
 			if !time.Now().Before(stepDown) {
-				lease.end(lease.lost(errRenewDeadline))
+				lease.end(lease.lost("pglock.Run", errRenewDeadline))
 				break loop
 			}
 			e.l.log.Warn("pglock: leader renewal failed; retrying", "name", e.name, "err", err)
@@ -218,15 +222,17 @@ loop:
 }
 
 // Leader returns the current holder and token of election (or any lock)
-// name, read from db on the database clock, or [ErrNoLeader] (with the latest
-// token, 0 if never granted) when nobody holds it. The answer is advisory.
-func Leader(ctx context.Context, db DBTX, name string) (holder string, token int64, err error) {
-	info, err := Inspect(ctx, db, name)
+// name, read from db on the database clock, or a [*pgfence.Error] matching
+// [pgfence.ErrNotFound] (with the latest token, 0 if never granted, also in
+// its Token) when nobody holds it. The answer is advisory.
+func Leader(ctx context.Context, db pgfence.DBTX, name string) (holder string, token int64, err error) {
+	const op = "pglock.Leader"
+	info, err := inspectAs(ctx, op, db, name)
 	if err != nil {
 		return "", 0, err
 	}
 	if !info.Held {
-		return "", info.Token, ErrNoLeader
+		return "", info.Token, &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Name: name, Token: info.Token, Reason: "nobody leads: the lock is not held"}
 	}
 	return info.Holder, info.Token, nil
 }

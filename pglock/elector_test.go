@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -147,7 +148,7 @@ func TestElectionHandover(t *testing.T) {
 	}
 	select {
 	case err := <-stopped:
-		if !errors.Is(err, ErrLeaseLost) {
+		if !errors.Is(err, pgfence.ErrLost) {
 			t.Errorf("old leader stopped with %v", err)
 		}
 	case <-time.After(5 * time.Second):
@@ -166,8 +167,8 @@ func TestElectionHandover(t *testing.T) {
 			t.Errorf("Run %d = %v", i, err)
 		}
 	}
-	if _, tok, err := Leader(context.Background(), admin, "leader"); !errors.Is(err, ErrNoLeader) || tok < second.token {
-		t.Errorf("after every Run returned: Leader = %d, %v; want ErrNoLeader (resigned)", tok, err)
+	if _, tok, err := Leader(context.Background(), admin, "leader"); !errors.Is(err, pgfence.ErrNotFound) || tok < second.token {
+		t.Errorf("after every Run returned: Leader = %d, %v; want pgfence.ErrNotFound (resigned)", tok, err)
 	}
 	if overlaps.Load() != 0 {
 		t.Fatalf("%d times two candidates led at once", overlaps.Load())

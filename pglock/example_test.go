@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -110,7 +111,8 @@ func Example_fencedOut() {
 }
 
 // TryAcquire does not wait: a lock held by another process (here another
-// Locker) gives a *LockedError naming the holder.
+// Locker) gives a *pgfence.Error matching pgfence.ErrLocked, naming the
+// holder.
 func ExampleLocker_TryAcquire() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -136,8 +138,8 @@ func ExampleLocker_TryAcquire() {
 	defer lease.Release(context.Background())
 
 	_, err = reports.TryAcquire(ctx, "nightly-settlement", time.Hour)
-	var locked *pglock.LockedError
-	if errors.As(err, &locked) {
+	var locked *pgfence.Error
+	if errors.Is(err, pgfence.ErrLocked) && errors.As(err, &locked) {
 		fmt.Println("busy: held by", locked.Holder)
 	}
 	// Output: busy: held by billing-7f9c
@@ -281,7 +283,7 @@ func ExampleConfig_keepAlive() {
 	for ; steps < 100 && work.Err() == nil; steps++ {
 		// ... one step, its writes fenced with lease.Token() ...
 	}
-	if err := lease.Err(); errors.Is(err, pglock.ErrLeaseLost) {
+	if err := lease.Err(); errors.Is(err, pgfence.ErrLost) {
 		log.Printf("lease lost after %d steps: %v", steps, err)
 		return
 	}
@@ -341,7 +343,7 @@ func ExampleElector() {
 			<-ctx.Done() // lead until the term ends; fence every write with lease.Token()
 		},
 		OnStoppedLeading: func(lease *pglock.Lease, err error) {
-			fmt.Println("term ended by resigning:", errors.Is(err, pglock.ErrReleased))
+			fmt.Println("term ended by resigning:", errors.Is(err, pgfence.ErrReleased))
 		},
 	})
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -137,7 +138,7 @@ var (
 // fpState returns the lock row and queue rows of name without what differs
 // between two runs on two names at two moments (name, wkey, ticket, absolute
 // times).
-func fpState(t testing.TB, db DBTX, name string) string {
+func fpState(t testing.TB, db pgfence.DBTX, name string) string {
 	t.Helper()
 	var s string
 	err := db.QueryRow(context.Background(), `SELECT coalesce((
@@ -153,7 +154,7 @@ func fpState(t testing.TB, db DBTX, name string) string {
 	return s
 }
 
-func fpExec(t testing.TB, db DBTX, sql string, args ...any) {
+func fpExec(t testing.TB, db pgfence.DBTX, sql string, args ...any) {
 	t.Helper()
 	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
@@ -162,9 +163,9 @@ func fpExec(t testing.TB, db DBTX, sql string, args ...any) {
 
 // fpSetup puts the lock name into a state (held by "other" with token 1 and
 // more, see the cases).
-type fpSetup func(t testing.TB, db DBTX, name string, wkey int64)
+type fpSetup func(t testing.TB, db pgfence.DBTX, name string, wkey int64)
 
-func fpHeld(t testing.TB, db DBTX, name string, _ int64) {
+func fpHeld(t testing.TB, db pgfence.DBTX, name string, _ int64) {
 	t.Helper()
 	r, err := dbsqlc.New().GrantLock(context.Background(), db, dbsqlc.GrantLockParams{Name: name, Holder: "other", TtlUs: 60e6, Key: fpOtherKey})
 	if err != nil || r.Token.Int64 != 1 {
@@ -172,7 +173,7 @@ func fpHeld(t testing.TB, db DBTX, name string, _ int64) {
 	}
 }
 
-func fpFree(t testing.TB, db DBTX, name string, wkey int64) {
+func fpFree(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	if r, err := dbsqlc.New().ReleaseLock(context.Background(), db, dbsqlc.ReleaseLockParams{Name: name, Token: 1, Key: fpOtherKey}); err != nil || !r.Released.Bool {
@@ -180,28 +181,28 @@ func fpFree(t testing.TB, db DBTX, name string, wkey int64) {
 	}
 }
 
-func fpExpired(t testing.TB, db DBTX, name string, wkey int64) {
+func fpExpired(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `UPDATE pgfence.locks SET acquired_at = now() - interval '2 minutes',
 		expires_at = now() - interval '1 minute' WHERE name = $1`, name)
 }
 
-func fpQueued(t testing.TB, db DBTX, name string, wkey int64) {
+func fpQueued(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until)
 		VALUES ($1, $2, 'waiter', sha256('waiter''s key'), 30000000, now() + interval '1 minute')`, wkey, name)
 }
 
-func fpMarked(t testing.TB, db DBTX, name string, wkey int64) {
+func fpMarked(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `UPDATE pgfence.locks SET waiting_since = now() WHERE name = $1`, name)
 }
 
 // fpOldMark: held, and a waiter marked the row long ago (it has gone).
-func fpOldMark(t testing.TB, db DBTX, name string, wkey int64) {
+func fpOldMark(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `UPDATE pgfence.locks SET waiting_since = now() - interval '101 seconds' WHERE name = $1`, name)
@@ -209,7 +210,7 @@ func fpOldMark(t testing.TB, db DBTX, name string, wkey int64) {
 
 // fpGrantedRow: held, with the queue row of a wait a release already
 // handed a lease to (kept for its Locker's next wait).
-func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
+func fpGrantedRow(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until, granted_token)
@@ -219,20 +220,20 @@ func fpGrantedRow(t testing.TB, db DBTX, name string, wkey int64) {
 // fpDeadEndedRow: held, with the queue row of a wait that ended without a
 // handoff (granted_token 0) and whose alive_until has passed (deleted by the
 // next ReleaseLock of the name).
-func fpDeadEndedRow(t testing.TB, db DBTX, name string, wkey int64) {
+func fpDeadEndedRow(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpHeld(t, db, name, wkey)
 	fpExec(t, db, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until, granted_token)
 		VALUES ($1, $2, 'waiter', sha256('waiter''s key'), 30000000, now() - interval '1 second', 0)`, wkey, name)
 }
 
-func fpOverflow(t testing.TB, db DBTX, name string, wkey int64) {
+func fpOverflow(t testing.TB, db pgfence.DBTX, name string, wkey int64) {
 	t.Helper()
 	fpFree(t, db, name, wkey)
 	fpExec(t, db, `UPDATE pgfence.locks SET token = 9223372036854775807 WHERE name = $1`, name)
 }
 
-func fpNone(testing.TB, DBTX, string, int64) {}
+func fpNone(testing.TB, pgfence.DBTX, string, int64) {}
 
 // The fast functions and the generated methods give the same results and
 // errors and leave the same rows, case by case (each run on its own name).

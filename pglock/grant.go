@@ -3,27 +3,28 @@ package pglock
 import (
 	"context"
 	"errors"
-	"fmt"
 	mrand "math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // grant makes one attempt (statements chosen by kind, see attemptKind). It
-// returns either a lease, or a LockedError with how long to wait for the
-// holder's expiry (database clock, plus jitter). w is the waiter of an
-// attemptWait (nil otherwise).
-func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind attemptKind, w *waiter) (*Lease, *LockedError, time.Duration, error) {
+// returns either a lease, or an error of kind pgfence.ErrLocked with how long
+// to wait for the holder's expiry (database clock, plus jitter). op is the
+// exported call, for errors; w is the waiter of an attemptWait (nil
+// otherwise).
+func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, kind attemptKind, w *waiter) (*Lease, *pgfence.Error, time.Duration, error) {
 	mark := kind == attemptWait
 	deadConns := 0
 	for attempt := 0; ; {
 		conn, err := l.pool.Acquire(ctx)
 		if err != nil {
-			return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: err}
+			return nil, nil, 0, dbError(op, name, err)
 		}
 		// The local deadline counts from here: after the pool wait, right
 		// before the statement is written to the connection.
@@ -68,20 +69,20 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 		}
 		conn.Release()
 		if err != nil {
-			return nil, nil, 0, translateGrantError(name, err)
+			return nil, nil, 0, translateGrantError(op, name, err)
 		}
 		if granted {
 			if expiresAt == nil {
-				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: errors.New("grant returned no expiry")}
+				return nil, nil, 0, dbError(op, name, errors.New("grant returned no expiry"))
 			}
 			if took := time.Since(sent); took >= ttl {
 				// The answer came back after the lease's local deadline: the
 				// lease would end the moment it was returned. Give the
 				// token back (best effort, conditional on it) and report.
 				if ctx.Err() == nil {
-					_ = l.release(ctx, name, token)
+					_ = l.release(ctx, op, name, token)
 				}
-				return nil, nil, 0, &DBError{Op: "acquire", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
+				return nil, nil, 0, slowGrantError(op, name, token, took, ttl, "it was released")
 			}
 			if mark && expiresAt.Sub(dbNow) < ttl {
 				// Handed over by a release (or granted in this statement):
@@ -93,16 +94,16 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
 		}
 		if kind == attemptFirst {
-			return nil, &LockedError{Name: name}, 0, nil
+			return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name}, 0, nil
 		}
 		if !changed && holder != nil && expiresAt != nil {
-			return nil, &LockedError{Name: name, Holder: *holder, ExpiresAt: *expiresAt},
+			return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name, Holder: *holder, ExpiresAt: *expiresAt},
 				jitterWait(expiresAt.Sub(dbNow)), nil
 		}
 		// Released or expired during the call, or a concurrent first grant:
 		// try again.
 		if attempt++; attempt > 3 {
-			return nil, &LockedError{Name: name}, jitterWait(0), nil
+			return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name}, jitterWait(0), nil
 		}
 	}
 }
@@ -111,7 +112,7 @@ func (l *Locker) grant(ctx context.Context, name string, ttl time.Duration, kind
 // (HandedLock, a read). It returns nil, nil when nothing was handed or it
 // already expired. The local deadline counts what the database says is left
 // from the send time, which is never later than the lease's true end.
-func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wkey, waitID int64) (*Lease, error) {
+func (l *Locker) handed(ctx context.Context, op, name string, ttl time.Duration, wkey, waitID int64) (*Lease, error) {
 	var (
 		r    dbsqlc.HandedLockRow
 		sent time.Time
@@ -123,11 +124,11 @@ func (l *Locker) handed(ctx context.Context, name string, ttl time.Duration, wke
 	})
 	switch {
 	case err != nil:
-		return nil, &DBError{Op: "acquire", Name: name, Err: err}
+		return nil, dbError(op, name, err)
 	case !r.Token.Valid:
 		return nil, nil
 	case r.ExpiresAt == nil || r.DbNow == nil:
-		return nil, &DBError{Op: "acquire", Name: name, Err: errors.New("handed lease has no expiry")}
+		return nil, dbError(op, name, errors.New("handed lease has no expiry"))
 	}
 	left := r.ExpiresAt.Sub(*r.DbNow)
 	if left <= time.Since(sent) {
@@ -161,7 +162,7 @@ func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 	case token == 0:
 		return true
 	}
-	if err := l.release(ctx, name, token); err != nil && !errors.Is(err, ErrLeaseLost) {
+	if err := l.release(ctx, "pglock.Acquire", name, token); err != nil && !errors.Is(err, pgfence.ErrLost) {
 		l.log.Warn("pglock: giving back a lease handed to a waiter that left failed; it ends at its expiry", "name", name, "token", token, "err", err)
 	}
 	return true
@@ -185,11 +186,12 @@ func deadConnection(conn *pgxpool.Conn, err error) bool {
 	return pgerr.NotExecuted(conn.Conn().IsClosed(), err)
 }
 
-func translateGrantError(name string, err error) error {
+func translateGrantError(op, name string, err error) error {
 	if pgerr.Code(err) == pgerr.NumericValueOutOfRange { // token + 1
-		return fmt.Errorf("%w: lock %q already has token 9223372036854775807; nothing changed", ErrTokenOverflow, name)
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrTokenExhausted, Name: name,
+			Reason: "the lock already has token 9223372036854775807; nothing changed"}
 	}
-	return &DBError{Op: "acquire", Name: name, Err: err}
+	return dbError(op, name, err)
 }
 
 // jitterWait turns the remaining time of the holder's lease into a sleep:

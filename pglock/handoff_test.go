@@ -11,12 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // queueLen counts the live, ungranted waiters of name.
-func queueLen(t testing.TB, db DBTX, name string) int {
+func queueLen(t testing.TB, db pgfence.DBTX, name string) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRow(context.Background(),
@@ -148,9 +149,9 @@ func TestHandoffLeave(t *testing.T) {
 	res := acquireAsync(qctx, quitter, name, time.Minute)
 	<-queued
 	cancel()
-	// Cancelled in its sleep it returns a *LockedError, during a round trip
+	// Cancelled in its sleep it returns ErrLocked, during a round trip
 	// (a wake-up, such as the listener's first connection, may have started
-	// one) a *DBError; both match the context's error.
+	// one) a database *pgfence.Error; both match the context's error.
 	if r := <-res; !errors.Is(r.err, context.Canceled) || r.lease != nil {
 		t.Fatalf("cancelled waiter: %v, %v", r.lease, r.err)
 	}
@@ -160,7 +161,7 @@ func TestHandoffLeave(t *testing.T) {
 
 	// A lease handed to a waiter that leaves is given back and handed on.
 	w := &waiter{wkey: 4242, waitID: 77}
-	if _, locked, _, err := quitter.grant(ctx, name, time.Minute, attemptWait, w); err != nil || locked == nil {
+	if _, locked, _, err := quitter.grant(ctx, "pglock.Acquire", name, time.Minute, attemptWait, w); err != nil || locked == nil {
 		t.Fatalf("queueing: %v %v", locked, err)
 	}
 	next := newLocker(t, pool, &Config{Holder: "next"})
@@ -540,7 +541,7 @@ func TestListenerSharedPerPool(t *testing.T) {
 
 // queueRows returns wkey, ticket, granted_token (-1 for NULL) and wait_id of
 // every queue row of name, in ticket order.
-func queueRows(t testing.TB, db DBTX, name string) [][4]int64 {
+func queueRows(t testing.TB, db pgfence.DBTX, name string) [][4]int64 {
 	t.Helper()
 	rows, err := db.Query(context.Background(),
 		"SELECT wkey, ticket, coalesce(granted_token, -1), wait_id FROM pgfence.lock_queue WHERE name = $1 ORDER BY ticket", name)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
@@ -24,11 +25,20 @@ type LockInfo struct {
 // Inspect reads the row of lock name from db. A name that was never granted
 // returns a zero LockInfo with Name set and no error. The answer is advisory:
 // it may change right after it is read.
-func Inspect(ctx context.Context, db DBTX, name string) (LockInfo, error) {
+//
+// A nil db or an invalid name gives a [*pgfence.Error] matching
+// [pgfence.ErrInvalid]; a database failure a [*pgfence.Error] whose cause is
+// the driver's error.
+func Inspect(ctx context.Context, db pgfence.DBTX, name string) (LockInfo, error) {
+	return inspectAs(ctx, "pglock.Inspect", db, name)
+}
+
+// inspectAs is Inspect for the exported call op.
+func inspectAs(ctx context.Context, op string, db pgfence.DBTX, name string) (LockInfo, error) {
 	if nilcheck.IsNil(db) {
-		return LockInfo{}, invalid(ErrNilDB, "nil database handle")
+		return LockInfo{}, invalid(op, "db", "nil database handle")
 	}
-	if err := validateName(name); err != nil {
+	if err := validateName(op, name); err != nil {
 		return LockInfo{}, err
 	}
 	h, err := dbsqlc.New().LockHolder(ctx, db, name)
@@ -36,7 +46,7 @@ func Inspect(ctx context.Context, db DBTX, name string) (LockInfo, error) {
 		return LockInfo{Name: name}, nil
 	}
 	if err != nil {
-		return LockInfo{}, &DBError{Op: "inspect", Name: name, Err: err}
+		return LockInfo{}, dbError(op, name, err)
 	}
 	info := LockInfo{Name: h.Name, Token: h.Token, Held: h.Held, DBNow: h.DbNow}
 	if h.Holder != nil {

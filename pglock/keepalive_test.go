@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -48,7 +49,7 @@ func newGatedPool(t testing.TB, dsn string) *gatedPool {
 
 // partition refuses new connections and terminates the existing ones
 // (through admin), except the Locker's LISTEN connection when keepListen.
-func (g *gatedPool) partition(t testing.TB, admin DBTX) {
+func (g *gatedPool) partition(t testing.TB, admin pgfence.DBTX) {
 	t.Helper()
 	g.closed.Store(true)
 	if _, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -102,9 +103,9 @@ func TestKeepAliveRefusedEndsAtOnce(t *testing.T) {
 	case <-time.After(2 * ttl):
 		t.Fatal("lease not ended after a refused renewal")
 	}
-	var lost *LeaseLostError
-	if err := s.Err(); !errors.As(err, &lost) || lost.Cause != nil {
-		t.Fatalf("Err = %v, want a refused LeaseLostError", err)
+	var lost *pgfence.Error
+	if err := s.Err(); !errors.As(err, &lost) || lost.Kind != pgfence.ErrLost || lost.Err != nil {
+		t.Fatalf("Err = %v, want a refused ErrLost", err)
 	}
 	if !time.Now().Before(deadline) {
 		t.Errorf("ended only at the local deadline")
@@ -112,7 +113,7 @@ func TestKeepAliveRefusedEndsAtOnce(t *testing.T) {
 }
 
 // Renewals that fail on the connection are retried until the local deadline,
-// then the lease ends with ErrLeaseLost wrapping context.DeadlineExceeded.
+// then the lease ends with pgfence.ErrLost wrapping context.DeadlineExceeded.
 // The local deadline is never later than the database's expiry.
 func TestKeepAliveTransientErrorsUntilDeadline(t *testing.T) {
 	t.Parallel()
@@ -130,7 +131,7 @@ func TestKeepAliveTransientErrorsUntilDeadline(t *testing.T) {
 		t.Fatal("lease did not end at its deadline while partitioned")
 	}
 	err := s.Err()
-	if !errors.Is(err, ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, pgfence.ErrLost) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Err = %v", err)
 	}
 	// Same host, same clock: the local deadline (send time + ttl) is not
@@ -158,13 +159,13 @@ func TestCloseEndsLeasesAndWaiters(t *testing.T) {
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if r := <-res; !errors.Is(r.err, ErrClosed) {
+	if r := <-res; !errors.Is(r.err, pgfence.ErrClosed) {
 		t.Errorf("waiting Acquire after Close = %v", r.err)
 	}
-	if !errors.Is(mine.Err(), ErrClosed) || !errors.Is(context.Cause(mine.Context()), ErrClosed) {
+	if !errors.Is(mine.Err(), pgfence.ErrClosed) || !errors.Is(context.Cause(mine.Context()), pgfence.ErrClosed) {
 		t.Errorf("lease after Close: %v", mine.Err())
 	}
-	if _, err := b.TryAcquire(ctx, "c3", time.Minute); !errors.Is(err, ErrClosed) {
+	if _, err := b.TryAcquire(ctx, "c3", time.Minute); !errors.Is(err, pgfence.ErrClosed) {
 		t.Errorf("TryAcquire after Close = %v", err)
 	}
 	if err := b.Close(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
@@ -57,7 +58,7 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		s.end(ErrClosed)
+		s.end(closedError("pglock.Close", name))
 		return s
 	}
 	l.leases[s] = struct{}{}
@@ -132,18 +133,21 @@ func (s *Lease) context() context.Context {
 	return s.ctx
 }
 
-// Err returns nil while the lease is live, then why it ended: a
-// [*LeaseLostError] (errors.Is(err, [ErrLeaseLost]); it also matches
-// context.DeadlineExceeded when the local deadline passed), [ErrReleased]
-// after Release, or [ErrClosed] after Locker.Close.
+// Err returns nil while the lease is live, then why it ended, as a
+// [*pgfence.Error] whose Op is the call that ended it: one matching
+// [pgfence.ErrLost] when it was lost (a refused renewal or release; it also
+// matches context.DeadlineExceeded when the local deadline passed, Op
+// "pglock.Lease"), [pgfence.ErrReleased] after Release, or
+// [pgfence.ErrClosed] after Locker.Close.
 func (s *Lease) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
 }
 
-func (s *Lease) lost(cause error) *LeaseLostError {
-	return &LeaseLostError{Name: s.name, Holder: s.holder, Token: s.token, Cause: cause}
+// lost is the error of this lease lost in op (see lostError).
+func (s *Lease) lost(op string, cause error) *pgfence.Error {
+	return lostError(op, s.name, s.holder, s.token, cause)
 }
 
 func (s *Lease) deadlinePassed() {
@@ -153,7 +157,7 @@ func (s *Lease) deadlinePassed() {
 	if early {
 		return
 	}
-	s.end(s.lost(errDeadline))
+	s.end(s.lost("pglock.Lease", errDeadline))
 }
 
 // end records why the lease ended (the first reason wins), cancels its
@@ -175,7 +179,7 @@ func (s *Lease) end(err error) {
 	// background context: the lease's own carries no values.
 	s.l.m.Observe(context.Background(), metricdefs.LeaseHoldSeconds, time.Since(s.grantedAt).Seconds())
 	reason := ""
-	if errors.Is(err, ErrLeaseLost) {
+	if errors.Is(err, pgfence.ErrLost) {
 		reason = metricdefs.LostRenewalRefused
 		if errors.Is(err, errDeadline) || errors.Is(err, errRenewDeadline) {
 			reason = metricdefs.LostDeadline
@@ -193,7 +197,7 @@ func (s *Lease) end(err error) {
 		cancel(err)
 	}
 	switch {
-	case errors.Is(err, ErrReleased):
+	case errors.Is(err, pgfence.ErrReleased):
 		if s.l.log.Enabled(context.Background(), slog.LevelInfo) {
 			s.l.log.Info("pglock: released", "name", s.name, "token", s.token)
 		}
@@ -210,10 +214,13 @@ func (s *Lease) end(err error) {
 // Renew extends the lease by its TTL from now (database clock) and moves the
 // local deadline to this renewal's send time plus the TTL. If the database
 // refuses (the lease expired, was released or was granted to someone else),
-// the lease ends at once and Renew returns a [*LeaseLostError]. A connection
-// error is a [*DBError] and leaves the lease as it was. On an ended lease
-// Renew returns [Lease.Err] without SQL.
+// the lease ends at once and Renew returns a [*pgfence.Error] matching
+// [pgfence.ErrLost], with the holder and the token. A connection error is a
+// [*pgfence.Error] with no Kind whose cause is the driver's error, and leaves
+// the lease as it was. On an ended lease Renew returns [Lease.Err] without
+// SQL.
 func (s *Lease) Renew(ctx context.Context) error {
+	const op = "pglock.Renew"
 	s.renewMu.Lock()
 	defer s.renewMu.Unlock()
 	if err := s.Err(); err != nil {
@@ -222,16 +229,15 @@ func (s *Lease) Renew(ctx context.Context) error {
 	if !time.Now().Before(s.Deadline()) {
 		// The deadline timer is about to fire: do not extend a lease that has
 		// ended locally.
-		lost := s.lost(errDeadline)
+		lost := s.lost(op, errDeadline)
 		s.end(lost)
 		return lost
 	}
-	exp, sent, err := s.l.renew(ctx, s.name, s.token, s.ttl)
+	exp, sent, err := s.l.renew(ctx, op, s.name, s.token, s.ttl)
 	if err != nil {
-		var lost *LeaseLostError
-		if errors.As(err, &lost) {
+		if errors.Is(err, pgfence.ErrLost) {
 			s.l.m.Add(ctx, metricdefs.LeaseRenewalsTotal, 1, metricdefs.RenewRefused)
-			s.end(lost)
+			s.end(err)
 		} else {
 			s.l.m.Add(ctx, metricdefs.LeaseRenewalsTotal, 1, metricdefs.RenewError)
 			s.mu.Lock()
@@ -251,7 +257,7 @@ func (s *Lease) Renew(ctx context.Context) error {
 		// The old deadline passed while the renewal was in flight: the lease
 		// has ended locally, whatever the database says now.
 		s.mu.Unlock()
-		lost := s.lost(errDeadline)
+		lost := s.lost(op, errDeadline)
 		s.end(lost)
 		return lost
 	}
@@ -265,11 +271,13 @@ func (s *Lease) Renew(ctx context.Context) error {
 
 // Release gives the lock back and wakes its waiters; the row keeps its token.
 // It is conditional on (name, token, key): if the lease was lost, nothing
-// changes and Release returns a [*LeaseLostError]. It is sent even after the
-// local deadline passed (the database may still hold the lease); a second
-// Release after a successful one returns nil without SQL. A connection error
-// is a [*DBError] and the lease stays as it was.
+// changes and Release returns a [*pgfence.Error] matching [pgfence.ErrLost].
+// It is sent even after the local deadline passed (the database may still
+// hold the lease); a second Release after a successful one returns nil
+// without SQL. A connection error is a [*pgfence.Error] with no Kind whose
+// cause is the driver's error, and the lease stays as it was.
 func (s *Lease) Release(ctx context.Context) error {
+	const op = "pglock.Release"
 	if s.kaCancel != nil {
 		s.kaCancel() // stop the keep-alive before taking renewMu
 	}
@@ -281,19 +289,16 @@ func (s *Lease) Release(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	err := s.l.release(ctx, s.name, s.token)
+	err := s.l.release(ctx, op, s.name, s.token)
 	if err == nil {
 		s.mu.Lock()
 		s.released = true
 		s.mu.Unlock()
-		s.end(ErrReleased)
+		s.end(&pgfence.Error{Op: op, Kind: pgfence.ErrReleased, Name: s.name, Token: s.token})
 		return nil
 	}
-	// Declared here, not above: errors.As makes it escape, and a successful
-	// release should not pay for that allocation.
-	var lost *LeaseLostError
-	if errors.As(err, &lost) {
-		s.end(lost)
+	if errors.Is(err, pgfence.ErrLost) {
+		s.end(err)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -27,8 +28,8 @@ func TestLeaseContextMadeOnFirstUse(t *testing.T) {
 	default:
 		t.Fatal("Done of a released lease, first asked after the release, is open")
 	}
-	if c := context.Cause(late.Context()); !errors.Is(c, ErrReleased) {
-		t.Fatalf("cause %v, want ErrReleased", c)
+	if c := context.Cause(late.Context()); !errors.Is(c, pgfence.ErrReleased) {
+		t.Fatalf("cause %v, want pgfence.ErrReleased", c)
 	}
 
 	early := mustAcquire(t, l, "early", time.Minute)
@@ -40,8 +41,8 @@ func TestLeaseContextMadeOnFirstUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-early.Done()
-	if c := context.Cause(lctx); !errors.Is(c, ErrReleased) {
-		t.Fatalf("cause %v, want ErrReleased", c)
+	if c := context.Cause(lctx); !errors.Is(c, pgfence.ErrReleased) {
+		t.Fatalf("cause %v, want pgfence.ErrReleased", c)
 	}
 }
 
@@ -59,7 +60,7 @@ func TestLeaseContextAfterDeadline(t *testing.T) {
 	case <-timer.C:
 		t.Fatal("lease not ended 10s after a 50ms deadline")
 	}
-	if !errors.Is(s.Err(), ErrLeaseLost) || !errors.Is(context.Cause(s.Context()), context.DeadlineExceeded) {
+	if !errors.Is(s.Err(), pgfence.ErrLost) || !errors.Is(context.Cause(s.Context()), context.DeadlineExceeded) {
 		t.Fatalf("Err %v, cause %v", s.Err(), context.Cause(s.Context()))
 	}
 }

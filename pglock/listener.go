@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/notify"
 )
 
@@ -130,9 +131,12 @@ func (ls *listener) isUp() bool { return ls.n.Up() }
 // listen starts the connection and waits until it is LISTENing, a
 // connection attempt fails, ctx ends or closed is closed.
 func (ls *listener) listen(ctx context.Context, closed <-chan struct{}) error {
-	err := ls.n.WaitUp(ctx, closed, ErrClosed)
-	if err == nil || errors.Is(err, ErrClosed) {
-		return err
+	err := ls.n.WaitUp(ctx, closed, pgfence.ErrClosed)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pgfence.ErrClosed):
+		return closedError("pglock.Listen", "")
 	}
-	return &DBError{Op: "listen", Err: err}
+	return dbError("pglock.Listen", "", err)
 }

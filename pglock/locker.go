@@ -51,8 +51,9 @@ type Locker struct {
 // means defaults. The schema must have been migrated (package migrations).
 // The pool is not owned: close the Locker before the pool.
 func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
+	const op = "pglock.New"
 	if pool == nil {
-		return nil, invalid(ErrNilDB, "nil pool")
+		return nil, invalid(op, "pool", "nil pool")
 	}
 	var c Config
 	if cfg != nil {
@@ -61,7 +62,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 	if c.Holder == "" {
 		c.Holder = holder.Default()
 	}
-	if err := validateHolder(c.Holder); err != nil {
+	if err := validateHolder(op, c.Holder); err != nil {
 		return nil, err
 	}
 	if c.Key == nil {
@@ -69,7 +70,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		_, _ = rand.Read(c.Key) // never fails (crypto/rand)
 	} else {
 		if len(c.Key) < minKeyBytes || len(c.Key) > maxKeyBytes {
-			return nil, invalid(ErrInvalidConfig, "Key is %d bytes, want %d to %d", len(c.Key), minKeyBytes, maxKeyBytes)
+			return nil, invalid(op, "Config.Key", "%d bytes, want %d to %d", len(c.Key), minKeyBytes, maxKeyBytes)
 		}
 		c.Key = slices.Clone(c.Key)
 	}
@@ -77,13 +78,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		c.KeepAliveFraction = 1.0 / 3
 	}
 	if !(c.KeepAliveFraction > 0 && c.KeepAliveFraction <= 0.8) {
-		return nil, invalid(ErrInvalidConfig, "KeepAliveFraction %v outside (0, 0.8]", c.KeepAliveFraction)
+		return nil, invalid(op, "Config.KeepAliveFraction", "%v outside (0, 0.8]", c.KeepAliveFraction)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
 	if c.PollInterval < 10*time.Millisecond {
-		return nil, invalid(ErrInvalidConfig, "PollInterval %v shorter than 10ms", c.PollInterval)
+		return nil, invalid(op, "Config.PollInterval", "%v shorter than 10ms", c.PollInterval)
 	}
 	log := c.Logger
 	if log == nil {
@@ -140,15 +141,16 @@ func (l *Locker) Holder() string { return l.holder }
 // woken to look), which on a busy server can be a noticeable stall. Call it
 // at start-up, before taking traffic, where that matters; it also makes a
 // readiness check for the LISTEN path. If a connection attempt fails first
-// (server down, wrong database or password) the error is a [*DBError]
-// wrapping that attempt's error; if ctx ends first, a [*DBError] matching
-// ctx's error (and the latest failed attempt's, if any). Either way the
-// connection keeps trying in the background and Listen may be called again.
-// A closed Locker returns [ErrClosed]; with Config.PollOnly there is no
-// connection and Listen returns nil at once.
+// (server down, wrong database or password) the error is a [*pgfence.Error]
+// whose cause is that attempt's error; if ctx ends first, a [*pgfence.Error]
+// matching ctx's error (and the latest failed attempt's, if any). Either way
+// the connection keeps trying in the background and Listen may be called
+// again. A closed Locker returns a [*pgfence.Error] matching
+// [pgfence.ErrClosed]; with Config.PollOnly there is no connection and Listen
+// returns nil at once.
 func (l *Locker) Listen(ctx context.Context) error {
 	if l.isClosed() {
-		return ErrClosed
+		return closedError("pglock.Listen", "")
 	}
 	if l.lis == nil {
 		return nil
@@ -157,10 +159,10 @@ func (l *Locker) Listen(ctx context.Context) error {
 }
 
 // Close stops the listener and every keep-alive, and ends the Context of each
-// live lease with cause [ErrClosed]. It does not release leases in the
-// database (Close does no SQL): release them first, or they stay held until
-// their TTL passes. Waiting Acquire calls return [ErrClosed]. Close is safe to
-// call more than once.
+// live lease with a cause matching [pgfence.ErrClosed]. It does not release
+// leases in the database (Close does no SQL): release them first, or they
+// stay held until their TTL passes. Waiting Acquire calls return an error
+// matching [pgfence.ErrClosed]. Close is safe to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -175,7 +177,7 @@ func (l *Locker) Close() error {
 	}
 	l.mu.Unlock()
 	for _, s := range leases {
-		s.end(ErrClosed)
+		s.end(closedError("pglock.Close", s.name))
 	}
 	if l.lis != nil {
 		l.lis.stop()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -37,59 +38,59 @@ func TestValidationBeforeSQL(t *testing.T) {
 	ttlCases := map[string]time.Duration{"zero": 0, "negative": -time.Second, "sub-minimum": time.Microsecond, "absurd": MaxTTL + time.Nanosecond, "huge": 1<<63 - 1}
 	for _, lk := range []*Locker{l, lc} {
 		for what, name := range nameCases {
-			if _, err := lk.TryAcquire(ctx, name, time.Second); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("TryAcquire(name %s) = %v, want ErrInvalidName", what, err)
+			if _, err := lk.TryAcquire(ctx, name, time.Second); !isInvalid(err, "lock name") {
+				t.Errorf("TryAcquire(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if _, err := lk.Acquire(ctx, name, time.Second); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("Acquire(name %s) = %v, want ErrInvalidName", what, err)
+			if _, err := lk.Acquire(ctx, name, time.Second); !isInvalid(err, "lock name") {
+				t.Errorf("Acquire(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if _, err := lk.AcquireMany(ctx, []string{"ok", name}, time.Second); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("AcquireMany(name %s) = %v, want ErrInvalidName", what, err)
+			if _, err := lk.AcquireMany(ctx, []string{"ok", name}, time.Second); !isInvalid(err, "lock name") {
+				t.Errorf("AcquireMany(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if _, err := lk.RenewToken(ctx, name, 1, time.Second); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("RenewToken(name %s) = %v, want ErrInvalidName", what, err)
+			if _, err := lk.RenewToken(ctx, name, 1, time.Second); !isInvalid(err, "lock name") {
+				t.Errorf("RenewToken(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if err := lk.ReleaseToken(ctx, name, 1); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("ReleaseToken(name %s) = %v, want ErrInvalidName", what, err)
+			if err := lk.ReleaseToken(ctx, name, 1); !isInvalid(err, "lock name") {
+				t.Errorf("ReleaseToken(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if _, err := lk.NewElector(name, nil); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("NewElector(name %s) = %v, want ErrInvalidName", what, err)
+			if _, err := lk.NewElector(name, nil); !isInvalid(err, "lock name") {
+				t.Errorf("NewElector(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
-			if _, _, err := Leader(ctx, closed, name); !errors.Is(err, ErrInvalidName) {
-				t.Errorf("Leader(name %s) = %v, want ErrInvalidName", what, err)
+			if _, _, err := Leader(ctx, closed, name); !isInvalid(err, "lock name") {
+				t.Errorf("Leader(name %s) = %v, want ErrInvalid (lock name)", what, err)
 			}
 		}
 		for what, ttl := range ttlCases {
-			if _, err := lk.TryAcquire(ctx, "x", ttl); !errors.Is(err, ErrInvalidTTL) {
-				t.Errorf("TryAcquire(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			if _, err := lk.TryAcquire(ctx, "x", ttl); !isInvalid(err, "lease duration") {
+				t.Errorf("TryAcquire(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
-			if _, err := lk.Acquire(ctx, "x", ttl); !errors.Is(err, ErrInvalidTTL) {
-				t.Errorf("Acquire(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			if _, err := lk.Acquire(ctx, "x", ttl); !isInvalid(err, "lease duration") {
+				t.Errorf("Acquire(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
-			if _, err := lk.AcquireMany(ctx, []string{"x"}, ttl); !errors.Is(err, ErrInvalidTTL) {
-				t.Errorf("AcquireMany(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			if _, err := lk.AcquireMany(ctx, []string{"x"}, ttl); !isInvalid(err, "lease duration") {
+				t.Errorf("AcquireMany(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
-			if _, err := lk.RenewToken(ctx, "x", 1, ttl); !errors.Is(err, ErrInvalidTTL) {
-				t.Errorf("RenewToken(ttl %s) = %v, want ErrInvalidTTL", what, err)
+			if _, err := lk.RenewToken(ctx, "x", 1, ttl); !isInvalid(err, "lease duration") {
+				t.Errorf("RenewToken(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
 			if _, err := lk.NewElector("x", &ElectionConfig{LeaseDuration: ttl, RenewDeadline: time.Second, RetryPeriod: time.Millisecond}); err == nil && ttl != 0 {
 				t.Errorf("NewElector(ttl %s) accepted", what)
 			}
 		}
 		for _, tok := range []int64{0, -1, -1 << 63} {
-			if _, err := lk.RenewToken(ctx, "x", tok, time.Second); !errors.Is(err, ErrInvalidToken) {
-				t.Errorf("RenewToken(token %d) = %v, want ErrInvalidToken", tok, err)
+			if _, err := lk.RenewToken(ctx, "x", tok, time.Second); !isInvalid(err, "token") {
+				t.Errorf("RenewToken(token %d) = %v, want ErrInvalid (token)", tok, err)
 			}
-			if err := lk.ReleaseToken(ctx, "x", tok); !errors.Is(err, ErrInvalidToken) {
-				t.Errorf("ReleaseToken(token %d) = %v, want ErrInvalidToken", tok, err)
+			if err := lk.ReleaseToken(ctx, "x", tok); !isInvalid(err, "token") {
+				t.Errorf("ReleaseToken(token %d) = %v, want ErrInvalid (token)", tok, err)
 			}
 		}
 	}
-	if _, err := l.AcquireMany(ctx, []string{"a", "b", "a"}, time.Second); !errors.Is(err, ErrInvalidName) {
-		t.Errorf("AcquireMany(duplicates) = %v, want ErrInvalidName", err)
+	if _, err := l.AcquireMany(ctx, []string{"a", "b", "a"}, time.Second); !isInvalid(err, "lock names") {
+		t.Errorf("AcquireMany(duplicates) = %v, want ErrInvalid (lock name)", err)
 	}
-	if _, err := l.AcquireMany(ctx, nil, time.Second); !errors.Is(err, ErrInvalidName) {
-		t.Errorf("AcquireMany(nil) = %v, want ErrInvalidName", err)
+	if _, err := l.AcquireMany(ctx, nil, time.Second); !isInvalid(err, "lock names") {
+		t.Errorf("AcquireMany(nil) = %v, want ErrInvalid (lock name)", err)
 	}
 	for _, cfg := range []*Config{
 		{Holder: strings.Repeat("h", maxHolderBytes+1)},
@@ -103,14 +104,14 @@ func TestValidationBeforeSQL(t *testing.T) {
 			t.Errorf("New(%+v) accepted", *cfg)
 		}
 	}
-	if _, err := New(nil, nil); !errors.Is(err, ErrNilDB) {
-		t.Errorf("New(nil pool) = %v, want ErrNilDB", err)
+	if _, err := New(nil, nil); !isInvalid(err, "pool") {
+		t.Errorf("New(nil pool) = %v, want ErrInvalid (pool)", err)
 	}
 	var nilPool *pgxpool.Pool
-	if _, err := Inspect(ctx, nilPool, "x"); !errors.Is(err, ErrNilDB) {
-		t.Errorf("Inspect(typed nil pool) = %v, want ErrNilDB", err)
+	if _, err := Inspect(ctx, nilPool, "x"); !isInvalid(err, "db") {
+		t.Errorf("Inspect(typed nil pool) = %v, want ErrInvalid (db)", err)
 	}
-	if _, err := l.NewElector("e", &ElectionConfig{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second}); !errors.Is(err, ErrInvalidConfig) {
+	if _, err := l.NewElector("e", &ElectionConfig{LeaseDuration: time.Second, RenewDeadline: 2 * time.Second}); !isInvalid(err, "ElectionConfig") {
 		t.Errorf("NewElector(renew deadline > lease) = %v", err)
 	}
 	// Nothing reached the table.
@@ -118,10 +119,10 @@ func TestValidationBeforeSQL(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.locks").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("rows after rejected calls = %d, %v; want 0", n, err)
 	}
-	// Errors carry the sentinel and a reason.
+	// Errors carry the kind and a reason.
 	_, err = l.TryAcquire(ctx, long, time.Second)
-	var inv *InvalidError
-	if !errors.As(err, &inv) || !strings.Contains(err.Error(), "513 bytes") {
+	var inv *pgfence.Error
+	if !errors.As(err, &inv) || inv.Kind != pgfence.ErrInvalid || inv.Op != "pglock.TryAcquire" || !strings.Contains(err.Error(), "513 bytes") {
 		t.Errorf("error %v does not explain the length", err)
 	}
 }
@@ -169,40 +170,41 @@ func TestTryAcquireLockedError(t *testing.T) {
 	before := rowJSON(t, pool, "job")
 	for _, l := range []*Locker{a, b} { // the same Locker is excluded too
 		_, err := l.TryAcquire(ctx, "job", time.Minute)
-		var le *LockedError
-		if !errors.As(err, &le) || !errors.Is(err, ErrLocked) {
-			t.Fatalf("TryAcquire on held lock = %v, want *LockedError", err)
+		var le *pgfence.Error
+		if !errors.As(err, &le) || !errors.Is(err, pgfence.ErrLocked) {
+			t.Fatalf("TryAcquire on held lock = %v, want a *pgfence.Error matching ErrLocked", err)
 		}
-		if le.Holder != "a" || !le.ExpiresAt.Equal(s.ExpiresAt()) {
-			t.Errorf("LockedError = %+v, want holder a until %v", le, s.ExpiresAt())
+		if le.Holder != "a" || !le.ExpiresAt.Equal(s.ExpiresAt()) || le.Name != "job" || le.Op != "pglock.TryAcquire" {
+			t.Errorf("locked error = %+v, want pglock.TryAcquire of job: holder a until %v", le, s.ExpiresAt())
 		}
 	}
 	if after := rowJSON(t, pool, "job"); after != before {
 		t.Errorf("refused grant changed the row:\n%s\n%s", before, after)
 	}
-	// Acquire with a short context reports both ErrLocked and the deadline
+	// Acquire with a short context reports both pgfence.ErrLocked and the deadline
 	// when the context ends while waiting. On a loaded machine it may end
-	// during a round trip instead: a *DBError matching the deadline.
+	// during a round trip instead: a *pgfence.Error with no Kind matching the
+	// deadline.
 	sawLocked := false
 	for range 5 {
 		sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		_, err := b.Acquire(sctx, "job", time.Minute)
 		cancel()
-		var dbErr *DBError
+		var dbErr *pgfence.Error
 		switch {
 		case !errors.Is(err, context.DeadlineExceeded):
 			t.Errorf("Acquire with expiring ctx = %v, want it to match context.DeadlineExceeded", err)
-		case errors.Is(err, ErrLocked):
+		case errors.Is(err, pgfence.ErrLocked):
 			sawLocked = true
-		case !errors.As(err, &dbErr):
-			t.Errorf("Acquire with expiring ctx = %v, want a *LockedError or a *DBError", err)
+		case !errors.As(err, &dbErr) || dbErr.Kind != nil:
+			t.Errorf("Acquire with expiring ctx = %v, want ErrLocked or a database *pgfence.Error", err)
 		}
 		if sawLocked {
 			break
 		}
 	}
 	if !sawLocked {
-		t.Errorf("Acquire with an expiring ctx never reported ErrLocked")
+		t.Errorf("Acquire with an expiring ctx never reported pgfence.ErrLocked")
 	}
 	// ExpiresAt is the db clock's now() + ttl; Deadline is local and not later
 	// than the database expiry in real time.
@@ -315,25 +317,25 @@ func TestSeedPausedHolder(t *testing.T) {
 	case <-time.After(time.Second):
 		t.Fatal("A.Done() has not fired after its deadline")
 	}
-	if err := la.Err(); !errors.Is(err, ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded) {
+	if err := la.Err(); !errors.Is(err, pgfence.ErrLost) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("A.Err() = %v", err)
 	}
-	if c := context.Cause(la.Context()); !errors.Is(c, ErrLeaseLost) {
+	if c := context.Cause(la.Context()); !errors.Is(c, pgfence.ErrLost) {
 		t.Errorf("A.Context cause = %v", c)
 	}
 
 	before := rowJSON(t, pool, "invoice:42")
-	if err := la.Renew(ctx); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("A.Renew = %v, want ErrLeaseLost", err)
+	if err := la.Renew(ctx); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("A.Renew = %v, want pgfence.ErrLost", err)
 	}
-	if _, err := a.RenewToken(ctx, "invoice:42", la.Token(), time.Minute); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("A RenewToken = %v, want ErrLeaseLost", err)
+	if _, err := a.RenewToken(ctx, "invoice:42", la.Token(), time.Minute); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("A RenewToken = %v, want pgfence.ErrLost", err)
 	}
-	if err := la.Release(ctx); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("A.Release = %v, want ErrLeaseLost", err)
+	if err := la.Release(ctx); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("A.Release = %v, want pgfence.ErrLost", err)
 	}
-	if err := a.ReleaseToken(ctx, "invoice:42", la.Token()); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("A ReleaseToken = %v, want ErrLeaseLost", err)
+	if err := a.ReleaseToken(ctx, "invoice:42", la.Token()); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("A ReleaseToken = %v, want pgfence.ErrLost", err)
 	}
 	if after := rowJSON(t, pool, "invoice:42"); after != before {
 		t.Errorf("A's stale calls changed the row:\n%s\n%s", before, after)
@@ -376,20 +378,20 @@ func TestStaleReleaseNeverFreesNewer(t *testing.T) {
 		{"a", a, old.Token()}, {"a", a, cur.Token()}, {"b's name, another key", bName, cur.Token()},
 		{"b", b, old.Token()}, {"b", b, cur.Token() + 1},
 	} {
-		if err := c.l.ReleaseToken(ctx, "r", c.token); !errors.Is(err, ErrLeaseLost) {
-			t.Errorf("ReleaseToken(%s, %d) = %v, want ErrLeaseLost", c.who, c.token, err)
+		if err := c.l.ReleaseToken(ctx, "r", c.token); !errors.Is(err, pgfence.ErrLost) {
+			t.Errorf("ReleaseToken(%s, %d) = %v, want pgfence.ErrLost", c.who, c.token, err)
 		}
-		if _, err := c.l.RenewToken(ctx, "r", c.token, time.Hour); !errors.Is(err, ErrLeaseLost) {
-			t.Errorf("RenewToken(%s, %d) = %v, want ErrLeaseLost", c.who, c.token, err)
+		if _, err := c.l.RenewToken(ctx, "r", c.token, time.Hour); !errors.Is(err, pgfence.ErrLost) {
+			t.Errorf("RenewToken(%s, %d) = %v, want pgfence.ErrLost", c.who, c.token, err)
 		}
 	}
-	if err := old.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+	if err := old.Release(ctx); !errors.Is(err, pgfence.ErrLost) {
 		t.Errorf("old.Release = %v", err)
 	}
 	if after := rowJSON(t, pool, "r"); after != before {
 		t.Errorf("stale calls changed the row:\n%s\n%s", before, after)
 	}
-	if _, err := a.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, ErrLocked) {
+	if _, err := a.TryAcquire(ctx, "r", time.Minute); !errors.Is(err, pgfence.ErrLocked) {
 		t.Errorf("lock was freed by a stale release: %v", err)
 	}
 	// The current holder's own token-based calls work.
@@ -420,7 +422,7 @@ func TestTokensGrowAcrossReleases(t *testing.T) {
 		if err := s.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if !errors.Is(s.Err(), ErrReleased) {
+		if !errors.Is(s.Err(), pgfence.ErrReleased) {
 			t.Errorf("Err after release = %v", s.Err())
 		}
 		if err := s.Release(ctx); err != nil {
@@ -457,11 +459,11 @@ func TestTokenOverflow(t *testing.T) {
 	}
 	before := rowJSON(t, pool, "old")
 	_, err := l.TryAcquire(ctx, "old", time.Minute)
-	if !errors.Is(err, ErrTokenOverflow) {
-		t.Fatalf("TryAcquire at max token = %v, want ErrTokenOverflow", err)
+	if !errors.Is(err, pgfence.ErrTokenExhausted) {
+		t.Fatalf("TryAcquire at max token = %v, want pgfence.ErrTokenExhausted", err)
 	}
-	if _, err := l.Acquire(ctx, "old", time.Minute); !errors.Is(err, ErrTokenOverflow) {
-		t.Fatalf("Acquire at max token = %v, want ErrTokenOverflow", err)
+	if _, err := l.Acquire(ctx, "old", time.Minute); !errors.Is(err, pgfence.ErrTokenExhausted) {
+		t.Fatalf("Acquire at max token = %v, want pgfence.ErrTokenExhausted", err)
 	}
 	if after := rowJSON(t, pool, "old"); after != before {
 		t.Errorf("overflowing grant changed the row:\n%s\n%s", before, after)
@@ -486,7 +488,7 @@ func TestGrantForcesSynchronousCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	show := func(db DBTX) string {
+	show := func(db pgfence.DBTX) string {
 		var v string
 		if err := db.QueryRow(ctx, "SHOW synchronous_commit").Scan(&v); err != nil {
 			t.Fatal(err)
@@ -650,7 +652,7 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 
 // A grant that waits behind a row lock for longer than its TTL is not
 // returned as a lease already past its deadline: TryAcquire gives the token
-// back and reports a transient *DBError caused by *SlowGrantError; the lock
+// back and reports a retryable ErrSlowGrant with the token; the lock
 // is free again and the next grant gets a larger token.
 func TestSlowGrantIsGivenBack(t *testing.T) {
 	t.Parallel()
@@ -697,13 +699,13 @@ func TestSlowGrantIsGivenBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = <-res
-	var dbErr *DBError
-	var slow *SlowGrantError
-	if !errors.Is(err, ErrSlowGrant) || !errors.As(err, &dbErr) || !dbErr.Transient() || !errors.As(err, &slow) {
-		t.Fatalf("TryAcquire after a stall longer than the TTL = %v, want a transient *DBError wrapping *SlowGrantError", err)
+	var slow *pgfence.Error
+	if !errors.Is(err, pgfence.ErrSlowGrant) || !pgfence.IsRetryable(err) || !errors.As(err, &slow) {
+		t.Fatalf("TryAcquire after a stall longer than the TTL = %v, want a retryable *pgfence.Error matching ErrSlowGrant", err)
 	}
-	if slow.Token != first.Token()+1 || slow.Took < ttl || slow.TTL != ttl {
-		t.Errorf("SlowGrantError = %+v, want token %d, took >= %v", slow, first.Token()+1, ttl)
+	if slow.Token != first.Token()+1 || slow.Op != "pglock.TryAcquire" || slow.Name != "slow-grant" ||
+		!strings.Contains(slow.Reason, "not within its TTL 100ms; it was released") {
+		t.Errorf("slow grant error = %+v, want token %d, not within its TTL %v", slow, first.Token()+1, ttl)
 	}
 	info, err := Inspect(ctx, pool, "slow-grant")
 	if err != nil {
@@ -799,23 +801,24 @@ func TestAdopt(t *testing.T) {
 		token int64
 		ttl   time.Duration
 		want  error
+		arg   string // the argument an ErrInvalid names
 	}{
-		{"", orphan.Token(), time.Second, ErrInvalidName},
-		{"adopt", 0, time.Second, ErrInvalidToken},
-		{"adopt", -1, time.Second, ErrInvalidToken},
-		{"adopt", orphan.Token(), 0, ErrInvalidTTL},
-		{"adopt", orphan.Token() + 1, time.Second, ErrLeaseLost}, // a token never granted
-		{"never-granted", 1, time.Second, ErrLeaseLost},
+		{"", orphan.Token(), time.Second, pgfence.ErrInvalid, "lock name"},
+		{"adopt", 0, time.Second, pgfence.ErrInvalid, "token"},
+		{"adopt", -1, time.Second, pgfence.ErrInvalid, "token"},
+		{"adopt", orphan.Token(), 0, pgfence.ErrInvalid, "lease duration"},
+		{"adopt", orphan.Token() + 1, time.Second, pgfence.ErrLost, ""}, // a token never granted
+		{"never-granted", 1, time.Second, pgfence.ErrLost, ""},
 	} {
-		if s, err := l.Adopt(ctx, c.name, c.token, c.ttl); !errors.Is(err, c.want) || s != nil {
+		if s, err := l.Adopt(ctx, c.name, c.token, c.ttl); !errors.Is(err, c.want) || (c.arg != "" && !isInvalid(err, c.arg)) || s != nil {
 			t.Errorf("Adopt(%q, %d, %v) = %v, %v; want %v", c.name, c.token, c.ttl, s, err, c.want)
 		}
 	}
-	if _, err := other.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("another holder's Adopt = %v, want ErrLeaseLost", err)
+	if _, err := other.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("another holder's Adopt = %v, want pgfence.ErrLost", err)
 	}
-	if _, err := sameName.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("Adopt by the same holder name with another key = %v, want ErrLeaseLost", err)
+	if _, err := sameName.Adopt(ctx, "adopt", orphan.Token(), time.Second); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("Adopt by the same holder name with another key = %v, want pgfence.ErrLost", err)
 	}
 	if after := rowJSON(t, pool, "adopt"); after != before {
 		t.Errorf("refused adoptions changed the row:\n%s\n%s", before, after)
@@ -835,15 +838,15 @@ func TestAdopt(t *testing.T) {
 	if d := time.Until(lease.Deadline()); d > ttl || d <= 0 {
 		t.Errorf("adopted lease deadline in %v, want within the new TTL %v", d, ttl)
 	}
-	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrInvalidToken) {
-		t.Errorf("adopting a grant twice = %v, want ErrInvalidToken", err)
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !isInvalid(err, "token") {
+		t.Errorf("adopting a grant twice = %v, want ErrInvalid (token)", err)
 	}
 	// Three TTLs later keep-alive still holds it.
 	time.Sleep(3 * ttl)
 	if err := lease.Err(); err != nil {
 		t.Fatalf("adopted lease ended: %v", err)
 	}
-	if _, err := other.TryAcquire(ctx, "adopt", time.Minute); !errors.Is(err, ErrLocked) {
+	if _, err := other.TryAcquire(ctx, "adopt", time.Minute); !errors.Is(err, pgfence.ErrLocked) {
 		t.Errorf("another holder got the adopted lock: %v", err)
 	}
 	if info := inspect(t, pool, "adopt"); info.Token != orphan.Token() || !info.Held {
@@ -852,11 +855,11 @@ func TestAdopt(t *testing.T) {
 	if err := lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("adopting a released grant = %v, want ErrLeaseLost", err)
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, pgfence.ErrLost) {
+		t.Errorf("adopting a released grant = %v, want pgfence.ErrLost", err)
 	}
 	_ = l.Close()
-	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, ErrClosed) {
-		t.Errorf("Adopt on a closed Locker = %v, want ErrClosed", err)
+	if _, err := l.Adopt(ctx, "adopt", orphan.Token(), ttl); !errors.Is(err, pgfence.ErrClosed) {
+		t.Errorf("Adopt on a closed Locker = %v, want pgfence.ErrClosed", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
 	"github.com/pgfence/pgfence/migrations"
 )
@@ -54,7 +55,7 @@ func TestTokensSurviveServerCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 		s, err := l.TryAcquire(ctx, "durable", 100*time.Millisecond)
-		for retry := 0; errors.Is(err, ErrSlowGrant) && retry < 5; retry++ {
+		for retry := 0; errors.Is(err, pgfence.ErrSlowGrant) && retry < 5; retry++ {
 			s, err = l.TryAcquire(ctx, "durable", 100*time.Millisecond) // given back on a loaded machine
 		}
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
@@ -16,16 +17,17 @@ import (
 // ttl from now (database clock) and returns the new expiry: the stateless
 // form of [Lease.Renew] for callers that have only the values (a Locker with
 // the same [Config.Key] as the one granted the lease). A lease that is no
-// longer held by exactly that token and key gives a [*LeaseLostError] and
-// nothing changes.
+// longer held by exactly that token and key gives a [*pgfence.Error]
+// matching [pgfence.ErrLost] and nothing changes.
 func (l *Locker) RenewToken(ctx context.Context, name string, token int64, ttl time.Duration) (time.Time, error) {
-	if err := validatePair(name, token); err != nil {
+	const op = "pglock.RenewToken"
+	if err := validatePair(op, name, token); err != nil {
 		return time.Time{}, err
 	}
-	if err := validateTTL(ttl); err != nil {
+	if err := validateTTL(op, ttl); err != nil {
 		return time.Time{}, err
 	}
-	exp, _, err := l.renew(ctx, name, token, ttl)
+	exp, _, err := l.renew(ctx, op, name, token, ttl)
 	return exp, err
 }
 
@@ -33,27 +35,31 @@ func (l *Locker) RenewToken(ctx context.Context, name string, token int64, ttl t
 // the row keeps its token, holder and expiry become NULL, and waiters are
 // notified (or the first one is handed the lease). If the lease is no longer
 // held by exactly that token and key, nothing changes and the error is a
-// [*LeaseLostError].
+// [*pgfence.Error] matching [pgfence.ErrLost].
 func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) error {
-	if err := validatePair(name, token); err != nil {
+	const op = "pglock.ReleaseToken"
+	if err := validatePair(op, name, token); err != nil {
 		return err
 	}
-	return l.release(ctx, name, token)
+	return l.release(ctx, op, name, token)
 }
 
 // Adopt returns a [Lease] for a grant of name under this Locker's key that
 // the caller has no Lease for: one found with [Inspect] after an acquisition
 // with an unknown outcome, or left by an earlier run with the same
 // [Config.Key]. It renews (name, token) to ttl conditionally; a grant no
-// longer held with this key gives a [*LeaseLostError] and nothing changes. Adopt never creates a
-// grant nor changes the token. A (name, token) with a live Lease in this
-// Locker gives [ErrInvalidToken]; a renewal answered after ttl gives
-// [ErrSlowGrant] (the grant is left to expire). Config.KeepAlive applies.
+// longer held with this key gives a [*pgfence.Error] matching
+// [pgfence.ErrLost] and nothing changes. Adopt never creates a grant nor
+// changes the token. A (name, token) with a live Lease in this Locker gives
+// [pgfence.ErrInvalid]; a renewal answered after ttl gives
+// [pgfence.ErrSlowGrant] (the grant is left to expire). Config.KeepAlive
+// applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
-	if err := validatePair(name, token); err != nil {
+	const op = "pglock.Adopt"
+	if err := validatePair(op, name, token); err != nil {
 		return nil, err
 	}
-	if err := validateTTL(ttl); err != nil {
+	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
@@ -61,17 +67,17 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	l.mu.Unlock()
 	dup := l.hasLive(name, token)
 	if closed {
-		return nil, ErrClosed
+		return nil, closedError(op, name)
 	}
 	if dup {
-		return nil, invalid(ErrInvalidToken, "lock %q token %d already has a live Lease in this Locker; use it", name, token)
+		return nil, invalid(op, "token", "lock %q token %d already has a live Lease in this Locker; use it", name, token)
 	}
-	exp, sent, err := l.renew(ctx, name, token, ttl)
+	exp, sent, err := l.renew(ctx, op, name, token, ttl)
 	if err != nil {
 		return nil, err
 	}
 	if took := time.Since(sent); took >= ttl {
-		return nil, &DBError{Op: "adopt", Name: name, Err: &SlowGrantError{Token: token, Took: took, TTL: ttl}}
+		return nil, slowGrantError(op, name, token, took, ttl, "it is left to expire")
 	}
 	if l.log.Enabled(context.Background(), slog.LevelInfo) {
 		l.log.Info("pglock: adopted", "name", name, "token", token, "ttl", ttl, "expires_at", exp)
@@ -79,14 +85,14 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	return l.newLease(name, token, ttl, exp, sent), nil
 }
 
-func validatePair(name string, token int64) error {
-	if err := validateName(name); err != nil {
+func validatePair(op, name string, token int64) error {
+	if err := validateName(op, name); err != nil {
 		return err
 	}
-	return validateToken(token)
+	return validateToken(op, token)
 }
 
-func (l *Locker) renew(ctx context.Context, name string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
+func (l *Locker) renew(ctx context.Context, op, name string, token int64, ttl time.Duration) (expiresAt time.Time, sent time.Time, err error) {
 	var row dbsqlc.RenewLockRow
 	err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now() // a renewal applied twice only extends the lease again
@@ -95,9 +101,9 @@ func (l *Locker) renew(ctx context.Context, name string, token int64, ttl time.D
 	})
 	switch {
 	case err != nil:
-		return time.Time{}, sent, &DBError{Op: "renew", Name: name, Err: err}
+		return time.Time{}, sent, dbError(op, name, err)
 	case row.ExpiresAt == nil:
-		return time.Time{}, sent, &LeaseLostError{Name: name, Holder: l.holder, Token: token}
+		return time.Time{}, sent, lostError(op, name, l.holder, token, nil)
 	}
 	return *row.ExpiresAt, sent, nil
 }
@@ -123,7 +129,7 @@ func (l *Locker) onLiveConn(ctx context.Context, f func(*pgxpool.Conn) error) er
 // oneRoundTrip runs statements with pgx.QueryExecModeExec, never spending a
 // prepare round trip out of the lease's remaining time (renewals use it; the
 // statements' parameters all carry casts).
-type oneRoundTrip struct{ db DBTX }
+type oneRoundTrip struct{ db pgfence.DBTX }
 
 func (o oneRoundTrip) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return o.db.Exec(ctx, sql, append([]any{pgx.QueryExecModeExec}, args...)...)
@@ -139,8 +145,9 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 
 // release ends the lease (name, token) held with the Locker's key
 // (pgfence.lock_release, which hands it to the first live waiter if there is
-// one). A lost lease is a *LeaseLostError.
-func (l *Locker) release(ctx context.Context, name string, token int64) error {
+// one). A lost lease is an error of kind pgfence.ErrLost; op is the exported
+// call, for errors.
+func (l *Locker) release(ctx context.Context, op, name string, token int64) error {
 	var r fastReleaseRow
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		r, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: l.key})
@@ -148,9 +155,9 @@ func (l *Locker) release(ctx context.Context, name string, token int64) error {
 	})
 	switch {
 	case err != nil:
-		return &DBError{Op: "release", Name: name, Err: err}
+		return dbError(op, name, err)
 	case !r.Released:
-		return &LeaseLostError{Name: name, Holder: l.holder, Token: token}
+		return lostError(op, name, l.holder, token, nil)
 	}
 	if (r.HandedOff || r.Notified) && !l.isHot(name) {
 		// Waited for: the next Acquire through this Locker queues at once.

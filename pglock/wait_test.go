@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -135,7 +136,7 @@ func TestWaiterOnCrashedHolder(t *testing.T) {
 	const ttl = 500 * time.Millisecond
 	la := mustAcquire(t, a, "crash", ttl)
 	_ = a.Close() // "crash": no release, no renewal
-	if !errors.Is(la.Err(), ErrClosed) {
+	if !errors.Is(la.Err(), pgfence.ErrClosed) {
 		t.Errorf("lease after Close: %v", la.Err())
 	}
 	r := <-acquireAsync(ctx, b, "crash", time.Minute)
@@ -284,7 +285,7 @@ func TestAcquireManyAllOrNothing(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancel()
 	leases, err := y.AcquireMany(sctx, []string{"m3", "m2", "m1"}, time.Minute)
-	// Usually ErrLocked (the context ended while waiting for m2); on a slow
+	// Usually pgfence.ErrLocked (the context ended while waiting for m2); on a slow
 	// machine the context may end during a round trip instead.
 	if !errors.Is(err, context.DeadlineExceeded) || leases != nil {
 		t.Fatalf("AcquireMany = %v, %v; want the context's deadline", leases, err)
@@ -458,7 +459,7 @@ func handOver(t testing.TB, ctx context.Context, holding *Lease, waiter *Locker,
 // Listen opens the pool's LISTEN connection before any wait and returns once
 // it listens: a release notified right after it is seen by a waiter at
 // once. With PollOnly there is no connection; a closed Locker refuses; a
-// context that ends first is reported as a *DBError matching it.
+// context that ends first is reported as a *pgfence.Error matching it.
 func TestLockerListen(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.PoolFor(t, pgtest.DSN(t))
@@ -492,20 +493,20 @@ func TestLockerListen(t *testing.T) {
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	other := newLocker(t, pgtest.PoolFor(t, pgtest.DSN(t)), &Config{Holder: "other"})
-	if err := other.Listen(cancelled); !errors.Is(err, context.Canceled) || !errors.As(err, new(*DBError)) {
-		t.Fatalf("Listen with a cancelled context: %v, want a *DBError matching context.Canceled", err)
+	if err := other.Listen(cancelled); !errors.Is(err, context.Canceled) || !errors.As(err, new(*pgfence.Error)) {
+		t.Fatalf("Listen with a cancelled context: %v, want a *pgfence.Error matching context.Canceled", err)
 	}
 
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.Listen(ctx); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Listen on a closed Locker: %v, want ErrClosed", err)
+	if err := l.Listen(ctx); !errors.Is(err, pgfence.ErrClosed) {
+		t.Fatalf("Listen on a closed Locker: %v, want pgfence.ErrClosed", err)
 	}
 }
 
 // Listen on a pool whose LISTEN connection cannot be made returns the
-// connection attempt's error, as a *DBError, without waiting for its
+// connection attempt's error, as a *pgfence.Error, without waiting for its
 // context to end: a readiness check at start-up says what is wrong.
 func TestLockerListenFailedConnection(t *testing.T) {
 	t.Parallel()
@@ -531,11 +532,11 @@ func TestLockerListenFailedConnection(t *testing.T) {
 	pool := poolOf(func(c *pgconn.Config) { c.Database = "pgfence_listen_no_such_db" })
 	l := newLocker(t, pool, &Config{Holder: "nodb"})
 	err := l.Listen(ctx)
-	var dbErr *DBError
+	var dbErr *pgfence.Error
 	var pgErr *pgconn.PgError
 	switch {
-	case !errors.As(err, &dbErr) || dbErr.Op != "listen":
-		t.Fatalf("Listen on a missing database: %v, want a *DBError of op listen", err)
+	case !errors.As(err, &dbErr) || dbErr.Op != "pglock.Listen" || dbErr.Kind != nil:
+		t.Fatalf("Listen on a missing database: %v, want a *pgfence.Error of op pglock.Listen", err)
 	case errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
 		t.Fatalf("Listen on a missing database returned only when its context ended: %v", err)
 	case !errors.As(err, &pgErr) || pgErr.Code != "3D000":
@@ -563,6 +564,6 @@ func TestLockerListenFailedConnection(t *testing.T) {
 	})
 	l2 := newLocker(t, pool2, &Config{Holder: "noserver"})
 	if err := l2.Listen(ctx); !errors.As(err, &dbErr) || ctx.Err() != nil || !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("Listen with no server on the port: %v, want a *DBError matching ECONNREFUSED before the context ends", err)
+		t.Fatalf("Listen with no server on the port: %v, want a *pgfence.Error matching ECONNREFUSED before the context ends", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -107,7 +108,7 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.TryAcquire(ctx, "job", time.Minute); !errors.Is(err, pglock.ErrLocked) {
+	if _, err := b.TryAcquire(ctx, "job", time.Minute); !errors.Is(err, pgfence.ErrLocked) {
 		t.Fatalf("b: %v", err)
 	}
 	if v := value(t, reg, metricdefs.LeaseAcquireSeconds, map[string]string{"outcome": "granted"}); v != 1 {
@@ -125,7 +126,7 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lease.Renew(ctx); !errors.Is(err, pglock.ErrLeaseLost) {
+	if err := lease.Renew(ctx); !errors.Is(err, pgfence.ErrLost) {
 		t.Fatalf("renew: %v", err)
 	}
 	if v := value(t, reg, metricdefs.LeasesLostTotal, map[string]string{"reason": metricdefs.LostRenewalRefused}); v != 1 {
@@ -141,7 +142,7 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	// A lease that runs out locally: lost, deadline_passed.
 	short, err := a.TryAcquire(ctx, "short", 150*time.Millisecond)
 	slow := 0
-	for ; errors.Is(err, pglock.ErrSlowGrant) && slow < 5; slow++ {
+	for ; errors.Is(err, pgfence.ErrSlowGrant) && slow < 5; slow++ {
 		short, err = a.TryAcquire(ctx, "short", 150*time.Millisecond) // given back on a loaded machine
 	}
 	if err != nil {

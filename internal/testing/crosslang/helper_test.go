@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -99,11 +100,10 @@ func runGoLeaseWorker(dsn, name, holder string, ttl time.Duration, table string)
 			if op == "release" {
 				f = lease.Release
 			}
-			var lost *pglock.LeaseLostError
 			switch err := f(ctx); {
 			case err == nil:
 				fmt.Println("ok", op)
-			case errors.As(err, &lost):
+			case errors.Is(err, pgfence.ErrLost):
 				fmt.Println("refused", op, "lost")
 			default:
 				return err

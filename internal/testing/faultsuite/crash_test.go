@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
@@ -99,7 +100,7 @@ func TestServerCrash(t *testing.T) {
 					}
 					lease, err := c.Acquire(ctx, locker, lock, 5*time.Second, false)
 					if err != nil {
-						if errors.Is(err, pglock.ErrLocked) {
+						if errors.Is(err, pgfence.ErrLocked) {
 							continue
 						}
 						return // the server went away

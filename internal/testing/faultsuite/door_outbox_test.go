@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
@@ -203,8 +204,8 @@ func TestOutboxDoor(t *testing.T) {
 	// Through the Go API, the same refusals are typed.
 	for what, l := range map[string]*pglock.Lease{"released": released, "expired": expired} {
 		_, err := outbox.Enqueue(ctx, app, l, outbox.Intent{Topic: "payments", Key: "k-" + what, Payload: json.RawMessage(`{}`)})
-		if !errors.Is(err, pglock.ErrLeaseLost) {
-			t.Errorf("outbox.Enqueue under the %s lease: %v, want pglock.ErrLeaseLost", what, err)
+		if !errors.Is(err, pgfence.ErrLost) {
+			t.Errorf("outbox.Enqueue under the %s lease: %v, want pgfence.ErrLost", what, err)
 		}
 	}
 	if _, err := outbox.Enqueue(ctx, app, old, outbox.Intent{Topic: "payments", Key: "k-old", Payload: json.RawMessage(`{}`)}); !errors.Is(err, fencedwrite.ErrStaleToken) {

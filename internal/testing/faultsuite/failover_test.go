@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
@@ -215,7 +216,7 @@ func TestFailover(t *testing.T) {
 				default:
 				}
 				lease, err := c.Acquire(ctx, locker, lock, 2*time.Second, false)
-				if errors.Is(err, pglock.ErrLocked) {
+				if errors.Is(err, pgfence.ErrLocked) {
 					continue
 				}
 				if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -223,12 +224,12 @@ func releaseAnyToken(t *testing.T, pool *pgxpool.Pool, mutant bool) []history.Op
 			defer second.Release(ctx)
 			break
 		}
-		if !errors.Is(err, pglock.ErrLocked) {
+		if !errors.Is(err, pgfence.ErrLocked) {
 			t.Fatal(err)
 		}
 		sleep(ctx, 5*time.Millisecond) // the database's expiry is a little later than the local deadline
 	}
-	if err := c.ReleaseToken(ctx, l, "mut", first.Token()); err != nil && !errors.Is(err, pglock.ErrLeaseLost) {
+	if err := c.ReleaseToken(ctx, l, "mut", first.Token()); err != nil && !errors.Is(err, pgfence.ErrLost) {
 		t.Fatal(err)
 	}
 	return rec.Ops()
@@ -248,7 +249,7 @@ func grantIgnoringExpiry(t *testing.T, pool *pgxpool.Pool, mutant bool) []histor
 	if mutant {
 		mutateFunction(t, ctx, pool, fnLockGrant, "AND (l.holder IS NULL OR l.expires_at <= now())", "")
 	}
-	if _, err := b.Acquire(ctx, newPollLocker(t, pool, "b"), "mut", time.Minute, false); err != nil && !errors.Is(err, pglock.ErrLocked) {
+	if _, err := b.Acquire(ctx, newPollLocker(t, pool, "b"), "mut", time.Minute, false); err != nil && !errors.Is(err, pgfence.ErrLocked) {
 		t.Fatal(err)
 	}
 	return rec.Ops()
@@ -449,7 +450,7 @@ func TestHistoryMutationTokenTwiceAfterCrash(t *testing.T) {
 				token = lease.Token()
 				break
 			}
-			if !errors.Is(err, pglock.ErrLocked) && !errors.Is(err, pglock.ErrSlowGrant) {
+			if !errors.Is(err, pgfence.ErrLocked) && !errors.Is(err, pgfence.ErrSlowGrant) {
 				t.Fatal(err)
 			}
 			sleep(ctx, 5*time.Millisecond)
@@ -503,7 +504,7 @@ func tryUntilGranted(t *testing.T, ctx context.Context, c *history.Client, l *pg
 		if err == nil {
 			return lease
 		}
-		if !errors.Is(err, pglock.ErrSlowGrant) {
+		if !errors.Is(err, pgfence.ErrSlowGrant) {
 			t.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/pglock"
@@ -52,12 +53,12 @@ func TestHostileInput(t *testing.T) {
 			if err := lease.Release(ctx); err != nil {
 				t.Errorf("release %q: %v", s, err)
 			}
-		case errors.Is(err, pglock.ErrInvalidName):
+		case errors.Is(err, pgfence.ErrInvalid):
 			refused++
 		default:
 			t.Errorf("name %q: untyped error %v", s, err)
 		}
-		if _, err := pglock.New(pool, &pglock.Config{Holder: s}); err != nil && !errors.Is(err, pglock.ErrInvalidHolder) {
+		if _, err := pglock.New(pool, &pglock.Config{Holder: s}); err != nil && !errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("holder %q: untyped error %v", s, err)
 		}
 		_, err = fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: s, Key: []string{"id"}, Set: []string{"v"}})
@@ -70,7 +71,7 @@ func TestHostileInput(t *testing.T) {
 		}
 	}
 	// A forged (never issued) or wrong-holder token changes nothing.
-	if err := locker.ReleaseToken(ctx, "sentinel", 41); !errors.Is(err, pglock.ErrLeaseLost) {
+	if err := locker.ReleaseToken(ctx, "sentinel", 41); !errors.Is(err, pgfence.ErrLost) {
 		t.Errorf("release of a lock this holder never held: %v", err)
 	}
 	var token int64

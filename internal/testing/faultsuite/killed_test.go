@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/history"
@@ -325,14 +326,13 @@ func TestKilledRenewer(t *testing.T) {
 		name := fmt.Sprintf("renewer:%d", round)
 		// pglock sends a grant again when the pool hands it a connection the
 		// previous round's killer ended, but a kill racing the grant still
-		// fails it with a transient *DBError. A grant can also come back too late to use on a loaded machine
+		// fails it with a transient database error. A grant can also come back too late to use on a loaded machine
 		// (pglock reports ErrSlowGrant, or this goroutine was descheduled
 		// past the deadline before registering): try again.
 		var lease *pglock.Lease
 		for attempt := 0; lease == nil; attempt++ {
 			lease, err = hc.Acquire(ctx, holder, name, ttl, true)
-			var dbErr *pglock.DBError
-			if err != nil && (attempt == 4 || !errors.As(err, &dbErr) || !dbErr.Transient()) {
+			if err != nil && (attempt == 4 || !transientDB(err)) {
 				t.Fatalf("round %d: %v", round, err)
 			}
 			if lease != nil && !reg.register(lease) {
@@ -381,9 +381,9 @@ func TestKilledRenewer(t *testing.T) {
 					continue
 				}
 				won, wonAt = c, time.Now()
-			case errors.Is(err, pglock.ErrLocked):
+			case errors.Is(err, pgfence.ErrLocked):
 				time.Sleep(20 * time.Millisecond)
-			case errors.Is(err, pglock.ErrSlowGrant):
+			case errors.Is(err, pgfence.ErrSlowGrant):
 				// The grant waited behind the stall for longer than the TTL
 				// and was given back: a correct refusal, not a win.
 				lateGrants++
@@ -404,7 +404,7 @@ func TestKilledRenewer(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatalf("round %d: the contender holds token %d but the holder's lease (token %d) never ended", round, won.Token(), lease.Token())
 			}
-			if !errors.Is(lease.Err(), pglock.ErrLeaseLost) {
+			if !errors.Is(lease.Err(), pgfence.ErrLost) {
 				t.Errorf("round %d: holder's lease ended with %v, want ErrLeaseLost", round, lease.Err())
 			}
 			dl := lease.Deadline()
@@ -425,7 +425,7 @@ func TestKilledRenewer(t *testing.T) {
 			// above wait for the holder's Done on a loaded machine: its
 			// release is then refused as lost, which is right. Lost before
 			// its local deadline would be a bug.
-			if err := cc.Release(ctx, won); err != nil && (!errors.Is(err, pglock.ErrLeaseLost) || time.Now().Before(won.Deadline())) {
+			if err := cc.Release(ctx, won); err != nil && (!errors.Is(err, pgfence.ErrLost) || time.Now().Before(won.Deadline())) {
 				t.Fatalf("round %d: contender's release (local deadline %v ago): %v", round, time.Since(won.Deadline()), err)
 			}
 		} else {
@@ -435,11 +435,11 @@ func TestKilledRenewer(t *testing.T) {
 			}
 			reg.unregister(lease)
 			for range 5 {
-				if err = hc.Release(ctx, lease); err == nil || errors.Is(err, pglock.ErrLeaseLost) {
+				if err = hc.Release(ctx, lease); err == nil || errors.Is(err, pgfence.ErrLost) {
 					break
 				}
 			}
-			if err != nil && !errors.Is(err, pglock.ErrLeaseLost) {
+			if err != nil && !errors.Is(err, pgfence.ErrLost) {
 				t.Fatalf("round %d: release: %v", round, err)
 			}
 		}
@@ -722,7 +722,7 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 				err = c.Release(rctx, lease)
 				cancel()
 				switch {
-				case errors.Is(err, pglock.ErrLeaseLost):
+				case errors.Is(err, pgfence.ErrLost):
 					releaseLost.Add(1)
 				case err != nil:
 					releaseErrs.Add(1)

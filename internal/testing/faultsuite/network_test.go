@@ -12,7 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/pglock"
@@ -39,9 +41,22 @@ func proxiedPool(t *testing.T, dsn, app string, n int32) (*pgxpool.Pool, *Proxy)
 	return openPool(t, cfg, app, n), px
 }
 
-// acquireRetry is Acquire, retried (up to five times) on transient
-// *pglock.DBError: the first use of a pooled connection that a fault broke
-// fails that way.
+// transientDB reports whether err is a pgfence database or connection
+// failure (no Kind) that the same call may get past, or a grant that came
+// too late (pgfence.ErrSlowGrant): every error that did not come from the
+// server except the caller's cancellation, and the server's classes 08, 53,
+// 57, 40001 and 40P01 (pgerr.IsTransient).
+func transientDB(err error) bool {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return pe.Kind == pgfence.ErrSlowGrant || pe.Kind == nil && pgerr.IsTransient(pe.Err)
+}
+
+// acquireRetry is Acquire, retried (up to five times) on a transient
+// database error (transientDB): the first use of a pooled connection that a
+// fault broke fails that way.
 func acquireRetry(t *testing.T, c *history.Client, l *pglock.Locker, name string, ttl time.Duration) *pglock.Lease {
 	t.Helper()
 	for attempt := 0; ; attempt++ {
@@ -51,8 +66,7 @@ func acquireRetry(t *testing.T, c *history.Client, l *pglock.Locker, name string
 		if err == nil {
 			return lease
 		}
-		var dbErr *pglock.DBError
-		if attempt == 4 || !errors.As(err, &dbErr) || !dbErr.Transient() {
+		if attempt == 4 || !transientDB(err) {
 			t.Fatalf("acquire %s: %v", name, err)
 		}
 	}
@@ -68,12 +82,12 @@ func releaseLate(t *testing.T, c *history.Client, lease *pglock.Lease) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = c.Release(ctx, lease)
 		cancel()
-		var dbErr *pglock.DBError
-		if !errors.As(err, &dbErr) {
+		var dbErr *pgfence.Error
+		if !errors.As(err, &dbErr) || dbErr.Kind != nil {
 			break
 		}
 	}
-	if !errors.Is(err, pglock.ErrLeaseLost) {
+	if !errors.Is(err, pgfence.ErrLost) {
 		t.Errorf("late release of token %d: %v, want ErrLeaseLost (someone else holds the lock now)", lease.Token(), err)
 	}
 }
@@ -146,7 +160,7 @@ func TestBlackholedHolder(t *testing.T) {
 		}
 		minMargin = min(minMargin, expiresAt.Sub(ended))
 		maxLate = max(maxLate, ended.Sub(dl))
-		if err := lease.Err(); !errors.Is(err, pglock.ErrLeaseLost) || !errors.Is(err, context.DeadlineExceeded) {
+		if err := lease.Err(); !errors.Is(err, pgfence.ErrLost) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("iteration %d: lease ended with %v, want ErrLeaseLost at the local deadline", i, err)
 		}
 
@@ -282,7 +296,7 @@ func TestDelayedRenewals(t *testing.T) {
 			t.Errorf("iteration %d: Done fired %v after the local deadline (allowed %v: %v + the worst timer overrun measured meanwhile)",
 				i, late, slack, timerSlack)
 		}
-		if !errors.Is(lease.Err(), pglock.ErrLeaseLost) {
+		if !errors.Is(lease.Err(), pgfence.ErrLost) {
 			t.Errorf("iteration %d: lease ended with %v, want ErrLeaseLost", i, lease.Err())
 		}
 		// The local deadline counts from the last renewal's send, before the
@@ -347,14 +361,14 @@ type unknownVariant struct {
 // the reply is blackholed after the request reached the server, or the
 // connection is dropped right after the request was written, or the request
 // itself is held in the network and delivered only after the caller gave up
-// (late delivery). Pass: TryAcquire returns a *pglock.DBError whose
-// Transient() is true (matching context.DeadlineExceeded when the caller's
-// deadline ended the wait), never a lease and never a *LockedError; once the
+// (late delivery). Pass: TryAcquire returns a transient database
+// *pgfence.Error (no Kind) (matching context.DeadlineExceeded when the caller's
+// deadline ended the wait), never a lease and never ErrLocked; once the
 // old connection's backend is gone, pglock.Inspect tells the caller whether
 // the grant landed (holder = its own holder, token = previous + 1, expiry
 // within the TTL) or not (token unchanged), and ReleaseToken frees a grant
 // that landed. Without reconciliation the grant ends by itself: another
-// client sees the caller's holder in the *LockedError and gets the lock,
+// client sees the caller's holder in the ErrLocked error and gets the lock,
 // with the next token, within the TTL. If that client finds the grant
 // already expired (its lease granted, on the database's clock, not before the
 // grant's expiry: a loaded machine took the whole TTL to settle), the
@@ -417,12 +431,11 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		lease, err := unsure.Acquire(actx, locker, name, ttl, false)
 		cancel()
-		var dbErr *pglock.DBError
 		switch {
 		case err == nil:
 			t.Fatalf("%s: TryAcquire returned lease %d through a cut connection", v.name, lease.Token())
-		case !errors.As(err, &dbErr) || !dbErr.Transient() || errors.Is(err, pglock.ErrLocked):
-			t.Fatalf("%s: TryAcquire error %v (%T), want a transient *pglock.DBError", v.name, err, err)
+		case !transientDB(err) || errors.Is(err, pgfence.ErrLocked):
+			t.Fatalf("%s: TryAcquire error %v (%T), want a transient database *pgfence.Error", v.name, err, err)
 		case errors.Is(err, context.DeadlineExceeded) != v.timeout:
 			t.Fatalf("%s: TryAcquire error %v: matches context.DeadlineExceeded = %v, want %v",
 				v.name, err, errors.Is(err, context.DeadlineExceeded), v.timeout)
@@ -479,7 +492,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 				// the look and the release: then the release is refused
 				// (correctly) and this run missed its window.
 				after, ierr := unsure.Inspect(ctx, admin, name)
-				if ierr == nil && errors.Is(err, pglock.ErrLeaseLost) && !after.Held && after.Token == info.Token &&
+				if ierr == nil && errors.Is(err, pgfence.ErrLost) && !after.Held && after.Token == info.Token &&
 					!after.DBNow.Before(info.ExpiresAt) {
 					return false
 				}
@@ -512,8 +525,8 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 				releaseOK(t, others, early)
 				return false
 			}
-			var locked *pglock.LockedError
-			if !errors.As(err, &locked) || locked.Holder != locker.Holder() {
+			var locked *pgfence.Error
+			if !errors.Is(err, pgfence.ErrLocked) || !errors.As(err, &locked) || locked.Holder != locker.Holder() {
 				t.Fatalf("%s: another client's TryAcquire: %v, want ErrLocked naming %q", v.name, err, locker.Holder())
 			}
 			c := acquireRetry(t, others, other, name, ttl)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/pglock"
@@ -99,7 +100,7 @@ func runOrdering(ctx context.Context, pool *pgxpool.Pool, lockers map[byte]*pglo
 		switch step {
 		case 0: // acquire
 			lease, err := lockers[who].TryAcquire(ctx, lock, ttl)
-			if errors.Is(err, pglock.ErrLocked) {
+			if errors.Is(err, pgfence.ErrLocked) {
 				c.refused = true
 				continue
 			}

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -89,7 +90,7 @@ func outboxHolderMain(mode string) int {
 	}
 	c := rec.NewClient()
 	lease, err := c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
-	for retry := 0; errors.Is(err, pglock.ErrSlowGrant) && retry < 5; retry++ {
+	for retry := 0; errors.Is(err, pgfence.ErrSlowGrant) && retry < 5; retry++ {
 		lease, err = c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
 	}
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -76,7 +77,7 @@ func workerMain() int {
 	c := rec.NewClient()
 	lock, key := os.Getenv(envLock), fmt.Sprintf("accounts/%d", row)
 	lease, err := c.Acquire(ctx, locker, lock, ttl, true)
-	for retry := 0; errors.Is(err, pglock.ErrSlowGrant) && retry < 5; retry++ {
+	for retry := 0; errors.Is(err, pgfence.ErrSlowGrant) && retry < 5; retry++ {
 		lease, err = c.Acquire(ctx, locker, lock, ttl, true) // given back on a loaded machine
 	}
 	if err != nil {

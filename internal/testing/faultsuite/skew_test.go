@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -119,7 +120,7 @@ func skewWorkerMain(offset string) int {
 	}
 	looksExpired := wall().After(info.ExpiresAt)
 	res := "granted"
-	if _, err := hc.Acquire(ctx, locker, skewHeldLock, time.Second, false); errors.Is(err, pglock.ErrLocked) {
+	if _, err := hc.Acquire(ctx, locker, skewHeldLock, time.Second, false); errors.Is(err, pgfence.ErrLocked) {
 		res = "locked"
 	} else if err != nil {
 		return fail(err)
@@ -163,7 +164,7 @@ func skewWorkerMain(offset string) int {
 		return fail(err)
 	}
 	renew := "accepted"
-	if err := hc.RenewToken(ctx, locker, skewOwnLock, lease.Token(), skewOwnTTL); errors.Is(err, pglock.ErrLeaseLost) {
+	if err := hc.RenewToken(ctx, locker, skewOwnLock, lease.Token(), skewOwnTTL); errors.Is(err, pgfence.ErrLost) {
 		renew = "refused"
 	} else if err != nil {
 		return fail(err)
@@ -346,7 +347,7 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		switch {
 		case err == nil:
 			taken = l
-		case errors.Is(err, pglock.ErrLocked):
+		case errors.Is(err, pgfence.ErrLocked):
 			if time.Since(sawGrant) > skewOwnTTL+5*time.Second {
 				t.Fatalf("lock still held %s after the %s client's grant", time.Since(sawGrant), offset)
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/hacluster"
 	"github.com/pgfence/pgfence/internal/testing/history"
@@ -121,7 +122,7 @@ func (r *recorder) err(op string, err error) {
 		key += "SQLSTATE " + pgErr.Code
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		key += "timeout"
-	case errors.Is(err, pglock.ErrLocked):
+	case errors.Is(err, pgfence.ErrLocked):
 		key += "locked"
 	case errors.Is(err, fencedwrite.ErrStaleToken):
 		key += "stale token"

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
@@ -53,8 +54,7 @@ func (c *Client) at(t time.Time) int64 {
 
 // invalid reports errors refused before any SQL ran: nothing is recorded.
 func invalid(err error) bool {
-	var inv *pglock.InvalidError
-	return errors.As(err, &inv) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
+	return errors.Is(err, pgfence.ErrInvalid) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
 		errors.Is(err, outbox.ErrInvalidToken) ||
 		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
 		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
@@ -78,12 +78,12 @@ func (c *Client) Acquire(ctx context.Context, l *pglock.Locker, name string, ttl
 }
 
 func (c *Client) endAcquire(p *Pending, lease *pglock.Lease, err error) {
-	var locked *pglock.LockedError
+	var locked *pgfence.Error
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK, Token: lease.Token(), Expires: Micros(lease.ExpiresAt()), Deadline: c.at(lease.Deadline())})
 	case invalid(err):
-	case errors.As(err, &locked) && locked.Err == nil:
+	case errors.As(err, &locked) && locked.Kind == pgfence.ErrLocked && locked.Err == nil:
 		// Refused: the holder and its expiry when the answer named them.
 		c.end(p, Output{Outcome: Busy, Holder: locked.Holder, Expires: Micros(locked.ExpiresAt)})
 	default:
@@ -101,7 +101,7 @@ func (c *Client) Renew(ctx context.Context, lease *pglock.Lease) error {
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK, Expires: Micros(lease.ExpiresAt()), Deadline: c.at(lease.Deadline())})
-	case errors.Is(err, pglock.ErrReleased), errors.Is(err, pglock.ErrLeaseLost) && !errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, pgfence.ErrReleased), errors.Is(err, pgfence.ErrLost) && !errors.Is(err, context.DeadlineExceeded):
 		// Refused by the database, or the lease had ended (no SQL).
 		c.end(p, Output{Outcome: Lost})
 	default:
@@ -115,7 +115,7 @@ func (c *Client) Renew(ctx context.Context, lease *pglock.Lease) error {
 // Release records lease.Release. A second release of a released lease runs
 // no SQL and is not recorded.
 func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
-	if errors.Is(lease.Err(), pglock.ErrReleased) {
+	if errors.Is(lease.Err(), pgfence.ErrReleased) {
 		return lease.Release(ctx)
 	}
 	p := c.begin(Input{Kind: Release, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token()})
@@ -123,7 +123,7 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
-	case errors.Is(err, pglock.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
@@ -143,7 +143,7 @@ func (c *Client) ReleaseToken(ctx context.Context, l *pglock.Locker, name string
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
 	case invalid(err):
-	case errors.Is(err, pglock.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
@@ -160,7 +160,7 @@ func (c *Client) RenewToken(ctx context.Context, l *pglock.Locker, name string, 
 	case err == nil:
 		c.end(p, Output{Outcome: OK, Expires: Micros(expires)})
 	case invalid(err):
-	case errors.Is(err, pglock.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
@@ -170,7 +170,7 @@ func (c *Client) RenewToken(ctx context.Context, l *pglock.Locker, name string, 
 
 // Inspect records pglock.Inspect of name. A failed read changes nothing and
 // is not recorded.
-func (c *Client) Inspect(ctx context.Context, db pglock.DBTX, name string) (pglock.LockInfo, error) {
+func (c *Client) Inspect(ctx context.Context, db pgfence.DBTX, name string) (pglock.LockInfo, error) {
 	p := c.begin(Input{Kind: Inspect, Key: name})
 	info, err := pglock.Inspect(ctx, db, name)
 	if err != nil {
@@ -288,7 +288,7 @@ func (c *Client) Enqueued(lock string, token int64, key string, enqueue func() e
 		c.end(p, Output{Outcome: Stale})
 	case errors.Is(err, outbox.ErrTokenNotIssued):
 		c.end(p, Output{Outcome: NotIssued})
-	case errors.Is(err, pglock.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -146,7 +147,7 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 	}
 	if err := lease.Release(ctx); err != nil {
 		msg := oneLine(err)
-		if errors.Is(err, pglock.ErrLeaseLost) {
+		if errors.Is(err, pgfence.ErrLost) {
 			msg = "lease lost: a newer grant exists (Release is conditional on holder and token)"
 		}
 		w.emit(demoEvent{Ev: "release-refused", Msg: msg})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -58,11 +59,11 @@ func (a *app) takeLease(ctx context.Context, f *leaseFlags, keepAlive bool) (*pg
 	}
 	if err != nil {
 		cleanup()
-		var le *pglock.LockedError
+		var le *pgfence.Error
 		switch {
-		case errors.As(err, &le):
+		case errors.Is(err, pgfence.ErrLocked) && errors.As(err, &le):
 			return nil, nil, nil, withCode(ExitLockBusy, fmt.Errorf("lock %s is busy: held by %s until %s", termSafe(le.Name), termSafe(le.Holder), le.ExpiresAt.UTC().Format(time.RFC3339)))
-		case errors.Is(err, pglock.ErrInvalidName), errors.Is(err, pglock.ErrInvalidTTL), errors.Is(err, pglock.ErrInvalidHolder):
+		case errors.Is(err, pgfence.ErrInvalid):
 			return nil, nil, nil, withCode(ExitUsage, err)
 		}
 		return nil, nil, nil, err
@@ -214,10 +215,9 @@ func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, f
 
 func leaseErr(err error) error {
 	switch {
-	case errors.Is(err, pglock.ErrLeaseLost):
+	case errors.Is(err, pgfence.ErrLost):
 		return withCode(ExitLeaseLost, err)
-	case errors.Is(err, pglock.ErrInvalidName), errors.Is(err, pglock.ErrInvalidTTL),
-		errors.Is(err, pglock.ErrInvalidHolder), errors.Is(err, pglock.ErrInvalidToken):
+	case errors.Is(err, pgfence.ErrInvalid):
 		return withCode(ExitUsage, err)
 	}
 	return err

@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -305,7 +306,7 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		notef(notes, "pgfence: not releasing %q: processes of %s may still run (%v); the lease expires at %s (database clock)",
 			lease.Name(), args[0], res.err, lease.ExpiresAt().UTC().Format(time.RFC3339))
 	} else if !lost {
-		if rerr := a.releaseLease(ctx, lease, notes); errors.Is(rerr, pglock.ErrLeaseLost) {
+		if rerr := a.releaseLease(ctx, lease, notes); errors.Is(rerr, pgfence.ErrLost) {
 			lost = true
 		}
 	}
