@@ -294,7 +294,7 @@ func (s *Lease) Release(ctx context.Context) error {
 		s.mu.Lock()
 		s.released = true
 		s.mu.Unlock()
-		s.end(&pgfence.Error{Op: op, Kind: pgfence.ErrReleased, Name: s.name, Token: s.token})
+		s.end(errReleased) // shared: a release allocates nothing for it
 		return nil
 	}
 	if errors.Is(err, pgfence.ErrLost) {
@@ -302,6 +302,10 @@ func (s *Lease) Release(ctx context.Context) error {
 	}
 	return err
 }
+
+// errReleased is the end of every released lease (Lease.Err after Release);
+// the lease itself says its name and token.
+var errReleased = &pgfence.Error{Op: "pglock.Release", Kind: pgfence.ErrReleased}
 
 // keepAlive renews at KeepAliveFraction of the TTL (±10%) until the lease
 // ends or ctx (Release) stops it. A refused renewal ends the lease (inside
