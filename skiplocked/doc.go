@@ -4,13 +4,14 @@
 //
 // It offers two kinds of claim.
 //
-// In-transaction claims ("the transaction is the lock"): [ClaimTx] with a
-// [TxClaimer] built by [NewTxClaimer] from a [Spec] locks up to Limit rows of
-// an application's own table inside the caller's transaction, and
-// [ClaimJobsTx] does the same on pgfence.jobs. The rows stay locked until the
+// In-transaction claims ("the transaction is the lock"): [ClaimTx] locks up
+// to limit jobs of pgfence.jobs inside the caller's transaction, and
+// [CompleteTx] or [FailTx] finish them in it. The rows stay locked until the
 // transaction ends; nothing is written to claim and nothing can be left
 // behind. Use it when the work and the writes that record it fit in one
-// transaction.
+// transaction. On an application's own table the same claim is one
+// SELECT ... FOR UPDATE SKIP LOCKED statement of the application's
+// (docs/claims.md shows it).
 //
 // Leased claims, for longer work: [Claim] marks up to Limit jobs of
 // pgfence.jobs as running, each with a new, larger claim token and a claim
@@ -44,7 +45,7 @@
 // either fully happened or did not happen at all; [GetJob] tells which.
 //
 // Errors are sentinels ([ErrInvalidQueue], [ErrInvalidLimit],
-// [ErrUnknownColumn], [ErrConnection], ...) matched with errors.Is; database
+// [ErrConnection], ...) matched with errors.Is; database
 // failures are [*DBError]. Bad input is refused before anything is sent to
 // the database. [IsConnectionError] and [IsRetryable] classify the errors of
 // the caller's own statements.

@@ -42,23 +42,10 @@ var (
 	// ErrInvalidJob means an enqueue option is out of range (max attempts,
 	// retry delay, batch length).
 	ErrInvalidJob = errors.New("skiplocked: invalid job")
-	// ErrInvalidIdentifier means a table or column name in a [Spec] is not
-	// 1..[MaxIdentifierBytes] bytes of ASCII letters, digits and _ not
-	// starting with a digit (the rule of package fencedwrite too).
-	ErrInvalidIdentifier = errors.New("skiplocked: invalid identifier")
-	// ErrInvalidSpec means a [Spec] is inconsistent: no key columns, an
-	// unknown operator, a bad value for an operator, or a trusted filter
-	// fragment that contains ; or comment or dollar-quote markers.
-	ErrInvalidSpec = errors.New("skiplocked: invalid claim spec")
 	// ErrInvalidConfig means a [Config] field is out of range.
 	ErrInvalidConfig = errors.New("skiplocked: invalid config")
 	// ErrNilDB means a nil pool, connection or transaction was passed.
 	ErrNilDB = errors.New("skiplocked: nil database handle")
-	// ErrUnknownTable means the table of a [Spec] does not exist (or is not
-	// an ordinary or partitioned table).
-	ErrUnknownTable = errors.New("skiplocked: unknown table")
-	// ErrUnknownColumn means a column named in a [Spec] does not exist.
-	ErrUnknownColumn = errors.New("skiplocked: unknown column")
 	// ErrTokenExhausted means the claim token sequence reached its maximum.
 	// It never wraps around; an operator must intervene.
 	ErrTokenExhausted = errors.New("skiplocked: claim token sequence exhausted")
@@ -191,9 +178,8 @@ func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost 
 
 // DBError is a database or connection error of one of this package's calls,
 // with the operation that failed. Kind is the sentinel it matches with
-// [errors.Is] ([ErrConnection], [ErrUnknownTable], [ErrUnknownColumn],
-// [ErrTokenExhausted], [ErrInvalidPayload]), or nil; Unwrap returns the
-// pgx or PostgreSQL error. On a database without pgfence's schema, its text
+// [errors.Is] ([ErrConnection], [ErrTokenExhausted], [ErrInvalidPayload]),
+// or nil; Unwrap returns the pgx or PostgreSQL error. On a database without pgfence's schema, its text
 // says to run "pgfence migrate up" as the schema owner.
 type DBError struct {
 	Op   string // "claim", "complete", "enqueue", ...
@@ -229,12 +215,6 @@ func translate(op string, err error) error {
 	}
 	var kind error
 	switch code := pgerr.Code(err); {
-	case pgerr.SchemaMissing(err):
-		// pgfence's own schema, not the table of a Spec: the message says so.
-	case code == pgerr.UndefinedTable:
-		kind = ErrUnknownTable
-	case code == pgerr.UndefinedColumn:
-		kind = ErrUnknownColumn
 	case code == pgerr.SequenceGeneratorLimit:
 		kind = ErrTokenExhausted
 	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText || pgerr.PayloadTooLarge(err):

@@ -311,7 +311,7 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := skiplocked.ClaimJobsTx(ctx, tx, "txk", 6)
+	held, err := skiplocked.ClaimTx(ctx, tx, "txk", 6)
 	if err != nil || len(held) != 6 {
 		t.Fatalf("victim claim = %v, %v", held, err)
 	}
@@ -324,7 +324,7 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 		t.Fatalf("terminate: %v %v", killed, err)
 	}
 	// The next statement on the victim fails with a connection error.
-	if _, err := skiplocked.ClaimJobsTx(ctx, tx, "txk", 1); !errors.Is(err, skiplocked.ErrConnection) {
+	if _, err := skiplocked.ClaimTx(ctx, tx, "txk", 1); !errors.Is(err, skiplocked.ErrConnection) {
 		t.Fatalf("claim on killed connection err = %v, want ErrConnection", err)
 	}
 	// The server releases the rows as soon as the backend is gone: poll for it
@@ -381,7 +381,7 @@ func claimTxIDs(t *testing.T, pool *pgxpool.Pool, queue string, limit int) []int
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	js, err := skiplocked.ClaimJobsTx(ctx, tx, queue, limit)
+	js, err := skiplocked.ClaimTx(ctx, tx, queue, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,18 +402,18 @@ func TestJobsInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := skiplocked.ClaimJobsTx(ctx, tx, "tx", 2)
+	js, err := skiplocked.ClaimTx(ctx, tx, "tx", 2)
 	if err != nil || len(js) != 2 || js[0].ID != ids[0] || js[1].ID != ids[1] {
 		t.Fatalf("claim = %+v, %v", js, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, js[0].ID); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx, js[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	f, err := skiplocked.FailJobTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "nope", RetryIn: time.Hour})
+	f, err := skiplocked.FailTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "nope", RetryIn: time.Hour})
 	if err != nil || f.State != skiplocked.StateAvailable || f.Attempts != 1 {
 		t.Fatalf("fail = %+v, %v", f, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, 424242); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if err := skiplocked.CompleteTx(ctx, tx, 424242); !errors.Is(err, skiplocked.ErrJobNotFound) {
 		t.Fatalf("complete unknown = %v", err)
 	}
 	// Another transaction skips the two locked rows and takes the third.
@@ -431,11 +431,11 @@ func TestJobsInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err = skiplocked.ClaimJobsTx(ctx, tx2, "tx", 5)
+	js, err = skiplocked.ClaimTx(ctx, tx2, "tx", 5)
 	if err != nil || len(js) != 1 || js[0].ID != ids[2] {
 		t.Fatalf("claim = %+v, %v (job 1 is in backoff)", js, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx2, ids[2]); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx2, ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx2.Rollback(ctx); err != nil {
@@ -453,7 +453,7 @@ func TestJobsInTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx3.Rollback(ctx)
-	f, err = skiplocked.FailJobTx(ctx, tx3, ids[1], skiplocked.FailParams{Error: "again"})
+	f, err = skiplocked.FailTx(ctx, tx3, ids[1], skiplocked.FailParams{Error: "again"})
 	if err != nil || f.State != skiplocked.StateDead || f.LastError != "again" {
 		t.Fatalf("second fail = %+v, %v", f, err)
 	}

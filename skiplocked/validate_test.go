@@ -96,7 +96,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		}(), skiplocked.ErrInvalidJob},
 		{"release: nil pool", skiplocked.Release(ctx, nilPool, held[0].Ref()), skiplocked.ErrNilDB},
 		{"claim tx: nil tx", func() error {
-			_, err := skiplocked.ClaimJobsTx(ctx, nil, "v", 1)
+			_, err := skiplocked.ClaimTx(ctx, nil, "v", 1)
 			return err
 		}(), skiplocked.ErrNilDB},
 		{"delete finished: zero limit", func() error {

@@ -211,10 +211,8 @@ func TestClientStatementsRunNoPlant(t *testing.T) {
 		                              fence bigint NOT NULL DEFAULT 0);
 		CREATE TABLE public.ledger (store text NOT NULL, id int NOT NULL, v text, fence bigint NOT NULL DEFAULT 0,
 		                            PRIMARY KEY (store, id));
-		CREATE TABLE public.tasks (id bigint PRIMARY KEY, state text NOT NULL, due timestamptz NOT NULL DEFAULT now());
-		INSERT INTO public.tasks SELECT g, 'ready' FROM generate_series(1, 20) AS g;
 		SELECT pgfence.guard('public.ledger', lock_name_column => 'store', mode => 'reentrant');
-		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger, public.tasks TO `+appID); err != nil {
+		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger TO `+appID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -505,15 +503,15 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	_, err = skiplocked.QueueDepths(ctx, pool)
 	must("QueueDepths", err)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		js, err := skiplocked.ClaimJobsTx(ctx, tx, queue, 2)
+		js, err := skiplocked.ClaimTx(ctx, tx, queue, 2)
 		if err != nil || len(js) == 0 {
-			return fmt.Errorf("ClaimJobsTx: %d jobs, %v", len(js), err)
+			return fmt.Errorf("ClaimTx: %d jobs, %v", len(js), err)
 		}
-		if err := skiplocked.CompleteJobTx(ctx, tx, js[0].ID); err != nil {
+		if err := skiplocked.CompleteTx(ctx, tx, js[0].ID); err != nil {
 			return err
 		}
 		if len(js) > 1 {
-			_, err = skiplocked.FailJobTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Millisecond})
+			_, err = skiplocked.FailTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Millisecond})
 		}
 		return err
 	})
@@ -525,14 +523,6 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Worker.Drain", err)
 	_, err = skiplocked.DeleteFinished(ctx, pool, time.Now().Add(time.Hour), 100)
 	must("DeleteFinished", err)
-	tc, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{Schema: "public", Table: "tasks", Key: []string{"id"},
-		Where: []skiplocked.Cond{{Column: "state", Op: skiplocked.OpEq, Value: "ready"}}, OrderBy: []skiplocked.Order{{Column: "due"}}, Limit: 2})
-	must("NewTxClaimer", err)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := skiplocked.ClaimTx(ctx, tx, tc, pgx.RowTo[int64])
-		return err
-	})
-	must("ClaimTx", err)
 
 	// Advisory locks.
 	k := advisory.MustName("adv:" + sfx)

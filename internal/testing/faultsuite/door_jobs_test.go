@@ -76,14 +76,14 @@ func TestJobDoorAppPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	txJobs, err := skiplocked.ClaimJobsTx(ctx, tx, "door", 2)
+	txJobs, err := skiplocked.ClaimTx(ctx, tx, "door", 2)
 	if err != nil || len(txJobs) != 2 {
 		t.Fatalf("claim in transaction: %v %v", txJobs, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, txJobs[0].ID); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx, txJobs[0].ID); err != nil {
 		t.Fatalf("complete in transaction: %v", err)
 	}
-	if _, err := skiplocked.FailJobTx(ctx, tx, txJobs[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Hour}); err != nil {
+	if _, err := skiplocked.FailTx(ctx, tx, txJobs[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Hour}); err != nil {
 		t.Fatalf("fail in transaction: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
