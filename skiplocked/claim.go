@@ -17,12 +17,12 @@ import (
 type ClaimParams struct {
 	// Queue to claim from.
 	Queue string
-	// Holder identifies the claimer (stored in holder), 1..[MaxHolderBytes] bytes.
+	// Holder identifies the claimer (stored in holder), 1..512 bytes.
 	Holder string
-	// Limit is the most rows to claim, 1..[MaxBatch].
+	// Limit is the most rows to claim, 1..10,000.
 	Limit int
 	// TTL is how long the claims last on the database clock,
-	// [MinClaimTTL]..[MaxClaimTTL]. Extend them with [Renew].
+	// 100ms..24h. Extend them with [Renew].
 	TTL time.Duration
 }
 
@@ -132,8 +132,8 @@ func FailTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error)
 	if id <= 0 {
 		return Job{}, fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
 	}
-	if p.RetryIn < 0 || p.RetryIn > MaxRetryDelay {
-		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, MaxRetryDelay)
+	if p.RetryIn < 0 || p.RetryIn > maxRetryDelay {
+		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, maxRetryDelay)
 	}
 	row, err := queries.FailJobTx(ctx, tx, dbsqlc.FailJobTxParams{
 		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: id,

@@ -34,11 +34,11 @@ func ExampleClaimTx() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS imported (job_id bigint PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	if _, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+	if _, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{
 		{Queue: "price-files", Payload: json.RawMessage(`{"file":"a.csv"}`)},
 		{Queue: "price-files", Payload: json.RawMessage(`{"file":"b.csv"}`)},
 		{Queue: "price-files", Payload: json.RawMessage(`{"file":"c.csv"}`)},
-	}); err != nil {
+	}...); err != nil {
 		log.Fatal(err)
 	}
 	for {
@@ -96,7 +96,7 @@ func ExampleClaim() {
 		log.Fatal(err)
 	}
 	for _, j := range jobs {
-		// ... long work, calling skiplocked.Renew(ctx, pool, j.Ref(), time.Minute) now and then ...
+		// ... long work, calling skiplocked.Renew(ctx, pool, time.Minute, j.Ref()) now and then ...
 		if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
 			log.Fatal(err) // ErrClaimLost: see the example of ClaimLostError
 		}
@@ -209,11 +209,11 @@ func ExampleNewTxWorker() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS applied_files (job_id bigint PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+	ids, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-1.csv"}`)},
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-2.csv"}`)},
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-3.csv"}`)},
-	})
+	}...)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -477,8 +477,8 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 
 	// Jobs.
 	queue := "jobs-" + sfx
-	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: queue}, {Queue: queue, RunAt: time.Now().Add(-time.Second)}, {Queue: queue}, {Queue: queue}})
-	must("EnqueueMany", err)
+	ids, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: queue}, {Queue: queue, RunAt: time.Now().Add(-time.Second)}, {Queue: queue}, {Queue: queue}}...)
+	must("Enqueue batch", err)
 	_, err = skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: queue, Payload: json.RawMessage(`{"x":1}`), MaxAttempts: 2})
 	must("Enqueue", err)
 	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: queue, Holder: "w-" + sfx, Limit: 4, TTL: time.Minute})
@@ -486,10 +486,10 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	if len(jobs) != 4 {
 		t.Fatalf("claimed %d jobs, want 4", len(jobs))
 	}
-	_, err = skiplocked.Renew(ctx, pool, jobs[0].Ref(), time.Minute)
+	_, err = skiplocked.Renew(ctx, pool, time.Minute, jobs[0].Ref())
 	must("Renew", err)
-	_, _, err = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{jobs[0].Ref(), jobs[1].Ref()}, time.Minute)
-	must("RenewMany", err)
+	_, err = skiplocked.Renew(ctx, pool, time.Minute, jobs[0].Ref(), jobs[1].Ref())
+	must("Renew batch", err)
 	must("Complete", skiplocked.Complete(ctx, pool, jobs[0].Ref()))
 	_, err = skiplocked.Fail(ctx, pool, jobs[1].Ref(), skiplocked.FailParams{Error: "boom", RetryIn: time.Millisecond})
 	must("Fail", err)
@@ -498,8 +498,8 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Release", skiplocked.Release(ctx, pool, jobs[3].Ref()))
 	_, err = skiplocked.GetJob(ctx, pool, ids[0])
 	must("GetJob", err)
-	_, err = skiplocked.QueueDepth(ctx, pool, queue)
-	must("QueueDepth", err)
+	_, err = skiplocked.QueueDepths(ctx, pool, queue)
+	must("QueueDepths of a queue", err)
 	_, err = skiplocked.QueueDepths(ctx, pool)
 	must("QueueDepths", err)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
