@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -112,8 +113,8 @@ func TestDispatcherRetriesAndDead(t *testing.T) {
 		}
 		got := attempts[key]
 		if i == 3 { // a panic is a failed attempt, every time
-			if len(got) != skiplocked.DefaultMaxAttempts {
-				t.Errorf("%s (panics): %d attempts, want %d", key, len(got), skiplocked.DefaultMaxAttempts)
+			if len(got) != joblimit.DefaultMaxAttempts {
+				t.Errorf("%s (panics): %d attempts, want %d", key, len(got), joblimit.DefaultMaxAttempts)
 			}
 			continue
 		}

@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/topic"
 	"github.com/pgfence/pgfence/pglock"
-	"github.com/pgfence/pgfence/skiplocked"
 )
 
 // Limits checked before anything is sent to the database (the table's CHECK
@@ -57,7 +57,7 @@ type Intent struct {
 	// duplicate keys kept, whitespace as PostgreSQL writes it).
 	Payload json.RawMessage
 	// MaxAttempts is the number of delivery attempts before the intent is
-	// dead. Defaults to [skiplocked.DefaultMaxAttempts].
+	// dead, 1..1,000,000. Defaults to 25.
 	MaxAttempts int
 	// NotBefore delays the first delivery. Defaults to now (database clock).
 	NotBefore time.Time
@@ -107,8 +107,8 @@ func (in Intent) check() error {
 	case !json.Valid(in.Payload):
 		return fmt.Errorf("%w: not valid JSON (key %s)", ErrInvalidPayload, in.Key)
 	}
-	if in.MaxAttempts < 0 || in.MaxAttempts > skiplocked.MaxMaxAttempts {
-		return fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidIntent, in.MaxAttempts, skiplocked.MaxMaxAttempts)
+	if in.MaxAttempts < 0 || in.MaxAttempts > joblimit.MaxMaxAttempts {
+		return fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidIntent, in.MaxAttempts, joblimit.MaxMaxAttempts)
 	}
 	return nil
 }
@@ -189,7 +189,7 @@ func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Resu
 	}
 	attempts := in.MaxAttempts
 	if attempts == 0 {
-		attempts = skiplocked.DefaultMaxAttempts
+		attempts = joblimit.DefaultMaxAttempts
 	}
 	arg := dbsqlc.OutboxEnqueueParams{
 		LockName: lease.Name(), Token: lease.Token(), Key: lease.Key(), Topic: in.Topic, IdempotencyKey: in.Key,

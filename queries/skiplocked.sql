@@ -98,16 +98,19 @@ SELECT EXISTS (SELECT 1 FROM pgfence.jobs a WHERE (a.queue OPERATOR(pg_catalog.=
 -- misspelt queue has none).
 SELECT EXISTS (SELECT 1 FROM pgfence.jobs WHERE (queue OPERATOR(pg_catalog.=) @queue)) AS found;
 
--- name: QueueDepth :one
--- QueueDepth counts the jobs of one queue per state, on the database clock.
-SELECT pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
+-- name: QueueDepthsOf :many
+-- QueueDepthsOf counts the jobs of the queues named per state, on the database clock.
+SELECT queue,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.>) pg_catalog.now()))           AS scheduled,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.>) pg_catalog.now()))   AS running,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))  AS expired,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'completed'))                              AS completed,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'dead'))                                   AS dead
 FROM pgfence.jobs
-WHERE (queue OPERATOR(pg_catalog.=) @queue);
+WHERE (queue OPERATOR(pg_catalog.=) ANY (@queues::pg_catalog.text[]))
+GROUP BY queue
+ORDER BY queue;
 
 -- name: QueueDepths :many
 -- QueueDepths counts the jobs of every queue per state, on the database clock.

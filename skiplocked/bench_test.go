@@ -36,7 +36,7 @@ func benchPool(b *testing.B) *pgxpool.Pool {
 }
 
 // BenchmarkClaimComplete: 8 goroutines each loop Claim(batch) +
-// CompleteMany until the queue is empty; one op = one job claimed and
+// Complete until the queue is empty; one op = one job claimed and
 // completed. Reports jobs/s.
 func BenchmarkClaimComplete(b *testing.B) {
 	pool := benchPool(b)
@@ -64,8 +64,8 @@ func BenchmarkClaimComplete(b *testing.B) {
 						for i, j := range js {
 							refs[i] = j.Ref()
 						}
-						if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) > 0 {
-							b.Error(err, lost)
+						if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
+							b.Error(err)
 							return
 						}
 						done.Add(int64(len(js)))
@@ -217,7 +217,7 @@ func BenchmarkClaimWithFinishedRows(b *testing.B) {
 				for i, j := range js {
 					refs[i] = j.Ref()
 				}
-				if _, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil {
+				if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
 					b.Fatal(err)
 				}
 			}

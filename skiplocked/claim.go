@@ -17,12 +17,12 @@ import (
 type ClaimParams struct {
 	// Queue to claim from.
 	Queue string
-	// Holder identifies the claimer (stored in holder), 1..[MaxHolderBytes] bytes.
+	// Holder identifies the claimer (stored in holder), 1..512 bytes.
 	Holder string
-	// Limit is the most rows to claim, 1..[MaxBatch].
+	// Limit is the most rows to claim, 1..10,000.
 	Limit int
 	// TTL is how long the claims last on the database clock,
-	// [MinClaimTTL]..[MaxClaimTTL]. Extend them with [Renew].
+	// 100ms..24h. Extend them with [Renew].
 	TTL time.Duration
 }
 
@@ -73,14 +73,14 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 	return jobs, nil
 }
 
-// ClaimJobsTx is the in-transaction claim on pgfence.jobs: it locks up to
+// ClaimTx is the in-transaction claim on pgfence.jobs: it locks up to
 // limit available, due jobs of queue with FOR UPDATE SKIP LOCKED for tx and
 // returns them. Nothing is written: the row locks are the claim and last
 // until tx commits or rolls back; if the worker dies its connection closes
 // and PostgreSQL releases them at once. Finish each job in the same tx with
-// [CompleteJobTx] or [FailJobTx]; a rollback makes the jobs available again
+// [CompleteTx] or [FailTx]; a rollback makes the jobs available again
 // without counting an attempt.
-func ClaimJobsTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, error) {
+func ClaimTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, error) {
 	if nilcheck.IsNil(tx) {
 		return nil, ErrNilDB
 	}
@@ -101,11 +101,11 @@ func ClaimJobsTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job
 	return jobs, nil
 }
 
-// CompleteJobTx marks a job claimed by [ClaimJobsTx] completed, in the same
+// CompleteTx marks a job claimed by [ClaimTx] completed, in the same
 // transaction. It returns [ErrJobNotFound] if no available job has that id.
 // It must run in the transaction that claimed the job: the row lock is what
 // makes it safe.
-func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
+func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	if nilcheck.IsNil(tx) {
 		return ErrNilDB
 	}
@@ -122,18 +122,18 @@ func CompleteJobTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	return nil
 }
 
-// FailJobTx records a failed attempt of a job claimed by [ClaimJobsTx], in
+// FailTx records a failed attempt of a job claimed by [ClaimTx], in
 // the same transaction: attempts + 1, then available at now() + p.RetryIn, or
 // dead when no attempts are left or p.GiveUp. The change commits with tx.
-func FailJobTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
+func FailTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
 	if nilcheck.IsNil(tx) {
 		return Job{}, ErrNilDB
 	}
 	if id <= 0 {
 		return Job{}, fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
 	}
-	if p.RetryIn < 0 || p.RetryIn > MaxRetryDelay {
-		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, MaxRetryDelay)
+	if p.RetryIn < 0 || p.RetryIn > maxRetryDelay {
+		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, maxRetryDelay)
 	}
 	row, err := queries.FailJobTx(ctx, tx, dbsqlc.FailJobTxParams{
 		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: id,

@@ -2,7 +2,6 @@ package skiplocked
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
@@ -40,43 +39,46 @@ func (d Depth) Total() int64 { return d.Unfinished() + d.Completed + d.Dead }
 // [Worker.Drain] waits for.
 func (d Depth) Drained() bool { return d.Total() > 0 && d.Unfinished() == 0 }
 
-// QueueDepth counts the jobs of queue per state in one statement. A queue
-// with no job at all (never used, misspelt, or pruned) gives [ErrNoJobs]
-// with the zero counts. It reads every row of the queue, finished ones
-// included: prune those with [DeleteFinished].
-func QueueDepth(ctx context.Context, db DBTX, queue string) (Depth, error) {
-	if nilcheck.IsNil(db) {
-		return Depth{}, ErrNilDB
-	}
-	if err := checkQueue(queue); err != nil {
-		return Depth{}, err
-	}
-	r, err := queries.QueueDepth(ctx, db, queue)
-	if err != nil {
-		return Depth{}, translate("queue depth", err)
-	}
-	d := Depth{Queue: queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
-		Expired: r.Expired, Completed: r.Completed, Dead: r.Dead}
-	if d.Total() == 0 {
-		return d, fmt.Errorf("%w: %q", ErrNoJobs, queue)
-	}
-	return d, nil
-}
-
-// QueueDepths counts the jobs of every queue that has any, per state, in one
-// statement, ordered by queue name. It reads the whole of pgfence.jobs.
-func QueueDepths(ctx context.Context, db DBTX) ([]Depth, error) {
+// QueueDepths counts jobs per state in one statement. With no queue named
+// it returns every queue that has any job, ordered by name, reading the
+// whole of pgfence.jobs. With queues named it returns one [Depth] per name,
+// in the order given, reading only the rows of those queues; a queue with no
+// job at all (never used, misspelt, or pruned) gets a Depth whose Total is
+// 0. It reads finished jobs too: prune those with [DeleteFinished].
+func QueueDepths(ctx context.Context, db DBTX, queues ...string) ([]Depth, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
-	rows, err := queries.QueueDepths(ctx, db)
+	if len(queues) == 0 {
+		rows, err := queries.QueueDepths(ctx, db)
+		if err != nil {
+			return nil, translate("queue depths", err)
+		}
+		ds := make([]Depth, len(rows))
+		for i, r := range rows {
+			ds[i] = Depth{Queue: r.Queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
+				Expired: r.Expired, Completed: r.Completed, Dead: r.Dead}
+		}
+		return ds, nil
+	}
+	for _, q := range queues {
+		if err := checkQueue(q); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := queries.QueueDepthsOf(ctx, db, queues)
 	if err != nil {
 		return nil, translate("queue depths", err)
 	}
-	ds := make([]Depth, len(rows))
-	for i, r := range rows {
-		ds[i] = Depth{Queue: r.Queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
+	found := make(map[string]Depth, len(rows))
+	for _, r := range rows {
+		found[r.Queue] = Depth{Queue: r.Queue, Available: r.Available, Scheduled: r.Scheduled, Running: r.Running,
 			Expired: r.Expired, Completed: r.Completed, Dead: r.Dead}
+	}
+	ds := make([]Depth, len(queues))
+	for i, q := range queues {
+		ds[i] = found[q]
+		ds[i].Queue = q
 	}
 	return ds, nil
 }

@@ -1,41 +1,51 @@
 // Package skiplocked claims rows with FOR UPDATE SKIP LOCKED, so that many
 // workers share a batch without waiting for each other and no row is
-// processed by two of them at once.
+// processed by two of them at once. Its jobs live in pgfence.jobs.
 //
-// It offers two kinds of claim.
+// # Which to pick
 //
-// In-transaction claims ("the transaction is the lock"): [ClaimTx] with a
-// [TxClaimer] built by [NewTxClaimer] from a [Spec] locks up to Limit rows of
-// an application's own table inside the caller's transaction, and
-// [ClaimJobsTx] does the same on pgfence.jobs. The rows stay locked until the
-// transaction ends; nothing is written to claim and nothing can be left
-// behind. Use it when the work and the writes that record it fit in one
-// transaction.
+//   - The job's effect is written to the same database: run a [Worker] made
+//     by [NewTxWorker]. Its [TxHandler] writes the effect through the
+//     transaction the Worker opens, and the Worker completes the job in that
+//     transaction: the effect commits exactly once.
+//   - The effect is outside the database (an email, a call to another
+//     service): a [Worker] made by [NewWorker] with a [Handler]. That is at
+//     least once: make the effect idempotent, or fence it with the claim
+//     token.
+//   - A finite batch: [Enqueue] it, then [Worker.Drain] instead of
+//     [Worker.Run]; it returns a [Summary] once the queue is empty.
+//   - The work and its writes fit in one short transaction and you drive the
+//     loop yourself: [ClaimTx], then [CompleteTx] or [FailTx], in your
+//     transaction ("the transaction is the lock"). The rows stay locked until
+//     the transaction ends; nothing is written to claim and nothing can be
+//     left behind; a rollback gives the jobs back without counting an
+//     attempt.
+//   - Long work and you drive the loop yourself: leased claims. [Claim] marks
+//     up to Limit jobs running, each with a new, larger claim token and an
+//     expiry on the database clock; [Renew], [Complete], [Fail] and
+//     [Release] take the claims' [ClaimRef]s ([Job.Ref]).
+//   - Your own table, not pgfence.jobs: write one SELECT ... FOR UPDATE SKIP
+//     LOCKED statement in your transaction; docs/claims.md in the repository
+//     shows it.
 //
-// Leased claims, for longer work: [Claim] marks up to Limit jobs of
-// pgfence.jobs as running, each with a new, larger claim token and a claim
-// expiry on the database clock. [Complete], [Fail], [Renew] and [Release]
-// (and their batch forms) are conditional on (job id, claim token): once an
+// Leased claims are conditional on (job id, claim token, claim key): once an
 // expired claim is re-claimed, the first worker's calls change nothing and
-// return a [*ClaimLostError] ([ErrClaimLost]). They are idempotent: a retry
-// under the same token whose claim already ended with that outcome succeeds.
-// A job that fails max_attempts times goes to [StateDead]; failed attempts are
-// retried after a backoff ([DefaultBackoff]).
+// return an error matching [ErrClaimLost] that says which claims were lost
+// ([*ClaimsLostError], or [*ClaimLostError] from [Fail]). They are
+// idempotent: a retry under the same token whose claim already ended with
+// that outcome succeeds. A job that fails MaxAttempts times goes to
+// [StateDead]; failed attempts are retried after a backoff
+// ([DefaultBackoff]).
 //
 // The claim expiry a worker sees is advisory. A job's effect commits exactly
-// once when it is written in the same transaction as the completion
-// ([NewTxWorker] does this); an effect committed before the completion, or
-// outside the database, is at least once and needs an idempotency key or a
-// fence.
+// once when it is written in the same transaction as the completion; an
+// effect committed before the completion, or outside the database, is at
+// least once and needs an idempotency key or a fence.
 //
-// Jobs are inserted with [Enqueue] and [EnqueueMany]; an insert sends NOTIFY
-// on [NotifyChannel] when it commits. A [Worker] runs a [TxHandler]
-// ([NewTxWorker], exactly once) or a [Handler] ([NewWorker]) over a queue
-// with a [Config]: concurrency, batch size, renewals, LISTEN/NOTIFY wake-ups
-// with a polling fallback (or polling only, for PgBouncer transaction
-// pooling), graceful shutdown, and a hook for lost claims. [Worker.Run] runs
-// until cancelled; [Worker.Drain] runs a finite batch until its queue is
-// empty and returns a [Summary]. [QueueDepth] counts a queue's jobs per state.
+// An insert by [Enqueue] wakes listening Workers with NOTIFY when it
+// commits; Workers also poll (or only poll, for PgBouncer transaction
+// pooling: [Config].PollOnly). [GetJob] reads one job, [QueueDepths] counts
+// jobs per queue and state, [DeleteFinished] prunes finished ones.
 //
 // Cancellation: every function that does I/O takes ctx first. Cancelling
 // it interrupts the statement in flight (pgx may close the connection to do
@@ -44,10 +54,10 @@
 // either fully happened or did not happen at all; [GetJob] tells which.
 //
 // Errors are sentinels ([ErrInvalidQueue], [ErrInvalidLimit],
-// [ErrUnknownColumn], [ErrConnection], ...) matched with errors.Is; database
-// failures are [*DBError]. Bad input is refused before anything is sent to
-// the database. [IsConnectionError] and [IsRetryable] classify the errors of
-// the caller's own statements.
+// [ErrConnection], ...) matched with errors.Is; database failures are
+// [*DBError]. Bad input is refused before anything is sent to the database.
+// [IsConnectionError] and [IsRetryable] classify the errors of the caller's
+// own statements.
 //
 // docs/design.md in the repository explains the claim statements and the
 // exactly-once argument.

@@ -18,21 +18,22 @@ var (
 	// ErrClaimLost means a leased claim is no longer held under the presented
 	// claim token: another worker re-claimed the row after the claim expired,
 	// or the claim already ended (completed, failed or released). Nothing was
-	// changed. The concrete error is a [*ClaimLostError].
+	// changed. The concrete error is a [*ClaimLostError] ([Fail]) or a
+	// [*ClaimsLostError] ([Complete], [Release], [Renew]).
 	ErrClaimLost = errors.New("skiplocked: claim lost")
 	// ErrJobNotFound means no job has the given id.
 	ErrJobNotFound = errors.New("skiplocked: job not found")
 
-	// ErrInvalidQueue means a queue name is empty, longer than [MaxQueueBytes]
+	// ErrInvalidQueue means a queue name is empty, longer than 128
 	// bytes or contains control characters.
 	ErrInvalidQueue = errors.New("skiplocked: invalid queue name")
 	// ErrInvalidHolder means a holder identity is empty, longer than
-	// [MaxHolderBytes] bytes or contains control characters.
+	// 512 bytes or contains control characters.
 	ErrInvalidHolder = errors.New("skiplocked: invalid holder")
 	// ErrInvalidLimit means a batch size (rows per claim) is <= 0 or larger
-	// than [MaxBatch].
+	// than 10,000.
 	ErrInvalidLimit = errors.New("skiplocked: invalid batch size")
-	// ErrInvalidTTL means a claim duration is outside [MinClaimTTL, MaxClaimTTL].
+	// ErrInvalidTTL means a claim duration is outside 100ms..24h.
 	ErrInvalidTTL = errors.New("skiplocked: invalid claim TTL")
 	// ErrInvalidToken means a claim token or job id is <= 0.
 	ErrInvalidToken = errors.New("skiplocked: invalid claim token or job id")
@@ -42,23 +43,10 @@ var (
 	// ErrInvalidJob means an enqueue option is out of range (max attempts,
 	// retry delay, batch length).
 	ErrInvalidJob = errors.New("skiplocked: invalid job")
-	// ErrInvalidIdentifier means a table or column name in a [Spec] is not
-	// 1..[MaxIdentifierBytes] bytes of ASCII letters, digits and _ not
-	// starting with a digit (the rule of package fencedwrite too).
-	ErrInvalidIdentifier = errors.New("skiplocked: invalid identifier")
-	// ErrInvalidSpec means a [Spec] is inconsistent: no key columns, an
-	// unknown operator, a bad value for an operator, or a trusted filter
-	// fragment that contains ; or comment or dollar-quote markers.
-	ErrInvalidSpec = errors.New("skiplocked: invalid claim spec")
 	// ErrInvalidConfig means a [Config] field is out of range.
 	ErrInvalidConfig = errors.New("skiplocked: invalid config")
 	// ErrNilDB means a nil pool, connection or transaction was passed.
 	ErrNilDB = errors.New("skiplocked: nil database handle")
-	// ErrUnknownTable means the table of a [Spec] does not exist (or is not
-	// an ordinary or partitioned table).
-	ErrUnknownTable = errors.New("skiplocked: unknown table")
-	// ErrUnknownColumn means a column named in a [Spec] does not exist.
-	ErrUnknownColumn = errors.New("skiplocked: unknown column")
 	// ErrTokenExhausted means the claim token sequence reached its maximum.
 	// It never wraps around; an operator must intervene.
 	ErrTokenExhausted = errors.New("skiplocked: claim token sequence exhausted")
@@ -66,8 +54,7 @@ var (
 	// (for example by pg_terminate_backend) during the call. Whether a write
 	// landed is unknown unless the call documents otherwise; in-transaction
 	// claims of that connection are released by the server. [Complete],
-	// [Fail], [Release] and their batch forms may simply be called again:
-	// they are idempotent.
+	// [Fail] and [Release] may simply be called again: they are idempotent.
 	ErrConnection = errors.New("skiplocked: connection lost")
 	// ErrNotDrained is the error of [Worker.Drain] when it stopped (its
 	// context was cancelled) while the queue still had available or running
@@ -75,8 +62,8 @@ var (
 	ErrNotDrained = errors.New("skiplocked: queue not drained")
 	// ErrNoJobs means a queue has no job at all, in any state: it was never
 	// used, its name is misspelt, or its finished jobs were deleted.
-	// [QueueDepth] and [Worker.Drain] return it rather than report an empty
-	// queue as a finished one.
+	// [Worker.Drain] returns it rather than report an empty queue as a
+	// finished one.
 	ErrNoJobs = errors.New("skiplocked: queue has no jobs")
 	// ErrShutdown is the cause of a handler's context cancellation when the
 	// [Worker] stops and [Config].ShutdownTimeout has passed.
@@ -86,19 +73,18 @@ var (
 // Outcomes of a leased claim, as kept in pgfence.jobs.claim_outcome and
 // reported in [ClaimLostError.Outcome].
 const (
-	// OutcomeCompleted: the claim ended with [Complete].
-	OutcomeCompleted = "completed"
-	// OutcomeFailed: the claim ended with [Fail] (the job is available for a
+	// outcomeCompleted: the claim ended with [Complete].
+	outcomeCompleted = "completed"
+	// outcomeFailed: the claim ended with [Fail] (the job is available for a
 	// retry, or dead).
-	OutcomeFailed = "failed"
-	// OutcomeReleased: the claim ended with [Release].
-	OutcomeReleased = "released"
-	// OutcomeExpired: the claim ran out on the job's last attempt and a
-	// later claim sent the job to dead.
-	OutcomeExpired = "expired"
+	outcomeFailed = "failed"
+	// outcomeReleased: the claim ended with [Release].
+	outcomeReleased = "released"
+	// "expired": the claim ran out on the job's last attempt and a later
+	// claim sent the job to dead.
 )
 
-// ClaimLostError reports that a conditional Complete, Fail, Renewal or
+// ClaimLostError reports that a conditional Complete, Fail, Renew or
 // Release changed nothing because the job is no longer held under Token.
 type ClaimLostError struct {
 	// JobID is the job the caller tried to change.
@@ -111,8 +97,9 @@ type ClaimLostError struct {
 	State State
 	// Holder is the worker of the job's latest claim ("" when unknown).
 	Holder string
-	// Outcome is how the claim under CurrentToken ended: [OutcomeCompleted],
-	// [OutcomeFailed], [OutcomeReleased] or [OutcomeExpired]; "" while that
+	// Outcome is how the claim under CurrentToken ended: "completed",
+	// "failed", "released" or "expired" (the claim ran out on the job's last
+	// attempt and a later claim sent the job to dead); "" while that
 	// claim runs, or when unknown. When CurrentToken == Token it says how
 	// your own claim ended, by a call other than the one refused (a Complete
 	// after your Release, for example).
@@ -160,15 +147,16 @@ func (e *ClaimLostError) Error() string {
 // Is reports whether target is [ErrClaimLost].
 func (e *ClaimLostError) Is(target error) bool { return target == ErrClaimLost }
 
-// ClaimsLostError is the error of [CompleteMany], [ReleaseMany] and
-// [RenewMany] when some of the claims changed nothing (lost, or the job
-// does not exist): a batch with a refused claim is never a plain success.
-// The other claims of the batch were applied (or had already been applied
-// under the same tokens: a retried batch is not a loss). errors.Is(err,
-// [ErrClaimLost]) reports true.
+// ClaimsLostError is the error of [Complete], [Release] and [Renew] when
+// some of their claims changed nothing (lost, or the job does not exist): a
+// call with a refused claim is never a plain success. The other claims of
+// the call were applied (or had already been applied under the same tokens:
+// a retried call is not a loss). errors.Is(err, [ErrClaimLost]) reports
+// true, and errors.As(err, &e) with e a [*ClaimLostError] finds the first
+// lost claim whose job exists.
 type ClaimsLostError struct {
 	Op    string     // "complete", "release" or "renew"
-	Total int        // claims in the batch
+	Total int        // claims in the call
 	Lost  []ClaimRef // the claims that changed nothing, in the caller's order
 	// Details says, for each claim of Lost (same order), what the job looks
 	// like now: current token, state, holder and outcome. An entry is nil
@@ -176,8 +164,15 @@ type ClaimsLostError struct {
 	Details []*ClaimLostError
 }
 
-// Error says how many claims of the batch were refused and names the first.
+// Error says which claims were refused: the one claim's story for a call
+// with one claim, else how many claims were refused, naming the first.
 func (e *ClaimsLostError) Error() string {
+	if e.Total == 1 && len(e.Lost) == 1 {
+		if d := e.Details[0]; d != nil {
+			return d.Error()
+		}
+		return fmt.Sprintf("skiplocked: claim lost: job %d not found", e.Lost[0].JobID)
+	}
 	first := ""
 	if len(e.Lost) > 0 {
 		first = fmt.Sprintf(" (first: job %d token %d)", e.Lost[0].JobID, e.Lost[0].Token)
@@ -189,11 +184,24 @@ func (e *ClaimsLostError) Error() string {
 // Is reports whether target is [ErrClaimLost].
 func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost }
 
+// Unwrap returns one error per lost claim: its [*ClaimLostError], or an
+// error matching [ErrJobNotFound] when the job does not exist.
+func (e *ClaimsLostError) Unwrap() []error {
+	errs := make([]error, len(e.Lost))
+	for i, r := range e.Lost {
+		if i < len(e.Details) && e.Details[i] != nil {
+			errs[i] = e.Details[i]
+		} else {
+			errs[i] = fmt.Errorf("%w: id %d", ErrJobNotFound, r.JobID)
+		}
+	}
+	return errs
+}
+
 // DBError is a database or connection error of one of this package's calls,
 // with the operation that failed. Kind is the sentinel it matches with
-// [errors.Is] ([ErrConnection], [ErrUnknownTable], [ErrUnknownColumn],
-// [ErrTokenExhausted], [ErrInvalidPayload]), or nil; Unwrap returns the
-// pgx or PostgreSQL error. On a database without pgfence's schema, its text
+// [errors.Is] ([ErrConnection], [ErrTokenExhausted], [ErrInvalidPayload]),
+// or nil; Unwrap returns the pgx or PostgreSQL error. On a database without pgfence's schema, its text
 // says to run "pgfence migrate up" as the schema owner.
 type DBError struct {
 	Op   string // "claim", "complete", "enqueue", ...
@@ -229,12 +237,6 @@ func translate(op string, err error) error {
 	}
 	var kind error
 	switch code := pgerr.Code(err); {
-	case pgerr.SchemaMissing(err):
-		// pgfence's own schema, not the table of a Spec: the message says so.
-	case code == pgerr.UndefinedTable:
-		kind = ErrUnknownTable
-	case code == pgerr.UndefinedColumn:
-		kind = ErrUnknownColumn
 	case code == pgerr.SequenceGeneratorLimit:
 		kind = ErrTokenExhausted
 	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText || pgerr.PayloadTooLarge(err):

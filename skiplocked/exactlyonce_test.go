@@ -144,8 +144,8 @@ func TestIdempotentOutcomes(t *testing.T) {
 			t.Fatalf("complete #%d: %v", i+1, err)
 		}
 	}
-	if lost, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{a.Ref()}); err != nil || lost != nil {
-		t.Fatalf("CompleteMany of a completed claim: %v %v", lost, err)
+	if err := skiplocked.Complete(ctx, pool, a.Ref(), a.Ref()); err != nil {
+		t.Fatalf("batch completion of a completed claim: %v", err)
 	}
 
 	// The reply of the first completion is lost: the caller sees a
@@ -168,7 +168,7 @@ func TestIdempotentOutcomes(t *testing.T) {
 		}
 	}
 	var lost *skiplocked.ClaimLostError
-	if err := skiplocked.Complete(ctx, pool, c.Ref()); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeReleased ||
+	if err := skiplocked.Complete(ctx, pool, c.Ref()); !errors.As(err, &lost) || lost.Outcome != "released" ||
 		lost.State != skiplocked.StateAvailable || lost.Reclaimed() {
 		t.Fatalf("complete after release: %v (%+v)", err, lost)
 	}
@@ -182,11 +182,11 @@ func TestIdempotentOutcomes(t *testing.T) {
 	if err != nil || again.State != skiplocked.StateAvailable || again.LastError != "first" || again.ID != d.ID {
 		t.Fatalf("retried fail = %+v, %v; want the job failed once with the first error", again, err)
 	}
-	if err := skiplocked.Complete(ctx, pool, d.Ref()); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeFailed {
+	if err := skiplocked.Complete(ctx, pool, d.Ref()); !errors.As(err, &lost) || lost.Outcome != "failed" {
 		t.Fatalf("complete after fail: %v", err)
 	}
 	// A claim that ended cannot be renewed, even by its own worker.
-	if _, err := skiplocked.Renew(ctx, pool, a.Ref(), time.Minute); !errors.As(err, &lost) || lost.Outcome != skiplocked.OutcomeCompleted {
+	if _, err := skiplocked.Renew(ctx, pool, time.Minute, a.Ref()); !errors.As(err, &lost) || lost.Outcome != "completed" {
 		t.Fatalf("heartbeat of a completed claim: %v", err)
 	}
 
@@ -202,11 +202,14 @@ func TestIdempotentOutcomes(t *testing.T) {
 		lost.CurrentToken != e2.ClaimToken || lost.Holder != "w2" || lost.State != skiplocked.StateCompleted {
 		t.Fatalf("stale completion: %v (%+v)", err, lost)
 	}
-	refs, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{e1.Ref(), e2.Ref()})
+	err = skiplocked.Complete(ctx, pool, e1.Ref(), e2.Ref())
 	var cl *skiplocked.ClaimsLostError
-	if !errors.As(err, &cl) || len(refs) != 1 || refs[0] != e1.Ref() || len(cl.Details) != 1 ||
+	if !errors.As(err, &cl) || len(cl.Lost) != 1 || cl.Lost[0] != e1.Ref() || cl.Total != 2 || len(cl.Details) != 1 ||
 		cl.Details[0].CurrentToken != e2.ClaimToken || cl.Details[0].Holder != "w2" {
-		t.Fatalf("CompleteMany(stale, retried) = %v, %v", refs, err)
+		t.Fatalf("Complete(stale, retried) = %v", err)
+	}
+	if !errors.As(err, &lost) || lost.JobID != e1.ID || lost.Holder != "w2" {
+		t.Fatalf("Complete(stale, retried): errors.As finds %+v, want the stale claim's *ClaimLostError", lost)
 	}
 	if err := skiplocked.Release(ctx, pool, e1.Ref()); !errors.Is(err, skiplocked.ErrClaimLost) {
 		t.Fatalf("stale release: %v", err)
@@ -225,7 +228,7 @@ func TestIdempotentOutcomes(t *testing.T) {
 		t.Fatalf("claim of an expired last attempt = %v, %v (want it dead, not returned)", js, err)
 	}
 	if _, err := skiplocked.Fail(ctx, pool, f.Ref(), skiplocked.FailParams{Error: "late"}); !errors.As(err, &lost) ||
-		lost.Outcome != skiplocked.OutcomeExpired || lost.State != skiplocked.StateDead {
+		lost.Outcome != "expired" || lost.State != skiplocked.StateDead {
 		t.Fatalf("fail after the claim expired into dead: %v", err)
 	}
 }
@@ -245,23 +248,23 @@ func TestHeartbeatSkipsLockedRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := skiplocked.CompleteMany(ctx, tx, []skiplocked.ClaimRef{a.Ref()}); err != nil { // a completion in progress
+	if err := skiplocked.Complete(ctx, tx, a.Ref()); err != nil { // a completion in progress
 		t.Fatal(err)
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	exp, lost, err := skiplocked.RenewMany(hctx, pool, []skiplocked.ClaimRef{a.Ref(), b.Ref()}, time.Hour)
-	if err != nil || len(lost) != 0 || len(exp) != 1 || exp[b.ID].IsZero() {
-		t.Fatalf("heartbeat with a locked row = %v, %v, %v; want only b extended, nothing lost, no wait", exp, lost, err)
+	exp, err := skiplocked.Renew(hctx, pool, time.Hour, a.Ref(), b.Ref())
+	if err == nil || errors.Is(err, skiplocked.ErrClaimLost) || len(exp) != 2 || !exp[0].IsZero() || exp[1].IsZero() {
+		t.Fatalf("heartbeat with a locked row = %v, %v; want only b extended, nothing lost, a non-loss error, no wait", exp, err)
 	}
-	if _, err := skiplocked.Renew(hctx, pool, a.Ref(), time.Hour); err == nil || errors.Is(err, skiplocked.ErrClaimLost) {
+	if _, err := skiplocked.Renew(hctx, pool, time.Hour, a.Ref()); err == nil || errors.Is(err, skiplocked.ErrClaimLost) {
 		t.Fatalf("heartbeat of the locked row: %v, want a non-loss error", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var l *skiplocked.ClaimLostError
-	if _, err := skiplocked.Renew(ctx, pool, a.Ref(), time.Hour); !errors.As(err, &l) || l.Outcome != skiplocked.OutcomeCompleted {
+	if _, err := skiplocked.Renew(ctx, pool, time.Hour, a.Ref()); !errors.As(err, &l) || l.Outcome != "completed" {
 		t.Fatalf("heartbeat after the completion committed: %v", err)
 	}
 }
@@ -534,10 +537,7 @@ func TestDrainImport5000(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT max(finished_at) FROM pgfence.jobs WHERE queue = $1", queue).Scan(&lastFinish); err != nil {
 		t.Fatal(err)
 	}
-	d, err := skiplocked.QueueDepth(ctx, pool, queue)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := depthOf(t, ctx, pool, queue)
 	if !d.Drained() || d.Completed != int64(n-wantDead) || d.Dead != int64(wantDead) {
 		t.Fatalf("queue depth %+v, want %d completed and %d dead", d, n-wantDead, wantDead)
 	}
@@ -580,8 +580,8 @@ func TestDrainFailsClosed(t *testing.T) {
 	if sum, err := w.Drain(ctx); !errors.Is(err, skiplocked.ErrNoJobs) || sum.Drained {
 		t.Fatalf("drain of an unknown queue: %+v, %v; want ErrNoJobs", sum, err)
 	}
-	if _, err := skiplocked.QueueDepth(ctx, pool, "no-such-queue"); !errors.Is(err, skiplocked.ErrNoJobs) {
-		t.Fatalf("depth of an unknown queue: %v", err)
+	if d := depthOf(t, ctx, pool, "no-such-queue"); d != (skiplocked.Depth{Queue: "no-such-queue"}) || d.Total() != 0 || d.Drained() {
+		t.Fatalf("depth of an unknown queue: %+v", d)
 	}
 
 	// Another worker holds the only job for an hour.
@@ -594,17 +594,17 @@ func TestDrainFailsClosed(t *testing.T) {
 	if !errors.Is(err, skiplocked.ErrNotDrained) || !errors.Is(err, context.DeadlineExceeded) || sum.Drained {
 		t.Fatalf("drain stopped early: %+v, %v; want ErrNotDrained and the deadline", sum, err)
 	}
-	d, err := skiplocked.QueueDepth(ctx, pool, "held")
-	if err != nil || d.Running != 1 || d.Unfinished() != 1 || d.Drained() {
-		t.Fatalf("depth = %+v, %v", d, err)
+	d := depthOf(t, ctx, pool, "held")
+	if d.Running != 1 || d.Unfinished() != 1 || d.Drained() {
+		t.Fatalf("depth = %+v", d)
 	}
 	if _, err := w.Drain(ctx); !errors.Is(err, skiplocked.ErrInvalidConfig) {
 		t.Fatalf("second drain: %v", err)
 	}
 }
 
-// TestQueueDepth counts every state on the database clock.
-func TestQueueDepth(t *testing.T) {
+// TestQueueDepths counts every state on the database clock.
+func TestQueueDepths(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
@@ -626,16 +626,19 @@ func TestQueueDepth(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", exp.ID); err != nil {
 		t.Fatal(err)
 	}
-	d, err := skiplocked.QueueDepth(ctx, pool, q)
 	want := skiplocked.Depth{Queue: q, Available: 2, Scheduled: 1, Running: 1, Expired: 1, Completed: 1, Dead: 1}
-	if err != nil || d != want || d.Total() != 7 || d.Unfinished() != 5 || d.Drained() {
-		t.Fatalf("depth = %+v, %v; want %+v", d, err, want)
+	named, err := skiplocked.QueueDepths(ctx, pool, "none", q)
+	if err != nil || len(named) != 2 || named[0] != (skiplocked.Depth{Queue: "none"}) || named[1] != want {
+		t.Fatalf("depths of none and %s = %+v, %v; want a zero Depth, then %+v", q, named, err, want)
+	}
+	if d := named[1]; d.Total() != 7 || d.Unfinished() != 5 || d.Drained() {
+		t.Fatalf("depth = %+v: Total %d, Unfinished %d, Drained %v", d, d.Total(), d.Unfinished(), d.Drained())
 	}
 	all, err := skiplocked.QueueDepths(ctx, pool)
 	if err != nil || len(all) != 1 || all[0] != want {
 		t.Fatalf("depths = %+v, %v", all, err)
 	}
-	if _, err := skiplocked.QueueDepth(ctx, pool, ""); !errors.Is(err, skiplocked.ErrInvalidQueue) {
+	if _, err := skiplocked.QueueDepths(ctx, pool, q, ""); !errors.Is(err, skiplocked.ErrInvalidQueue) {
 		t.Fatalf("empty queue name: %v", err)
 	}
 }

@@ -20,9 +20,10 @@ import (
 // The examples that use a database connect to the one named by DATABASE_URL,
 // where pgfence's migrations have been applied (package migrations).
 
-// In-transaction claims on an application table: the transaction is the lock.
-// Each batch is claimed, worked and recorded in one transaction; concurrent
-// importers skip the rows locked by others.
+// In-transaction claims on pgfence.jobs: the transaction is the lock. Each
+// batch is claimed, worked and completed in one transaction; concurrent
+// workers skip the jobs locked by others, and a rollback gives them back
+// without counting an attempt.
 func ExampleClaimTx() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -30,34 +31,34 @@ func ExampleClaimTx() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `
-		CREATE TABLE IF NOT EXISTS import_rows (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-			status text NOT NULL DEFAULT 'pending');
-		INSERT INTO import_rows (status) SELECT 'pending' FROM generate_series(1, 3)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS imported (job_id bigint PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-
-	claimer, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{
-		Table:   "import_rows",
-		Key:     []string{"id"},
-		Where:   []skiplocked.Cond{{Column: "status", Op: skiplocked.OpEq, Value: "pending"}},
-		OrderBy: []skiplocked.Order{{Column: "id"}},
-		Limit:   2,
-	})
-	if err != nil {
-		log.Fatal(err) // ErrUnknownTable, ErrUnknownColumn, ErrInvalidIdentifier, ...
+	if _, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{
+		{Queue: "price-files", Payload: json.RawMessage(`{"file":"a.csv"}`)},
+		{Queue: "price-files", Payload: json.RawMessage(`{"file":"b.csv"}`)},
+		{Queue: "price-files", Payload: json.RawMessage(`{"file":"c.csv"}`)},
+	}...); err != nil {
+		log.Fatal(err)
 	}
 	for {
 		var n int
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			ids, err := skiplocked.ClaimTx(ctx, tx, claimer, pgx.RowTo[int64])
+			jobs, err := skiplocked.ClaimTx(ctx, tx, "price-files", 2)
 			if err != nil {
 				return err
 			}
-			n = len(ids)
-			// ... import the rows, writing through tx ...
-			_, err = tx.Exec(ctx, "UPDATE import_rows SET status = 'done' WHERE id = ANY($1)", ids)
-			return err
+			n = len(jobs)
+			for _, j := range jobs {
+				// ... import the file, writing through tx ...
+				if _, err := tx.Exec(ctx, "INSERT INTO imported (job_id, payload) VALUES ($1, $2)", j.ID, j.Payload); err != nil {
+					return err
+				}
+				if err := skiplocked.CompleteTx(ctx, tx, j.ID); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 		if err != nil {
 			log.Fatal(err)
@@ -95,7 +96,7 @@ func ExampleClaim() {
 		log.Fatal(err)
 	}
 	for _, j := range jobs {
-		// ... long work, calling skiplocked.Renew(ctx, pool, j.Ref(), time.Minute) now and then ...
+		// ... long work, calling skiplocked.Renew(ctx, pool, time.Minute, j.Ref()) now and then ...
 		if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
 			log.Fatal(err) // ErrClaimLost: see the example of ClaimLostError
 		}
@@ -208,11 +209,11 @@ func ExampleNewTxWorker() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS applied_files (job_id bigint PRIMARY KEY, payload jsonb NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+	ids, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-1.csv"}`)},
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-2.csv"}`)},
 		{Queue: "catalogue/2024-06-01", Payload: json.RawMessage(`{"file":"part-3.csv"}`)},
-	})
+	}...)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,35 +11,30 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
-// Limits checked before anything is sent to the database.
+// Limits checked before anything is sent to the database; the godoc of the
+// fields and arguments that take them states them.
 const (
-	// MaxQueueBytes is the longest queue name, in bytes.
-	MaxQueueBytes = 128
-	// MaxHolderBytes is the longest holder identity, in bytes.
-	MaxHolderBytes = 512
-	// MaxBatch is the largest number of rows one claim may take.
-	MaxBatch = 10000
-	// MaxEnqueueBatch is the largest number of jobs one [EnqueueMany] call inserts.
-	MaxEnqueueBatch = 100000
-	// MinClaimTTL is the shortest leased claim.
-	MinClaimTTL = 100 * time.Millisecond
-	// MaxClaimTTL is the longest leased claim.
-	MaxClaimTTL = 24 * time.Hour
-	// MaxRetryDelay is the longest retry delay [Fail] accepts.
-	MaxRetryDelay = 365 * 24 * time.Hour
-	// MaxErrorLen is the longest last_error kept, in bytes; longer messages
+	maxQueueBytes   = 128                    // longest queue name, in bytes
+	maxHolderBytes  = 512                    // longest holder identity, in bytes
+	maxBatch        = 10000                  // most rows one claim takes, most refs per call
+	maxEnqueueBatch = 100000                 // most jobs one Enqueue call inserts
+	minClaimTTL     = 100 * time.Millisecond // shortest leased claim
+	maxClaimTTL     = 24 * time.Hour         // longest leased claim
+	maxRetryDelay   = 365 * 24 * time.Hour   // longest retry delay of Fail
+	// maxErrorLen is the longest last_error kept, in bytes; longer messages
 	// are cut at a UTF-8 boundary.
-	MaxErrorLen = 8192
-	// DefaultMaxAttempts is the max_attempts of a job enqueued without one.
-	DefaultMaxAttempts = 25
-	// MaxMaxAttempts is the largest max_attempts a job may have.
-	MaxMaxAttempts = 1000000
-	// NotifyChannel is the LISTEN/NOTIFY channel on which inserts into
+	maxErrorLen = 8192
+	// maxPayloadBytes is the payload limit of a job when
+	// EnqueueParams.MaxPayloadBytes is 0, and the table's own (CHECK
+	// jobs_payload_size): 1 MiB.
+	maxPayloadBytes = 1 << 20
+	// notifyChannel is the LISTEN/NOTIFY channel on which inserts into
 	// pgfence.jobs announce their queue (the payload is the queue name).
-	NotifyChannel = "pgfence_jobs"
+	notifyChannel = "pgfence_jobs"
 )
 
 // State is the state of a job in pgfence.jobs.
@@ -90,7 +85,7 @@ type Job struct {
 	// claimed).
 	Holder string
 	// ClaimToken is the token of the latest leased claim (0 if never
-	// claimed). Pass [Job.Ref] to Complete, Fail, Renewal and Release.
+	// claimed). Pass [Job.Ref] to Complete, Fail, Renew and Release.
 	ClaimToken int64
 	// ClaimExpiresAt is the database time the current claim ends; zero unless
 	// State is running.
@@ -152,7 +147,7 @@ func jobFromRow(r dbsqlc.PgfenceJob) Job {
 
 // EnqueueParams describe one job to insert.
 type EnqueueParams struct {
-	// Queue is the queue name, 1..[MaxQueueBytes] bytes, no control characters.
+	// Queue is the queue name, 1..128 bytes, no control characters.
 	Queue string
 	// Payload is the job's arguments as JSON. Defaults to {} when empty;
 	// invalid JSON is refused with [ErrInvalidPayload].
@@ -162,21 +157,18 @@ type EnqueueParams struct {
 	// RunAt is the earliest time the job may be claimed. Defaults to now()
 	// on the database clock when zero.
 	RunAt time.Time
-	// MaxAttempts is the number of attempts before the job goes dead.
-	// Defaults to [DefaultMaxAttempts] when 0; at most [MaxMaxAttempts].
+	// MaxAttempts is the number of attempts before the job goes dead,
+	// 1..1,000,000. Defaults to 25 when 0.
 	MaxAttempts int
 	// MaxPayloadBytes bounds len(Payload): a larger payload is refused with
-	// [ErrInvalidPayload] before any SQL runs. 0 means
-	// [DefaultMaxPayloadBytes], which is also the table's own limit (CHECK
-	// jobs_payload_size, on the stored text form, refused with the same
-	// error): a value above it, or negative, is refused with [ErrInvalidJob].
+	// [ErrInvalidPayload] before any SQL runs. At most 1 MiB (1,048,576),
+	// which is also the table's own limit (CHECK jobs_payload_size, on the
+	// stored text form, refused with the same error); a value above it, or
+	// negative, is refused with [ErrInvalidJob]. Defaults to 1 MiB when 0.
+	// Jobs carry references to large data (a file name, an object key), not
+	// the data.
 	MaxPayloadBytes int
 }
-
-// DefaultMaxPayloadBytes is the payload limit of [EnqueueParams] when
-// MaxPayloadBytes is 0, and the most the table takes: 1 MiB. Jobs carry references to large data (a file
-// name, an object key), not the data.
-const DefaultMaxPayloadBytes = 1 << 20
 
 func (p EnqueueParams) normalize() (EnqueueParams, error) {
 	if err := checkQueue(p.Queue); err != nil {
@@ -185,9 +177,9 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 	limit := p.MaxPayloadBytes
 	switch {
 	case limit == 0:
-		limit = DefaultMaxPayloadBytes
-	case limit < 0 || limit > DefaultMaxPayloadBytes:
-		return p, fmt.Errorf("%w: MaxPayloadBytes %d is outside 1..%d (the table's limit)", ErrInvalidJob, limit, DefaultMaxPayloadBytes)
+		limit = maxPayloadBytes
+	case limit < 0 || limit > maxPayloadBytes:
+		return p, fmt.Errorf("%w: MaxPayloadBytes %d is outside 1..%d (the table's limit)", ErrInvalidJob, limit, maxPayloadBytes)
 	}
 	if len(p.Payload) > limit {
 		return p, fmt.Errorf("%w: %d bytes (queue %q), the limit is %d (EnqueueParams.MaxPayloadBytes)",
@@ -199,55 +191,29 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 		return p, fmt.Errorf("%w (queue %q)", ErrInvalidPayload, p.Queue)
 	}
 	if p.MaxAttempts == 0 {
-		p.MaxAttempts = DefaultMaxAttempts
+		p.MaxAttempts = joblimit.DefaultMaxAttempts
 	}
-	if p.MaxAttempts < 1 || p.MaxAttempts > MaxMaxAttempts {
-		return p, fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidJob, p.MaxAttempts, MaxMaxAttempts)
+	if p.MaxAttempts < 1 || p.MaxAttempts > joblimit.MaxMaxAttempts {
+		return p, fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidJob, p.MaxAttempts, joblimit.MaxMaxAttempts)
 	}
 	return p, nil
 }
 
-// Enqueue inserts one job and returns it. Inserting notifies
-// [NotifyChannel] with the queue name when the transaction commits, which
-// wakes listening [Worker]s. Run it on a transaction to enqueue atomically
-// with other writes.
-func Enqueue(ctx context.Context, db DBTX, p EnqueueParams) (Job, error) {
-	if nilcheck.IsNil(db) {
-		return Job{}, ErrNilDB
-	}
-	p, err := p.normalize()
-	if err != nil {
-		return Job{}, err
-	}
-	arg := dbsqlc.EnqueueJobsParams{
-		Queues: []string{p.Queue}, Payloads: [][]byte{p.Payload}, Priorities: []int16{p.Priority},
-		RunAts: []time.Time{p.RunAt}, RunNows: []bool{p.RunAt.IsZero()}, MaxAttempts: []int32{int32(p.MaxAttempts)},
-	}
-	if p.RunAt.IsZero() {
-		arg.RunAts[0] = time.Unix(0, 0)
-	}
-	rows, err := queries.EnqueueJobs(ctx, db, arg)
-	if err != nil {
-		return Job{}, translate("enqueue", err)
-	}
-	if len(rows) != 1 {
-		return Job{}, fmt.Errorf("skiplocked: enqueue: pgfence.job_enqueue returned %d rows for one job", len(rows))
-	}
-	return jobFromRow(rows[0]), nil
-}
-
-// EnqueueMany inserts up to [MaxEnqueueBatch] jobs in one statement and
-// returns their ids in the order given. Every job is validated first; one bad
-// job fails the call and nothing is inserted.
-func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, error) {
+// Enqueue inserts jobs in one statement and returns their ids in the order
+// given: up to 100,000 per call. Every job is validated first; one bad job
+// fails the call and nothing is inserted. With no jobs it does nothing.
+//
+// Inserting notifies listening [Worker]s of the queues when the transaction
+// commits. Run it on a transaction to enqueue atomically with other writes.
+func Enqueue(ctx context.Context, db DBTX, ps ...EnqueueParams) ([]int64, error) {
 	if nilcheck.IsNil(db) {
 		return nil, ErrNilDB
 	}
 	if len(ps) == 0 {
 		return nil, nil
 	}
-	if len(ps) > MaxEnqueueBatch {
-		return nil, fmt.Errorf("%w: %d jobs in one batch, at most %d", ErrInvalidJob, len(ps), MaxEnqueueBatch)
+	if len(ps) > maxEnqueueBatch {
+		return nil, fmt.Errorf("%w: %d jobs in one call, at most %d", ErrInvalidJob, len(ps), maxEnqueueBatch)
 	}
 	arg := dbsqlc.EnqueueJobsParams{
 		Queues: make([]string, len(ps)), Payloads: make([][]byte, len(ps)), Priorities: make([]int16, len(ps)),
@@ -256,7 +222,10 @@ func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, err
 	for i, p := range ps {
 		p, err := p.normalize()
 		if err != nil {
-			return nil, fmt.Errorf("job %d: %w", i, err)
+			if len(ps) > 1 {
+				err = fmt.Errorf("job %d: %w", i, err)
+			}
+			return nil, err
 		}
 		arg.Queues[i], arg.Payloads[i], arg.Priorities[i] = p.Queue, p.Payload, p.Priority
 		arg.MaxAttempts[i] = int32(p.MaxAttempts)
@@ -268,7 +237,10 @@ func EnqueueMany(ctx context.Context, db DBTX, ps []EnqueueParams) ([]int64, err
 	}
 	rows, err := queries.EnqueueJobs(ctx, db, arg)
 	if err != nil {
-		return nil, translate("enqueue many", err)
+		return nil, translate("enqueue", err)
+	}
+	if len(rows) != len(ps) {
+		return nil, fmt.Errorf("skiplocked: enqueue: pgfence.job_enqueue returned %d rows for %d jobs", len(rows), len(ps))
 	}
 	ids := make([]int64, len(rows))
 	for i, r := range rows {

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"sync"
@@ -25,24 +26,15 @@ func TestEnqueueAndClaim(t *testing.T) {
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 
-	low, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "q", Payload: json.RawMessage(`{"a":1}`), Priority: 5})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if low.State != skiplocked.StateAvailable || low.Attempts != 0 || low.MaxAttempts != skiplocked.DefaultMaxAttempts || low.ClaimToken != 0 {
+	low := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "q", Payload: json.RawMessage(`{"a":1}`), Priority: 5})
+	if low.State != skiplocked.StateAvailable || low.Attempts != 0 || low.MaxAttempts != 25 || low.ClaimToken != 0 {
 		t.Fatalf("enqueued job = %+v", low)
 	}
-	high, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "q", Priority: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	high := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "q", Priority: -1})
 	if string(high.Payload) != "{}" {
 		t.Fatalf("default payload = %s, want {}", high.Payload)
 	}
-	later, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "q", RunAt: time.Now().Add(time.Hour)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	later := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "q", RunAt: time.Now().Add(time.Hour)})
 	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "other"}); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +77,7 @@ func TestEnqueueAndClaim(t *testing.T) {
 	err = skiplocked.Release(ctx, pool, jobs[0].Ref())
 	var lost *skiplocked.ClaimLostError
 	if !errors.As(err, &lost) || lost.State != skiplocked.StateCompleted || lost.CurrentToken != jobs[0].ClaimToken ||
-		lost.Outcome != skiplocked.OutcomeCompleted {
+		lost.Outcome != "completed" {
 		t.Fatalf("release after complete err = %v", err)
 	}
 	if got := mustJob(t, pool, later.ID); got.State != skiplocked.StateAvailable {
@@ -136,20 +128,20 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	checkLost("complete", skiplocked.Complete(ctx, pool, a[0].Ref()))
 	_, err = skiplocked.Fail(ctx, pool, a[0].Ref(), skiplocked.FailParams{Error: "boom"})
 	checkLost("fail", err)
-	_, err = skiplocked.Renew(ctx, pool, a[0].Ref(), time.Minute)
+	_, err = skiplocked.Renew(ctx, pool, time.Minute, a[0].Ref())
 	checkLost("renew", err)
 	checkLost("release", skiplocked.Release(ctx, pool, a[0].Ref()))
-	lostRefs, err := skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()})
+	err = skiplocked.Complete(ctx, pool, a[0].Ref())
 	var cl *skiplocked.ClaimsLostError
-	if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &cl) || len(lostRefs) != 1 ||
+	if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &cl) ||
 		len(cl.Lost) != 1 || cl.Lost[0] != a[0].Ref() || cl.Total != 1 {
-		t.Fatalf("CompleteMany by A = %v, %v (a refused batch must be an error)", lostRefs, err)
+		t.Fatalf("Complete by A = %v (a refused claim must be an error that names it)", err)
 	}
-	if _, lostRefs, err = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}, time.Minute); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
-		t.Fatalf("RenewMany by A = %v, %v", lostRefs, err)
+	if exp, err := skiplocked.Renew(ctx, pool, time.Minute, a[0].Ref()); !errors.As(err, &cl) || len(cl.Lost) != 1 || len(exp) != 1 || !exp[0].IsZero() {
+		t.Fatalf("Renew by A = %v, %v", exp, err)
 	}
-	if lostRefs, err = skiplocked.ReleaseMany(ctx, pool, []skiplocked.ClaimRef{a[0].Ref()}); !errors.Is(err, skiplocked.ErrClaimLost) || len(lostRefs) != 1 {
-		t.Fatalf("ReleaseMany by A = %v, %v", lostRefs, err)
+	if err := skiplocked.Release(ctx, pool, a[0].Ref()); !errors.As(err, &cl) || len(cl.Lost) != 1 {
+		t.Fatalf("Release by A = %v", err)
 	}
 	if after := mustJob(t, pool, a[0].ID); !reflect.DeepEqual(before, after) {
 		t.Fatalf("row changed by stale worker:\nbefore %+v\nafter  %+v", before, after)
@@ -268,8 +260,8 @@ func TestHeartbeatAndRelease(t *testing.T) {
 	if err != nil || len(js) != 2 {
 		t.Fatal(js, err)
 	}
-	exp, err := skiplocked.Renew(ctx, pool, js[0].Ref(), time.Minute)
-	if err != nil || !exp.After(js[0].ClaimExpiresAt.Add(50*time.Second)) {
+	exp, err := skiplocked.Renew(ctx, pool, time.Minute, js[0].Ref())
+	if err != nil || len(exp) != 1 || !exp[0].After(js[0].ClaimExpiresAt.Add(50*time.Second)) {
 		t.Fatalf("heartbeat = %v, %v", exp, err)
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -311,7 +303,7 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	held, err := skiplocked.ClaimJobsTx(ctx, tx, "txk", 6)
+	held, err := skiplocked.ClaimTx(ctx, tx, "txk", 6)
 	if err != nil || len(held) != 6 {
 		t.Fatalf("victim claim = %v, %v", held, err)
 	}
@@ -324,7 +316,7 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 		t.Fatalf("terminate: %v %v", killed, err)
 	}
 	// The next statement on the victim fails with a connection error.
-	if _, err := skiplocked.ClaimJobsTx(ctx, tx, "txk", 1); !errors.Is(err, skiplocked.ErrConnection) {
+	if _, err := skiplocked.ClaimTx(ctx, tx, "txk", 1); !errors.Is(err, skiplocked.ErrConnection) {
 		t.Fatalf("claim on killed connection err = %v, want ErrConnection", err)
 	}
 	// The server releases the rows as soon as the backend is gone: poll for it
@@ -364,8 +356,8 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 	for i, j := range js {
 		refs[i] = j.Ref()
 	}
-	if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) != 0 {
-		t.Fatalf("complete = %v, %v", lost, err)
+	if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
+		t.Fatalf("complete = %v", err)
 	}
 	if n := countState(t, pool, "lease", skiplocked.StateCompleted); n != 10 {
 		t.Fatalf("completed %d, want 10", n)
@@ -381,7 +373,7 @@ func claimTxIDs(t *testing.T, pool *pgxpool.Pool, queue string, limit int) []int
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	js, err := skiplocked.ClaimJobsTx(ctx, tx, queue, limit)
+	js, err := skiplocked.ClaimTx(ctx, tx, queue, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,18 +394,18 @@ func TestJobsInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := skiplocked.ClaimJobsTx(ctx, tx, "tx", 2)
+	js, err := skiplocked.ClaimTx(ctx, tx, "tx", 2)
 	if err != nil || len(js) != 2 || js[0].ID != ids[0] || js[1].ID != ids[1] {
 		t.Fatalf("claim = %+v, %v", js, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, js[0].ID); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx, js[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	f, err := skiplocked.FailJobTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "nope", RetryIn: time.Hour})
+	f, err := skiplocked.FailTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "nope", RetryIn: time.Hour})
 	if err != nil || f.State != skiplocked.StateAvailable || f.Attempts != 1 {
 		t.Fatalf("fail = %+v, %v", f, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, 424242); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if err := skiplocked.CompleteTx(ctx, tx, 424242); !errors.Is(err, skiplocked.ErrJobNotFound) {
 		t.Fatalf("complete unknown = %v", err)
 	}
 	// Another transaction skips the two locked rows and takes the third.
@@ -431,11 +423,11 @@ func TestJobsInTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err = skiplocked.ClaimJobsTx(ctx, tx2, "tx", 5)
+	js, err = skiplocked.ClaimTx(ctx, tx2, "tx", 5)
 	if err != nil || len(js) != 1 || js[0].ID != ids[2] {
 		t.Fatalf("claim = %+v, %v (job 1 is in backoff)", js, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx2, ids[2]); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx2, ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx2.Rollback(ctx); err != nil {
@@ -453,7 +445,7 @@ func TestJobsInTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx3.Rollback(ctx)
-	f, err = skiplocked.FailJobTx(ctx, tx3, ids[1], skiplocked.FailParams{Error: "again"})
+	f, err = skiplocked.FailTx(ctx, tx3, ids[1], skiplocked.FailParams{Error: "again"})
 	if err != nil || f.State != skiplocked.StateDead || f.LastError != "again" {
 		t.Fatalf("second fail = %+v, %v", f, err)
 	}
@@ -570,7 +562,7 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 					refs[i] = j.Ref()
 				}
 				mu.Unlock()
-				if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) > 0 {
+				if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
 					errs <- errors.Join(err, errors.New("claims lost while held"))
 					return
 				}
@@ -604,8 +596,8 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 			processedBy[j.ID] = "worker-Z"
 			refs[i] = j.Ref()
 		}
-		if lost, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil || len(lost) > 0 {
-			t.Fatal(err, lost)
+		if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
+			t.Fatal(err)
 		}
 	}
 	if len(processedBy) != rows {
@@ -641,8 +633,8 @@ func TestConcurrentLeasedClaimsNoDuplicates(t *testing.T) {
 }
 
 // TestClaimKey: a claim changes only with its own key. With the right job id
-// and token but another key, Complete, CompleteMany, Renew, RenewMany,
-// Release and Fail are refused as lost claims (never taken for a call
+// and token but another key, Complete, Renew, Release and Fail, alone and
+// in a batch, are refused as lost claims (never taken for a call
 // already done, nor for a row locked for a moment) and the job is unchanged;
 // then the claimer's own key completes it.
 func TestClaimKey(t *testing.T) {
@@ -672,18 +664,25 @@ func TestClaimKey(t *testing.T) {
 		"complete": skiplocked.Complete(ctx, pool, forged),
 		"release":  skiplocked.Release(ctx, pool, forged),
 	}
-	_, errs["renew"] = skiplocked.Renew(ctx, pool, forged, time.Hour)
+	_, errs["renew"] = skiplocked.Renew(ctx, pool, time.Hour, forged)
 	_, errs["fail"] = skiplocked.Fail(ctx, pool, forged, skiplocked.FailParams{Error: "forged", GiveUp: true})
-	_, errs["complete many"] = skiplocked.CompleteMany(ctx, pool, []skiplocked.ClaimRef{forged})
-	_, _, errs["renew many"] = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{forged}, time.Hour)
+	errs["complete many"] = skiplocked.Complete(ctx, pool, forged, forged)
+	_, errs["renew many"] = skiplocked.Renew(ctx, pool, time.Hour, forged, forged)
 	for op, err := range errs {
 		msg := ""
 		if err != nil {
 			msg = err.Error()
 		}
 		var many *skiplocked.ClaimsLostError
-		if errors.As(err, &many) && len(many.Details) == 1 && many.Details[0] != nil {
-			msg = many.Details[0].Error()
+		if errors.As(err, &many) && len(many.Details) > 0 {
+			msg = ""
+			for _, d := range many.Details { // every refused claim names the key
+				if d == nil || !strings.Contains(d.Error(), "claim key") {
+					msg = fmt.Sprint(d)
+					break
+				}
+				msg = d.Error()
+			}
 		}
 		if !errors.Is(err, skiplocked.ErrClaimLost) || !strings.Contains(msg, "claim key") {
 			t.Errorf("%s with another key: %v, want a lost claim naming the key", op, err)

@@ -34,7 +34,7 @@ func enqueueN(t testing.TB, pool *pgxpool.Pool, queue string, n int, maxAttempts
 		for i := start; i < min(start+10000, n); i++ {
 			ps = append(ps, skiplocked.EnqueueParams{Queue: queue, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)), MaxAttempts: maxAttempts})
 		}
-		got, err := skiplocked.EnqueueMany(ctx, pool, ps)
+		got, err := skiplocked.Enqueue(ctx, pool, ps...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,4 +97,24 @@ func countState(t testing.TB, pool *pgxpool.Pool, queue string, state skiplocked
 		t.Fatal(err)
 	}
 	return n
+}
+
+// depthOf counts the jobs of one queue.
+func depthOf(t testing.TB, ctx context.Context, db skiplocked.DBTX, queue string) skiplocked.Depth {
+	t.Helper()
+	ds, err := skiplocked.QueueDepths(ctx, db, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds[0]
+}
+
+// enqueueOne enqueues one job and returns it as stored.
+func enqueueOne(t testing.TB, pool *pgxpool.Pool, p skiplocked.EnqueueParams) skiplocked.Job {
+	t.Helper()
+	ids, err := skiplocked.Enqueue(context.Background(), pool, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustJob(t, pool, ids[0])
 }

@@ -12,84 +12,61 @@ import (
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
-// Complete marks a claimed job completed, only if it is still running under
-// ref.Token (an expired claim not yet re-claimed still counts: the token, not
-// the clock, decides). Otherwise it returns a [*ClaimLostError]
-// ([ErrClaimLost]) or [ErrJobNotFound] and changes nothing. It is idempotent:
-// a job already completed under ref.Token returns nil.
-func Complete(ctx context.Context, db DBTX, ref ClaimRef) error {
-	return single(ctx, db, "complete", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+// Complete marks claimed jobs completed, in one statement. Each job changes
+// only if it is still running under its ref's token (an expired claim not
+// yet re-claimed still counts: the token, not the clock, decides). It is
+// idempotent: a job already completed under its ref's token counts as
+// completed.
+//
+// When some refs changed nothing (their claims were lost, or their jobs do
+// not exist) it returns a [*ClaimsLostError] that lists them and matches
+// [ErrClaimLost]; the other claims were completed. Code that checks only err
+// never takes a refused completion for a success. With no refs it does
+// nothing and returns nil.
+func Complete(ctx context.Context, db DBTX, refs ...ClaimRef) error {
+	_, err := conditional(ctx, db, "complete", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
 		return queries.CompleteJobs(ctx, db, dbsqlc.CompleteJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
+	return err
 }
 
-// CompleteMany completes many claims in one statement. Each job changes only
-// if it is still running under its token; a job already completed under its
-// token counts as completed (see [Complete]). The refs that did not change
-// (their claims were lost, or the jobs do not exist) are returned in lost,
-// together with a *[ClaimsLostError] ([ErrClaimLost]): code that checks only
-// err never takes a refused completion for a success. The other claims of
-// the batch were completed.
-func CompleteMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef, err error) {
-	return conditional(ctx, db, "complete", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
-		return queries.CompleteJobs(ctx, db, dbsqlc.CompleteJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
-	})
-}
-
-// Release gives a claim back unfinished: the job is available again at once
-// and the attempt is not counted. Conditional on ref like [Complete], and
-// idempotent like it: a claim already released under ref.Token returns nil.
-func Release(ctx context.Context, db DBTX, ref ClaimRef) error {
-	return single(ctx, db, "release", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
+// Release gives claims back unfinished, in one statement: each job is
+// available again at once and the attempt is not counted. Conditional on
+// each ref like [Complete], idempotent like it (a claim already released
+// under its ref's token counts as released), and refused claims are
+// reported like it, with a [*ClaimsLostError].
+func Release(ctx context.Context, db DBTX, refs ...ClaimRef) error {
+	_, err := conditional(ctx, db, "release", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
 		return queries.ReleaseJobs(ctx, db, dbsqlc.ReleaseJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
 	})
+	return err
 }
 
-// ReleaseMany releases many claims in one statement; see [Release] and
-// [CompleteMany] for lost.
-func ReleaseMany(ctx context.Context, db DBTX, refs []ClaimRef) (lost []ClaimRef, err error) {
-	return conditional(ctx, db, "release", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
-		return queries.ReleaseJobs(ctx, db, dbsqlc.ReleaseJobsParams{Ids: ids, ClaimTokens: tokens, Keys: keys})
-	})
+// Renew extends claims to now() + ttl on the database clock, in one
+// statement, each only if it is still held under its ref's token. ttl is
+// 100ms..24h, like [ClaimParams].TTL. expires[i] is the new (advisory) expiry
+// of refs[i], zero when it was not extended.
+//
+// Claims that were lost are listed by a [*ClaimsLostError] ([ErrClaimLost]);
+// a claim that already ended, even by your own Complete, counts as lost.
+// Renew never waits for a row lock: a claim whose row another transaction
+// holds at that moment (a completion in progress, say) is not extended and
+// not lost; when that is the only reason some claims were not extended the
+// error says so and does not match [ErrClaimLost] (call again).
+func Renew(ctx context.Context, db DBTX, ttl time.Duration, refs ...ClaimRef) ([]time.Time, error) {
+	expires, skipped, err := renew(ctx, db, ttl, refs)
+	if err == nil && skipped > 0 {
+		err = fmt.Errorf("skiplocked: renew: %d of %d claims locked by another transaction at the moment; "+
+			"not extended (still held: call again)", skipped, len(refs))
+	}
+	return expires, err
 }
 
-// Renew extends a claim to now() + ttl on the database clock, only if it
-// is still held under ref.Token, and returns the new (advisory) expiry.
-// Otherwise it returns a [*ClaimLostError] or [ErrJobNotFound]; a claim that
-// already ended, even by your own Complete, counts as lost. It never waits for
-// a row lock: if another transaction holds the job's row, the claim is not
-// extended and the error is not [ErrClaimLost] (call again).
-func Renew(ctx context.Context, db DBTX, ref ClaimRef, ttl time.Duration) (time.Time, error) {
+// renew is [Renew] for the Worker: a claim skipped because its row was
+// locked is not an error (the next renewal extends it).
+func renew(ctx context.Context, db DBTX, ttl time.Duration, refs []ClaimRef) (expires []time.Time, skipped int, err error) {
 	if err := checkTTL(ttl); err != nil {
-		return time.Time{}, err
-	}
-	var exp time.Time
-	err := single(ctx, db, "renew", ref, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
-		rows, err := queries.HeartbeatJobs(ctx, db, dbsqlc.HeartbeatJobsParams{TtlMs: ttl.Milliseconds(), Ids: ids, ClaimTokens: tokens, Keys: keys})
-		done := make([]int64, len(rows))
-		for i, r := range rows {
-			done[i] = r.ID
-			exp = r.ClaimExpiresAt
-		}
-		return done, err
-	})
-	if err != nil {
-		return time.Time{}, err
-	}
-	if exp.IsZero() {
-		return time.Time{}, fmt.Errorf("skiplocked: renew: job %d is locked by another transaction at the moment; "+
-			"claim %d not extended (it is still held: call again)", ref.JobID, ref.Token)
-	}
-	return exp, nil
-}
-
-// RenewMany extends many claims in one statement. It returns the new
-// expiry of each extended job by id, and the refs that were lost with a
-// *[ClaimsLostError] (see [Renew]). A claim whose row another transaction
-// has locked at that moment is skipped: neither in the map nor lost.
-func RenewMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration) (map[int64]time.Time, []ClaimRef, error) {
-	if err := checkTTL(ttl); err != nil {
-		return nil, nil, err
+		return nil, 0, err
 	}
 	exp := make(map[int64]time.Time, len(refs))
 	lost, err := conditional(ctx, db, "renew", refs, func(ids, tokens []int64, keys [][]byte) ([]int64, error) {
@@ -102,18 +79,27 @@ func RenewMany(ctx context.Context, db DBTX, refs []ClaimRef, ttl time.Duration)
 		return done, err
 	})
 	if err != nil && len(lost) == 0 {
-		return nil, nil, err
+		return nil, 0, err
 	}
-	return exp, lost, err
+	expires = make([]time.Time, len(refs))
+	for i, r := range refs {
+		expires[i] = exp[r.JobID]
+	}
+	for _, e := range expires {
+		if e.IsZero() {
+			skipped++
+		}
+	}
+	return expires, skipped - len(lost), err
 }
 
 // FailParams describe a failed attempt.
 type FailParams struct {
-	// Error is the message kept in last_error (cut to [MaxErrorLen] bytes).
+	// Error is the message kept in last_error (cut to 8,192 bytes).
 	Error string
 	// RetryIn delays the next attempt: run_at = now() + RetryIn on the
 	// database clock. 0 retries at once; see [DefaultBackoff]. At most
-	// [MaxRetryDelay].
+	// one year.
 	RetryIn time.Duration
 	// GiveUp sends the job to dead now, whatever attempts are left.
 	GiveUp bool
@@ -133,8 +119,8 @@ func Fail(ctx context.Context, db DBTX, ref ClaimRef, p FailParams) (Job, error)
 	if err := checkRef(ref); err != nil {
 		return Job{}, err
 	}
-	if p.RetryIn < 0 || p.RetryIn > MaxRetryDelay {
-		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, MaxRetryDelay)
+	if p.RetryIn < 0 || p.RetryIn > maxRetryDelay {
+		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, maxRetryDelay)
 	}
 	row, err := queries.FailJob(ctx, db, dbsqlc.FailJobParams{
 		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: ref.JobID, ClaimToken: ref.Token,
@@ -145,7 +131,7 @@ func Fail(ctx context.Context, db DBTX, ref ClaimRef, p FailParams) (Job, error)
 		if err != nil {
 			return Job{}, err
 		}
-		if lost.CurrentToken != ref.Token || lost.wrongKey || lost.Outcome != OutcomeFailed {
+		if lost.CurrentToken != ref.Token || lost.wrongKey || lost.Outcome != outcomeFailed {
 			return Job{}, lost
 		}
 		// Already failed under this token: report the job as it is now.
@@ -170,20 +156,6 @@ func DefaultBackoff(attempt int) time.Duration {
 	return min(time.Second<<(attempt-1), time.Hour)
 }
 
-// single runs a conditional update for one ref and explains a refusal with a
-// *ClaimLostError (or ErrJobNotFound).
-func single(ctx context.Context, db DBTX, op string, ref ClaimRef, run func(ids, tokens []int64, keys [][]byte) ([]int64, error)) error {
-	_, err := conditional(ctx, db, op, []ClaimRef{ref}, run)
-	var cl *ClaimsLostError
-	if !errors.As(err, &cl) {
-		return err
-	}
-	if len(cl.Details) == 1 && cl.Details[0] != nil {
-		return cl.Details[0]
-	}
-	return fmt.Errorf("%w: id %d", ErrJobNotFound, ref.JobID)
-}
-
 // alreadyDone reports whether a conditional op that changed nothing had in
 // fact already been applied under the same token: the claim ended with the
 // outcome op writes. A renewal is never "already done".
@@ -193,9 +165,9 @@ func alreadyDone(op string, ref ClaimRef, e *ClaimLostError) bool {
 	}
 	switch op {
 	case "complete":
-		return e.Outcome == OutcomeCompleted
+		return e.Outcome == outcomeCompleted
 	case "release":
-		return e.Outcome == OutcomeReleased
+		return e.Outcome == outcomeReleased
 	}
 	return false
 }
@@ -213,8 +185,8 @@ func conditional(ctx context.Context, db DBTX, op string, refs []ClaimRef, run f
 	if len(refs) == 0 {
 		return nil, nil
 	}
-	if len(refs) > MaxBatch {
-		return nil, fmt.Errorf("%w: %d claims in one call, at most %d", ErrInvalidLimit, len(refs), MaxBatch)
+	if len(refs) > maxBatch {
+		return nil, fmt.Errorf("%w: %d claims in one call, at most %d", ErrInvalidLimit, len(refs), maxBatch)
 	}
 	ids := make([]int64, len(refs))
 	tokens := make([]int64, len(refs))

@@ -35,29 +35,29 @@ func checkName(s string, maxLen int, sentinel error) error {
 	return nil
 }
 
-func checkQueue(q string) error { return checkName(q, MaxQueueBytes, ErrInvalidQueue) }
+func checkQueue(q string) error { return checkName(q, maxQueueBytes, ErrInvalidQueue) }
 
-func checkHolder(w string) error { return checkName(w, MaxHolderBytes, ErrInvalidHolder) }
+func checkHolder(w string) error { return checkName(w, maxHolderBytes, ErrInvalidHolder) }
 
 func checkLimit(n int) error {
-	if n <= 0 || n > MaxBatch {
-		return fmt.Errorf("%w: %d not in 1..%d", ErrInvalidLimit, n, MaxBatch)
+	if n <= 0 || n > maxBatch {
+		return fmt.Errorf("%w: %d not in 1..%d", ErrInvalidLimit, n, maxBatch)
 	}
 	return nil
 }
 
 func checkTTL(d time.Duration) error {
-	if d < MinClaimTTL || d > MaxClaimTTL {
-		return fmt.Errorf("%w: %s not in %s..%s", ErrInvalidTTL, d, MinClaimTTL, MaxClaimTTL)
+	if d < minClaimTTL || d > maxClaimTTL {
+		return fmt.Errorf("%w: %s not in %s..%s", ErrInvalidTTL, d, minClaimTTL, maxClaimTTL)
 	}
 	return nil
 }
 
 func cutError(s string) string {
-	if len(s) <= MaxErrorLen {
+	if len(s) <= maxErrorLen {
 		return strings.ToValidUTF8(s, "?")
 	}
-	s = s[:MaxErrorLen]
+	s = s[:maxErrorLen]
 	for len(s) > 0 && !utf8.ValidString(s) {
 		s = s[:len(s)-1]
 	}

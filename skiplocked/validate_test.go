@@ -55,7 +55,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Holder = "" }), skiplocked.ErrInvalidHolder},
 		{"claim: zero batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 0 }), skiplocked.ErrInvalidLimit},
 		{"claim: negative batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = -5 }), skiplocked.ErrInvalidLimit},
-		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = skiplocked.MaxBatch + 1 }), skiplocked.ErrInvalidLimit},
+		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 10001 }), skiplocked.ErrInvalidLimit},
 		{"claim: zero TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 0 }), skiplocked.ErrInvalidTTL},
 		{"claim: negative TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = -time.Second }), skiplocked.ErrInvalidTTL},
 		{"claim: absurd TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 1000 * time.Hour }), skiplocked.ErrInvalidTTL},
@@ -66,12 +66,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), skiplocked.ErrInvalidQueue},
 		{"enqueue: payload not JSON", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":`)}), skiplocked.ErrInvalidPayload},
 		{"enqueue: payload over the default limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
-			Payload: bigPayload(skiplocked.DefaultMaxPayloadBytes + 1)}), skiplocked.ErrInvalidPayload},
+			Payload: bigPayload(maxPayloadBytes + 1)}), skiplocked.ErrInvalidPayload},
 		{"enqueue: payload over a set limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
 			Payload: bigPayload(101), MaxPayloadBytes: 100}), skiplocked.ErrInvalidPayload},
 		{"enqueue many: one payload over the limit", func() error {
-			_, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"},
-				{Queue: "v", Payload: bigPayload(skiplocked.DefaultMaxPayloadBytes + 1)}})
+			_, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"},
+				{Queue: "v", Payload: bigPayload(maxPayloadBytes + 1)}}...)
 			return err
 		}(), skiplocked.ErrInvalidPayload},
 		{"enqueue: negative max attempts", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: -1}), skiplocked.ErrInvalidJob},
@@ -80,14 +80,14 @@ func TestBadInputChangesNothing(t *testing.T) {
 			return err
 		}(), skiplocked.ErrNilDB},
 		{"enqueue many: one bad payload", func() error {
-			_, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"}, {Queue: "v", Payload: []byte("nope")}})
+			_, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"}, {Queue: "v", Payload: []byte("nope")}}...)
 			return err
 		}(), skiplocked.ErrInvalidPayload},
 		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
 		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
 		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1, Key: held[0].ClaimKey}), skiplocked.ErrClaimLost},
 		{"heartbeat: zero TTL", func() error {
-			_, err := skiplocked.Renew(ctx, pool, held[0].Ref(), 0)
+			_, err := skiplocked.Renew(ctx, pool, 0, held[0].Ref())
 			return err
 		}(), skiplocked.ErrInvalidTTL},
 		{"fail: negative retry", func() error {
@@ -96,7 +96,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 		}(), skiplocked.ErrInvalidJob},
 		{"release: nil pool", skiplocked.Release(ctx, nilPool, held[0].Ref()), skiplocked.ErrNilDB},
 		{"claim tx: nil tx", func() error {
-			_, err := skiplocked.ClaimJobsTx(ctx, nil, "v", 1)
+			_, err := skiplocked.ClaimTx(ctx, nil, "v", 1)
 			return err
 		}(), skiplocked.ErrNilDB},
 		{"delete finished: zero limit", func() error {
@@ -144,15 +144,15 @@ func TestDefaultBackoff(t *testing.T) {
 	}
 }
 
-func TestEnqueueManyAndDeleteFinished(t *testing.T) {
+func TestEnqueueBatchAndDeleteFinished(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
 	at := time.Now().Add(time.Hour).Truncate(time.Microsecond)
-	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{
+	ids, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{
 		{Queue: "m", Payload: []byte(`[1,2]`), Priority: 3, MaxAttempts: 7},
 		{Queue: "m", RunAt: at},
-	})
+	}...)
 	if err != nil || len(ids) != 2 || ids[1] <= ids[0] {
 		t.Fatalf("ids %v, %v", ids, err)
 	}
@@ -276,8 +276,8 @@ func TestPayloadServerLimit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
-	p := bigPayload(skiplocked.DefaultMaxPayloadBytes + 10)
-	for _, limit := range []int{-1, skiplocked.DefaultMaxPayloadBytes + 1} {
+	p := bigPayload(maxPayloadBytes + 10)
+	for _, limit := range []int{-1, maxPayloadBytes + 1} {
 		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: limit}); !errors.Is(err, skiplocked.ErrInvalidJob) {
 			t.Fatalf("MaxPayloadBytes %d: err = %v, want ErrInvalidJob", limit, err)
 		}
@@ -290,8 +290,8 @@ func TestPayloadServerLimit(t *testing.T) {
 	// A payload within the client's limit whose stored text form is over the
 	// server's (jsonb prints ", " between elements): refused by the server,
 	// translated to ErrInvalidPayload.
-	arr := []byte("[" + strings.Repeat("1,", skiplocked.DefaultMaxPayloadBytes/2-2) + "1]")
-	if len(arr) > skiplocked.DefaultMaxPayloadBytes {
+	arr := []byte("[" + strings.Repeat("1,", maxPayloadBytes/2-2) + "1]")
+	if len(arr) > maxPayloadBytes {
 		t.Fatalf("test payload is %d bytes", len(arr))
 	}
 	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: arr}); !errors.Is(err, skiplocked.ErrInvalidPayload) {
@@ -310,3 +310,7 @@ func pgerrCode(err error) string {
 	}
 	return ""
 }
+
+// maxPayloadBytes is the largest payload a job may have: 1 MiB, the table's
+// limit (EnqueueParams.MaxPayloadBytes).
+const maxPayloadBytes = 1 << 20

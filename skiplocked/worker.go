@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/internal/holder"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
@@ -193,10 +192,6 @@ func (w *Worker) Summary() Summary {
 // the jobs it claims.
 func (w *Worker) Holder() string { return w.cfg.Holder }
 
-// DefaultHolder returns "hostname/pid/random" with 8 random hex digits, the
-// default [Config].Holder, so that two workers in one process differ.
-func DefaultHolder() string { return holder.Default() }
-
 // Run claims and handles jobs until ctx is cancelled, then shuts down
 // gracefully and returns nil:
 //
@@ -213,7 +208,7 @@ func DefaultHolder() string { return holder.Default() }
 // must honour their ctx. Run (or Drain) may be called once per Worker;
 // [Worker.Summary] tells what it did.
 //
-// Claims are woken by NOTIFY on [NotifyChannel] and by polling every
+// Claims are woken by NOTIFY on pgfence_jobs and by polling every
 // [Config.PollInterval]. A handler's completion is written as soon as an
 // outcome writer is free, never held back to fill a batch: it waits at most
 // for the outcome statements already in flight (each bounded by
@@ -232,7 +227,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // workers' claims included), then shuts down as Run does and returns its
 // [Summary] with a nil error.
 //
-// Enqueue the whole batch before starting Drain ([EnqueueMany]): a job
+// Enqueue the whole batch before starting Drain ([Enqueue]): a job
 // enqueued after the queue was found empty is left for the next run. Several
 // workers may drain the same queue. A failed attempt with a long backoff
 // keeps the drain waiting: set [Config.Backoff] for imports. Give each batch

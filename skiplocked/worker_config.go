@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/holder"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
@@ -16,11 +17,12 @@ import (
 // Config tunes a [Worker]. A nil *Config uses every default.
 type Config struct {
 	// Holder identifies this worker in the holder column of its claims,
-	// 1..[MaxHolderBytes] bytes. Defaults to [DefaultHolder]().
+	// 1..512 bytes. Defaults to "hostname/pid/random" with 8 random hex
+	// digits, so that two workers in one process differ.
 	Holder string
 	// Concurrency is the number of jobs handled at once, 1..1000. Defaults to 4.
 	Concurrency int
-	// BatchSize is the most jobs one claim statement takes, 1..[MaxBatch].
+	// BatchSize is the most jobs one claim statement takes, 1..10,000.
 	// The worker holds at most Concurrency + 2*BatchSize claims whose
 	// handler has not returned, so the next batches are claimed while the
 	// current one is handled; a claim whose handler returned is held until
@@ -28,7 +30,7 @@ type Config struct {
 	// [Worker.Run]). Defaults to Concurrency.
 	BatchSize int
 	// ClaimTTL is the length of a leased claim on the database clock,
-	// [MinClaimTTL]..[MaxClaimTTL]. A claim of a worker that dies comes back
+	// 100ms..24h. A claim of a worker that dies comes back
 	// after at most ClaimTTL. Defaults to 30s.
 	ClaimTTL time.Duration
 	// RenewInterval is how often the claims held are extended, in one
@@ -42,7 +44,7 @@ type Config struct {
 	PollInterval time.Duration
 	// PollOnly disables LISTEN, for PgBouncer in transaction pooling mode
 	// where LISTEN does not work. Defaults to false: one dedicated
-	// connection LISTENs on [NotifyChannel].
+	// connection LISTENs on pgfence_jobs.
 	PollOnly bool
 	// Backoff gives the retry delay after a failed attempt (1-based).
 	// Defaults to [DefaultBackoff].
@@ -81,7 +83,7 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 		c = *cfg
 	}
 	if c.Holder == "" {
-		c.Holder = DefaultHolder()
+		c.Holder = holder.Default()
 	}
 	if err := checkHolder(c.Holder); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)

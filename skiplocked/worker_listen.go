@@ -6,18 +6,18 @@ import (
 	"github.com/pgfence/pgfence/internal/notify"
 )
 
-// listen holds one connection LISTENing on NotifyChannel until ctx ends and
+// listen holds one connection LISTENing on notifyChannel until ctx ends and
 // wakes the fetcher when a notification names this worker's queue. It
 // reconnects after failures, waking the fetcher each time since
 // notifications may have been missed.
 func (w *Worker) listen(ctx context.Context, wake chan<- struct{}) {
 	n := notify.New(w.pool, notify.Config{
-		Channels: []string{NotifyChannel},
+		Channels: []string{notifyChannel},
 		Logger:   w.cfg.Logger,
 		DownMsg:  "skiplocked: listener failed; polling until it reconnects",
 		UpMsg:    "skiplocked: listening",
 	})
-	sub := n.SubscribePayload(NotifyChannel, w.queue)
+	sub := n.SubscribePayload(notifyChannel, w.queue)
 	n.Start()
 	defer n.Stop()
 	for {

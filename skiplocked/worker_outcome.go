@@ -73,10 +73,10 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 			}
 		}
 		if len(done) > 0 {
-			w.finish(ctx, "complete", done, CompleteMany)
+			w.finish(ctx, "complete", done, Complete)
 		}
 		if len(release) > 0 {
-			w.finish(ctx, "release", release, ReleaseMany)
+			w.finish(ctx, "release", release, Release)
 		}
 		w.mu.Lock()
 		for _, r := range batch {
@@ -135,7 +135,7 @@ func retryConn(ctx context.Context, op func() error) error {
 	return err
 }
 
-func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, DBTX, []ClaimRef) ([]ClaimRef, error)) {
+func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, DBTX, ...ClaimRef) error) {
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
 	defer cancel()
 	refs := make([]ClaimRef, len(rs))
@@ -143,8 +143,7 @@ func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(cont
 		refs[i] = r.h.ref
 	}
 	err := retryConn(cctx, func() (err error) {
-		_, err = f(cctx, w.pool, refs)
-		return err
+		return f(cctx, w.pool, refs...)
 	})
 	lost := map[ClaimRef]*ClaimLostError{}
 	if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
@@ -188,7 +187,7 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	err := retryConn(cctx, func() (err error) {
 		job, err = Fail(cctx, w.pool, r.h.ref, FailParams{
 			Error:   msg,
-			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), MaxRetryDelay),
+			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), maxRetryDelay),
 			GiveUp:  errors.As(r.err, &perm),
 		})
 		return err
@@ -204,7 +203,7 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		} else {
 			w.stats.failed.Add(1)
 		}
-	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == OutcomeCompleted:
+	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == outcomeCompleted:
 		// A commit whose reply was lost did land after all (see runTx).
 		w.stats.completed.Add(1)
 		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)

@@ -28,18 +28,18 @@ func (w *Worker) renewLoop(ctx context.Context) {
 		}
 		w.mu.Unlock()
 		for len(refs) > 0 {
-			chunk := refs[:min(len(refs), MaxBatch)]
+			chunk := refs[:min(len(refs), maxBatch)]
 			refs = refs[len(chunk):]
 			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later renewal is useless
-			var lost []ClaimRef
 			err := retryConn(hctx, func() (err error) {
-				_, lost, err = RenewMany(hctx, w.pool, chunk, w.cfg.ClaimTTL)
+				_, _, err = renew(hctx, w.pool, w.cfg.ClaimTTL, chunk)
 				return err
 			})
 			cancel()
+			var lost []ClaimRef
 			var details []*ClaimLostError
 			if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
-				err, details = nil, cl.Details // the lost claims are cancelled below
+				err, lost, details = nil, cl.Lost, cl.Details // the lost claims are cancelled below
 			}
 			if err != nil {
 				w.cfg.Logger.Warn("skiplocked: claim renewal failed", "claims", len(chunk), "err", err)
@@ -52,7 +52,7 @@ func (w *Worker) renewLoop(ctx context.Context) {
 					continue
 				}
 				d := details[i]
-				if d != nil && d.CurrentToken == r.Token && (d.Outcome == OutcomeCompleted || d.Outcome == OutcomeFailed || d.Outcome == OutcomeReleased) {
+				if d != nil && d.CurrentToken == r.Token && (d.Outcome == outcomeCompleted || d.Outcome == outcomeFailed || d.Outcome == outcomeReleased) {
 					h.ended = true
 					continue
 				}

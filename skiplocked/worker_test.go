@@ -153,10 +153,7 @@ func TestWorkerWakesOnNotify(t *testing.T) {
 		&skiplocked.Config{PollInterval: time.Hour})
 	stop := runWorker(t, w)
 	waitFor(t, "the listener connection", func() bool { return listenerCount(t, pool) == 1 })
-	j, err := skiplocked.Enqueue(context.Background(), pool, skiplocked.EnqueueParams{Queue: "notify"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	j := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "notify"})
 	select {
 	case id := <-got:
 		if id != j.ID {
@@ -268,14 +265,8 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ids := enqueueN(t, pool, "retry", 1, 3)
-	permID, err := skiplocked.Enqueue(context.Background(), pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"perm":true}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	panicID, err := skiplocked.Enqueue(context.Background(), pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"panic":true}`), MaxAttempts: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	permID := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"perm":true}`)})
+	panicID := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"panic":true}`), MaxAttempts: 1})
 	var calls sync.Map
 	var backoffs []int
 	var mu sync.Mutex
@@ -396,7 +387,7 @@ func TestWorkerConfigValidation(t *testing.T) {
 		"negative concurrency": {Concurrency: -1},
 		"huge concurrency":     {Concurrency: 5000},
 		"negative batch":       {BatchSize: -1},
-		"huge batch":           {BatchSize: skiplocked.MaxBatch + 1},
+		"huge batch":           {BatchSize: 10001},
 		"tiny TTL":             {ClaimTTL: time.Millisecond},
 		"huge TTL":             {ClaimTTL: 48 * time.Hour},
 		"heartbeat >= TTL":     {ClaimTTL: time.Second, RenewInterval: time.Second},

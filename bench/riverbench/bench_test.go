@@ -125,7 +125,7 @@ func enqueue(b *testing.B, pool *pgxpool.Pool, queue string, n int) {
 		for i := range ps {
 			ps[i] = skiplocked.EnqueueParams{Queue: queue}
 		}
-		if _, err := skiplocked.EnqueueMany(context.Background(), pool, ps); err != nil {
+		if _, err := skiplocked.Enqueue(context.Background(), pool, ps...); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -168,7 +168,7 @@ func BenchmarkPgfenceWorker(b *testing.B) {
 }
 
 // BenchmarkPgfenceClaimComplete: 8 goroutines loop skiplocked.Claim(batch)
-// + CompleteMany until the queue is empty.
+// + Complete until the queue is empty.
 func BenchmarkPgfenceClaimComplete(b *testing.B) {
 	for _, batch := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
@@ -194,7 +194,7 @@ func BenchmarkPgfenceClaimComplete(b *testing.B) {
 						for k, j := range js {
 							refs[k] = j.Ref()
 						}
-						if _, err := skiplocked.CompleteMany(ctx, pool, refs); err != nil {
+						if err := skiplocked.Complete(ctx, pool, refs...); err != nil {
 							b.Error(err)
 							return
 						}

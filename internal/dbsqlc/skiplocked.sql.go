@@ -465,41 +465,6 @@ func (q *Queries) HeartbeatJobs(ctx context.Context, db DBTX, arg HeartbeatJobsP
 	return items, nil
 }
 
-const queueDepth = `-- name: QueueDepth :one
-SELECT pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
-       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.>) pg_catalog.now()))           AS scheduled,
-       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.>) pg_catalog.now()))   AS running,
-       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))  AS expired,
-       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'completed'))                              AS completed,
-       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'dead'))                                   AS dead
-FROM pgfence.jobs
-WHERE (queue OPERATOR(pg_catalog.=) $1)
-`
-
-type QueueDepthRow struct {
-	Available int64
-	Scheduled int64
-	Running   int64
-	Expired   int64
-	Completed int64
-	Dead      int64
-}
-
-// QueueDepth counts the jobs of one queue per state, on the database clock.
-func (q *Queries) QueueDepth(ctx context.Context, db DBTX, queue string) (QueueDepthRow, error) {
-	row := db.QueryRow(ctx, queueDepth, queue)
-	var i QueueDepthRow
-	err := row.Scan(
-		&i.Available,
-		&i.Scheduled,
-		&i.Running,
-		&i.Expired,
-		&i.Completed,
-		&i.Dead,
-	)
-	return i, err
-}
-
 const queueDepths = `-- name: QueueDepths :many
 SELECT queue,
        pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
@@ -533,6 +498,59 @@ func (q *Queries) QueueDepths(ctx context.Context, db DBTX) ([]QueueDepthsRow, e
 	var items []QueueDepthsRow
 	for rows.Next() {
 		var i QueueDepthsRow
+		if err := rows.Scan(
+			&i.Queue,
+			&i.Available,
+			&i.Scheduled,
+			&i.Running,
+			&i.Expired,
+			&i.Completed,
+			&i.Dead,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const queueDepthsOf = `-- name: QueueDepthsOf :many
+SELECT queue,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.<=) pg_catalog.now()))          AS available,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'available') AND (run_at OPERATOR(pg_catalog.>) pg_catalog.now()))           AS scheduled,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.>) pg_catalog.now()))   AS running,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'running') AND (claim_expires_at OPERATOR(pg_catalog.<=) pg_catalog.now()))  AS expired,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'completed'))                              AS completed,
+       pg_catalog.count(*) FILTER (WHERE (state OPERATOR(pg_catalog.=) 'dead'))                                   AS dead
+FROM pgfence.jobs
+WHERE (queue OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.text[]))
+GROUP BY queue
+ORDER BY queue
+`
+
+type QueueDepthsOfRow struct {
+	Queue     string
+	Available int64
+	Scheduled int64
+	Running   int64
+	Expired   int64
+	Completed int64
+	Dead      int64
+}
+
+// QueueDepthsOf counts the jobs of the queues named per state, on the database clock.
+func (q *Queries) QueueDepthsOf(ctx context.Context, db DBTX, queues []string) ([]QueueDepthsOfRow, error) {
+	rows, err := db.Query(ctx, queueDepthsOf, queues)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []QueueDepthsOfRow
+	for rows.Next() {
+		var i QueueDepthsOfRow
 		if err := rows.Scan(
 			&i.Queue,
 			&i.Available,

@@ -59,7 +59,7 @@ func TestPythonAndGoDrainOneQueue(t *testing.T) {
 	for i := range ps {
 		ps[i] = skiplocked.EnqueueParams{Queue: jobQueue, Payload: json.RawMessage(fmt.Sprintf(`{"n": %d, "fail_once": %v}`, i, i%10 == 0))}
 	}
-	if _, err := skiplocked.EnqueueMany(ctx, admin, ps); err != nil {
+	if _, err := skiplocked.Enqueue(ctx, admin, ps...); err != nil {
 		t.Fatal(err)
 	}
 

@@ -211,10 +211,8 @@ func TestClientStatementsRunNoPlant(t *testing.T) {
 		                              fence bigint NOT NULL DEFAULT 0);
 		CREATE TABLE public.ledger (store text NOT NULL, id int NOT NULL, v text, fence bigint NOT NULL DEFAULT 0,
 		                            PRIMARY KEY (store, id));
-		CREATE TABLE public.tasks (id bigint PRIMARY KEY, state text NOT NULL, due timestamptz NOT NULL DEFAULT now());
-		INSERT INTO public.tasks SELECT g, 'ready' FROM generate_series(1, 20) AS g;
 		SELECT pgfence.guard('public.ledger', lock_name_column => 'store', mode => 'reentrant');
-		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger, public.tasks TO `+appID); err != nil {
+		GRANT SELECT, INSERT, UPDATE, DELETE ON public.accounts, public.ledger TO `+appID); err != nil {
 		t.Fatal(err)
 	}
 
@@ -479,8 +477,8 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 
 	// Jobs.
 	queue := "jobs-" + sfx
-	ids, err := skiplocked.EnqueueMany(ctx, pool, []skiplocked.EnqueueParams{{Queue: queue}, {Queue: queue, RunAt: time.Now().Add(-time.Second)}, {Queue: queue}, {Queue: queue}})
-	must("EnqueueMany", err)
+	ids, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: queue}, {Queue: queue, RunAt: time.Now().Add(-time.Second)}, {Queue: queue}, {Queue: queue}}...)
+	must("Enqueue batch", err)
 	_, err = skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: queue, Payload: json.RawMessage(`{"x":1}`), MaxAttempts: 2})
 	must("Enqueue", err)
 	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: queue, Holder: "w-" + sfx, Limit: 4, TTL: time.Minute})
@@ -488,10 +486,10 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	if len(jobs) != 4 {
 		t.Fatalf("claimed %d jobs, want 4", len(jobs))
 	}
-	_, err = skiplocked.Renew(ctx, pool, jobs[0].Ref(), time.Minute)
+	_, err = skiplocked.Renew(ctx, pool, time.Minute, jobs[0].Ref())
 	must("Renew", err)
-	_, _, err = skiplocked.RenewMany(ctx, pool, []skiplocked.ClaimRef{jobs[0].Ref(), jobs[1].Ref()}, time.Minute)
-	must("RenewMany", err)
+	_, err = skiplocked.Renew(ctx, pool, time.Minute, jobs[0].Ref(), jobs[1].Ref())
+	must("Renew batch", err)
 	must("Complete", skiplocked.Complete(ctx, pool, jobs[0].Ref()))
 	_, err = skiplocked.Fail(ctx, pool, jobs[1].Ref(), skiplocked.FailParams{Error: "boom", RetryIn: time.Millisecond})
 	must("Fail", err)
@@ -500,20 +498,20 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Release", skiplocked.Release(ctx, pool, jobs[3].Ref()))
 	_, err = skiplocked.GetJob(ctx, pool, ids[0])
 	must("GetJob", err)
-	_, err = skiplocked.QueueDepth(ctx, pool, queue)
-	must("QueueDepth", err)
+	_, err = skiplocked.QueueDepths(ctx, pool, queue)
+	must("QueueDepths of a queue", err)
 	_, err = skiplocked.QueueDepths(ctx, pool)
 	must("QueueDepths", err)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		js, err := skiplocked.ClaimJobsTx(ctx, tx, queue, 2)
+		js, err := skiplocked.ClaimTx(ctx, tx, queue, 2)
 		if err != nil || len(js) == 0 {
-			return fmt.Errorf("ClaimJobsTx: %d jobs, %v", len(js), err)
+			return fmt.Errorf("ClaimTx: %d jobs, %v", len(js), err)
 		}
-		if err := skiplocked.CompleteJobTx(ctx, tx, js[0].ID); err != nil {
+		if err := skiplocked.CompleteTx(ctx, tx, js[0].ID); err != nil {
 			return err
 		}
 		if len(js) > 1 {
-			_, err = skiplocked.FailJobTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Millisecond})
+			_, err = skiplocked.FailTx(ctx, tx, js[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Millisecond})
 		}
 		return err
 	})
@@ -525,14 +523,6 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Worker.Drain", err)
 	_, err = skiplocked.DeleteFinished(ctx, pool, time.Now().Add(time.Hour), 100)
 	must("DeleteFinished", err)
-	tc, err := skiplocked.NewTxClaimer(ctx, pool, skiplocked.Spec{Schema: "public", Table: "tasks", Key: []string{"id"},
-		Where: []skiplocked.Cond{{Column: "state", Op: skiplocked.OpEq, Value: "ready"}}, OrderBy: []skiplocked.Order{{Column: "due"}}, Limit: 2})
-	must("NewTxClaimer", err)
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := skiplocked.ClaimTx(ctx, tx, tc, pgx.RowTo[int64])
-		return err
-	})
-	must("ClaimTx", err)
 
 	// Advisory locks.
 	k := advisory.MustName("adv:" + sfx)

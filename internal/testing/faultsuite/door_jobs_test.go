@@ -42,24 +42,24 @@ func TestJobDoorAppPaths(t *testing.T) {
 	for range 5 {
 		many = append(many, skiplocked.EnqueueParams{Queue: "door", MaxAttempts: 1})
 	}
-	if ids, err := skiplocked.EnqueueMany(ctx, app, many); err != nil || len(ids) != 5 {
+	if ids, err := skiplocked.Enqueue(ctx, app, many...); err != nil || len(ids) != 5 {
 		t.Fatalf("enqueue many: %v %v", ids, err)
 	}
 	js, err := skiplocked.Claim(ctx, app, skiplocked.ClaimParams{Queue: "door", Holder: "app", Limit: 4, TTL: time.Minute})
 	if err != nil || len(js) != 4 {
 		t.Fatalf("claim: %v %v", js, err)
 	}
-	if _, err := skiplocked.Renew(ctx, app, js[0].Ref(), time.Hour); err != nil {
+	if _, err := skiplocked.Renew(ctx, app, time.Hour, js[0].Ref()); err != nil {
 		t.Fatalf("renew: %v", err)
 	}
-	if _, lost, err := skiplocked.RenewMany(ctx, app, []skiplocked.ClaimRef{js[0].Ref(), js[1].Ref()}, time.Hour); err != nil || len(lost) != 0 {
-		t.Fatalf("renew many: %v %v", lost, err)
+	if exp, err := skiplocked.Renew(ctx, app, time.Hour, js[0].Ref(), js[1].Ref()); err != nil || len(exp) != 2 {
+		t.Fatalf("renew two: %v %v", exp, err)
 	}
 	if err := skiplocked.Complete(ctx, app, js[0].Ref()); err != nil {
 		t.Fatalf("complete: %v", err)
 	}
-	if lost, err := skiplocked.CompleteMany(ctx, app, []skiplocked.ClaimRef{js[1].Ref()}); err != nil || lost != nil {
-		t.Fatalf("complete many: %v %v", lost, err)
+	if err := skiplocked.Complete(ctx, app, js[1].Ref()); err != nil {
+		t.Fatalf("complete: %v", err)
 	}
 	if j, err := skiplocked.Fail(ctx, app, js[2].Ref(), skiplocked.FailParams{Error: "boom"}); err != nil || j.State != skiplocked.StateDead {
 		t.Fatalf("fail (max attempts 1): %+v %v", j, err)
@@ -67,8 +67,8 @@ func TestJobDoorAppPaths(t *testing.T) {
 	if err := skiplocked.Release(ctx, app, js[3].Ref()); err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	if lost, err := skiplocked.ReleaseMany(ctx, app, []skiplocked.ClaimRef{js[3].Ref()}); err != nil || lost != nil {
-		t.Fatalf("release many (already released: done): %v %v", lost, err)
+	if err := skiplocked.Release(ctx, app, js[3].Ref()); err != nil {
+		t.Fatalf("release again (already released: done): %v", err)
 	}
 
 	// In-transaction claims.
@@ -76,14 +76,14 @@ func TestJobDoorAppPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	txJobs, err := skiplocked.ClaimJobsTx(ctx, tx, "door", 2)
+	txJobs, err := skiplocked.ClaimTx(ctx, tx, "door", 2)
 	if err != nil || len(txJobs) != 2 {
 		t.Fatalf("claim in transaction: %v %v", txJobs, err)
 	}
-	if err := skiplocked.CompleteJobTx(ctx, tx, txJobs[0].ID); err != nil {
+	if err := skiplocked.CompleteTx(ctx, tx, txJobs[0].ID); err != nil {
 		t.Fatalf("complete in transaction: %v", err)
 	}
-	if _, err := skiplocked.FailJobTx(ctx, tx, txJobs[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Hour}); err != nil {
+	if _, err := skiplocked.FailTx(ctx, tx, txJobs[1].ID, skiplocked.FailParams{Error: "tx boom", RetryIn: time.Hour}); err != nil {
 		t.Fatalf("fail in transaction: %v", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -97,7 +97,7 @@ func TestJobDoorAppPaths(t *testing.T) {
 		for range 20 {
 			ps = append(ps, skiplocked.EnqueueParams{Queue: queue})
 		}
-		if _, err := skiplocked.EnqueueMany(ctx, app, ps); err != nil {
+		if _, err := skiplocked.Enqueue(ctx, app, ps...); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -122,9 +122,9 @@ func TestJobDoorAppPaths(t *testing.T) {
 		t.Fatalf("the workers ran %d jobs, want 40", done.Load())
 	}
 	for _, q := range []string{"door-w", "door-tx"} {
-		d, err := skiplocked.QueueDepth(ctx, app, q)
-		if err != nil || d.Completed != 20 || d.Unfinished() != 0 {
-			t.Fatalf("depth of %s: %+v %v", q, d, err)
+		ds, err := skiplocked.QueueDepths(ctx, app, q)
+		if err != nil || ds[0].Completed != 20 || ds[0].Unfinished() != 0 {
+			t.Fatalf("depth of %s: %+v %v", q, ds, err)
 		}
 	}
 	if n, err := skiplocked.DeleteFinished(ctx, app, time.Now().Add(time.Hour), 100); err != nil || n < 40 {
@@ -143,7 +143,7 @@ func TestJobDoorProbes(t *testing.T) {
 	ctx := context.Background()
 	_, _, app, _ := integritySetup(t, ctx)
 
-	ids, err := skiplocked.EnqueueMany(ctx, app, []skiplocked.EnqueueParams{{Queue: "probe"}, {Queue: "probe"}})
+	ids, err := skiplocked.Enqueue(ctx, app, []skiplocked.EnqueueParams{{Queue: "probe"}, {Queue: "probe"}}...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func TestJobDoorProbes(t *testing.T) {
 	}
 
 	// The claimer's own calls still work.
-	if _, err := skiplocked.Renew(ctx, app, victim.Ref(), time.Minute); err != nil {
+	if _, err := skiplocked.Renew(ctx, app, time.Minute, victim.Ref()); err != nil {
 		t.Fatalf("victim's renew: %v", err)
 	}
 	if err := skiplocked.Complete(ctx, app, victim.Ref()); err != nil {

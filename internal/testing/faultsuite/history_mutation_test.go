@@ -356,11 +356,11 @@ func completeStaleClaim(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 	ctx := testCtx(t)
 	rec := history.New()
 	x, y := rec.NewClient(), rec.NewClient()
-	job, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "mut"})
+	jobIDs, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "mut"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	known := []int64{job.ID}
+	known := []int64{jobIDs[0]}
 	xs, err := x.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "mut", Holder: "x", Limit: 1, TTL: 100 * time.Millisecond}, known)
 	if err != nil || len(xs) != 1 {
 		t.Fatalf("x's claim: %v, %v", xs, err)
@@ -381,8 +381,8 @@ func completeStaleClaim(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 		mutateFunction(t, ctx, pool, fnJobComplete, "AND j.claim_token = c.t AND j.claim_key_hash = sha256(c.k)", "")
 	}
 	q := shipped(t, "skiplocked.sql", "CompleteJobs")
-	p := rec.Begin(x.ID(), history.Input{Kind: history.Complete, Key: history.JobKey(job.ID), Token: xs[0].ClaimToken})
-	rows, err := pool.Query(ctx, q.sql, q.args(t, map[string]any{"ids": []int64{job.ID}, "claim_tokens": []int64{xs[0].ClaimToken},
+	p := rec.Begin(x.ID(), history.Input{Kind: history.Complete, Key: history.JobKey(jobIDs[0]), Token: xs[0].ClaimToken})
+	rows, err := pool.Query(ctx, q.sql, q.args(t, map[string]any{"ids": []int64{jobIDs[0]}, "claim_tokens": []int64{xs[0].ClaimToken},
 		"keys": [][]byte{xs[0].ClaimKey[:]}})...)
 	if err != nil {
 		t.Fatal(err)

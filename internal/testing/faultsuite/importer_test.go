@@ -518,7 +518,7 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 		trap := i%every == every/2
 		ps[i] = skiplocked.EnqueueParams{Queue: queue, MaxAttempts: 1000, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d,"trap":%v}`, i, trap))}
 	}
-	if _, err := skiplocked.EnqueueMany(ctx, admin, ps); err != nil {
+	if _, err := skiplocked.Enqueue(ctx, admin, ps...); err != nil {
 		t.Fatal(err)
 	}
 	r := &importRun{t: t, dsn: dsn, queue: queue, mode: mode, ttl: time.Second + 100*rtt, admin: admin,
@@ -666,8 +666,12 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 	r.rec.Verify(t)
 
 	// What must hold in every mode.
-	d, err := skiplocked.QueueDepth(ctx, admin, queue)
-	if err != nil || d.Completed != int64(jobs) || d.Unfinished() != 0 || d.Dead != 0 {
+	ds, err := skiplocked.QueueDepths(ctx, admin, queue)
+	if err != nil {
+		t.Fatalf("%s import: queue depth: %v", mode, err)
+	}
+	d := ds[0]
+	if d.Completed != int64(jobs) || d.Unfinished() != 0 || d.Dead != 0 {
 		t.Fatalf("%s import: queue depth %+v (%v), want all %d jobs completed", mode, d, err, jobs)
 	}
 	r.mu.Lock()

@@ -830,7 +830,7 @@ func TestKilledClaimer(t *testing.T) {
 		for i := range batch {
 			batch[i] = skiplocked.EnqueueParams{Queue: queue, MaxAttempts: 1000}
 		}
-		got, err := skiplocked.EnqueueMany(ctx, admin, batch)
+		got, err := skiplocked.Enqueue(ctx, admin, batch...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -997,8 +997,8 @@ func TestKilledClaimer(t *testing.T) {
 func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	t.Helper()
 	ctx := context.Background()
-	const ttl = skiplocked.MinClaimTTL
-	j, err := skiplocked.Enqueue(ctx, admin, skiplocked.EnqueueParams{Queue: queue})
+	const ttl = 100 * time.Millisecond
+	ids, err := skiplocked.Enqueue(ctx, admin, skiplocked.EnqueueParams{Queue: queue})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1006,7 +1006,7 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	poolA := appPool(t, dsn, appA, 1)
 	poolB := appPool(t, dsn, "faults-claimer-b", 1)
 	a, err := skiplocked.Claim(ctx, poolA, skiplocked.ClaimParams{Queue: queue, Holder: "A", Limit: 1, TTL: ttl})
-	if err != nil || len(a) != 1 || a[0].ID != j.ID {
+	if err != nil || len(a) != 1 || a[0].ID != ids[0] {
 		t.Fatalf("A's claim: %v %v", a, err)
 	}
 	if n, err := terminateApp(ctx, admin, appA); err != nil || n != 1 {
@@ -1014,7 +1014,7 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	}
 	time.Sleep(ttl + 50*time.Millisecond)
 	b, err := skiplocked.Claim(ctx, poolB, skiplocked.ClaimParams{Queue: queue, Holder: "B", Limit: 1, TTL: time.Minute})
-	if err != nil || len(b) != 1 || b[0].ID != j.ID {
+	if err != nil || len(b) != 1 || b[0].ID != ids[0] {
 		t.Fatalf("B's claim: %v %v", b, err)
 	}
 	refused := 0

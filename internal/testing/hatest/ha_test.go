@@ -346,10 +346,11 @@ func (s *scenario) finish() summary {
 	// Jobs: all completed; the Worker's effects exactly once; every
 	// acknowledged raw completion is the job's final one.
 	for _, q := range []string{txQueue, rawQueue} {
-		d, err := skiplocked.QueueDepth(ctx, s.pool, q)
+		ds, err := skiplocked.QueueDepths(ctx, s.pool, q)
 		if err != nil {
 			t.Fatal(err)
 		}
+		d := ds[0]
 		total := d.Total()
 		sum.Jobs += int(total)
 		if d.Completed != total {

@@ -519,7 +519,7 @@ func (s *scenario) produce() {
 			ps = append(ps, skiplocked.EnqueueParams{Queue: q, Payload: json.RawMessage(`{}`)})
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
-		ids, err := skiplocked.EnqueueMany(ctx, s.pool, ps)
+		ids, err := skiplocked.Enqueue(ctx, s.pool, ps...)
 		cancel()
 		if err != nil {
 			s.rec.err("enqueue", err)

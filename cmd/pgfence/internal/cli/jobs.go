@@ -67,17 +67,16 @@ finished ones included.`,
 			}
 			defer pool.Close()
 			if cmd.Flags().Changed("queue") {
-				d, err := skiplocked.QueueDepth(ctx, pool, queue)
+				depths, err = skiplocked.QueueDepths(ctx, pool, queue)
 				if errors.Is(err, skiplocked.ErrInvalidQueue) {
 					return withCode(ExitUsage, err)
-				}
-				if errors.Is(err, skiplocked.ErrNoJobs) {
-					return withCode(ExitNotFound, fmt.Errorf("queue %s has no jobs (misspelt, or its jobs were deleted)", termSafe(queue)))
 				}
 				if err != nil {
 					return err
 				}
-				depths = []skiplocked.Depth{d}
+				if depths[0].Total() == 0 {
+					return withCode(ExitNotFound, fmt.Errorf("queue %s has no jobs (misspelt, or its jobs were deleted)", termSafe(queue)))
+				}
 			} else if depths, err = skiplocked.QueueDepths(ctx, pool); err != nil {
 				return err
 			}

@@ -25,7 +25,7 @@ func TestJobsCommand(t *testing.T) {
 		ps = append(ps, skiplocked.EnqueueParams{Queue: "catalogue/2024-06-01", MaxAttempts: 1})
 	}
 	ps = append(ps, skiplocked.EnqueueParams{Queue: "emails"})
-	if _, err := skiplocked.EnqueueMany(ctx, pool, ps); err != nil {
+	if _, err := skiplocked.Enqueue(ctx, pool, ps...); err != nil {
 		t.Fatal(err)
 	}
 	jobs, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "catalogue/2024-06-01", Holder: "w", Limit: 3, TTL: time.Minute})

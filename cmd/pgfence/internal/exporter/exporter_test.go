@@ -193,12 +193,12 @@ func TestExportLocksAndJobs(t *testing.T) {
 	// by the trigger jobs_count_dead_insert.
 	exec(t, pool, `INSERT INTO pgfence.jobs(queue, state, finished_at) VALUES
 		('mail', 'completed', now()), ('mail', 'dead', now()), ('sms', 'dead', now()), ('sms', 'dead', now())`)
-	j, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "push", MaxAttempts: 1})
+	ids, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "push", MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	claimed, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "push", Holder: "w", Limit: 1, TTL: time.Minute})
-	if err != nil || len(claimed) != 1 || claimed[0].ID != j.ID {
+	if err != nil || len(claimed) != 1 || claimed[0].ID != ids[0] {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
 	if _, err := skiplocked.Fail(ctx, pool, claimed[0].Ref(), skiplocked.FailParams{Error: "boom"}); err != nil {
@@ -324,7 +324,7 @@ func TestExportDeadCounterNeverGoesDown(t *testing.T) {
 	if err := skiplocked.Complete(ctx, pool, jobs[2].Ref()); err != nil {
 		t.Fatal(err)
 	}
-	expiring := claim(1, skiplocked.MinClaimTTL)
+	expiring := claim(1, 100*time.Millisecond)
 	exec(t, pool, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", expiring[0].ID)
 	if got, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute}); err != nil || len(got) != 0 {
 		t.Fatalf("claim after expiry: %v %v", got, err)
