@@ -73,9 +73,9 @@ var (
 )
 
 // Error is the error of every pgfence operation that failed. Kind is one of
-// the sentinels above (nil for a database or connection failure); Err is
-// the cause, if any (the driver's error, a context's error). Both match
-// errors.Is and errors.As. The other fields say what the operation was
+// the sentinels above (nil for a database or connection failure), matched
+// by errors.Is; Err is the cause, if any (the driver's error, a context's
+// error), matched by errors.Is and errors.As. The other fields say what the operation was
 // about, where known.
 type Error struct {
 	Op        string    // the operation: "pglock.Acquire", "skiplocked.Complete", ...
@@ -118,21 +118,19 @@ func (e *Error) Error() string {
 	return b.String()
 }
 
-// Unwrap returns the kind and the cause, so errors.Is and errors.As see
-// both. A database failure that says the schema is missing has the kind
-// [ErrNoSchema].
-func (e *Error) Unwrap() []error {
-	var out []error
+// Is reports whether target is e's kind. A database failure that says the
+// schema is missing is [ErrNoSchema]. (errors.Is then looks at the cause.)
+func (e *Error) Is(target error) bool {
 	if e.Kind != nil {
-		out = append(out, e.Kind)
-	} else if pgerr.SchemaMissing(e.Err) {
-		out = append(out, ErrNoSchema)
+		return target == e.Kind
 	}
-	if e.Err != nil {
-		out = append(out, e.Err)
-	}
-	return out
+	return target == ErrNoSchema && pgerr.SchemaMissing(e.Err)
 }
+
+// Unwrap returns the cause, so errors.Is and errors.As see it (a
+// *pgconn.PgError, a context's error). It allocates nothing: errors.Is on
+// the hot paths is free.
+func (e *Error) Unwrap() error { return e.Err }
 
 // IsRetryable reports whether running the operation (its whole transaction)
 // again may succeed: the connection was lost, the server rolled the

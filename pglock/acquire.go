@@ -81,29 +81,31 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		return nil, err
 	}
 	start := time.Now()
-	lease, waited, err := l.acquireWaited(ctx, name, ttl, waitOpts{op: op})
+	lease, waited, err := l.acquireWaited(ctx, op, name, ttl, waitOpts{})
 	l.recordAcquire(ctx, name, start, waited, lease, err)
 	return lease, err
 }
 
 // acquireWaited is acquire, also reporting whether it had to wait.
-func (l *Locker) acquireWaited(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, bool, error) {
+func (l *Locker) acquireWaited(ctx context.Context, op, name string, ttl time.Duration, o waitOpts) (*Lease, bool, error) {
 	waited := false
 	o.onWait = func() { waited = true }
-	lease, err := l.acquire(ctx, name, ttl, o)
+	lease, err := l.acquire(ctx, op, name, ttl, o)
 	return lease, waited, err
 }
 
 // waitOpts adjust acquire for the election campaign.
 type waitOpts struct {
-	op       string        // the exported call, for errors
 	cap      time.Duration // longest single sleep; 0 = Config.PollInterval
 	retryErr time.Duration // > 0: retry database errors after this long instead of returning them
 	onErr    func(error)
 	onWait   func() // called before each sleep
 }
 
-func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
+// op is the exported call, for errors: a separate argument, not a field of
+// o, so that o (whose onWait closure the caller keeps on its stack) does not
+// escape with it (escape analysis does not tell a struct's fields apart).
+func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
 	var w *waiter
 	queued, got := false, false // QueueGrant ran (the waiter may be in the queue); a lease is returned
 	defer func() {
@@ -146,7 +148,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 	}
 	for {
 		if l.isClosed() {
-			return nil, closedError(o.op, name)
+			return nil, closedError(op, name)
 		}
 		kind := attemptTry
 		switch {
@@ -161,7 +163,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 				queuedAt = time.Now()
 			}
 		}
-		lease, locked, wait, err := l.grant(ctx, o.op, name, ttl, kind, w)
+		lease, locked, wait, err := l.grant(ctx, op, name, ttl, kind, w)
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -174,7 +176,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			if o.onErr != nil {
 				o.onErr(err)
 			}
-			locked, wait = &pgfence.Error{Op: o.op, Kind: pgfence.ErrLocked, Name: name}, o.retryErr
+			locked, wait = &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name}, o.retryErr
 		} else if w == nil && l.lis != nil {
 			// Register before the next attempt: a release that commits after
 			// that attempt is then seen by the listener (or, if the listener
@@ -233,7 +235,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			locked.Err = context.Cause(ctx)
 			return nil, locked
 		case turnClosed:
-			return nil, closedError(o.op, name)
+			return nil, closedError(op, name)
 		case turnHandoff:
 			// A notification says a release handed the lease to this wait.
 			// It only wakes: any role that can read pgfence.lock_queue can
@@ -241,7 +243,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, o 
 			// nothing. The lease is the one the database shows granted to
 			// this wait (HandedLock, a read, no commit); if it is not there
 			// (or already ended), the next attempt looks again.
-			lease, err := l.handed(ctx, o.op, name, ttl, w.wkey, w.waitID)
+			lease, err := l.handed(ctx, op, name, ttl, w.wkey, w.waitID)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err
 			}
@@ -440,7 +442,7 @@ func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 	}
 	leases := make([]*Lease, len(names))
 	for _, i := range order {
-		s, err := l.acquire(ctx, names[i], ttl, waitOpts{op: op})
+		s, err := l.acquire(ctx, op, names[i], ttl, waitOpts{})
 		if err != nil {
 			l.releaseAll(leases)
 			return nil, err

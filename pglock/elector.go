@@ -120,8 +120,7 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 	defer e.running.Store(false)
 	for {
-		lease, err := e.l.acquire(ctx, e.name, e.cfg.LeaseDuration, waitOpts{
-			op:       op,
+		lease, err := e.l.acquire(ctx, op, e.name, e.cfg.LeaseDuration, waitOpts{
 			cap:      e.cfg.RetryPeriod,
 			retryErr: e.cfg.RetryPeriod,
 			onErr: func(err error) {
