@@ -20,7 +20,7 @@
 // lock is an efficiency lock: writes made through other connections are not
 // fenced. Use it to avoid duplicate work, never to protect data; for data use
 // [Xact] or a lease with fenced writes (packages pglock and fencedwrite). A
-// connection through a pooler is refused with a [*PoolerError].
+// connection through a pooler is refused with [pgfence.ErrInvalid].
 //
 // docs/design.md in the repository explains the pooler checks and the key
 // hash.
@@ -39,10 +39,19 @@
 //
 // # Errors
 //
-// Bad input is refused before any I/O with errors matching the package's
-// sentinels: [ErrEmptyName], [ErrNameTooLong], [ErrInvalidName] (as a
-// [*KeyError]), [ErrZeroKey], [ErrInvalidMode], [ErrNilDB], [ErrNilFunc],
-// [ErrInvalidConfig]. A key held by someone else gives a [*LockedError]
-// ([ErrLocked]) from the Try variants; a lost session lock a [*LostError]
-// ([ErrLost]); use after [SessionLock.Release] [ErrReleased].
+// Every error is a [*pgfence.Error] (package github.com/pgfence/pgfence):
+// Op names the call ("advisory.TryAcquire", "advisory.Xact", ...), Name the
+// key as pg_advisory_lock's arguments ("123", "7,-5"), Kind one of
+// pgfence's sentinels and Err the cause. Ask with errors.Is:
+// [pgfence.ErrInvalid] for bad input refused before any I/O (a key name, the
+// zero Key, a Mode, a nil handle or function, a [SessionConfig] field; Reason
+// names the argument: "key name: empty name"), and for a connection through
+// a pooler in transaction mode (Reason says so and how to allow a pooler in
+// session mode); [pgfence.ErrLocked] when another session holds the key
+// (the Try variants, or lock_timeout: then Err is the server's error);
+// [pgfence.ErrLost] for a session lock whose connection died or changed
+// backend (Err is the cause); [pgfence.ErrReleased] after
+// [SessionLock.Release]. A database or connection failure has no Kind and
+// the driver's error as Err; [pgfence.IsRetryable] says whether to try
+// again. [Xact] returns fn's own error unchanged.
 package advisory

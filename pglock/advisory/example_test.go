@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock/advisory"
 )
 
@@ -24,7 +25,7 @@ func ExampleName() {
 	}
 	fmt.Println(k)
 	_, err = advisory.Name("")
-	fmt.Println(errors.Is(err, advisory.ErrEmptyName))
+	fmt.Println(errors.Is(err, pgfence.ErrInvalid))
 	// Output:
 	// 6688477336110245193
 	// true
@@ -61,10 +62,10 @@ func ExampleTryXact() {
 	err = advisory.TryXact(ctx, pool, key, advisory.Exclusive, func(tx pgx.Tx) error {
 		// Meanwhile, another worker tries the same day.
 		other := advisory.TryXact(ctx, pool, key, advisory.Exclusive, closeDay)
-		fmt.Println("other worker locked out:", errors.Is(other, advisory.ErrLocked))
+		fmt.Println("other worker locked out:", errors.Is(other, pgfence.ErrLocked))
 		return closeDay(tx)
 	})
-	if errors.Is(err, advisory.ErrLocked) {
+	if errors.Is(err, pgfence.ErrLocked) {
 		return // another worker is closing the day right now
 	}
 	if err != nil {
@@ -92,7 +93,7 @@ func ExampleTryAcquire() {
 	key := advisory.MustName("rebuild-search-cache")
 
 	lock, err := advisory.TryAcquire(ctx, pool, key, advisory.Exclusive, nil)
-	if errors.Is(err, advisory.ErrLocked) {
+	if errors.Is(err, pgfence.ErrLocked) {
 		return // someone else is rebuilding
 	}
 	if err != nil {
@@ -100,7 +101,7 @@ func ExampleTryAcquire() {
 	}
 	// Another replica, meanwhile:
 	_, err = advisory.TryAcquire(ctx, pool, key, advisory.Exclusive, nil)
-	fmt.Println("other replica locked out:", errors.Is(err, advisory.ErrLocked))
+	fmt.Println("other replica locked out:", errors.Is(err, pgfence.ErrLocked))
 
 	steps := 0
 	for ; steps < 100; steps++ {
@@ -112,7 +113,7 @@ func ExampleTryAcquire() {
 		// ... one step of the rebuild ...
 	}
 	if err := lock.Release(ctx); err != nil {
-		log.Fatal(err) // a *LostError: the rebuild may have run twice
+		log.Fatal(err) // pgfence.ErrLost: the rebuild may have run twice
 	}
 	fmt.Println("rebuilt in", steps, "steps")
 	// Output:

@@ -3,12 +3,14 @@ package advisory_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/pglock/advisory"
 )
 
@@ -61,7 +63,7 @@ func requireNoLocks(t *testing.T, pool *pgxpool.Pool) {
 func requireLocked(t *testing.T, pool *pgxpool.Pool, key advisory.Key) {
 	t.Helper()
 	err := advisory.TryXact(testCtx(t), pool, key, advisory.Exclusive, func(pgx.Tx) error { return nil })
-	if !errors.Is(err, advisory.ErrLocked) {
+	if !errors.Is(err, pgfence.ErrLocked) {
 		t.Fatalf("TryXact on %v: got %v, want ErrLocked", key, err)
 	}
 }
@@ -90,4 +92,27 @@ func waitLocks(t *testing.T, pool *pgxpool.Pool, what string, want func([]adviso
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// pfError returns err as a *pgfence.Error, or nil.
+func pfError(err error) *pgfence.Error {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	return pe
+}
+
+// isInvalid reports whether err is pgfence.ErrInvalid whose Reason names
+// the argument arg.
+func isInvalid(err error, arg string) bool {
+	pe := pfError(err)
+	return errors.Is(err, pgfence.ErrInvalid) && pe != nil && strings.HasPrefix(pe.Reason, arg+": ")
+}
+
+// isLocked reports whether err is pgfence.ErrLocked for key in mode.
+func isLocked(err error, key advisory.Key, mode advisory.Mode) bool {
+	pe := pfError(err)
+	return errors.Is(err, pgfence.ErrLocked) && pe != nil && pe.Name == key.String() &&
+		strings.HasSuffix(strings.TrimSuffix(pe.Reason, " (lock_timeout ended the wait)"), "conflicting with "+mode.String())
 }

@@ -3,6 +3,7 @@ package advisory
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -50,9 +51,9 @@ func (m Mode) String() string {
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
 
-func (m Mode) valid() error {
+func (m Mode) valid(op string) error {
 	if m > Shared {
-		return ErrInvalidMode
+		return invalid(op, "mode", "%v is neither Exclusive nor Shared", m)
 	}
 	return nil
 }
@@ -71,7 +72,8 @@ const (
 // [Pair] in the second, so Int64(5) and Pair(0, 5) are different locks.
 //
 // Keys are comparable values: two Keys are == exactly when they name the same
-// lock. The zero Key is invalid and rejected with [ErrZeroKey].
+// lock. The zero Key is invalid and rejected with [pgfence.ErrInvalid]
+// (Reason "key: zero Key ...").
 type Key struct {
 	form keyForm
 	v    int64 // bigint key, or hi<<32 | uint32(lo) for a pair
@@ -87,10 +89,10 @@ type Key struct {
 // Names are hashed as given: case-sensitive, not Unicode-normalised.
 //
 // The name must be 1 to 512 bytes of valid UTF-8 without NUL bytes;
-// otherwise the error is a [*KeyError] matching [ErrEmptyName],
-// [ErrNameTooLong] or [ErrInvalidName].
+// otherwise the error is a [*pgfence.Error] matching [pgfence.ErrInvalid]
+// whose Reason starts with "key name".
 func Name(name string) (Key, error) {
-	if err := checkName(name); err != nil {
+	if err := checkName("advisory.Name", name); err != nil {
 		return Key{}, err
 	}
 	return Key{form: formInt64, v: hash64(name)}, nil
@@ -114,7 +116,7 @@ func MustName(name string) Key {
 // collisions likely after about 77,000 distinct names (50%), so prefer [Name]
 // for large or unbounded sets of names. Name rules are those of [Name].
 func Namespaced(namespace int32, name string) (Key, error) {
-	if err := checkName(name); err != nil {
+	if err := checkName("advisory.Namespaced", name); err != nil {
 		return Key{}, err
 	}
 	return Pair(namespace, hash32(name)), nil
@@ -163,9 +165,9 @@ func (k Key) String() string {
 	return "<zero key>"
 }
 
-func (k Key) valid() error {
+func (k Key) valid(op string) error {
 	if k.form == formNone {
-		return ErrZeroKey
+		return invalid(op, "key", "zero Key (use Name, Namespaced, Int64 or Pair)")
 	}
 	return nil
 }
@@ -179,16 +181,26 @@ func keyFromLocks(classid, objid uint32, objsubid int16) Key {
 	return Key{form: formInt64, v: v}
 }
 
-func checkName(name string) error {
+// checkName refuses a name that cannot be a key's (pgfence.ErrInvalid, the
+// name in Name, cut to 64 bytes).
+func checkName(op, name string) error {
+	var why string
 	switch {
 	case name == "":
-		return &KeyError{Name: name, Err: ErrEmptyName}
+		why = "empty name"
 	case len(name) > maxNameBytes:
-		return &KeyError{Name: name, Err: ErrNameTooLong}
+		why = fmt.Sprintf("%d bytes, longer than %d", len(name), maxNameBytes)
 	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
-		return &KeyError{Name: name, Err: ErrInvalidName}
+		why = "not valid UTF-8 text or contains a NUL byte (PostgreSQL text cannot hold it)"
+	default:
+		return nil
 	}
-	return nil
+	e := invalid(op, "key name", "%s", why)
+	e.Name = name
+	if len(name) > 64 {
+		e.Name = name[:64] + "..."
+	}
+	return e
 }
 
 func hash64(name string) int64 {

@@ -4,20 +4,9 @@ import (
 	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
-
-// DBTX is what the package needs from a database handle: *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx satisfy it (the same interface as the other pgfence
-// packages).
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 // LockInfo is one row of [List]: an advisory lock held or awaited by a
 // backend of the current database.
@@ -69,13 +58,13 @@ ORDER BY l.classid, l.objid, l.objsubid, l.granted DESC, a.query_start NULLS LAS
 // that is neither superuser nor a member of pg_read_all_stats. A name-based
 // key is recognised by computing [Name] for the candidate name. If ctx ends,
 // the error matches ctx.Err().
-func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
+func List(ctx context.Context, db pgfence.DBTX) ([]LockInfo, error) {
 	if nilcheck.IsNil(db) {
-		return nil, ErrNilDB
+		return nil, invalid("advisory.List", "db", "nil database handle")
 	}
 	rows, err := db.Query(ctx, listSQL, execMode)
 	if err != nil {
-		return nil, &DBError{Op: "list", Err: ctxErr(ctx, err)}
+		return nil, dbError("advisory.List", "list", Key{}, ctxErr(ctx, err))
 	}
 	var out []LockInfo
 	for rows.Next() {
@@ -89,7 +78,7 @@ func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 		if err := rows.Scan(&classid, &objid, &objsubid, &mode, &li.Granted, &li.PID, &li.User,
 			&li.ApplicationName, &li.ClientAddr, &li.ClientPort, &li.State, &backendStart, &li.QueryStart); err != nil {
 			rows.Close()
-			return nil, &DBError{Op: "list", Err: err}
+			return nil, dbError("advisory.List", "list", Key{}, err)
 		}
 		li.Key = keyFromLocks(uint32(classid), uint32(objid), objsubid)
 		if mode == "ShareLock" {
@@ -101,7 +90,7 @@ func List(ctx context.Context, db DBTX) ([]LockInfo, error) {
 		out = append(out, li)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, &DBError{Op: "list", Err: ctxErr(ctx, err)}
+		return nil, dbError("advisory.List", "list", Key{}, ctxErr(ctx, err))
 	}
 	return out, nil
 }

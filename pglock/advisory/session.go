@@ -2,13 +2,13 @@ package advisory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgfence/pgfence"
 )
 
 // Session-lock defaults and limits.
@@ -28,7 +28,7 @@ const (
 
 // SessionConfig configures [Acquire] and [TryAcquire]. A nil *SessionConfig
 // means all defaults. Out-of-range values are refused with an error matching
-// [ErrInvalidConfig], never silently replaced.
+// [pgfence.ErrInvalid], never silently replaced.
 type SessionConfig struct {
 	// PingInterval is how often the lock's connection is checked (one round
 	// trip); Done is closed within about one interval (plus PingTimeout when
@@ -43,30 +43,30 @@ type SessionConfig struct {
 	// AllowPooler accepts a connection through a pooler. Set it only for a
 	// pooler in session mode; the backend is still checked on every ping and
 	// Done fires if it changes. Defaults to false: any pooler is refused with
-	// a *PoolerError.
+	// [pgfence.ErrInvalid] (Reason: a pooler was detected).
 	AllowPooler bool
 }
 
-func (c *SessionConfig) resolve() (SessionConfig, error) {
+func (c *SessionConfig) resolve(op string) (SessionConfig, error) {
 	var r SessionConfig
 	if c != nil {
 		r = *c
 	}
 	switch {
 	case r.PingInterval < 0:
-		return r, fmt.Errorf("%w: PingInterval %v is negative", ErrInvalidConfig, r.PingInterval)
+		return r, invalid(op, "SessionConfig.PingInterval", "%v is negative", r.PingInterval)
 	case r.PingInterval == 0:
 		r.PingInterval = defaultPingInterval
 	case r.PingInterval < minPingInterval:
-		return r, fmt.Errorf("%w: PingInterval %v is below the minimum %v", ErrInvalidConfig, r.PingInterval, minPingInterval)
+		return r, invalid(op, "SessionConfig.PingInterval", "%v is below the minimum %v", r.PingInterval, minPingInterval)
 	}
 	switch {
 	case r.PingTimeout < 0:
-		return r, fmt.Errorf("%w: PingTimeout %v is negative", ErrInvalidConfig, r.PingTimeout)
+		return r, invalid(op, "SessionConfig.PingTimeout", "%v is negative", r.PingTimeout)
 	case r.PingTimeout == 0:
 		r.PingTimeout = defaultPingTimeout
 	case r.PingTimeout < minPingInterval:
-		return r, fmt.Errorf("%w: PingTimeout %v is below the minimum %v", ErrInvalidConfig, r.PingTimeout, minPingInterval)
+		return r, invalid(op, "SessionConfig.PingTimeout", "%v is below the minimum %v", r.PingTimeout, minPingInterval)
 	}
 	return r, nil
 }
@@ -111,45 +111,46 @@ const (
 // pool.Close waits for it.
 //
 // Before locking it checks that the connection leads to one dedicated
-// backend; a pooler is refused with a [*PoolerError] unless cfg.AllowPooler
+// backend; a pooler is refused with [pgfence.ErrInvalid] unless cfg.AllowPooler
 // is set. After locking it confirms that pg_locks shows the lock granted to
 // that backend. The checks cost about three round trips.
 //
 // A wait ended by the session's lock_timeout setting (for example set in the
-// pool's connection string) returns a [*LockedError].
+// pool's connection string) returns an error matching [pgfence.ErrLocked]
+// whose Err is the server's error.
 //
 // If ctx ends while Acquire waits, pgx closes the connection: nothing is
 // held, and the error matches ctx.Err(). ctx does not govern the lock after
 // Acquire returns.
 func Acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig) (*SessionLock, error) {
-	return acquire(ctx, pool, key, mode, cfg, false)
+	return acquire(ctx, "advisory.Acquire", pool, key, mode, cfg, false)
 }
 
 // TryAcquire is like [Acquire] but does not wait: when another session holds
-// a conflicting lock it returns a [*LockedError] (matching [ErrLocked]) and
+// a conflicting lock it returns an error matching [pgfence.ErrLocked] and
 // the connection goes back to the pool. It uses pg_try_advisory_lock or
 // pg_try_advisory_lock_shared.
 func TryAcquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig) (*SessionLock, error) {
-	return acquire(ctx, pool, key, mode, cfg, true)
+	return acquire(ctx, "advisory.TryAcquire", pool, key, mode, cfg, true)
 }
 
-func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig, try bool) (*SessionLock, error) {
+func acquire(ctx context.Context, op string, pool *pgxpool.Pool, key Key, mode Mode, cfg *SessionConfig, try bool) (*SessionLock, error) {
 	if pool == nil {
-		return nil, ErrNilDB
+		return nil, invalid(op, "pool", "nil pool")
 	}
-	if err := key.valid(); err != nil {
+	if err := key.valid(op); err != nil {
 		return nil, err
 	}
-	if err := mode.valid(); err != nil {
+	if err := mode.valid(op); err != nil {
 		return nil, err
 	}
-	c, err := cfg.resolve()
+	c, err := cfg.resolve(op)
 	if err != nil {
 		return nil, err
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return nil, &DBError{Op: "acquire connection for", Key: key, Err: ctxErr(ctx, err)}
+		return nil, dbError(op, "acquire connection", key, ctxErr(ctx, err))
 	}
 
 	// 1. Dedicated backend? Checked before locking: a lock taken through a
@@ -161,12 +162,12 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// Closed now, not by the pool later: a cancelled statement leaves
 		// the connection closing, and the caller gets it back accounted for.
 		destroy(conn)
-		return nil, &DBError{Op: "check backend for", Key: key, Err: ctxErr(ctx, err)}
+		return nil, dbError(op, "check backend", key, ctxErr(ctx, err))
 	}
 	if pid1 != startup && !c.AllowPooler {
 		conn.Release()
-		return nil, &PoolerError{StartupPID: startup, BackendPIDs: []uint32{pid1},
-			Reason: "the process ID announced at connection start is not the backend's"}
+		return nil, poolerError(op, key, startup, []uint32{pid1},
+			"the process ID announced at connection start is not the backend's")
 	}
 
 	if pid1 != startup {
@@ -174,18 +175,18 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// from a second client connection: in session mode it must reach
 		// another backend; a transaction-mode pooler hands out the server
 		// connection our statement just released.
-		if err := probeSharedBackend(ctx, pool, pid1); err != nil {
+		shared, err := probeSharedBackend(ctx, pool, pid1)
+		if err != nil || shared {
 			if ctx.Err() != nil {
 				destroy(conn)
 			} else {
 				conn.Release()
 			}
-			var pe *PoolerError
-			if errors.As(err, &pe) {
-				pe.StartupPID = startup
-				return nil, pe
+			if err != nil {
+				return nil, dbError(op, "check pooler", key, ctxErr(ctx, err))
 			}
-			return nil, &DBError{Op: "check pooler for", Key: key, Err: ctxErr(ctx, err)}
+			return nil, poolerError(op, key, startup, []uint32{pid1, pid1},
+				"two client connections reached the same backend: the pooler shares backends (transaction or statement mode)")
 		}
 	}
 
@@ -203,16 +204,16 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		// A failed lock statement holds nothing; a cancelled one closed the
 		// connection. Destroy it either way: its state is unknown.
 		destroy(conn)
-		return nil, lockErr(ctx, "lock", key, mode, err)
+		return nil, lockErr(ctx, op, key, mode, err)
 	}
 	if !ok {
 		if pid2 != pid1 {
 			destroy(conn)
-			return nil, &PoolerError{StartupPID: startup, BackendPIDs: []uint32{pid1, pid2},
-				Reason: "statements of one connection ran on different backends"}
+			return nil, poolerError(op, key, startup, []uint32{pid1, pid2},
+				"statements of one connection ran on different backends")
 		}
 		conn.Release()
-		return nil, &LockedError{Key: key, Mode: mode}
+		return nil, lockedError(op, key, mode, nil)
 	}
 
 	// 3. In a separate statement: same backend, and the lock is granted to it.
@@ -221,7 +222,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 	var held bool
 	if err := conn.QueryRow(ctx, sql, args...).Scan(&pid3, &held); err != nil {
 		destroy(conn)
-		return nil, &DBError{Op: "verify lock", Key: key, Err: ctxErr(ctx, err)}
+		return nil, dbError(op, "verify lock", key, ctxErr(ctx, err))
 	}
 	if pid1 != pid2 || pid2 != pid3 || !held {
 		// The lock may now be held by a backend we cannot reach; closing our
@@ -231,7 +232,7 @@ func acquire(ctx context.Context, pool *pgxpool.Pool, key Key, mode Mode, cfg *S
 		if pid1 == pid2 && pid2 == pid3 {
 			reason = "pg_locks does not show the lock granted to this backend"
 		}
-		return nil, &PoolerError{StartupPID: startup, BackendPIDs: []uint32{pid1, pid2, pid3}, Reason: reason}
+		return nil, poolerError(op, key, startup, []uint32{pid1, pid2, pid3}, reason)
 	}
 
 	l := &SessionLock{
@@ -265,8 +266,9 @@ func (l *SessionLock) PID() uint32 { return l.pid }
 // advisory: the connection can die right after a successful check.
 func (l *SessionLock) Done() <-chan struct{} { return l.done }
 
-// Err returns nil while the lock is held, a [*LostError] (matching [ErrLost])
-// after the lock was lost, and [ErrReleased] after a successful Release.
+// Err returns nil while the lock is held, an error matching [pgfence.ErrLost]
+// after the lock was lost (its Err is the failed check's error), and one
+// matching [pgfence.ErrReleased] after Release.
 func (l *SessionLock) Err() error {
 	l.errMu.Lock()
 	defer l.errMu.Unlock()
@@ -276,34 +278,38 @@ func (l *SessionLock) Err() error {
 // Release releases the lock (pg_advisory_unlock or pg_advisory_unlock_shared)
 // and returns the connection to the pool clean. If PostgreSQL does not
 // confirm the unlock, or the statement fails, the connection is destroyed
-// instead (ending the backend frees the lock) and the error matches
-// [ErrReleaseFailed].
+// instead (ending the backend frees the lock): a failed statement is a
+// database failure (no Kind; Err is the driver's error), an unlock PostgreSQL
+// did not confirm (the backend did not hold the lock) matches
+// [pgfence.ErrLost].
 //
 // If the lock had been lost, Release frees what is left and returns the
-// [*LostError], so a caller learns that its exclusive section was not
-// exclusive. Calling Release again returns [ErrReleased].
+// error matching [pgfence.ErrLost], so a caller learns that its exclusive
+// section was not exclusive. Calling Release again returns an error matching
+// [pgfence.ErrReleased].
 //
-// If ctx ends before a running check finishes, Release returns ctx's error and
-// the lock is still held: call Release again. If ctx ends during the unlock
-// statement, pgx closes the connection, which frees the lock; the error then
-// matches both ErrReleaseFailed and ctx.Err().
+// If ctx ends before a running check finishes, Release returns an error
+// matching ctx.Err() and the lock is still held: call Release again. If ctx
+// ends during the unlock statement, pgx closes the connection, which frees
+// the lock; the error then matches ctx.Err() too.
 func (l *SessionLock) Release(ctx context.Context) error {
+	const op = "advisory.SessionLock.Release"
 	if l == nil {
-		return ErrNilDB
+		return invalid(op, "lock", "nil *SessionLock")
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("advisory: unlock key %v: %w", l.key, err)
+		return dbError(op, "unlock", l.key, err)
 	}
 	select {
 	case l.sem <- struct{}{}:
 	case <-ctx.Done():
-		return fmt.Errorf("advisory: unlock key %v: %w", l.key, ctx.Err())
+		return dbError(op, "unlock", l.key, ctx.Err())
 	}
 	defer func() { <-l.sem }()
 
 	switch l.state {
 	case stateUnlocked:
-		return ErrReleased
+		return errReleased
 	case stateLost:
 		l.state = stateUnlocked
 		return l.Err()
@@ -317,14 +323,15 @@ func (l *SessionLock) Release(ctx context.Context) error {
 	err := l.conn.QueryRow(ctx, sql, args...).Scan(&ok)
 	if err != nil || !ok {
 		destroy(l.conn)
-		l.finish(ErrReleased)
-		if err == nil {
-			err = errors.New("pg_advisory_unlock returned false: the backend did not hold the lock")
+		l.finish(errReleased)
+		if err != nil {
+			return dbError(op, "unlock (the connection was closed, which frees the lock)", l.key, ctxErr(ctx, err))
 		}
-		return &DBError{Op: "unlock", Key: l.key, Err: errors.Join(ErrReleaseFailed, ctxErr(ctx, err))}
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrLost, Name: keyName(l.key),
+			Reason: fmt.Sprintf("pg_advisory_unlock returned false: backend %d did not hold the lock", l.pid)}
 	}
 	l.conn.Release()
-	l.finish(ErrReleased)
+	l.finish(errReleased)
 	return nil
 }
 
@@ -360,7 +367,7 @@ func (l *SessionLock) pinger() {
 		if err := l.check(); err != nil {
 			l.state = stateLost
 			destroy(l.conn)
-			l.finish(&LostError{Key: l.key, PID: l.pid, Cause: err})
+			l.finish(lostError(l.key, l.pid, err))
 			<-l.sem
 			return
 		}
@@ -393,12 +400,12 @@ func destroy(conn *pgxpool.Conn) {
 }
 
 // probeSharedBackend opens a separate connection with the pool's settings and
-// fails with a *PoolerError when it reaches backend pid, which a pooler in
-// session mode can never do while our client connection is open.
-func probeSharedBackend(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
+// reports whether it reaches backend pid, which a pooler in session mode can
+// never do while our client connection is open.
+func probeSharedBackend(ctx context.Context, pool *pgxpool.Pool, pid uint32) (bool, error) {
 	c, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
@@ -407,11 +414,7 @@ func probeSharedBackend(ctx context.Context, pool *pgxpool.Pool, pid uint32) err
 	}()
 	var other uint32
 	if err := c.QueryRow(ctx, pidSQL, execMode).Scan(&other); err != nil {
-		return err
+		return false, err
 	}
-	if other == pid {
-		return &PoolerError{BackendPIDs: []uint32{pid, other},
-			Reason: "two client connections reached the same backend: the pooler shares backends (transaction or statement mode)"}
-	}
-	return nil
+	return other == pid, nil
 }

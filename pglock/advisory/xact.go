@@ -41,33 +41,33 @@ const rollbackTimeout = 10 * time.Second
 // The error is fn's own error (unchanged, so errors.Is works on it), or an
 // error from beginning, locking or committing.
 func Xact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
-	return runXact(ctx, db, key, mode, false, fn)
+	return runXact(ctx, "advisory.Xact", db, key, mode, false, fn)
 }
 
 // TryXact is like [Xact] but does not wait: when another session holds a
-// conflicting lock on key it rolls back at once and returns a [*LockedError]
-// (matching [ErrLocked]) without calling fn. It uses
+// conflicting lock on key it rolls back at once and returns an error matching
+// [pgfence.ErrLocked] without calling fn. It uses
 // pg_try_advisory_xact_lock or pg_try_advisory_xact_lock_shared.
 func TryXact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
-	return runXact(ctx, db, key, mode, true, fn)
+	return runXact(ctx, "advisory.TryXact", db, key, mode, true, fn)
 }
 
-func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn func(pgx.Tx) error) (err error) {
+func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, try bool, fn func(pgx.Tx) error) (err error) {
 	if nilcheck.IsNil(db) {
-		return ErrNilDB
+		return invalid(op, "db", "nil database handle")
 	}
 	if fn == nil {
-		return ErrNilFunc
+		return invalid(op, "fn", "nil function")
 	}
-	if err := key.valid(); err != nil {
+	if err := key.valid(op); err != nil {
 		return err
 	}
-	if err := mode.valid(); err != nil {
+	if err := mode.valid(op); err != nil {
 		return err
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return &DBError{Op: "begin transaction for", Key: key, Err: ctxErr(ctx, err)}
+		return dbError(op, "begin transaction", key, ctxErr(ctx, err))
 	}
 	done := false
 	defer func() {
@@ -82,15 +82,16 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 			panic(p)
 		}
 		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
-			err = errors.Join(err, &DBError{Op: "roll back", Key: key, Err: rbErr})
+			err = errors.Join(err, dbError(op, "roll back", key, rbErr))
 		}
 	}()
 
-	lock := LockTx
 	if try {
-		lock = TryLockTx
+		err = tryLockTx(ctx, op, tx, key, mode)
+	} else {
+		err = lockTx(ctx, op, tx, key, mode)
 	}
-	if err := lock(ctx, tx, key, mode); err != nil {
+	if err != nil {
 		return err
 	}
 
@@ -99,7 +100,7 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 	}
 	done = true
 	if err := tx.Commit(ctx); err != nil {
-		return &DBError{Op: "commit transaction holding", Key: key, Err: ctxErr(ctx, err)}
+		return dbError(op, "commit", key, ctxErr(ctx, err))
 	}
 	return nil
 }
@@ -111,43 +112,51 @@ func runXact(ctx context.Context, db Beginner, key Key, mode Mode, try bool, fn 
 //
 // If ctx ends while waiting, pgx cancels the wait and closes the connection,
 // so tx is unusable afterwards; the error matches ctx.Err(). If the session's
-// lock_timeout ends the wait, the error is a [*LockedError] and tx is aborted
+// lock_timeout ends the wait, the error matches [pgfence.ErrLocked] and tx is aborted
 // (roll it back).
 func LockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
-	if err := checkTx(tx, key, mode); err != nil {
+	if err := checkTx("advisory.LockTx", tx, key, mode); err != nil {
 		return err
 	}
+	return lockTx(ctx, "advisory.LockTx", tx, key, mode)
+}
+
+func lockTx(ctx context.Context, op string, tx pgx.Tx, key Key, mode Mode) error {
 	sql, args := xactLockSQL(key, mode)
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return lockErr(ctx, "lock", key, mode, err)
+		return lockErr(ctx, op, key, mode, err)
 	}
 	return nil
 }
 
 // TryLockTx is like [LockTx] but does not wait: when another session holds a
-// conflicting lock it returns a [*LockedError] (matching [ErrLocked]) and tx
+// conflicting lock it returns an error matching [pgfence.ErrLocked] and tx
 // is unchanged and still usable.
 func TryLockTx(ctx context.Context, tx pgx.Tx, key Key, mode Mode) error {
-	if err := checkTx(tx, key, mode); err != nil {
+	if err := checkTx("advisory.TryLockTx", tx, key, mode); err != nil {
 		return err
 	}
+	return tryLockTx(ctx, "advisory.TryLockTx", tx, key, mode)
+}
+
+func tryLockTx(ctx context.Context, op string, tx pgx.Tx, key Key, mode Mode) error {
 	sql, args := xactTryLockSQL(key, mode)
 	var ok bool
 	if err := tx.QueryRow(ctx, sql, args...).Scan(&ok); err != nil {
-		return &DBError{Op: "try lock", Key: key, Err: ctxErr(ctx, err)}
+		return dbError(op, "try lock", key, ctxErr(ctx, err))
 	}
 	if !ok {
-		return &LockedError{Key: key, Mode: mode}
+		return lockedError(op, key, mode, nil)
 	}
 	return nil
 }
 
-func checkTx(tx pgx.Tx, key Key, mode Mode) error {
+func checkTx(op string, tx pgx.Tx, key Key, mode Mode) error {
 	if nilcheck.IsNil(tx) {
-		return ErrNilDB
+		return invalid(op, "tx", "nil transaction")
 	}
-	if err := key.valid(); err != nil {
+	if err := key.valid(op); err != nil {
 		return err
 	}
-	return mode.valid()
+	return mode.valid(op)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/pglock/advisory"
 )
@@ -150,8 +151,7 @@ func TestTryXactLockedAndShared(t *testing.T) {
 		// ...an exclusive one may not, and its callback must not run.
 		ran := false
 		err := advisory.TryXact(ctx, pool, key, advisory.Exclusive, func(pgx.Tx) error { ran = true; return nil })
-		var le *advisory.LockedError
-		if !errors.As(err, &le) || !errors.Is(err, advisory.ErrLocked) || le.Key != key || le.Mode != advisory.Exclusive || ran {
+		if !isLocked(err, key, advisory.Exclusive) || pfError(err).Op != "advisory.TryXact" || ran {
 			t.Errorf("exclusive TryXact under a shared lock: err %v ran %v", err, ran)
 		}
 		locks := advisoryLocks(t, pool)
@@ -245,16 +245,16 @@ func TestXactValidation(t *testing.T) {
 	cases := []struct {
 		name string
 		err  error
-		want error
+		want string // the argument named
 	}{
-		{"nil db", advisory.Xact(ctx, nil, key, advisory.Exclusive, ok), advisory.ErrNilDB},
-		{"typed nil db", advisory.Xact(ctx, nilPool, key, advisory.Exclusive, ok), advisory.ErrNilDB},
-		{"nil fn", advisory.Xact(ctx, pool, key, advisory.Exclusive, nil), advisory.ErrNilFunc},
-		{"zero key", advisory.Xact(ctx, pool, advisory.Key{}, advisory.Exclusive, ok), advisory.ErrZeroKey},
-		{"bad mode", advisory.TryXact(ctx, pool, key, advisory.Mode(7), ok), advisory.ErrInvalidMode},
+		{"nil db", advisory.Xact(ctx, nil, key, advisory.Exclusive, ok), "db"},
+		{"typed nil db", advisory.Xact(ctx, nilPool, key, advisory.Exclusive, ok), "db"},
+		{"nil fn", advisory.Xact(ctx, pool, key, advisory.Exclusive, nil), "fn"},
+		{"zero key", advisory.Xact(ctx, pool, advisory.Key{}, advisory.Exclusive, ok), "key"},
+		{"bad mode", advisory.TryXact(ctx, pool, key, advisory.Mode(7), ok), "mode"},
 	}
 	for _, c := range cases {
-		if !errors.Is(c.err, c.want) {
+		if !isInvalid(c.err, c.want) {
 			t.Errorf("%s: got %v, want %v", c.name, c.err, c.want)
 		}
 	}
@@ -311,7 +311,7 @@ func TestLockTx(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := advisory.TryLockTx(ctx, tx2, key, advisory.Shared); !errors.Is(err, advisory.ErrLocked) {
+		if err := advisory.TryLockTx(ctx, tx2, key, advisory.Shared); !errors.Is(err, pgfence.ErrLocked) {
 			t.Fatalf("TryLockTx while held: %v", err)
 		}
 		if _, err := tx2.Exec(ctx, "SELECT 1"); err != nil {
@@ -331,10 +331,10 @@ func TestLockTx(t *testing.T) {
 		requireFree(t, pool, key)
 	}
 	requireNoLocks(t, pool)
-	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !errors.Is(err, advisory.ErrNilDB) {
+	if err := advisory.LockTx(ctx, nil, key, advisory.Exclusive); !isInvalid(err, "tx") {
 		t.Errorf("LockTx(nil tx) = %v", err)
 	}
-	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !errors.Is(err, advisory.ErrNilDB) {
+	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !isInvalid(err, "tx") {
 		t.Errorf("TryLockTx(nil tx) = %v", err)
 	}
 }
@@ -356,10 +356,9 @@ func TestLockTimeoutIsLocked(t *testing.T) {
 			return err
 		}
 		err = advisory.LockTx(ctx, tx, key, advisory.Shared)
-		var le *advisory.LockedError
 		var pgErr *pgconn.PgError
-		if !errors.Is(err, advisory.ErrLocked) || !errors.As(err, &le) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
-			t.Errorf("LockTx under lock_timeout = %v, want a LockedError caused by 55P03", err)
+		if !isLocked(err, key, advisory.Shared) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+			t.Errorf("LockTx under lock_timeout = %v, want ErrLocked caused by 55P03", err)
 		}
 		return nil
 	})
