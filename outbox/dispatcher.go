@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/observe"
@@ -125,14 +126,15 @@ type Dispatcher struct {
 // NewDispatcher checks its arguments and returns a dispatcher of topic's
 // intents to h. It does no I/O. cfg may be nil.
 func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*Dispatcher, error) {
+	const op = "outbox.NewDispatcher"
 	if nilcheck.IsNil(pool) {
-		return nil, fmt.Errorf("%w: pass a *pgxpool.Pool", ErrNilDB)
+		return nil, invalid(op, "pool", "nil: pass a *pgxpool.Pool")
 	}
-	if err := validateTopic(topic); err != nil {
+	if err := validateTopic(op, "topic", topic); err != nil {
 		return nil, err
 	}
 	if h == nil {
-		return nil, fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+		return nil, invalid(op, "h", "nil handler")
 	}
 	c := Config{}
 	if cfg != nil {
@@ -148,7 +150,7 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 		Logger: c.Logger, Metrics: c.Metrics,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: topic, Reason: "cfg: refused by skiplocked.NewWorker", Err: err}
 	}
 	d.worker = w
 	metricdefs.InitTopic(context.Background(), d.metrics, topic)
@@ -181,10 +183,11 @@ func (d *Dispatcher) Summary() skiplocked.Summary { return d.worker.Summary() }
 func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
 	row, err := queries.GetOutboxIntent(ctx, d.pool, j.ID)
 	if isNoRows(err) {
-		return skiplocked.Permanent(fmt.Errorf("%w: job %d of queue %s", ErrNotAnIntent, j.ID, j.Queue))
+		return skiplocked.Permanent(&pgfence.Error{Op: "outbox.Dispatcher", Kind: pgfence.ErrNotFound, Name: j.Queue,
+			Reason: fmt.Sprintf("job %d has no outbox intent (inserted into pgfence.jobs directly, not through Enqueue)", j.ID)})
 	}
 	if err != nil {
-		return translate("load intent", nil, err)
+		return translate("outbox.Dispatcher", nil, err)
 	}
 	del := Delivery{
 		ID: row.ID, Topic: row.Topic, Key: row.IdempotencyKey, LockName: row.LockName, Token: row.Token,

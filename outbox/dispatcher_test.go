@@ -153,22 +153,22 @@ func TestNewDispatcherBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := func(context.Context, outbox.Delivery) error { return nil }
-	if _, err := outbox.NewDispatcher(nil, "emails", h, nil); !errors.Is(err, outbox.ErrNilDB) {
+	if _, err := outbox.NewDispatcher(nil, "emails", h, nil); !isInvalid(err, "pool") {
 		t.Error(err)
 	}
 	for _, topic := range []string{"", strings.Repeat("t", 101), "a b", "x'; DROP TABLE y; --"} {
-		if _, err := outbox.NewDispatcher(b.pool, topic, h, nil); !errors.Is(err, outbox.ErrInvalidTopic) {
+		if _, err := outbox.NewDispatcher(b.pool, topic, h, nil); !isInvalid(err, "topic") {
 			t.Errorf("topic %q: %v", topic, err)
 		}
 	}
-	if _, err := outbox.NewDispatcher(b.pool, "emails", nil, nil); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := outbox.NewDispatcher(b.pool, "emails", nil, nil); !isInvalid(err, "h") {
 		t.Error(err)
 	}
-	if _, err := outbox.NewDispatcher(b.pool, "emails", h, &outbox.Config{Concurrency: -1}); !errors.Is(err, outbox.ErrInvalidConfig) {
+	if _, err := outbox.NewDispatcher(b.pool, "emails", h, &outbox.Config{Concurrency: -1}); !isInvalid(err, "cfg") {
 		t.Error(err)
 	}
 	for _, c := range []outbox.HTTPConfig{{}, {URL: "ftp://x"}, {URL: "http://"}, {URL: "http://x", Timeout: -1}, {URL: "http://x", Timeout: time.Hour}} {
-		if _, err := outbox.NewHTTPHandler(c); !errors.Is(err, outbox.ErrInvalidConfig) {
+		if _, err := outbox.NewHTTPHandler(c); !isInvalid(err, "HTTPConfig.URL") && !isInvalid(err, "HTTPConfig.Timeout") {
 			t.Errorf("HTTP config %+v: %v", c, err)
 		}
 	}

@@ -11,9 +11,9 @@
 // its token is the latest grant of its lock (the rule of the guard trigger of
 // package fencedwrite) and the lease is held with its key: a holder that
 // paused past its lease while another was granted the lock is refused with
-// [ErrStaleToken] (the same sentinel as a refused fenced write), a released
+// [pgfence.ErrStaleToken] (the kind of a refused fenced write), a released
 // or expired lease with [pgfence.ErrLost], a token the lock never issued
-// with [ErrTokenNotIssued], and nothing is recorded. Tokens are public; the
+// with [pgfence.ErrInvalid], and nothing is recorded. Tokens are public; the
 // lease key is the holder's secret, so a session that read a token cannot
 // record intents in the holder's name. The database checks the token again
 // when the transaction commits, with the lock row locked until the commit
@@ -37,4 +37,22 @@
 //
 // [Status] and the pgfence.outbox_status view count intents per topic:
 // pending, waiting for a retry, in flight, delivered, dead.
+//
+// # Errors
+//
+// Every error is a [*pgfence.Error] (package github.com/pgfence/pgfence):
+// Op names the call ("outbox.Enqueue", "outbox.NewDispatcher", ...), Name
+// the lock (or the topic, the queue), Kind one of pgfence's sentinels and
+// Err the cause. Ask with errors.Is: [pgfence.ErrStaleToken] (a newer grant
+// exists; Token is the token refused, Reason gives the latest),
+// [pgfence.ErrLost] (the lease is not held with its key: Holder, Token),
+// [pgfence.ErrInvalid] (bad input, or a token the lock never issued; Reason
+// names the argument: "Intent.Key: 0 bytes, want 1..255") and
+// [pgfence.ErrNotFound] (a job of a dispatcher's queue with no intent; it
+// is sent to dead). A database or connection failure has no Kind and the
+// driver's error as Err; [pgfence.IsRetryable] says whether to try again
+// (Enqueue retried with the same key records the intent at most once).
+// [TranslateError] gives the same errors for the COMMIT of a transaction
+// that enqueued. A [Handler]'s own errors, [*HTTPStatusError] among them, are
+// delivery results, not pgfence errors.
 package outbox

@@ -3,12 +3,9 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
@@ -28,14 +25,6 @@ const (
 	// topic: "outbox:" + topic.
 	queuePrefix = "outbox:"
 )
-
-// DBTX is what the functions of this package need to run a statement: a
-// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 var queries = dbsqlc.New()
 
@@ -82,42 +71,42 @@ type Result struct {
 
 // checkLease refuses a nil lease, and one whose token or name cannot be a
 // grant's (a zero pglock.Lease): its Key must not be called then.
-func checkLease(lease *pglock.Lease) error {
+func checkLease(op string, lease *pglock.Lease) error {
 	if lease == nil {
-		return fmt.Errorf("%w: nil lease: pass the *pglock.Lease that authorises the intent", ErrInvalidToken)
+		return invalid(op, "lease", "nil lease: pass the *pglock.Lease that authorises the intent")
 	}
 	if token := lease.Token(); token <= 0 {
-		return fmt.Errorf("%w: %d", ErrInvalidToken, token)
+		return invalid(op, "lease token", "%d, must be > 0", token)
 	}
 	return nil
 }
 
-func (in Intent) check() error {
-	if err := validateTopic(in.Topic); err != nil {
+func (in Intent) check(op string) error {
+	if err := validateTopic(op, "Intent.Topic", in.Topic); err != nil {
 		return err
 	}
-	if err := validateKey(in.Key); err != nil {
+	if err := validateKey(op, in.Key); err != nil {
 		return err
 	}
 	switch {
 	case len(in.Payload) == 0:
-		return fmt.Errorf("%w: empty (key %s); send {} for no data", ErrInvalidPayload, in.Key)
+		return invalid(op, "Intent.Payload", "empty (key %s); send {} for no data", in.Key)
 	case len(in.Payload) > maxPayloadBytes:
-		return fmt.Errorf("%w: %d bytes (key %s), the limit is %d", ErrInvalidPayload, len(in.Payload), in.Key, maxPayloadBytes)
+		return invalid(op, "Intent.Payload", "%d bytes (key %s), the limit is %d", len(in.Payload), in.Key, maxPayloadBytes)
 	case !json.Valid(in.Payload):
-		return fmt.Errorf("%w: not valid JSON (key %s)", ErrInvalidPayload, in.Key)
+		return invalid(op, "Intent.Payload", "not valid JSON (key %s)", in.Key)
 	}
 	if in.MaxAttempts < 0 || in.MaxAttempts > joblimit.MaxMaxAttempts {
-		return fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidIntent, in.MaxAttempts, joblimit.MaxMaxAttempts)
+		return invalid(op, "Intent.MaxAttempts", "%d not in 1..%d", in.MaxAttempts, joblimit.MaxMaxAttempts)
 	}
 	return nil
 }
 
-// validateTopic reports whether topic is acceptable: 1..100 bytes of ASCII
-// letters, digits and . _ : / -.
-func validateTopic(t string) error {
+// validateTopic reports whether topic, the argument arg of op, is
+// acceptable: 1..100 bytes of ASCII letters, digits and . _ : / -.
+func validateTopic(op, arg, t string) error {
 	if err := topic.Check(t); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidTopic, err)
+		return invalid(op, arg, "%v", err)
 	}
 	return nil
 }
@@ -125,13 +114,13 @@ func validateTopic(t string) error {
 // validateKey reports whether key is acceptable as an idempotency key:
 // 1..255 visible ASCII characters (no space, no control
 // character: it is sent as an HTTP header).
-func validateKey(key string) error {
+func validateKey(op, key string) error {
 	if key == "" || len(key) > maxKeyBytes {
-		return fmt.Errorf("%w: %d bytes, want 1..%d", ErrInvalidKey, len(key), maxKeyBytes)
+		return invalid(op, "Intent.Key", "%d bytes, want 1..%d", len(key), maxKeyBytes)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < '!' || c > '~' {
-			return fmt.Errorf("%w: %q: byte %d is not visible ASCII", ErrInvalidKey, cutForError(key), i)
+			return invalid(op, "Intent.Key", "%q: byte %d is not visible ASCII", cutForError(key), i)
 		}
 	}
 	return nil
@@ -153,11 +142,13 @@ func cutForError(s string) string {
 // database's clock): the token is public, the key is the holder's secret, so
 // a session that only read the token cannot record intents in its name.
 //
-// A superseded holder (a newer grant exists) gets a [*RefusedError] matching
-// [ErrStaleToken] (which is [fencedwrite.ErrStaleToken]); a token the lock
-// never issued, or a lock that does not exist, one matching
-// [ErrTokenNotIssued]; a lease released or expired (or a key that is not the
-// lease's), one matching [pgfence.ErrLost].
+// A superseded holder (a newer grant exists) gets an error matching
+// [pgfence.ErrStaleToken]; a token the lock never issued, or a lock that
+// does not exist, one matching [pgfence.ErrInvalid] (Reason "token: ...");
+// a lease released or expired (or a key that is not the lease's), one
+// matching [pgfence.ErrLost]. The errors are [*pgfence.Error]s with the lock
+// name, the token and the server's error; Reason gives the lock's latest
+// token and the idempotency key.
 // Nothing is recorded then. The token is checked again when the transaction
 // commits, with the lock row locked until the commit ends: if a grant
 // committed in between, the COMMIT fails (SQLSTATE PF003; see
@@ -175,16 +166,18 @@ func cutForError(s string) string {
 // string.
 //
 // Bad input is refused before any SQL runs, with an error matching
-// [ErrInvalidToken] (also for a nil lease), [ErrInvalidTopic],
-// [ErrInvalidKey], [ErrInvalidPayload], [ErrInvalidIntent] or [ErrNilDB].
-func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Result, error) {
+// [pgfence.ErrInvalid] whose Reason names the argument: "db", "lease",
+// "lease token", "Intent.Topic", "Intent.Key", "Intent.Payload" or
+// "Intent.MaxAttempts".
+func Enqueue(ctx context.Context, db pgfence.DBTX, lease *pglock.Lease, in Intent) (Result, error) {
+	const op = "outbox.Enqueue"
 	if nilcheck.IsNil(db) {
-		return Result{}, fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", ErrNilDB)
+		return Result{}, invalid(op, "db", "nil: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx")
 	}
-	if err := checkLease(lease); err != nil {
+	if err := checkLease(op, lease); err != nil {
 		return Result{}, err
 	}
-	if err := in.check(); err != nil {
+	if err := in.check(op); err != nil {
 		return Result{}, err
 	}
 	attempts := in.MaxAttempts
@@ -200,7 +193,7 @@ func Enqueue(ctx context.Context, db DBTX, lease *pglock.Lease, in Intent) (Resu
 	}
 	row, err := queries.OutboxEnqueue(ctx, db, arg)
 	if err != nil {
-		return Result{}, translate("enqueue", lease, err)
+		return Result{}, translate(op, lease, err)
 	}
 	return Result{ID: row.ID, Duplicate: row.Duplicate, Topic: row.Topic, LockName: row.LockName, Token: row.Token,
 		CreatedAt: row.CreatedAt}, nil

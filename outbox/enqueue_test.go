@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -11,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -47,20 +48,21 @@ func TestEnqueueFenced(t *testing.T) {
 
 	cur := b.regrant(t, old)
 	_, err = outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day2"))
-	var refused *outbox.RefusedError
-	var stale *fencedwrite.StaleTokenError
-	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.Is(err, outbox.ErrStaleToken) ||
-		!errors.As(err, &refused) || !errors.As(err, &stale) {
-		t.Fatalf("stale token: %v (%T), want a RefusedError matching fencedwrite.ErrStaleToken", err, err)
+	refused := pfError(err)
+	var pgErr *pgconn.PgError
+	if !errors.Is(err, pgfence.ErrStaleToken) || refused == nil || !errors.As(err, &pgErr) {
+		t.Fatalf("stale token: %v (%T), want pgfence.ErrStaleToken with the server's error", err, err)
 	}
-	if refused.Token != old.Token() || refused.Latest != cur.Token() || refused.Key != "settle:7:day2" || stale.Fence != cur.Token() {
-		t.Errorf("stale refusal %+v / %+v, want token %d latest %d key settle:7:day2", refused, stale, old.Token(), cur.Token())
+	if refused.Op != "outbox.Enqueue" || refused.Name != old.Name() || refused.Token != old.Token() ||
+		!strings.Contains(refused.Reason, fmt.Sprintf("latest token %d ", cur.Token())) ||
+		!strings.Contains(refused.Reason, "intent key settle:7:day2)") {
+		t.Errorf("stale refusal %+v, want token %d latest %d key settle:7:day2", refused, old.Token(), cur.Token())
 	}
 	if errors.Is(err, pgfence.ErrLost) {
 		t.Errorf("stale token: %v also matches the lease-not-held refusal", err)
 	}
 	// A stale holder is refused even for a key already recorded.
-	if _, err := outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day1")); !errors.Is(err, outbox.ErrStaleToken) {
+	if _, err := outbox.Enqueue(b.ctx, b.pool, old, intent("settle:7:day1")); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale token, existing key: %v", err)
 	}
 	// Tokens the lock never issued (a lease cannot carry one: plain SQL, with
@@ -71,9 +73,11 @@ func TestEnqueueFenced(t *testing.T) {
 	}{{"settle:store-7", cur.Token() + 1}, {"settle:store-7", 1 << 62}, {"no such lock", 1},
 		{"x'; DROP TABLE pgfence.outbox; --", 1}} {
 		err := enqueueSQL(b, c.lock, c.token, cur.Key(), "settle:7:forged")
-		if !errors.Is(err, outbox.ErrTokenNotIssued) || !errors.As(err, &refused) || refused.Token != c.token ||
-			refused.LockName != c.lock || refused.Key != "settle:7:forged" {
-			t.Fatalf("forged token %d on %q: %v, want ErrTokenNotIssued", c.token, c.lock, err)
+		refused := pfError(err)
+		if !isInvalid(err, "token") || !strings.Contains(refused.Reason, "never issued") || refused.Token != c.token ||
+			refused.Name != c.lock || !strings.Contains(refused.Reason, "intent key settle:7:forged)") ||
+			pgerr.Code(err) != pgerr.TokenNotIssued {
+			t.Fatalf("forged token %d on %q: %v, want ErrInvalid: a token the lock never issued", c.token, c.lock, err)
 		}
 	}
 	if n, jobs := b.counts(t); n != 1 || jobs != 1 {
@@ -100,20 +104,18 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 	b.expire(t, expired)
 	for what, l := range map[string]*pglock.Lease{"released": released, "expired": expired} {
 		_, err := outbox.Enqueue(b.ctx, b.pool, l, intent("k-"+what))
-		var refused *outbox.RefusedError
-		var lost *pgfence.Error
-		if !errors.Is(err, pgfence.ErrLost) || !errors.As(err, &refused) ||
-			!errors.As(err, &lost) || lost.Kind != pgfence.ErrLost {
-			t.Fatalf("%s lease: %v (%T), want a RefusedError matching pgfence.ErrLost", what, err, err)
+		lost := pfError(err)
+		if !errors.Is(err, pgfence.ErrLost) || lost == nil || lost.Kind != pgfence.ErrLost {
+			t.Fatalf("%s lease: %v (%T), want pgfence.ErrLost", what, err, err)
 		}
-		if refused.LockName != l.Name() || refused.Token != l.Token() || refused.Latest != l.Token() || refused.Key != "k-"+what ||
-			lost.Name != l.Name() || lost.Token != l.Token() || lost.Holder != l.Holder() {
-			t.Errorf("%s lease: refusal %+v / %+v, want lock %s token %d", what, refused, lost, l.Name(), l.Token())
+		if lost.Name != l.Name() || lost.Token != l.Token() || lost.Holder != l.Holder() ||
+			!strings.Contains(lost.Reason, "(intent key k-"+what+")") || pgerr.Code(err) != "PF012" {
+			t.Errorf("%s lease: refusal %+v, want lock %s token %d", what, lost, l.Name(), l.Token())
 		}
 		if !strings.Contains(err.Error(), "not held") || lost.Err == nil || !strings.Contains(lost.Err.Error(), what) {
 			t.Errorf("%s lease: %q (server: %v) does not say why", what, err, lost.Err)
 		}
-		if errors.Is(err, outbox.ErrStaleToken) || errors.Is(err, outbox.ErrTokenNotIssued) {
+		if errors.Is(err, pgfence.ErrStaleToken) || errors.Is(err, pgfence.ErrInvalid) {
 			t.Errorf("%s lease: %v also matches another refusal", what, err)
 		}
 	}
@@ -123,9 +125,9 @@ func TestEnqueueLeaseNotHeld(t *testing.T) {
 	otherKey := b.grantBy(t, b.other, "settle:other").Key()
 	for what, key := range map[string][]byte{"a made-up key": []byte("0123456789abcdef"), "another Locker's key": otherKey} {
 		err := enqueueSQL(b, held.Name(), held.Token(), key, "k-wrong")
-		var refused *outbox.RefusedError
-		if !errors.Is(err, pgfence.ErrLost) || !errors.As(err, &refused) ||
-			refused.LockName != held.Name() || refused.Token != held.Token() || !strings.Contains(err.Error(), "not held") {
+		refused := pfError(err)
+		if !errors.Is(err, pgfence.ErrLost) || refused == nil ||
+			refused.Name != held.Name() || refused.Token != held.Token() || !strings.Contains(err.Error(), "not held") {
 			t.Fatalf("%s: %v (%+v), want pgfence.ErrLost for %s token %d", what, err, refused, held.Name(), held.Token())
 		}
 	}
@@ -176,8 +178,8 @@ func TestEnqueueRefusedAtCommit(t *testing.T) {
 	// not held back by it.
 	cur := b.regrant(t, old)
 	err = outbox.TranslateError(tx.Commit(b.ctx))
-	var refused *outbox.RefusedError
-	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.As(err, &refused) || refused.Latest != cur.Token() {
+	if refused := pfError(err); !errors.Is(err, pgfence.ErrStaleToken) || refused == nil ||
+		!strings.Contains(refused.Reason, fmt.Sprintf("latest token %d ", cur.Token())) || refused.Token != old.Token() {
 		t.Fatalf("commit after a newer grant: %v, want a stale-token refusal", err)
 	}
 	var n int
@@ -205,39 +207,39 @@ func TestEnqueueBadInput(t *testing.T) {
 		name  string
 		lease *pglock.Lease
 		in    outbox.Intent
-		want  error
+		want  string // the argument named
 	}{
-		{"nil lease", nil, intent("k-1"), outbox.ErrInvalidToken},
-		{"zero lease (token 0)", new(pglock.Lease), intent("k-1"), outbox.ErrInvalidToken},
-		{"empty topic", l, with(func(in *outbox.Intent) { in.Topic = "" }), outbox.ErrInvalidTopic},
-		{"huge topic", l, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", 100+1) }), outbox.ErrInvalidTopic},
-		{"SQL-looking topic", l, with(func(in *outbox.Intent) { in.Topic = "x'; DROP TABLE pgfence.outbox; --" }), outbox.ErrInvalidTopic},
-		{"non-ASCII topic", l, with(func(in *outbox.Intent) { in.Topic = "paiements-é" }), outbox.ErrInvalidTopic},
-		{"empty key", l, with(func(in *outbox.Intent) { in.Key = "" }), outbox.ErrInvalidKey},
-		{"huge key", l, with(func(in *outbox.Intent) { in.Key = strings.Repeat("k", outbox.MaxKeyBytes+1) }), outbox.ErrInvalidKey},
-		{"key with a space", l, with(func(in *outbox.Intent) { in.Key = "a b" }), outbox.ErrInvalidKey},
-		{"key with a newline", l, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), outbox.ErrInvalidKey},
-		{"nil payload", l, with(func(in *outbox.Intent) { in.Payload = nil }), outbox.ErrInvalidPayload},
-		{"invalid JSON", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), outbox.ErrInvalidPayload},
+		{"nil lease", nil, intent("k-1"), "lease"},
+		{"zero lease (token 0)", new(pglock.Lease), intent("k-1"), "lease token"},
+		{"empty topic", l, with(func(in *outbox.Intent) { in.Topic = "" }), "Intent.Topic"},
+		{"huge topic", l, with(func(in *outbox.Intent) { in.Topic = strings.Repeat("t", 100+1) }), "Intent.Topic"},
+		{"SQL-looking topic", l, with(func(in *outbox.Intent) { in.Topic = "x'; DROP TABLE pgfence.outbox; --" }), "Intent.Topic"},
+		{"non-ASCII topic", l, with(func(in *outbox.Intent) { in.Topic = "paiements-é" }), "Intent.Topic"},
+		{"empty key", l, with(func(in *outbox.Intent) { in.Key = "" }), "Intent.Key"},
+		{"huge key", l, with(func(in *outbox.Intent) { in.Key = strings.Repeat("k", outbox.MaxKeyBytes+1) }), "Intent.Key"},
+		{"key with a space", l, with(func(in *outbox.Intent) { in.Key = "a b" }), "Intent.Key"},
+		{"key with a newline", l, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), "Intent.Key"},
+		{"nil payload", l, with(func(in *outbox.Intent) { in.Payload = nil }), "Intent.Payload"},
+		{"invalid JSON", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), "Intent.Payload"},
 		{"huge payload", l, with(func(in *outbox.Intent) {
 			in.Payload = json.RawMessage(`"` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"`)
-		}), outbox.ErrInvalidPayload},
-		{"negative max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = -1 }), outbox.ErrInvalidIntent},
-		{"huge max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = 1 << 30 }), outbox.ErrInvalidIntent},
+		}), "Intent.Payload"},
+		{"negative max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = -1 }), "Intent.MaxAttempts"},
+		{"huge max attempts", l, with(func(in *outbox.Intent) { in.MaxAttempts = 1 << 30 }), "Intent.MaxAttempts"},
 	}
 	for _, c := range cases {
-		if _, err := outbox.Enqueue(b.ctx, b.pool, c.lease, c.in); !errors.Is(err, c.want) {
+		if _, err := outbox.Enqueue(b.ctx, b.pool, c.lease, c.in); !isInvalid(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
 	var nilPool *pgxpool.Pool
 	var nilTx pgx.Tx
-	for _, db := range []outbox.DBTX{nil, nilPool, nilTx} {
-		if _, err := outbox.Enqueue(b.ctx, db, l, intent("k-1")); !errors.Is(err, outbox.ErrNilDB) {
-			t.Errorf("nil db %T: %v, want ErrNilDB", db, err)
+	for _, db := range []pgfence.DBTX{nil, nilPool, nilTx} {
+		if _, err := outbox.Enqueue(b.ctx, db, l, intent("k-1")); !isInvalid(err, "db") {
+			t.Errorf("nil db %T: %v, want ErrInvalid naming db", db, err)
 		}
 	}
-	if _, err := outbox.Status(b.ctx, nilPool); !errors.Is(err, outbox.ErrNilDB) {
+	if _, err := outbox.Status(b.ctx, nilPool); !isInvalid(err, "db") {
 		t.Errorf("Status(nil): %v", err)
 	}
 	if n, jobs := b.counts(t); n != 0 || jobs != 0 {
@@ -301,8 +303,8 @@ func TestEnqueuePayloadServerLimit(t *testing.T) {
 	if len(in.Payload) > outbox.MaxPayloadBytes {
 		t.Fatalf("test payload is %d bytes", len(in.Payload))
 	}
-	if _, err := outbox.Enqueue(b.ctx, b.pool, l, in); !errors.Is(err, outbox.ErrInvalidPayload) {
-		t.Fatalf("payload over the server's limit: %v, want ErrInvalidPayload", err)
+	if _, err := outbox.Enqueue(b.ctx, b.pool, l, in); !isInvalid(err, "payload") {
+		t.Fatalf("payload over the server's limit: %v, want ErrInvalid naming the payload", err)
 	}
 	big := `"` + strings.Repeat("x", 16<<20) + `"`
 	_, err := b.pool.Exec(b.ctx, "SELECT * FROM pgfence.outbox_enqueue($1, $2, $3, 'payments', 'k-big', $4::jsonb)",
@@ -314,4 +316,20 @@ func TestEnqueuePayloadServerLimit(t *testing.T) {
 	if intents, jobs := b.counts(t); intents != 0 || jobs != 0 {
 		t.Fatalf("%d intents, %d jobs recorded; want none", intents, jobs)
 	}
+}
+
+// pfError returns err as a *pgfence.Error, or nil.
+func pfError(err error) *pgfence.Error {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) {
+		return nil
+	}
+	return pe
+}
+
+// isInvalid reports whether err is pgfence.ErrInvalid whose Reason names
+// the argument arg.
+func isInvalid(err error, arg string) bool {
+	pe := pfError(err)
+	return errors.Is(err, pgfence.ErrInvalid) && pe != nil && strings.HasPrefix(pe.Reason, arg+": ")
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -120,7 +120,7 @@ func ExampleEnqueue_staleHolder() {
 		Key:     "settle:store-8:2024-06-01",
 		Payload: json.RawMessage(`{"store":8,"day":"2024-06-01","amount_cents":4200}`),
 	})
-	fmt.Println("stale holder refused:", errors.Is(err, outbox.ErrStaleToken))
+	fmt.Println("stale holder refused:", errors.Is(err, pgfence.ErrStaleToken))
 	// Output: stale holder refused: true
 }
 
@@ -179,13 +179,11 @@ func ExampleNewHTTPHandler() {
 // and nothing is recorded.
 func ExampleEnqueue_badInput() {
 	ctx := context.Background()
-	var db outbox.DBTX // nil here: validation fails before it is used
+	var db pgfence.DBTX // nil here: validation fails before it is used
 	_, err := outbox.Enqueue(ctx, db, nil, outbox.Intent{Topic: "payments", Key: "settle:7:2024-06-01"})
-	fmt.Println(errors.Is(err, outbox.ErrNilDB))
-
-	// A stale holder's refusal is the refusal of a stale fenced write.
-	fmt.Println(outbox.ErrStaleToken == fencedwrite.ErrStaleToken)
+	fmt.Println(errors.Is(err, pgfence.ErrInvalid))
+	fmt.Println(err)
 	// Output:
 	// true
-	// true
+	// outbox.Enqueue: invalid argument: db: nil: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx
 }

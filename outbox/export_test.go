@@ -6,8 +6,3 @@ const (
 	MaxPayloadBytes = maxPayloadBytes
 	QueuePrefix     = queuePrefix
 )
-
-var (
-	ValidateTopic = validateTopic
-	ValidateKey   = validateKey
-)

@@ -79,13 +79,13 @@ func (e *HTTPStatusError) Error() string {
 func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: URL %q: want an http or https URL", ErrInvalidConfig, cutForError(cfg.URL))
+		return nil, invalid("outbox.NewHTTPHandler", "HTTPConfig.URL", "%q: want an http or https URL", cutForError(cfg.URL))
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 10 * time.Second
 	}
 	if cfg.Timeout < time.Millisecond || cfg.Timeout > maxHTTPTimeout {
-		return nil, fmt.Errorf("%w: HTTP timeout %s not in 1ms..%s", ErrInvalidConfig, cfg.Timeout, maxHTTPTimeout)
+		return nil, invalid("outbox.NewHTTPHandler", "HTTPConfig.Timeout", "%s not in 1ms..%s", cfg.Timeout, maxHTTPTimeout)
 	}
 	if cfg.Client == nil {
 		cfg.Client = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

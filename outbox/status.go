@@ -2,8 +2,8 @@ package outbox
 
 import (
 	"context"
-	"fmt"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
@@ -35,13 +35,13 @@ func (s TopicStatus) Undelivered() int64 {
 
 // Status returns one [TopicStatus] per topic that has intents, by topic
 // name. It reads every intent.
-func Status(ctx context.Context, db DBTX) ([]TopicStatus, error) {
+func Status(ctx context.Context, db pgfence.DBTX) ([]TopicStatus, error) {
 	if nilcheck.IsNil(db) {
-		return nil, fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", ErrNilDB)
+		return nil, invalid("outbox.Status", "db", "nil: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx")
 	}
 	rows, err := queries.OutboxStatus(ctx, db)
 	if err != nil {
-		return nil, translate("status", nil, err)
+		return nil, translate("outbox.Status", nil, err)
 	}
 	out := make([]TopicStatus, len(rows))
 	for i, r := range rows {

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -208,7 +207,7 @@ func TestOutboxDoor(t *testing.T) {
 			t.Errorf("outbox.Enqueue under the %s lease: %v, want pgfence.ErrLost", what, err)
 		}
 	}
-	if _, err := outbox.Enqueue(ctx, app, old, outbox.Intent{Topic: "payments", Key: "k-old", Payload: json.RawMessage(`{}`)}); !errors.Is(err, fencedwrite.ErrStaleToken) {
+	if _, err := outbox.Enqueue(ctx, app, old, outbox.Intent{Topic: "payments", Key: "k-old", Payload: json.RawMessage(`{}`)}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Errorf("outbox.Enqueue under the superseded lease: %v, want ErrStaleToken", err)
 	}
 	if after := recorded(); after != before {

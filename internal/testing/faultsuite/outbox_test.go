@@ -110,7 +110,7 @@ func outboxHolderMain(mode string) int {
 		stdin.Scan()
 	}
 	in := outbox.Intent{Topic: outboxTopic, Key: os.Getenv(envOutboxKey), Payload: json.RawMessage(`{"amount":100}`)}
-	var refused *outbox.RefusedError
+	var refused *pgfence.Error
 	at := "enqueue"
 	err = c.Enqueued(lease.Name(), lease.Token(), in.Key, func() error {
 		if _, err := outbox.Enqueue(ctx, tx, lease, in); err != nil {
@@ -123,8 +123,9 @@ func outboxHolderMain(mode string) int {
 		at = "commit"
 		return tx.Commit(ctx)
 	})
-	if errors.As(err, &refused) && errors.Is(err, fencedwrite.ErrStaleToken) {
-		fmt.Printf("refused-%s %d %d\n", at, refused.Token, refused.Latest)
+	var stale *fencedwrite.StaleTokenError // the server's DETAIL: the lock's latest token
+	if errors.As(err, &refused) && errors.Is(err, pgfence.ErrStaleToken) && errors.As(fencedwrite.TranslateError(refused.Err), &stale) {
+		fmt.Printf("refused-%s %d %d\n", at, refused.Token, stale.Fence)
 		return 0
 	}
 	if err != nil {
@@ -609,10 +610,10 @@ func TestOutboxFaults(t *testing.T) {
 					Payload: json.RawMessage(`{}`)})
 				return err
 			})
-			if !errors.Is(err, fencedwrite.ErrStaleToken) {
+			if !errors.Is(err, pgfence.ErrStaleToken) {
 				return fmt.Errorf("superseded holder's Enqueue: %v, want a stale-token refusal", err)
 			}
-			if err := outbox.TranslateError(tx.Commit(ctx)); !errors.Is(err, fencedwrite.ErrStaleToken) {
+			if err := outbox.TranslateError(tx.Commit(ctx)); !errors.Is(err, pgfence.ErrStaleToken) {
 				return fmt.Errorf("superseded holder's COMMIT: %v, want a stale-token refusal", err)
 			}
 			rec.Add(history.Op{Client: sc.ID(), Input: history.Input{Kind: history.Enqueue, Key: lock, Token: lease.Token(), Value: atCommit},

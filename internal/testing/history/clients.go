@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/outbox"
 	"github.com/pgfence/pgfence/pglock"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -55,7 +56,6 @@ func (c *Client) at(t time.Time) int64 {
 // invalid reports errors refused before any SQL ran: nothing is recorded.
 func invalid(err error) bool {
 	return errors.Is(err, pgfence.ErrInvalid) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
-		errors.Is(err, outbox.ErrInvalidToken) ||
 		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
 		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
 		errors.Is(err, skiplocked.ErrInvalidToken)
@@ -267,7 +267,7 @@ func (c *Client) endRow(p *Pending, err error) {
 }
 
 // Enqueue records outbox.Enqueue of an intent under lease.
-func (c *Client) Enqueue(ctx context.Context, db outbox.DBTX, lease *pglock.Lease, key string) error {
+func (c *Client) Enqueue(ctx context.Context, db pgfence.DBTX, lease *pglock.Lease, key string) error {
 	return c.Enqueued(lease.Name(), lease.Token(), key, func() error {
 		_, err := outbox.Enqueue(ctx, db, lease, outbox.Intent{Topic: "history", Key: key, Payload: json.RawMessage(`{}`)})
 		return err
@@ -283,11 +283,13 @@ func (c *Client) Enqueued(lock string, token int64, key string, enqueue func() e
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
-	case invalid(err):
-	case errors.Is(err, outbox.ErrStaleToken):
-		c.end(p, Output{Outcome: Stale})
-	case errors.Is(err, outbox.ErrTokenNotIssued):
+	case errors.Is(err, pgfence.ErrInvalid) && pgerr.Code(err) == pgerr.TokenNotIssued:
+		// A token the lock never issued (SQLSTATE PF002): ErrInvalid, but
+		// refused by the database, which the model checks.
 		c.end(p, Output{Outcome: NotIssued})
+	case invalid(err):
+	case errors.Is(err, pgfence.ErrStaleToken):
+		c.end(p, Output{Outcome: Stale})
 	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
