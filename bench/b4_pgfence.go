@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -73,8 +74,11 @@ func (b *bench) pgfenceB4Variant(batch, jobs int) variant {
 							}
 							err = skiplocked.Complete(ctx, b.pg.pool, refs...)
 							lost := 0
-							if cl := (*skiplocked.ClaimsLostError)(nil); errors.As(err, &cl) {
-								lost = len(cl.Lost)
+							if errors.Is(err, pgfence.ErrLost) { // one *pgfence.Error per lost ref, joined when several
+								lost = 1
+								if j, ok := err.(interface{ Unwrap() []error }); ok {
+									lost = len(j.Unwrap())
+								}
 							}
 							done.Add(int64(len(refs) - lost))
 						}

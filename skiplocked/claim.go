@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
@@ -32,7 +32,7 @@ type ClaimParams struct {
 // expiry of now() + p.TTL on the database clock, and returns them in claim
 // order (priority, run_at, id). Claimable means available with run_at <=
 // now(), or running with an expired claim (the previous holder's calls then
-// get [ErrClaimLost]); an expired claim with no attempts left sends the job
+// get an error matching [pgfence.ErrLost]); an expired claim with no attempts left sends the job
 // to dead instead.
 //
 // Run it on a pool or connection, not inside a long transaction. Each claim
@@ -42,20 +42,20 @@ type ClaimParams struct {
 // The jobs of one call share a new random claim key ([Job.ClaimKey]); the
 // database stores only its SHA-256, and every later change of the claims
 // needs it ([Job.Ref] carries it).
-func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
+func Claim(ctx context.Context, db pgfence.DBTX, p ClaimParams) ([]Job, error) {
 	if nilcheck.IsNil(db) {
-		return nil, ErrNilDB
+		return nil, nilDB(opClaim)
 	}
-	if err := checkQueue(p.Queue); err != nil {
+	if err := checkQueue(opClaim, p.Queue); err != nil {
 		return nil, err
 	}
-	if err := checkHolder(p.Holder); err != nil {
+	if err := checkHolder(opClaim, "holder", p.Holder); err != nil {
 		return nil, err
 	}
-	if err := checkLimit(p.Limit); err != nil {
+	if err := checkLimit(opClaim, "limit", p.Limit); err != nil {
 		return nil, err
 	}
-	if err := checkTTL(p.TTL); err != nil {
+	if err := checkTTL(opClaim, "ttl", p.TTL); err != nil {
 		return nil, err
 	}
 	key := newClaimKey()
@@ -63,7 +63,7 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 		Queue: p.Queue, MaxJobs: int32(p.Limit), Holder: p.Holder, TtlMs: p.TTL.Milliseconds(), Key: key[:],
 	})
 	if err != nil {
-		return nil, translate("claim", err)
+		return nil, dbError(opClaim, p.Queue, "", err)
 	}
 	jobs := make([]Job, len(rows))
 	for i, r := range rows {
@@ -82,17 +82,17 @@ func Claim(ctx context.Context, db DBTX, p ClaimParams) ([]Job, error) {
 // without counting an attempt.
 func ClaimTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, error) {
 	if nilcheck.IsNil(tx) {
-		return nil, ErrNilDB
+		return nil, nilDB(opClaimTx)
 	}
-	if err := checkQueue(queue); err != nil {
+	if err := checkQueue(opClaimTx, queue); err != nil {
 		return nil, err
 	}
-	if err := checkLimit(limit); err != nil {
+	if err := checkLimit(opClaimTx, "limit", limit); err != nil {
 		return nil, err
 	}
 	rows, err := queries.ClaimJobsTx(ctx, tx, queue, int32(limit))
 	if err != nil {
-		return nil, translate("claim in transaction", err)
+		return nil, dbError(opClaimTx, queue, "", err)
 	}
 	jobs := make([]Job, len(rows))
 	for i, r := range rows {
@@ -102,22 +102,23 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, er
 }
 
 // CompleteTx marks a job claimed by [ClaimTx] completed, in the same
-// transaction. It returns [ErrJobNotFound] if no available job has that id.
+// transaction. It returns an error matching [pgfence.ErrNotFound] if no available
+// job has that id.
 // It must run in the transaction that claimed the job: the row lock is what
 // makes it safe.
 func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	if nilcheck.IsNil(tx) {
-		return ErrNilDB
+		return nilDB(opCompleteTx)
 	}
 	if id <= 0 {
-		return fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
+		return invalid(opCompleteTx, "id", "%d, must be > 0", id)
 	}
 	done, err := queries.CompleteJobTx(ctx, tx, id)
 	if err != nil {
-		return translate("complete in transaction", err)
+		return dbError(opCompleteTx, "", "", err)
 	}
 	if !done {
-		return fmt.Errorf("%w: no available job %d", ErrJobNotFound, id)
+		return notFound(opCompleteTx, id, "available job")
 	}
 	return nil
 }
@@ -127,22 +128,22 @@ func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 // dead when no attempts are left or p.GiveUp. The change commits with tx.
 func FailTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
 	if nilcheck.IsNil(tx) {
-		return Job{}, ErrNilDB
+		return Job{}, nilDB(opFailTx)
 	}
 	if id <= 0 {
-		return Job{}, fmt.Errorf("%w: job id %d", ErrInvalidToken, id)
+		return Job{}, invalid(opFailTx, "id", "%d, must be > 0", id)
 	}
 	if p.RetryIn < 0 || p.RetryIn > maxRetryDelay {
-		return Job{}, fmt.Errorf("%w: retry delay %s not in 0..%s", ErrInvalidJob, p.RetryIn, maxRetryDelay)
+		return Job{}, invalid(opFailTx, "FailParams.RetryIn", "%s not in 0..%s", p.RetryIn, maxRetryDelay)
 	}
 	row, err := queries.FailJobTx(ctx, tx, dbsqlc.FailJobTxParams{
 		GiveUp: p.GiveUp, RetryInMs: p.RetryIn.Milliseconds(), LastError: cutError(p.Error), ID: id,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Job{}, fmt.Errorf("%w: no available job %d", ErrJobNotFound, id)
+		return Job{}, notFound(opFailTx, id, "available job")
 	}
 	if err != nil {
-		return Job{}, translate("fail in transaction", err)
+		return Job{}, dbError(opFailTx, "", "", err)
 	}
 	return jobFromRow(row), nil
 }

@@ -3,6 +3,7 @@ package skiplocked
 import (
 	"context"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
 
@@ -45,14 +46,14 @@ func (d Depth) Drained() bool { return d.Total() > 0 && d.Unfinished() == 0 }
 // in the order given, reading only the rows of those queues; a queue with no
 // job at all (never used, misspelt, or pruned) gets a Depth whose Total is
 // 0. It reads finished jobs too: prune those with [DeleteFinished].
-func QueueDepths(ctx context.Context, db DBTX, queues ...string) ([]Depth, error) {
+func QueueDepths(ctx context.Context, db pgfence.DBTX, queues ...string) ([]Depth, error) {
 	if nilcheck.IsNil(db) {
-		return nil, ErrNilDB
+		return nil, nilDB(opQueueDepths)
 	}
 	if len(queues) == 0 {
 		rows, err := queries.QueueDepths(ctx, db)
 		if err != nil {
-			return nil, translate("queue depths", err)
+			return nil, dbError(opQueueDepths, "", "", err)
 		}
 		ds := make([]Depth, len(rows))
 		for i, r := range rows {
@@ -62,13 +63,13 @@ func QueueDepths(ctx context.Context, db DBTX, queues ...string) ([]Depth, error
 		return ds, nil
 	}
 	for _, q := range queues {
-		if err := checkQueue(q); err != nil {
+		if err := checkQueue(opQueueDepths, q); err != nil {
 			return nil, err
 		}
 	}
 	rows, err := queries.QueueDepthsOf(ctx, db, queues)
 	if err != nil {
-		return nil, translate("queue depths", err)
+		return nil, dbError(opQueueDepths, "", "", err)
 	}
 	found := make(map[string]Depth, len(rows))
 	for _, r := range rows {
@@ -86,10 +87,10 @@ func QueueDepths(ctx context.Context, db DBTX, queues ...string) ([]Depth, error
 // queueUnfinished reports whether queue has an available or running job,
 // reading only the partial indexes of unfinished jobs. An unknown answer is
 // reported as unfinished.
-func queueUnfinished(ctx context.Context, db DBTX, queue string) (bool, error) {
+func queueUnfinished(ctx context.Context, db pgfence.DBTX, queue string) (bool, error) {
 	v, err := queries.QueueHasUnfinished(ctx, db, queue)
 	if err != nil {
-		return true, translate("drain check", err)
+		return true, dbError(opDrain, queue, "check whether the queue is drained", err)
 	}
 	return !v.Valid || v.Bool, nil
 }

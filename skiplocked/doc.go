@@ -30,8 +30,8 @@
 //
 // Leased claims are conditional on (job id, claim token, claim key): once an
 // expired claim is re-claimed, the first worker's calls change nothing and
-// return an error matching [ErrClaimLost] that says which claims were lost
-// ([*ClaimsLostError], or [*ClaimLostError] from [Fail]). They are
+// return an error matching [pgfence.ErrLost] that says which claims were
+// lost (see Errors below). They are
 // idempotent: a retry under the same token whose claim already ended with
 // that outcome succeeds. A job that fails MaxAttempts times goes to
 // [StateDead]; failed attempts are retried after a backoff
@@ -53,11 +53,26 @@
 // statement is atomic: when a call returns a context error, its change
 // either fully happened or did not happen at all; [GetJob] tells which.
 //
-// Errors are sentinels ([ErrInvalidQueue], [ErrInvalidLimit],
-// [ErrConnection], ...) matched with errors.Is; database failures are
-// [*DBError]. Bad input is refused before anything is sent to the database.
-// [IsConnectionError] and [IsRetryable] classify the errors of the caller's
-// own statements.
+// # Errors
+//
+// Every error is a [*pgfence.Error] (package github.com/pgfence/pgfence): Op
+// names the call ("skiplocked.Complete", "skiplocked.Worker.Drain", ...),
+// Name the queue where it is known, Kind one of pgfence's sentinels and Err
+// the cause. Ask with errors.Is: [pgfence.ErrInvalid] (bad input or
+// [Config], refused before anything is sent; Reason names the argument:
+// "queue: empty", "ttl: ...", "Config.Concurrency: ..."),
+// [pgfence.ErrLost] (a claim is not held any more: one error per lost ref,
+// joined with errors.Join when a batch lost several; Token is the ref's
+// token, Holder the job's holder now, Reason says what happened, as [Renew]
+// describes), [pgfence.ErrNotFound] (no such job, or [Worker.Drain] of a
+// queue with no job at all), [pgfence.ErrLocked] ([Renew] skipped a claim
+// whose row was locked for a moment), [pgfence.ErrClosed] (the cause of a
+// handler's context at shutdown) and [pgfence.ErrTokenExhausted]. A
+// database or connection failure has no Kind and the driver's error as Err;
+// [pgfence.IsRetryable] says whether to try again (Complete, Fail and
+// Release are idempotent: call them again). [Worker.Drain] stopped before
+// the queue was empty returns an error with no Kind whose Reason begins
+// "not drained" and whose cause is its context's.
 //
 // docs/design.md in the repository explains the claim statements and the
 // exactly-once argument.

@@ -9,69 +9,81 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
-// Sentinel errors. Every error returned by this package that is caused by one
-// of these conditions matches it with [errors.Is].
-var (
-	// ErrClaimLost means a leased claim is no longer held under the presented
-	// claim token: another worker re-claimed the row after the claim expired,
-	// or the claim already ended (completed, failed or released). Nothing was
-	// changed. The concrete error is a [*ClaimLostError] ([Fail]) or a
-	// [*ClaimsLostError] ([Complete], [Release], [Renew]).
-	ErrClaimLost = errors.New("skiplocked: claim lost")
-	// ErrJobNotFound means no job has the given id.
-	ErrJobNotFound = errors.New("skiplocked: job not found")
+// The errors of this package are [*pgfence.Error]s; the helpers below build
+// them. Op names the exported call ("skiplocked.Complete", ...), Name the
+// queue where it is known.
 
-	// ErrInvalidQueue means a queue name is empty, longer than 128
-	// bytes or contains control characters.
-	ErrInvalidQueue = errors.New("skiplocked: invalid queue name")
-	// ErrInvalidHolder means a holder identity is empty, longer than
-	// 512 bytes or contains control characters.
-	ErrInvalidHolder = errors.New("skiplocked: invalid holder")
-	// ErrInvalidLimit means a batch size (rows per claim) is <= 0 or larger
-	// than 10,000.
-	ErrInvalidLimit = errors.New("skiplocked: invalid batch size")
-	// ErrInvalidTTL means a claim duration is outside 100ms..24h.
-	ErrInvalidTTL = errors.New("skiplocked: invalid claim TTL")
-	// ErrInvalidToken means a claim token or job id is <= 0.
-	ErrInvalidToken = errors.New("skiplocked: invalid claim token or job id")
-	// ErrInvalidPayload means a job payload is not valid JSON or is larger
-	// than its limit (EnqueueParams.MaxPayloadBytes).
-	ErrInvalidPayload = errors.New("skiplocked: invalid payload")
-	// ErrInvalidJob means an enqueue option is out of range (max attempts,
-	// retry delay, batch length).
-	ErrInvalidJob = errors.New("skiplocked: invalid job")
-	// ErrInvalidConfig means a [Config] field is out of range.
-	ErrInvalidConfig = errors.New("skiplocked: invalid config")
-	// ErrNilDB means a nil pool, connection or transaction was passed.
-	ErrNilDB = errors.New("skiplocked: nil database handle")
-	// ErrTokenExhausted means the claim token sequence reached its maximum.
-	// It never wraps around; an operator must intervene.
-	ErrTokenExhausted = errors.New("skiplocked: claim token sequence exhausted")
-	// ErrConnection means the connection to PostgreSQL failed or was closed
-	// (for example by pg_terminate_backend) during the call. Whether a write
-	// landed is unknown unless the call documents otherwise; in-transaction
-	// claims of that connection are released by the server. [Complete],
-	// [Fail] and [Release] may simply be called again: they are idempotent.
-	ErrConnection = errors.New("skiplocked: connection lost")
-	// ErrNotDrained is the error of [Worker.Drain] when it stopped (its
-	// context was cancelled) while the queue still had available or running
-	// jobs. The [Summary] it returns counts what was done until then.
-	ErrNotDrained = errors.New("skiplocked: queue not drained")
-	// ErrNoJobs means a queue has no job at all, in any state: it was never
-	// used, its name is misspelt, or its finished jobs were deleted.
-	// [Worker.Drain] returns it rather than report an empty queue as a
-	// finished one.
-	ErrNoJobs = errors.New("skiplocked: queue has no jobs")
-	// ErrShutdown is the cause of a handler's context cancellation when the
-	// [Worker] stops and [Config].ShutdownTimeout has passed.
-	ErrShutdown = errors.New("skiplocked: worker shutting down")
+// The operations, as Op says them.
+const (
+	opClaim          = "skiplocked.Claim"
+	opClaimTx        = "skiplocked.ClaimTx"
+	opCompleteTx     = "skiplocked.CompleteTx"
+	opFailTx         = "skiplocked.FailTx"
+	opComplete       = "skiplocked.Complete"
+	opRelease        = "skiplocked.Release"
+	opRenew          = "skiplocked.Renew"
+	opFail           = "skiplocked.Fail"
+	opEnqueue        = "skiplocked.Enqueue"
+	opGetJob         = "skiplocked.GetJob"
+	opDeleteFinished = "skiplocked.DeleteFinished"
+	opQueueDepths    = "skiplocked.QueueDepths"
+	opNewWorker      = "skiplocked.NewWorker"
+	opNewTxWorker    = "skiplocked.NewTxWorker"
+	opRun            = "skiplocked.Worker.Run"
+	opDrain          = "skiplocked.Worker.Drain"
+	opWorker         = "skiplocked.Worker" // the worker's own statements (renewals, outcomes)
 )
 
-// Outcomes of a leased claim, as kept in pgfence.jobs.claim_outcome and
-// reported in [ClaimLostError.Outcome].
+// errShutdown is the cause of a handler's context cancellation when the
+// Worker stops and Config.ShutdownTimeout has passed.
+var errShutdown error = &pgfence.Error{Op: opWorker, Kind: pgfence.ErrClosed, Reason: "the worker is shutting down"}
+
+// invalid is rejected input (pgfence.ErrInvalid): arg names the argument,
+// the rest says what is wrong with it. Nothing was sent to the database.
+func invalid(op, arg, format string, args ...any) *pgfence.Error {
+	return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Reason: arg + ": " + fmt.Sprintf(format, args...)}
+}
+
+// nilDB is a nil pool, connection or transaction.
+func nilDB(op string) *pgfence.Error {
+	return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Reason: "db: nil database handle"}
+}
+
+// notFound says job id does not exist (pgfence.ErrNotFound).
+func notFound(op string, id int64, what string) *pgfence.Error {
+	return &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Reason: fmt.Sprintf("no %s %d", what, id)}
+}
+
+// dbError is a database or connection failure of op (on queue name, if
+// known); step, if not empty, says which statement of op failed. A token
+// sequence at its maximum is pgfence.ErrTokenExhausted, a payload the
+// database refused pgfence.ErrInvalid; every other failure has no Kind.
+func dbError(op, name, step string, err error) *pgfence.Error {
+	e := &pgfence.Error{Op: op, Name: name, Reason: step, Err: err}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return e
+	}
+	switch code := pgerr.Code(err); {
+	case code == pgerr.SequenceGeneratorLimit:
+		e.Kind = pgfence.ErrTokenExhausted
+	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText || pgerr.PayloadTooLarge(err):
+		e.Kind = pgfence.ErrInvalid
+		e.Reason = "Payload: refused by the database"
+	}
+	return e
+}
+
+// connLost reports whether err means the connection (and any transaction on
+// it) is gone, so a conditional, idempotent statement may be sent again.
+func connLost(err error) bool {
+	return pgerr.IsConnectionLost(err) || errors.Is(err, pgx.ErrTxClosed)
+}
+
+// Outcomes of a leased claim, as kept in pgfence.jobs.claim_outcome.
 const (
 	// outcomeCompleted: the claim ended with [Complete].
 	outcomeCompleted = "completed"
@@ -84,193 +96,78 @@ const (
 	// claim sent the job to dead.
 )
 
-// ClaimLostError reports that a conditional Complete, Fail, Renew or
-// Release changed nothing because the job is no longer held under Token.
-type ClaimLostError struct {
-	// JobID is the job the caller tried to change.
-	JobID int64
-	// Token is the claim token the caller presented.
-	Token int64
-	// CurrentToken is the job's claim token now (0 when unknown).
-	CurrentToken int64
-	// State is the job's state now ("" when unknown).
-	State State
-	// Holder is the worker of the job's latest claim ("" when unknown).
-	Holder string
+// claimInfo is what a job's row says of the claim of Token, read when a
+// conditional Complete, Fail, Renew or Release changed nothing.
+type claimInfo struct {
+	JobID        int64  // the job the caller tried to change
+	Token        int64  // the claim token the caller presented
+	CurrentToken int64  // the job's claim token now (0 when unknown)
+	State        State  // the job's state now ("" when unknown)
+	Holder       string // the worker of the job's latest claim ("" when unknown)
 	// Outcome is how the claim under CurrentToken ended: "completed",
-	// "failed", "released" or "expired" (the claim ran out on the job's last
-	// attempt and a later claim sent the job to dead); "" while that
-	// claim runs, or when unknown. When CurrentToken == Token it says how
-	// your own claim ended, by a call other than the one refused (a Complete
-	// after your Release, for example).
+	// "failed", "released" or "expired"; "" while that claim runs, or when
+	// unknown.
 	Outcome string
 
 	keyHash  []byte // claim_key_hash of the job as read
 	wrongKey bool   // Token is the job's claim token, but the key presented is not its key
 }
 
-// checkKey marks e when the claim of e.Token is the job's current one but
+// checkKey marks c when the claim of c.Token is the job's current one but
 // key is not its key: such a call is refused as a lost claim, never taken
 // for one already done.
-func (e *ClaimLostError) checkKey(key [16]byte) {
-	if e.CurrentToken != e.Token {
+func (c *claimInfo) checkKey(key [16]byte) {
+	if c.CurrentToken != c.Token {
 		return
 	}
 	h := sha256.Sum256(key[:])
-	if !bytes.Equal(e.keyHash, h[:]) {
-		e.wrongKey = true
+	if !bytes.Equal(c.keyHash, h[:]) {
+		c.wrongKey = true
 	}
 }
 
-// Reclaimed reports whether the job was claimed again after the claim of
-// Token: another worker holds it now or finished it.
-func (e *ClaimLostError) Reclaimed() bool { return e.CurrentToken > e.Token }
-
-// Error describes why the claim is lost.
-func (e *ClaimLostError) Error() string {
+// lostError says the claim of ref is lost (pgfence.ErrLost): Token is the
+// claim's token, Holder the job's current holder, Reason what happened
+// ("job 7: reclaimed by token 9, state running", "job 7: claim already
+// ended (completed), state completed", ...). c is nil when the job does not exist: then the error also matches
+// pgfence.ErrNotFound.
+func lostError(op, name string, ref ClaimRef, c *claimInfo) *pgfence.Error {
+	e := &pgfence.Error{Op: op, Kind: pgfence.ErrLost, Name: name, Token: ref.Token}
 	switch {
-	case e.wrongKey:
-		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d was not made with this claim key, state %s", e.JobID, e.Token, e.State)
-	case e.CurrentToken > e.Token:
-		return fmt.Sprintf("skiplocked: claim lost: job %d was re-claimed with token %d by %q (yours: %d), state %s",
-			e.JobID, e.CurrentToken, e.Holder, e.Token, e.State)
-	case e.CurrentToken == e.Token && e.Outcome != "":
-		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d already ended (%s), state %s", e.JobID, e.Token, e.Outcome, e.State)
-	case e.CurrentToken == e.Token:
-		return fmt.Sprintf("skiplocked: claim lost: job %d claim %d already ended, state %s", e.JobID, e.Token, e.State)
+	case c == nil:
+		e.Reason = fmt.Sprintf("job %d: no such job", ref.JobID)
+		e.Err = pgfence.ErrNotFound
+		return e
+	case c.State == "":
+		e.Reason = fmt.Sprintf("job %d: claim lost; the job could not be read back", c.JobID)
+	case c.wrongKey:
+		e.Reason = fmt.Sprintf("job %d: claim not made with this claim key, state %s", c.JobID, c.State)
+	case c.CurrentToken > c.Token:
+		e.Reason = fmt.Sprintf("job %d: reclaimed by token %d, state %s", c.JobID, c.CurrentToken, c.State)
+	case c.CurrentToken == c.Token && c.Outcome != "":
+		e.Reason = fmt.Sprintf("job %d: claim already ended (%s), state %s", c.JobID, c.Outcome, c.State)
+	case c.CurrentToken == c.Token:
+		e.Reason = fmt.Sprintf("job %d: claim already ended, state %s", c.JobID, c.State)
 	default:
-		return fmt.Sprintf("skiplocked: claim lost: job %d is not held under token %d (current %d, state %s)",
-			e.JobID, e.Token, e.CurrentToken, e.State)
+		e.Reason = fmt.Sprintf("job %d: not held under this token (current %d), state %s", c.JobID, c.CurrentToken, c.State)
 	}
+	e.Holder = c.Holder
+	return e
 }
 
-// Is reports whether target is [ErrClaimLost].
-func (e *ClaimLostError) Is(target error) bool { return target == ErrClaimLost }
-
-// ClaimsLostError is the error of [Complete], [Release] and [Renew] when
-// some of their claims changed nothing (lost, or the job does not exist): a
-// call with a refused claim is never a plain success. The other claims of
-// the call were applied (or had already been applied under the same tokens:
-// a retried call is not a loss). errors.Is(err, [ErrClaimLost]) reports
-// true, and errors.As(err, &e) with e a [*ClaimLostError] finds the first
-// lost claim whose job exists.
-type ClaimsLostError struct {
-	Op    string     // "complete", "release" or "renew"
-	Total int        // claims in the call
-	Lost  []ClaimRef // the claims that changed nothing, in the caller's order
-	// Details says, for each claim of Lost (same order), what the job looks
-	// like now: current token, state, holder and outcome. An entry is nil
-	// when the job does not exist (deleted, or a wrong id).
-	Details []*ClaimLostError
-}
-
-// Error says which claims were refused: the one claim's story for a call
-// with one claim, else how many claims were refused, naming the first.
-func (e *ClaimsLostError) Error() string {
-	if e.Total == 1 && len(e.Lost) == 1 {
-		if d := e.Details[0]; d != nil {
-			return d.Error()
-		}
-		return fmt.Sprintf("skiplocked: claim lost: job %d not found", e.Lost[0].JobID)
-	}
-	first := ""
-	if len(e.Lost) > 0 {
-		first = fmt.Sprintf(" (first: job %d token %d)", e.Lost[0].JobID, e.Lost[0].Token)
-	}
-	return fmt.Sprintf("skiplocked: %s refused for %d of %d claims: claim lost%s; the others were applied",
-		e.Op, len(e.Lost), e.Total, first)
-}
-
-// Is reports whether target is [ErrClaimLost].
-func (e *ClaimsLostError) Is(target error) bool { return target == ErrClaimLost }
-
-// Unwrap returns one error per lost claim: its [*ClaimLostError], or an
-// error matching [ErrJobNotFound] when the job does not exist.
-func (e *ClaimsLostError) Unwrap() []error {
-	errs := make([]error, len(e.Lost))
-	for i, r := range e.Lost {
-		if i < len(e.Details) && e.Details[i] != nil {
-			errs[i] = e.Details[i]
-		} else {
-			errs[i] = fmt.Errorf("%w: id %d", ErrJobNotFound, r.JobID)
-		}
-	}
-	return errs
-}
-
-// DBError is a database or connection error of one of this package's calls,
-// with the operation that failed. Kind is the sentinel it matches with
-// [errors.Is] ([ErrConnection], [ErrTokenExhausted], [ErrInvalidPayload]),
-// or nil; Unwrap returns the pgx or PostgreSQL error. On a database without pgfence's schema, its text
-// says to run "pgfence migrate up" as the schema owner.
-type DBError struct {
-	Op   string // "claim", "complete", "enqueue", ...
-	Kind error
-	Err  error
-}
-
-func (e *DBError) Error() string {
-	if e.Kind != nil {
-		return fmt.Sprintf("%v: %s: %s", e.Kind, e.Op, pgerr.Describe(e.Err))
-	}
-	return fmt.Sprintf("skiplocked: %s: %s", e.Op, pgerr.Describe(e.Err))
-}
-
-// Is reports whether target is the error's Kind.
-func (e *DBError) Is(target error) bool { return e.Kind != nil && target == e.Kind }
-
-// Unwrap returns the pgx or PostgreSQL error.
-func (e *DBError) Unwrap() error { return e.Err }
-
-// Transient reports whether the same call may succeed when made again (see
-// [IsRetryable] for what a retry must tolerate).
-func (e *DBError) Transient() bool { return pgerr.IsTransient(e.Err) }
-
-// translate maps pgx and PostgreSQL errors to a *DBError whose Kind is this
-// package's sentinel, keeping the original error in the chain.
-func translate(op string, err error) error {
-	if err == nil {
+// lostErrors is the error of a batch call whose refs lost changed nothing:
+// one lost claim's error, or several joined with errors.Join (in the order
+// of lost).
+func lostErrors(op string, lost []ClaimRef, infos []*claimInfo) error {
+	switch len(lost) {
+	case 0:
 		return nil
+	case 1:
+		return lostError(op, "", lost[0], infos[0])
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return &DBError{Op: op, Err: err}
+	errs := make([]error, len(lost))
+	for i, r := range lost {
+		errs[i] = lostError(op, "", r, infos[i])
 	}
-	var kind error
-	switch code := pgerr.Code(err); {
-	case code == pgerr.SequenceGeneratorLimit:
-		kind = ErrTokenExhausted
-	case code == pgerr.InvalidTextRepresentation || code == pgerr.InvalidJSONText || pgerr.PayloadTooLarge(err):
-		kind = ErrInvalidPayload
-	case pgerr.IsConnectionLost(err) || errors.Is(err, pgx.ErrTxClosed):
-		kind = ErrConnection
-	}
-	return &DBError{Op: op, Kind: kind, Err: err}
-}
-
-// IsConnectionError reports whether err, returned by a statement run through
-// pgx (yours or this package's), means that the connection to PostgreSQL
-// failed or was closed, so the session and any open transaction are gone
-// (SQLSTATE class 08, 57P01..57P03, network errors, a closed connection or
-// pool, [ErrConnection]). It reports false for nil and for a context's end.
-//
-// A true answer does not say whether the statement took effect (a COMMIT may
-// have landed): retry only work that is harmless to run twice, such as this
-// package's idempotent [Complete], [Fail] and [Release].
-func IsConnectionError(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	return errors.Is(err, ErrConnection) || pgerr.IsConnectionLost(err)
-}
-
-// IsRetryable reports whether running the whole transaction again, from
-// BEGIN, is the right reaction to err: SQLSTATE 40001 or 40P01 (the server
-// rolled it back), or an error for which [IsConnectionError] is true, with
-// its caveat. It reports false for nil, a context's end, lock and statement
-// timeouts (limits the caller set) and every other error.
-func IsRetryable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	return pgerr.IsRetryable(err) || errors.Is(err, ErrConnection)
+	return errors.Join(errs...)
 }

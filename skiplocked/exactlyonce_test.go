@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -26,7 +27,7 @@ import (
 
 // lossyDB runs every statement for real and then reports the connection
 // lost, as when the reply of a committed statement never reaches the client.
-type lossyDB struct{ skiplocked.DBTX }
+type lossyDB struct{ pgfence.DBTX }
 
 func (d lossyDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	rows, err := d.DBTX.Query(ctx, sql, args...)
@@ -92,7 +93,7 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func claimOne(t *testing.T, ctx context.Context, db skiplocked.DBTX, queue, worker string, ttl time.Duration) skiplocked.Job {
+func claimOne(t *testing.T, ctx context.Context, db pgfence.DBTX, queue, worker string, ttl time.Duration) skiplocked.Job {
 	t.Helper()
 	js, err := skiplocked.Claim(ctx, db, skiplocked.ClaimParams{Queue: queue, Holder: worker, Limit: 1, TTL: ttl})
 	if err != nil || len(js) != 1 {
@@ -125,8 +126,8 @@ func reclaimAs(t *testing.T, ctx context.Context, pool *pgxpool.Pool, queue stri
 
 // TestIdempotentOutcomes: Complete, Fail and Release under a token whose
 // claim already ended with that very outcome succeed (a retry after a lost
-// reply); every other refusal is still a *ClaimLostError naming the job's
-// current token, state, holder and outcome.
+// reply); every other refusal is still an ErrLost naming the job's current
+// token, state, holder and outcome.
 func TestIdempotentOutcomes(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -151,8 +152,8 @@ func TestIdempotentOutcomes(t *testing.T) {
 	// The reply of the first completion is lost: the caller sees a
 	// connection error, retries, and gets nil, not "claim lost".
 	err := skiplocked.Complete(ctx, lossyDB{pool}, b.Ref())
-	if !errors.Is(err, skiplocked.ErrConnection) || !skiplocked.IsConnectionError(err) || errors.Is(err, skiplocked.ErrClaimLost) {
-		t.Fatalf("complete with a lost reply: %v, want ErrConnection", err)
+	if !pgfence.IsRetryable(err) || errors.Is(err, pgfence.ErrLost) {
+		t.Fatalf("complete with a lost reply: %v, want a retryable connection error", err)
 	}
 	if got := mustJob(t, pool, b.ID); got.State != skiplocked.StateCompleted {
 		t.Fatalf("the first completion did not land: %+v", got)
@@ -167,26 +168,27 @@ func TestIdempotentOutcomes(t *testing.T) {
 			t.Fatalf("release #%d: %v", i+1, err)
 		}
 	}
-	var lost *skiplocked.ClaimLostError
-	if err := skiplocked.Complete(ctx, pool, c.Ref()); !errors.As(err, &lost) || lost.Outcome != "released" ||
-		lost.State != skiplocked.StateAvailable || lost.Reclaimed() {
-		t.Fatalf("complete after release: %v (%+v)", err, lost)
+	ended := func(j skiplocked.Job, outcome string, state skiplocked.State) string {
+		return fmt.Sprintf("job %d: claim already ended (%s), state %s", j.ID, outcome, state)
+	}
+	if err := skiplocked.Complete(ctx, pool, c.Ref()); !isLost(err, c.ClaimToken, ended(c, "released", skiplocked.StateAvailable)) {
+		t.Fatalf("complete after release: %v", err)
 	}
 
 	// Fail twice: the second returns the job as the first left it.
 	first, err := skiplocked.Fail(ctx, lossyDB{pool}, d.Ref(), skiplocked.FailParams{Error: "first", RetryIn: time.Hour})
-	if !errors.Is(err, skiplocked.ErrConnection) {
+	if !pgfence.IsRetryable(err) {
 		t.Fatalf("fail with a lost reply: %v %+v", err, first)
 	}
 	again, err := skiplocked.Fail(ctx, pool, d.Ref(), skiplocked.FailParams{Error: "second"})
 	if err != nil || again.State != skiplocked.StateAvailable || again.LastError != "first" || again.ID != d.ID {
 		t.Fatalf("retried fail = %+v, %v; want the job failed once with the first error", again, err)
 	}
-	if err := skiplocked.Complete(ctx, pool, d.Ref()); !errors.As(err, &lost) || lost.Outcome != "failed" {
+	if err := skiplocked.Complete(ctx, pool, d.Ref()); !isLost(err, d.ClaimToken, ended(d, "failed", skiplocked.StateAvailable)) {
 		t.Fatalf("complete after fail: %v", err)
 	}
 	// A claim that ended cannot be renewed, even by its own worker.
-	if _, err := skiplocked.Renew(ctx, pool, time.Minute, a.Ref()); !errors.As(err, &lost) || lost.Outcome != "completed" {
+	if _, err := skiplocked.Renew(ctx, pool, time.Minute, a.Ref()); !isLost(err, a.ClaimToken, ended(a, "completed", skiplocked.StateCompleted)) {
 		t.Fatalf("heartbeat of a completed claim: %v", err)
 	}
 
@@ -198,20 +200,15 @@ func TestIdempotentOutcomes(t *testing.T) {
 	if err := skiplocked.Complete(ctx, pool, e2.Ref()); err != nil {
 		t.Fatal(err)
 	}
-	if err := skiplocked.Complete(ctx, pool, e1.Ref()); !errors.As(err, &lost) || !lost.Reclaimed() ||
-		lost.CurrentToken != e2.ClaimToken || lost.Holder != "w2" || lost.State != skiplocked.StateCompleted {
-		t.Fatalf("stale completion: %v (%+v)", err, lost)
+	reclaimed := fmt.Sprintf("job %d: reclaimed by token %d, state completed", e1.ID, e2.ClaimToken)
+	if err := skiplocked.Complete(ctx, pool, e1.Ref()); !isLost(err, e1.ClaimToken, reclaimed) || lostErrors(err)[0].Holder != "w2" {
+		t.Fatalf("stale completion: %v", err)
 	}
 	err = skiplocked.Complete(ctx, pool, e1.Ref(), e2.Ref())
-	var cl *skiplocked.ClaimsLostError
-	if !errors.As(err, &cl) || len(cl.Lost) != 1 || cl.Lost[0] != e1.Ref() || cl.Total != 2 || len(cl.Details) != 1 ||
-		cl.Details[0].CurrentToken != e2.ClaimToken || cl.Details[0].Holder != "w2" {
-		t.Fatalf("Complete(stale, retried) = %v", err)
+	if !isLost(err, e1.ClaimToken, reclaimed) || lostErrors(err)[0].Holder != "w2" {
+		t.Fatalf("Complete(stale, retried) = %v, want only the stale claim lost", err)
 	}
-	if !errors.As(err, &lost) || lost.JobID != e1.ID || lost.Holder != "w2" {
-		t.Fatalf("Complete(stale, retried): errors.As finds %+v, want the stale claim's *ClaimLostError", lost)
-	}
-	if err := skiplocked.Release(ctx, pool, e1.Ref()); !errors.Is(err, skiplocked.ErrClaimLost) {
+	if err := skiplocked.Release(ctx, pool, e1.Ref()); !errors.Is(err, pgfence.ErrLost) {
 		t.Fatalf("stale release: %v", err)
 	}
 
@@ -227,8 +224,7 @@ func TestIdempotentOutcomes(t *testing.T) {
 	if js, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: q + "3", Holder: "w2", Limit: 1, TTL: time.Minute}); err != nil || len(js) != 0 {
 		t.Fatalf("claim of an expired last attempt = %v, %v (want it dead, not returned)", js, err)
 	}
-	if _, err := skiplocked.Fail(ctx, pool, f.Ref(), skiplocked.FailParams{Error: "late"}); !errors.As(err, &lost) ||
-		lost.Outcome != "expired" || lost.State != skiplocked.StateDead {
+	if _, err := skiplocked.Fail(ctx, pool, f.Ref(), skiplocked.FailParams{Error: "late"}); !isLost(err, f.ClaimToken, ended(f, "expired", skiplocked.StateDead)) {
 		t.Fatalf("fail after the claim expired into dead: %v", err)
 	}
 }
@@ -254,17 +250,17 @@ func TestHeartbeatSkipsLockedRows(t *testing.T) {
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	exp, err := skiplocked.Renew(hctx, pool, time.Hour, a.Ref(), b.Ref())
-	if err == nil || errors.Is(err, skiplocked.ErrClaimLost) || len(exp) != 2 || !exp[0].IsZero() || exp[1].IsZero() {
+	if !errors.Is(err, pgfence.ErrLocked) || errors.Is(err, pgfence.ErrLost) || len(exp) != 2 || !exp[0].IsZero() || exp[1].IsZero() {
 		t.Fatalf("heartbeat with a locked row = %v, %v; want only b extended, nothing lost, a non-loss error, no wait", exp, err)
 	}
-	if _, err := skiplocked.Renew(hctx, pool, time.Hour, a.Ref()); err == nil || errors.Is(err, skiplocked.ErrClaimLost) {
+	if _, err := skiplocked.Renew(hctx, pool, time.Hour, a.Ref()); !errors.Is(err, pgfence.ErrLocked) || errors.Is(err, pgfence.ErrLost) {
 		t.Fatalf("heartbeat of the locked row: %v, want a non-loss error", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var l *skiplocked.ClaimLostError
-	if _, err := skiplocked.Renew(ctx, pool, time.Hour, a.Ref()); !errors.As(err, &l) || l.Outcome != "completed" {
+	if _, err := skiplocked.Renew(ctx, pool, time.Hour, a.Ref()); !isLost(err, a.ClaimToken,
+		fmt.Sprintf("job %d: claim already ended (completed), state completed", a.ID)) {
 		t.Fatalf("heartbeat after the completion committed: %v", err)
 	}
 }
@@ -274,7 +270,7 @@ func TestHeartbeatSkipsLockedRows(t *testing.T) {
 // B does the effect and completes. When the paused handler resumes and
 // returns nil, its completion is refused. It returns the effects that
 // committed and the loss reported to OnClaimLost.
-func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skiplocked.ClaimLostError, sum skiplocked.Summary) {
+func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *pgfence.Error, sum skiplocked.Summary) {
 	t.Helper()
 	ctx := ctxT(t)
 	pool := pgtest.Pool(t)
@@ -284,7 +280,7 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	}
 	ids := enqueueN(t, pool, queue, 1, 5)
 	paused, resume := make(chan skiplocked.Job, 1), make(chan struct{})
-	effect := func(ctx context.Context, db skiplocked.DBTX, j skiplocked.Job, worker string) error {
+	effect := func(ctx context.Context, db pgfence.DBTX, j skiplocked.Job, worker string) error {
 		_, err := db.Exec(ctx, "INSERT INTO effects VALUES ($1, $2, $3)", j.ID, j.ClaimToken, worker)
 		return err
 	}
@@ -292,7 +288,7 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	var calls int
 	cfg := &skiplocked.Config{
 		Holder: "A", ClaimTTL: time.Hour, RenewInterval: 50 * time.Minute, PollInterval: 20 * time.Millisecond,
-		OnClaimLost: func(_ context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
+		OnClaimLost: func(_ context.Context, j skiplocked.Job, err *pgfence.Error) {
 			mu.Lock()
 			defer mu.Unlock()
 			calls++
@@ -352,8 +348,9 @@ func pauseScenario(t *testing.T, txMode bool) (effects []string, reported *skipl
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 1 || reported == nil || reported.Token != a.ClaimToken || reported.CurrentToken != b.ClaimToken ||
-		reported.Holder != "B" || reported.State != skiplocked.StateCompleted {
+	if calls != 1 || reported == nil || !errors.Is(reported, pgfence.ErrLost) || reported.Token != a.ClaimToken ||
+		reported.Reason != fmt.Sprintf("job %d: reclaimed by token %d, state completed", a.ID, b.ClaimToken) ||
+		reported.Holder != "B" || reported.Name != queue {
 		t.Fatalf("OnClaimLost called %d times, last with %+v; want once, naming B's token %d", calls, reported, b.ClaimToken)
 	}
 	return effects, reported, sum
@@ -410,7 +407,7 @@ func TestWorkerNoFalseClaimLost(t *testing.T) {
 			cfg := &skiplocked.Config{
 				Concurrency: 2, BatchSize: 10, PollInterval: 20 * time.Millisecond, Metrics: m,
 				Logger:      slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-				OnClaimLost: func(context.Context, skiplocked.Job, *skiplocked.ClaimLostError) { hook.Add(1) },
+				OnClaimLost: func(context.Context, skiplocked.Job, *pgfence.Error) { hook.Add(1) },
 			}
 			var w *skiplocked.Worker
 			var err error
@@ -577,8 +574,8 @@ func TestDrainFailsClosed(t *testing.T) {
 	h := func(context.Context, skiplocked.Job) error { return nil }
 
 	w := newWorker(t, pool, "no-such-queue", h, &skiplocked.Config{PollInterval: 20 * time.Millisecond})
-	if sum, err := w.Drain(ctx); !errors.Is(err, skiplocked.ErrNoJobs) || sum.Drained {
-		t.Fatalf("drain of an unknown queue: %+v, %v; want ErrNoJobs", sum, err)
+	if sum, err := w.Drain(ctx); !errors.Is(err, pgfence.ErrNotFound) || sum.Drained {
+		t.Fatalf("drain of an unknown queue: %+v, %v; want ErrNotFound", sum, err)
 	}
 	if d := depthOf(t, ctx, pool, "no-such-queue"); d != (skiplocked.Depth{Queue: "no-such-queue"}) || d.Total() != 0 || d.Drained() {
 		t.Fatalf("depth of an unknown queue: %+v", d)
@@ -591,14 +588,16 @@ func TestDrainFailsClosed(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	sum, err := w.Drain(dctx)
-	if !errors.Is(err, skiplocked.ErrNotDrained) || !errors.Is(err, context.DeadlineExceeded) || sum.Drained {
-		t.Fatalf("drain stopped early: %+v, %v; want ErrNotDrained and the deadline", sum, err)
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || pe.Kind != nil || !strings.HasPrefix(pe.Reason, "not drained") || pe.Name != "held" ||
+		!errors.Is(err, context.DeadlineExceeded) || sum.Drained {
+		t.Fatalf("drain stopped early: %+v, %v; want \"not drained\" and the deadline", sum, err)
 	}
 	d := depthOf(t, ctx, pool, "held")
 	if d.Running != 1 || d.Unfinished() != 1 || d.Drained() {
 		t.Fatalf("depth = %+v", d)
 	}
-	if _, err := w.Drain(ctx); !errors.Is(err, skiplocked.ErrInvalidConfig) {
+	if _, err := w.Drain(ctx); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("second drain: %v", err)
 	}
 }
@@ -638,15 +637,15 @@ func TestQueueDepths(t *testing.T) {
 	if err != nil || len(all) != 1 || all[0] != want {
 		t.Fatalf("depths = %+v, %v", all, err)
 	}
-	if _, err := skiplocked.QueueDepths(ctx, pool, q, ""); !errors.Is(err, skiplocked.ErrInvalidQueue) {
+	if _, err := skiplocked.QueueDepths(ctx, pool, q, ""); !isInvalid(err, "queue") {
 		t.Fatalf("empty queue name: %v", err)
 	}
 }
 
 // TestLostClaimReachesHandler: when a renewal finds the claim re-claimed,
-// the handler's context cause carries the same fields as Complete's error
-// (current token, state, holder), and OnClaimLost is called once, after the
-// handler returned.
+// the handler's context cause is an ErrLost that says what Complete's error
+// says (token, the new token and state, holder), and OnClaimLost is called
+// once, after the handler returned.
 func TestLostClaimReachesHandler(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -655,7 +654,7 @@ func TestLostClaimReachesHandler(t *testing.T) {
 	started := make(chan skiplocked.Job, 1)
 	cause := make(chan error, 1)
 	var returned atomic.Bool
-	hook := make(chan *skiplocked.ClaimLostError, 2)
+	hook := make(chan *pgfence.Error, 2)
 	w := newWorker(t, pool, "hblost", func(ctx context.Context, j skiplocked.Job) error {
 		started <- j
 		<-ctx.Done()
@@ -664,7 +663,7 @@ func TestLostClaimReachesHandler(t *testing.T) {
 		return nil
 	}, &skiplocked.Config{
 		ClaimTTL: time.Hour, RenewInterval: 50 * time.Millisecond, PollInterval: time.Hour,
-		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *skiplocked.ClaimLostError) {
+		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *pgfence.Error) {
 			if !returned.Load() {
 				err = nil // called before the handler returned
 			}
@@ -680,14 +679,15 @@ func TestLostClaimReachesHandler(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("handler not cancelled after its claim was lost")
 	}
-	var lost *skiplocked.ClaimLostError
-	if !errors.As(c, &lost) || lost.Token != a.ClaimToken || lost.CurrentToken != b.ClaimToken || lost.Holder != "B" ||
-		lost.State != skiplocked.StateRunning {
-		t.Fatalf("cause = %v (%+v), want a *ClaimLostError naming B's claim %d", c, lost, b.ClaimToken)
+	reclaimed := fmt.Sprintf("job %d: reclaimed by token %d, state running", a.ID, b.ClaimToken)
+	var lost *pgfence.Error
+	if !errors.Is(c, pgfence.ErrLost) || !errors.As(c, &lost) || lost.Token != a.ClaimToken || lost.Reason != reclaimed ||
+		lost.Holder != "B" {
+		t.Fatalf("cause = %v (%+v), want an ErrLost naming B's claim %d", c, lost, b.ClaimToken)
 	}
 	select {
 	case e := <-hook:
-		if e == nil || e.CurrentToken != b.ClaimToken {
+		if e == nil || !errors.Is(e, pgfence.ErrLost) || e.Reason != reclaimed {
 			t.Fatalf("OnClaimLost got %+v", e)
 		}
 	case <-time.After(30 * time.Second):
@@ -737,19 +737,20 @@ func TestTxHandlerMisuse(t *testing.T) {
 
 	small := noWaitPool(t, ctx, dsn, 3)
 	h := func(context.Context, pgx.Tx, skiplocked.Job) error { return nil }
-	if _, err := skiplocked.NewTxWorker(small, "q", h, &skiplocked.Config{Concurrency: 2}); !errors.Is(err, skiplocked.ErrInvalidConfig) {
+	if _, err := skiplocked.NewTxWorker(small, "q", h, &skiplocked.Config{Concurrency: 2}); !isInvalid(err, "Config.Concurrency") {
 		t.Fatalf("concurrency 2 on a pool of 3: %v", err)
 	}
 	if _, err := skiplocked.NewTxWorker(small, "q", h, nil); err != nil {
 		t.Fatalf("default concurrency on a pool of 3: %v", err)
 	}
-	if _, err := skiplocked.NewTxWorker(small, "q", nil, nil); !errors.Is(err, skiplocked.ErrInvalidConfig) {
+	if _, err := skiplocked.NewTxWorker(small, "q", nil, nil); !isInvalid(err, "h") {
 		t.Fatalf("nil handler: %v", err)
 	}
 }
 
-// TestIsConnectionError classifies errors of the caller's own statements.
-func TestIsConnectionError(t *testing.T) {
+// TestIsRetryable: pgfence.IsRetryable classifies errors of the caller's
+// own statements and of this package's.
+func TestIsRetryable(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
 	dsn := pgtest.DSN(t)
@@ -776,31 +777,28 @@ func TestIsConnectionError(t *testing.T) {
 	_, unique := admin.Exec(ctx, "CREATE TEMP TABLE u (x int PRIMARY KEY); INSERT INTO u VALUES (1), (1)")
 
 	for _, c := range []struct {
-		name            string
-		err             error
-		conn, retryable bool
+		name      string
+		err       error
+		retryable bool
 	}{
-		{"nil", nil, false, false},
-		{"terminated backend", terminated, true, true},
-		{"statement cancelled by its context", cancelled, false, false},
-		{"context.Canceled", fmt.Errorf("x: %w", context.Canceled), false, false},
-		{"unique violation", unique, false, false},
-		{"08006", &pgconn.PgError{Code: "08006"}, true, true},
-		{"57P01", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "57P01"}), true, true},
-		{"57P03", &pgconn.PgError{Code: "57P03"}, true, true},
-		{"40001", &pgconn.PgError{Code: "40001"}, false, true},
-		{"40P01", &pgconn.PgError{Code: "40P01"}, false, true},
-		{"55P03 lock timeout", &pgconn.PgError{Code: "55P03"}, false, false},
-		{"57014 statement timeout", &pgconn.PgError{Code: "57014"}, false, false},
-		{"io.EOF", fmt.Errorf("read: %w", io.EOF), true, true},
-		{"net.ErrClosed", net.ErrClosed, true, true},
-		{"ErrConnection", fmt.Errorf("%w: complete", skiplocked.ErrConnection), true, true},
-		{"ErrClaimLost", skiplocked.ErrClaimLost, false, false},
+		{"nil", nil, false},
+		{"terminated backend", terminated, true},
+		{"statement cancelled by its context", cancelled, false},
+		{"context.Canceled", fmt.Errorf("x: %w", context.Canceled), false},
+		{"unique violation", unique, false},
+		{"08006", &pgconn.PgError{Code: "08006"}, true},
+		{"57P01", fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "57P01"}), true},
+		{"57P03", &pgconn.PgError{Code: "57P03"}, true},
+		{"40001", &pgconn.PgError{Code: "40001"}, true},
+		{"40P01", &pgconn.PgError{Code: "40P01"}, true},
+		{"55P03 lock timeout", &pgconn.PgError{Code: "55P03"}, false},
+		{"57014 statement timeout", &pgconn.PgError{Code: "57014"}, false},
+		{"io.EOF", fmt.Errorf("read: %w", io.EOF), true},
+		{"net.ErrClosed", net.ErrClosed, true},
+		{"a connection lost during Complete", &pgfence.Error{Op: "skiplocked.Complete", Err: io.ErrUnexpectedEOF}, true},
+		{"a lost claim", &pgfence.Error{Op: "skiplocked.Complete", Kind: pgfence.ErrLost}, false},
 	} {
-		if got := skiplocked.IsConnectionError(c.err); got != c.conn {
-			t.Errorf("%s (%v): IsConnectionError = %v, want %v", c.name, c.err, got, c.conn)
-		}
-		if got := skiplocked.IsRetryable(c.err); got != c.retryable {
+		if got := pgfence.IsRetryable(c.err); got != c.retryable {
 			t.Errorf("%s (%v): IsRetryable = %v, want %v", c.name, c.err, got, c.retryable)
 		}
 	}

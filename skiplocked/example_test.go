@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -98,7 +98,7 @@ func ExampleClaim() {
 	for _, j := range jobs {
 		// ... long work, calling skiplocked.Renew(ctx, pool, time.Minute, j.Ref()) now and then ...
 		if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
-			log.Fatal(err) // ErrClaimLost: see the example of ClaimLostError
+			log.Fatal(err) // pgfence.ErrLost: see ExampleComplete_claimLost
 		}
 		fmt.Printf("completed %s\n", j.Payload)
 	}
@@ -137,9 +137,9 @@ func ExampleComplete_claimLost() {
 	second := claim("reporter-2")
 
 	err = skiplocked.Complete(ctx, pool, first.Ref())
-	var lost *skiplocked.ClaimLostError
+	var lost *pgfence.Error
 	if errors.As(err, &lost) {
-		fmt.Println("claim lost:", errors.Is(err, skiplocked.ErrClaimLost), "now held by", lost.Holder)
+		fmt.Println("claim lost:", errors.Is(err, pgfence.ErrLost), "now held by", lost.Holder)
 	}
 	if err := skiplocked.Complete(ctx, pool, second.Ref()); err != nil {
 		log.Fatal(err)
@@ -224,7 +224,7 @@ func ExampleNewTxWorker() {
 		return err
 	}, &skiplocked.Config{
 		Concurrency: concurrency,
-		OnClaimLost: func(ctx context.Context, j skiplocked.Job, err *skiplocked.ClaimLostError) {
+		OnClaimLost: func(ctx context.Context, j skiplocked.Job, err *pgfence.Error) {
 			log.Printf("job %d taken over by %s: %v", j.ID, err.Holder, err)
 		},
 	})
@@ -233,7 +233,7 @@ func ExampleNewTxWorker() {
 	}
 	sum, err := w.Drain(ctx)
 	if err != nil {
-		log.Fatal(err) // ErrNotDrained or ErrNoJobs: the batch is not known to be done
+		log.Fatal(err) // not drained, or pgfence.ErrNotFound: the batch is not known to be done
 	}
 	var effects int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM applied_files WHERE job_id = ANY($1)", ids).Scan(&effects); err != nil {
@@ -241,16 +241,6 @@ func ExampleNewTxWorker() {
 	}
 	fmt.Printf("completed %d jobs, %d effects\n", sum.Completed, effects)
 	// Output: completed 3 jobs, 3 effects
-}
-
-func ExampleIsRetryable() {
-	fmt.Println(skiplocked.IsRetryable(&pgconn.PgError{Code: "40001"}))        // serialization failure
-	fmt.Println(skiplocked.IsConnectionError(&pgconn.PgError{Code: "57P01"}))  // terminated backend
-	fmt.Println(skiplocked.IsRetryable(fmt.Errorf("x: %w", context.Canceled))) // the caller's own decision
-	// Output:
-	// true
-	// true
-	// false
 }
 
 func ExampleDefaultBackoff() {
@@ -263,13 +253,4 @@ func ExampleDefaultBackoff() {
 	// 3 4s
 	// 10 8m32s
 	// 20 1h0m0s
-}
-
-func ExampleClaimLostError() {
-	var err error = &skiplocked.ClaimLostError{JobID: 7, Token: 41, CurrentToken: 42, Holder: "importer-2", State: skiplocked.StateRunning}
-	fmt.Println(errors.Is(err, skiplocked.ErrClaimLost))
-	fmt.Println(err)
-	// Output:
-	// true
-	// skiplocked: claim lost: job 7 was re-claimed with token 42 by "importer-2" (yours: 41), state running
 }

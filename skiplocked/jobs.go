@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
@@ -51,14 +51,6 @@ const (
 	// StateDead: failed max_attempts times (or given up); LastError kept.
 	StateDead State = "dead"
 )
-
-// DBTX is what the functions of this package need to run a statement: a
-// *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DBTX interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
 
 var queries = dbsqlc.New()
 
@@ -150,7 +142,7 @@ type EnqueueParams struct {
 	// Queue is the queue name, 1..128 bytes, no control characters.
 	Queue string
 	// Payload is the job's arguments as JSON. Defaults to {} when empty;
-	// invalid JSON is refused with [ErrInvalidPayload].
+	// invalid JSON is refused with [pgfence.ErrInvalid].
 	Payload json.RawMessage
 	// Priority orders claims: lower first. Defaults to 0.
 	Priority int16
@@ -161,17 +153,28 @@ type EnqueueParams struct {
 	// 1..1,000,000. Defaults to 25 when 0.
 	MaxAttempts int
 	// MaxPayloadBytes bounds len(Payload): a larger payload is refused with
-	// [ErrInvalidPayload] before any SQL runs. At most 1 MiB (1,048,576),
+	// [pgfence.ErrInvalid] before any SQL runs. At most 1 MiB (1,048,576),
 	// which is also the table's own limit (CHECK jobs_payload_size, on the
 	// stored text form, refused with the same error); a value above it, or
-	// negative, is refused with [ErrInvalidJob]. Defaults to 1 MiB when 0.
+	// negative, is refused too. Defaults to 1 MiB when 0.
 	// Jobs carry references to large data (a file name, an object key), not
 	// the data.
 	MaxPayloadBytes int
 }
 
-func (p EnqueueParams) normalize() (EnqueueParams, error) {
-	if err := checkQueue(p.Queue); err != nil {
+// normalize checks job i of n and fills its defaults.
+func (p EnqueueParams) normalize(i, n int) (EnqueueParams, error) {
+	// arg names a field of the job, with its index when there are several.
+	arg := func(field string) string {
+		if n > 1 {
+			return fmt.Sprintf("ps[%d].%s", i, field)
+		}
+		return field
+	}
+	if err := checkQueue(opEnqueue, p.Queue); err != nil {
+		if n > 1 {
+			err.(*pgfence.Error).Reason = fmt.Sprintf("ps[%d].%s", i, err.(*pgfence.Error).Reason)
+		}
 		return p, err
 	}
 	limit := p.MaxPayloadBytes
@@ -179,24 +182,30 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 	case limit == 0:
 		limit = maxPayloadBytes
 	case limit < 0 || limit > maxPayloadBytes:
-		return p, fmt.Errorf("%w: MaxPayloadBytes %d is outside 1..%d (the table's limit)", ErrInvalidJob, limit, maxPayloadBytes)
+		return p, withName(invalid(opEnqueue, arg("MaxPayloadBytes"), "%d is outside 1..%d (the table's limit)", limit, maxPayloadBytes), p.Queue)
 	}
 	if len(p.Payload) > limit {
-		return p, fmt.Errorf("%w: %d bytes (queue %q), the limit is %d (EnqueueParams.MaxPayloadBytes)",
-			ErrInvalidPayload, len(p.Payload), p.Queue, limit)
+		return p, withName(invalid(opEnqueue, arg("Payload"), "%d bytes, the limit is %d (EnqueueParams.MaxPayloadBytes)",
+			len(p.Payload), limit), p.Queue)
 	}
 	if len(p.Payload) == 0 {
 		p.Payload = json.RawMessage("{}")
 	} else if !json.Valid(p.Payload) {
-		return p, fmt.Errorf("%w (queue %q)", ErrInvalidPayload, p.Queue)
+		return p, withName(invalid(opEnqueue, arg("Payload"), "not valid JSON"), p.Queue)
 	}
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = joblimit.DefaultMaxAttempts
 	}
 	if p.MaxAttempts < 1 || p.MaxAttempts > joblimit.MaxMaxAttempts {
-		return p, fmt.Errorf("%w: max attempts %d not in 1..%d", ErrInvalidJob, p.MaxAttempts, joblimit.MaxMaxAttempts)
+		return p, withName(invalid(opEnqueue, arg("MaxAttempts"), "%d not in 1..%d", p.MaxAttempts, joblimit.MaxMaxAttempts), p.Queue)
 	}
 	return p, nil
+}
+
+// withName sets the queue of e.
+func withName(e *pgfence.Error, name string) *pgfence.Error {
+	e.Name = name
+	return e
 }
 
 // Enqueue inserts jobs in one statement and returns their ids in the order
@@ -205,26 +214,23 @@ func (p EnqueueParams) normalize() (EnqueueParams, error) {
 //
 // Inserting notifies listening [Worker]s of the queues when the transaction
 // commits. Run it on a transaction to enqueue atomically with other writes.
-func Enqueue(ctx context.Context, db DBTX, ps ...EnqueueParams) ([]int64, error) {
+func Enqueue(ctx context.Context, db pgfence.DBTX, ps ...EnqueueParams) ([]int64, error) {
 	if nilcheck.IsNil(db) {
-		return nil, ErrNilDB
+		return nil, nilDB(opEnqueue)
 	}
 	if len(ps) == 0 {
 		return nil, nil
 	}
 	if len(ps) > maxEnqueueBatch {
-		return nil, fmt.Errorf("%w: %d jobs in one call, at most %d", ErrInvalidJob, len(ps), maxEnqueueBatch)
+		return nil, invalid(opEnqueue, "ps", "%d jobs in one call, at most %d", len(ps), maxEnqueueBatch)
 	}
 	arg := dbsqlc.EnqueueJobsParams{
 		Queues: make([]string, len(ps)), Payloads: make([][]byte, len(ps)), Priorities: make([]int16, len(ps)),
 		RunAts: make([]time.Time, len(ps)), RunNows: make([]bool, len(ps)), MaxAttempts: make([]int32, len(ps)),
 	}
 	for i, p := range ps {
-		p, err := p.normalize()
+		p, err := p.normalize(i, len(ps))
 		if err != nil {
-			if len(ps) > 1 {
-				err = fmt.Errorf("job %d: %w", i, err)
-			}
 			return nil, err
 		}
 		arg.Queues[i], arg.Payloads[i], arg.Priorities[i] = p.Queue, p.Payload, p.Priority
@@ -237,10 +243,14 @@ func Enqueue(ctx context.Context, db DBTX, ps ...EnqueueParams) ([]int64, error)
 	}
 	rows, err := queries.EnqueueJobs(ctx, db, arg)
 	if err != nil {
-		return nil, translate("enqueue", err)
+		name := ""
+		if len(ps) == 1 {
+			name = ps[0].Queue
+		}
+		return nil, dbError(opEnqueue, name, "", err)
 	}
 	if len(rows) != len(ps) {
-		return nil, fmt.Errorf("skiplocked: enqueue: pgfence.job_enqueue returned %d rows for %d jobs", len(rows), len(ps))
+		return nil, &pgfence.Error{Op: opEnqueue, Reason: fmt.Sprintf("pgfence.job_enqueue returned %d rows for %d jobs", len(rows), len(ps))}
 	}
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
@@ -249,17 +259,17 @@ func Enqueue(ctx context.Context, db DBTX, ps ...EnqueueParams) ([]int64, error)
 	return ids, nil
 }
 
-// GetJob returns one job, or [ErrJobNotFound].
-func GetJob(ctx context.Context, db DBTX, id int64) (Job, error) {
+// GetJob returns one job, or an error matching [pgfence.ErrNotFound].
+func GetJob(ctx context.Context, db pgfence.DBTX, id int64) (Job, error) {
 	if nilcheck.IsNil(db) {
-		return Job{}, ErrNilDB
+		return Job{}, nilDB(opGetJob)
 	}
 	row, err := queries.GetJob(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Job{}, fmt.Errorf("%w: id %d", ErrJobNotFound, id)
+		return Job{}, notFound(opGetJob, id, "job")
 	}
 	if err != nil {
-		return Job{}, translate("get job", err)
+		return Job{}, dbError(opGetJob, "", "", err)
 	}
 	return jobFromRow(row), nil
 }
@@ -267,16 +277,16 @@ func GetJob(ctx context.Context, db DBTX, id int64) (Job, error) {
 // DeleteFinished deletes up to limit completed or dead jobs that finished
 // before the given time and returns how many it deleted. Call it in a loop
 // to prune a large backlog in small transactions.
-func DeleteFinished(ctx context.Context, db DBTX, before time.Time, limit int) (int64, error) {
+func DeleteFinished(ctx context.Context, db pgfence.DBTX, before time.Time, limit int) (int64, error) {
 	if nilcheck.IsNil(db) {
-		return 0, ErrNilDB
+		return 0, nilDB(opDeleteFinished)
 	}
-	if err := checkLimit(limit); err != nil {
+	if err := checkLimit(opDeleteFinished, "limit", limit); err != nil {
 		return 0, err
 	}
 	n, err := queries.DeleteFinishedJobs(ctx, db, before, int32(limit))
 	if err != nil {
-		return 0, translate("delete finished", err)
+		return 0, dbError(opDeleteFinished, "", "", err)
 	}
 	return n, nil
 }

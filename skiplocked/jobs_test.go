@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -75,21 +76,20 @@ func TestEnqueueAndClaim(t *testing.T) {
 		t.Fatalf("second complete err = %v, want nil (idempotent)", err)
 	}
 	err = skiplocked.Release(ctx, pool, jobs[0].Ref())
-	var lost *skiplocked.ClaimLostError
-	if !errors.As(err, &lost) || lost.State != skiplocked.StateCompleted || lost.CurrentToken != jobs[0].ClaimToken ||
-		lost.Outcome != "completed" {
+	if l := lostErrors(err); len(l) != 1 || l[0].Token != jobs[0].ClaimToken ||
+		l[0].Reason != fmt.Sprintf("job %d: claim already ended (completed), state completed", jobs[0].ID) {
 		t.Fatalf("release after complete err = %v", err)
 	}
 	if got := mustJob(t, pool, later.ID); got.State != skiplocked.StateAvailable {
 		t.Fatalf("future job = %+v", got)
 	}
-	if err := skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: 999999, Token: 1, Key: [16]byte{1}}); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if err := skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: 999999, Token: 1, Key: [16]byte{1}}); !errors.Is(err, pgfence.ErrNotFound) || !errors.Is(err, pgfence.ErrLost) {
 		t.Fatalf("complete missing job err = %v", err)
 	}
 }
 
 // TestStaleWorkerCannotLand: A's claim expires, B re-claims the row; A's
-// complete, fail, heartbeat and release are refused with ErrClaimLost and the
+// complete, fail, heartbeat and release are refused with ErrLost and the
 // row is unchanged; B completes it.
 func TestStaleWorkerCannotLand(t *testing.T) {
 	t.Parallel()
@@ -117,12 +117,13 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 
 	checkLost := func(op string, err error) {
 		t.Helper()
-		var lost *skiplocked.ClaimLostError
-		if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &lost) {
-			t.Fatalf("%s by stale A: err = %v, want ErrClaimLost", op, err)
+		var lost *pgfence.Error
+		if !errors.Is(err, pgfence.ErrLost) || !errors.As(err, &lost) {
+			t.Fatalf("%s by stale A: err = %v, want ErrLost", op, err)
 		}
-		if lost.CurrentToken != b[0].ClaimToken || lost.Holder != "B" || lost.Token != a[0].ClaimToken {
-			t.Fatalf("%s: ClaimLostError = %+v", op, lost)
+		if !strings.HasPrefix(lost.Reason, fmt.Sprintf("job %d: reclaimed by token %d,", a[0].ID, b[0].ClaimToken)) ||
+			lost.Holder != "B" || lost.Token != a[0].ClaimToken {
+			t.Fatalf("%s: lost = %+v", op, lost)
 		}
 	}
 	checkLost("complete", skiplocked.Complete(ctx, pool, a[0].Ref()))
@@ -132,15 +133,14 @@ func TestStaleWorkerCannotLand(t *testing.T) {
 	checkLost("renew", err)
 	checkLost("release", skiplocked.Release(ctx, pool, a[0].Ref()))
 	err = skiplocked.Complete(ctx, pool, a[0].Ref())
-	var cl *skiplocked.ClaimsLostError
-	if !errors.Is(err, skiplocked.ErrClaimLost) || !errors.As(err, &cl) ||
-		len(cl.Lost) != 1 || cl.Lost[0] != a[0].Ref() || cl.Total != 1 {
+	if l := lostErrors(err); !errors.Is(err, pgfence.ErrLost) || len(l) != 1 || l[0].Token != a[0].ClaimToken ||
+		!strings.HasPrefix(l[0].Reason, fmt.Sprintf("job %d:", a[0].ID)) || l[0].Op != "skiplocked.Complete" {
 		t.Fatalf("Complete by A = %v (a refused claim must be an error that names it)", err)
 	}
-	if exp, err := skiplocked.Renew(ctx, pool, time.Minute, a[0].Ref()); !errors.As(err, &cl) || len(cl.Lost) != 1 || len(exp) != 1 || !exp[0].IsZero() {
+	if exp, err := skiplocked.Renew(ctx, pool, time.Minute, a[0].Ref()); len(lostErrors(err)) != 1 || len(exp) != 1 || !exp[0].IsZero() {
 		t.Fatalf("Renew by A = %v, %v", exp, err)
 	}
-	if err := skiplocked.Release(ctx, pool, a[0].Ref()); !errors.As(err, &cl) || len(cl.Lost) != 1 {
+	if err := skiplocked.Release(ctx, pool, a[0].Ref()); len(lostErrors(err)) != 1 {
 		t.Fatalf("Release by A = %v", err)
 	}
 	if after := mustJob(t, pool, a[0].ID); !reflect.DeepEqual(before, after) {
@@ -316,8 +316,8 @@ func TestKilledWorkerClaimsComeBack(t *testing.T) {
 		t.Fatalf("terminate: %v %v", killed, err)
 	}
 	// The next statement on the victim fails with a connection error.
-	if _, err := skiplocked.ClaimTx(ctx, tx, "txk", 1); !errors.Is(err, skiplocked.ErrConnection) {
-		t.Fatalf("claim on killed connection err = %v, want ErrConnection", err)
+	if _, err := skiplocked.ClaimTx(ctx, tx, "txk", 1); !pgfence.IsRetryable(err) || errors.Is(err, pgfence.ErrLost) {
+		t.Fatalf("claim on killed connection err = %v, want a retryable connection error", err)
 	}
 	// The server releases the rows as soon as the backend is gone: poll for it
 	// (termination is asynchronous) with no sleep standing in for a signal.
@@ -405,7 +405,7 @@ func TestJobsInTransaction(t *testing.T) {
 	if err != nil || f.State != skiplocked.StateAvailable || f.Attempts != 1 {
 		t.Fatalf("fail = %+v, %v", f, err)
 	}
-	if err := skiplocked.CompleteTx(ctx, tx, 424242); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if err := skiplocked.CompleteTx(ctx, tx, 424242); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("complete unknown = %v", err)
 	}
 	// Another transaction skips the two locked rows and takes the third.
@@ -669,22 +669,12 @@ func TestClaimKey(t *testing.T) {
 	errs["complete many"] = skiplocked.Complete(ctx, pool, forged, forged)
 	_, errs["renew many"] = skiplocked.Renew(ctx, pool, time.Hour, forged, forged)
 	for op, err := range errs {
-		msg := ""
-		if err != nil {
-			msg = err.Error()
+		lost := lostErrors(err)
+		ok := len(lost) > 0
+		for _, l := range lost { // every refused claim names the key
+			ok = ok && strings.Contains(l.Reason, "claim key")
 		}
-		var many *skiplocked.ClaimsLostError
-		if errors.As(err, &many) && len(many.Details) > 0 {
-			msg = ""
-			for _, d := range many.Details { // every refused claim names the key
-				if d == nil || !strings.Contains(d.Error(), "claim key") {
-					msg = fmt.Sprint(d)
-					break
-				}
-				msg = d.Error()
-			}
-		}
-		if !errors.Is(err, skiplocked.ErrClaimLost) || !strings.Contains(msg, "claim key") {
+		if !errors.Is(err, pgfence.ErrLost) || !ok {
 			t.Errorf("%s with another key: %v, want a lost claim naming the key", op, err)
 		}
 	}
@@ -700,7 +690,7 @@ func TestClaimKey(t *testing.T) {
 	if err := skiplocked.Complete(ctx, pool, j.Ref()); err != nil {
 		t.Fatalf("retried complete: %v", err)
 	}
-	if err := skiplocked.Complete(ctx, pool, forged); !errors.Is(err, skiplocked.ErrClaimLost) {
+	if err := skiplocked.Complete(ctx, pool, forged); !errors.Is(err, pgfence.ErrLost) {
 		t.Fatalf("complete of a completed job with another key: %v, want a lost claim", err)
 	}
 }

@@ -3,12 +3,15 @@ package skiplocked_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -16,6 +19,39 @@ import (
 // TestMain runs the tests and the examples; the examples read DATABASE_URL, as
 // an application would, and get a migrated database of their own.
 func TestMain(m *testing.M) { pgtest.Main(m, pgtest.ExportDSN("DATABASE_URL")) }
+
+// isInvalid reports whether err is a *pgfence.Error of kind ErrInvalid whose
+// reason names the argument arg.
+func isInvalid(err error, arg string) bool {
+	var pe *pgfence.Error
+	return errors.Is(err, pgfence.ErrInvalid) && errors.As(err, &pe) && strings.HasPrefix(pe.Reason, arg+": ")
+}
+
+// isLost reports whether err is exactly one lost claim, of token, whose
+// reason is reason.
+func isLost(err error, token int64, reason string) bool {
+	l := lostErrors(err)
+	return errors.Is(err, pgfence.ErrLost) && len(l) == 1 && l[0].Token == token && l[0].Reason == reason
+}
+
+// lostErrors returns the *pgfence.Errors of kind ErrLost in err: err itself,
+// or the errors it joins, in order.
+func lostErrors(err error) []*pgfence.Error {
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else if err != nil {
+		errs = []error{err}
+	}
+	var lost []*pgfence.Error
+	for _, e := range errs {
+		var pe *pgfence.Error
+		if errors.As(e, &pe) && errors.Is(pe, pgfence.ErrLost) {
+			lost = append(lost, pe)
+		}
+	}
+	return lost
+}
 
 func ctxT(t testing.TB) context.Context {
 	t.Helper()
@@ -100,7 +136,7 @@ func countState(t testing.TB, pool *pgxpool.Pool, queue string, state skiplocked
 }
 
 // depthOf counts the jobs of one queue.
-func depthOf(t testing.TB, ctx context.Context, db skiplocked.DBTX, queue string) skiplocked.Depth {
+func depthOf(t testing.TB, ctx context.Context, db pgfence.DBTX, queue string) skiplocked.Depth {
 	t.Helper()
 	ds, err := skiplocked.QueueDepths(ctx, db, queue)
 	if err != nil {

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
-	"github.com/pgfence/pgfence/skiplocked"
 )
 
 // importsTable creates an application table like a batch importer's and
@@ -186,7 +186,7 @@ func TestTxClaimsReleasedOnKillAndRollback(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := claimPending(ctx, tx, 10); !skiplocked.IsConnectionError(err) {
+	if _, err := claimPending(ctx, tx, 10); !pgfence.IsRetryable(err) {
 		t.Fatalf("claim on the killed connection: %v, want a connection error", err)
 	}
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -19,8 +20,8 @@ func TestMissingSchema(t *testing.T) {
 	pgtest.WantSchemaHint(t, "Enqueue", err)
 	_, err = skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "q", Holder: "w", Limit: 1, TTL: time.Minute})
 	pgtest.WantSchemaHint(t, "Claim", err)
-	var dbErr *skiplocked.DBError
-	if !errors.As(err, &dbErr) {
-		t.Errorf("Claim without schema pgfence: %T, want a *DBError", err)
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || pe.Op != "skiplocked.Claim" || !errors.Is(err, pgfence.ErrNoSchema) {
+		t.Errorf("Claim without schema pgfence: %T %v, want a *pgfence.Error matching ErrNoSchema", err, err)
 	}
 }

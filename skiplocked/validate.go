@@ -1,54 +1,53 @@
 package skiplocked
 
 import (
-	"fmt"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 )
 
-func checkRef(r ClaimRef) error {
+func checkRef(op string, r ClaimRef) error {
 	if r.JobID <= 0 || r.Token <= 0 {
-		return fmt.Errorf("%w: job %d token %d", ErrInvalidToken, r.JobID, r.Token)
+		return invalid(op, "ref", "job %d token %d: both must be > 0", r.JobID, r.Token)
 	}
 	if r.Key == ([16]byte{}) {
-		return fmt.Errorf("%w: job %d token %d: no claim key (Job.ClaimKey of the claimed job; pass Job.Ref())",
-			ErrInvalidToken, r.JobID, r.Token)
+		return invalid(op, "ref", "job %d token %d: no claim key (Job.ClaimKey of the claimed job; pass Job.Ref())", r.JobID, r.Token)
 	}
 	return nil
 }
 
-func checkName(s string, maxLen int, sentinel error) error {
+// checkName checks a queue name or holder; arg names it in the error.
+func checkName(op, arg, s string, maxLen int) error {
 	if s == "" {
-		return fmt.Errorf("%w: empty", sentinel)
+		return invalid(op, arg, "empty")
 	}
 	if len(s) > maxLen {
-		return fmt.Errorf("%w: %d bytes, at most %d", sentinel, len(s), maxLen)
+		return invalid(op, arg, "%d bytes, at most %d", len(s), maxLen)
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("%w: not valid UTF-8", sentinel)
+		return invalid(op, arg, "not valid UTF-8")
 	}
 	if strings.IndexFunc(s, unicode.IsControl) >= 0 {
-		return fmt.Errorf("%w: %q contains control characters", sentinel, s)
+		return invalid(op, arg, "%q contains control characters", s)
 	}
 	return nil
 }
 
-func checkQueue(q string) error { return checkName(q, maxQueueBytes, ErrInvalidQueue) }
+func checkQueue(op, q string) error { return checkName(op, "queue", q, maxQueueBytes) }
 
-func checkHolder(w string) error { return checkName(w, maxHolderBytes, ErrInvalidHolder) }
+func checkHolder(op, arg, w string) error { return checkName(op, arg, w, maxHolderBytes) }
 
-func checkLimit(n int) error {
+func checkLimit(op, arg string, n int) error {
 	if n <= 0 || n > maxBatch {
-		return fmt.Errorf("%w: %d not in 1..%d", ErrInvalidLimit, n, maxBatch)
+		return invalid(op, arg, "%d not in 1..%d", n, maxBatch)
 	}
 	return nil
 }
 
-func checkTTL(d time.Duration) error {
+func checkTTL(op, arg string, d time.Duration) error {
 	if d < minClaimTTL || d > maxClaimTTL {
-		return fmt.Errorf("%w: %s not in %s..%s", ErrInvalidTTL, d, minClaimTTL, maxClaimTTL)
+		return invalid(op, arg, "%s not in %s..%s", d, minClaimTTL, maxClaimTTL)
 	}
 	return nil
 }

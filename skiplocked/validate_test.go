@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -48,65 +49,66 @@ func TestBadInputChangesNothing(t *testing.T) {
 		name string
 		err  error
 		want error
+		arg  string // the argument ErrInvalid names
 	}{
-		{"claim: empty queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "" }), skiplocked.ErrInvalidQueue},
-		{"claim: 129-byte queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = strings.Repeat("q", 129) }), skiplocked.ErrInvalidQueue},
-		{"claim: control char queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "a\x00b" }), skiplocked.ErrInvalidQueue},
-		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Holder = "" }), skiplocked.ErrInvalidHolder},
-		{"claim: zero batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 0 }), skiplocked.ErrInvalidLimit},
-		{"claim: negative batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = -5 }), skiplocked.ErrInvalidLimit},
-		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 10001 }), skiplocked.ErrInvalidLimit},
-		{"claim: zero TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 0 }), skiplocked.ErrInvalidTTL},
-		{"claim: negative TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = -time.Second }), skiplocked.ErrInvalidTTL},
-		{"claim: absurd TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 1000 * time.Hour }), skiplocked.ErrInvalidTTL},
+		{"claim: empty queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "" }), pgfence.ErrInvalid, "queue"},
+		{"claim: 129-byte queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = strings.Repeat("q", 129) }), pgfence.ErrInvalid, "queue"},
+		{"claim: control char queue", claim(func(p *skiplocked.ClaimParams) { p.Queue = "a\x00b" }), pgfence.ErrInvalid, "queue"},
+		{"claim: empty worker", claim(func(p *skiplocked.ClaimParams) { p.Holder = "" }), pgfence.ErrInvalid, "holder"},
+		{"claim: zero batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 0 }), pgfence.ErrInvalid, "limit"},
+		{"claim: negative batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = -5 }), pgfence.ErrInvalid, "limit"},
+		{"claim: huge batch", claim(func(p *skiplocked.ClaimParams) { p.Limit = 10001 }), pgfence.ErrInvalid, "limit"},
+		{"claim: zero TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 0 }), pgfence.ErrInvalid, "ttl"},
+		{"claim: negative TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = -time.Second }), pgfence.ErrInvalid, "ttl"},
+		{"claim: absurd TTL", claim(func(p *skiplocked.ClaimParams) { p.TTL = 1000 * time.Hour }), pgfence.ErrInvalid, "ttl"},
 		{"claim: nil pool", func() error {
 			_, err := skiplocked.Claim(ctx, nilPool, skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 1, TTL: time.Minute})
 			return err
-		}(), skiplocked.ErrNilDB},
-		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), skiplocked.ErrInvalidQueue},
-		{"enqueue: payload not JSON", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":`)}), skiplocked.ErrInvalidPayload},
+		}(), pgfence.ErrInvalid, "db"},
+		{"enqueue: empty queue", enqueue(skiplocked.EnqueueParams{}), pgfence.ErrInvalid, "queue"},
+		{"enqueue: payload not JSON", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":`)}), pgfence.ErrInvalid, "Payload"},
 		{"enqueue: payload over the default limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
-			Payload: bigPayload(maxPayloadBytes + 1)}), skiplocked.ErrInvalidPayload},
+			Payload: bigPayload(maxPayloadBytes + 1)}), pgfence.ErrInvalid, "Payload"},
 		{"enqueue: payload over a set limit", enqueue(skiplocked.EnqueueParams{Queue: "v",
-			Payload: bigPayload(101), MaxPayloadBytes: 100}), skiplocked.ErrInvalidPayload},
+			Payload: bigPayload(101), MaxPayloadBytes: 100}), pgfence.ErrInvalid, "Payload"},
 		{"enqueue many: one payload over the limit", func() error {
 			_, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"},
 				{Queue: "v", Payload: bigPayload(maxPayloadBytes + 1)}}...)
 			return err
-		}(), skiplocked.ErrInvalidPayload},
-		{"enqueue: negative max attempts", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: -1}), skiplocked.ErrInvalidJob},
+		}(), pgfence.ErrInvalid, "ps[1].Payload"},
+		{"enqueue: negative max attempts", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: -1}), pgfence.ErrInvalid, "MaxAttempts"},
 		{"enqueue: nil pool", func() error {
 			_, err := skiplocked.Enqueue(ctx, nilPool, skiplocked.EnqueueParams{Queue: "v"})
 			return err
-		}(), skiplocked.ErrNilDB},
+		}(), pgfence.ErrInvalid, "db"},
 		{"enqueue many: one bad payload", func() error {
 			_, err := skiplocked.Enqueue(ctx, pool, []skiplocked.EnqueueParams{{Queue: "v"}, {Queue: "v", Payload: []byte("nope")}}...)
 			return err
-		}(), skiplocked.ErrInvalidPayload},
-		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
-		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1, Key: held[0].ClaimKey}), skiplocked.ErrInvalidToken},
-		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1, Key: held[0].ClaimKey}), skiplocked.ErrClaimLost},
+		}(), pgfence.ErrInvalid, "ps[1].Payload"},
+		{"complete: token 0", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Key: held[0].ClaimKey}), pgfence.ErrInvalid, "ref"},
+		{"complete: negative id", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: -1, Token: 1, Key: held[0].ClaimKey}), pgfence.ErrInvalid, "ref"},
+		{"complete: wrong token", skiplocked.Complete(ctx, pool, skiplocked.ClaimRef{JobID: held[0].ID, Token: held[0].ClaimToken + 1, Key: held[0].ClaimKey}), pgfence.ErrLost, ""},
 		{"heartbeat: zero TTL", func() error {
 			_, err := skiplocked.Renew(ctx, pool, 0, held[0].Ref())
 			return err
-		}(), skiplocked.ErrInvalidTTL},
+		}(), pgfence.ErrInvalid, "ttl"},
 		{"fail: negative retry", func() error {
 			_, err := skiplocked.Fail(ctx, pool, held[0].Ref(), skiplocked.FailParams{RetryIn: -time.Second})
 			return err
-		}(), skiplocked.ErrInvalidJob},
-		{"release: nil pool", skiplocked.Release(ctx, nilPool, held[0].Ref()), skiplocked.ErrNilDB},
+		}(), pgfence.ErrInvalid, "FailParams.RetryIn"},
+		{"release: nil pool", skiplocked.Release(ctx, nilPool, held[0].Ref()), pgfence.ErrInvalid, "db"},
 		{"claim tx: nil tx", func() error {
 			_, err := skiplocked.ClaimTx(ctx, nil, "v", 1)
 			return err
-		}(), skiplocked.ErrNilDB},
+		}(), pgfence.ErrInvalid, "db"},
 		{"delete finished: zero limit", func() error {
 			_, err := skiplocked.DeleteFinished(ctx, pool, time.Now(), 0)
 			return err
-		}(), skiplocked.ErrInvalidLimit},
+		}(), pgfence.ErrInvalid, "limit"},
 	}
 	for _, c := range cases {
-		if !errors.Is(c.err, c.want) {
-			t.Errorf("%s: err = %v, want %v", c.name, c.err, c.want)
+		if !errors.Is(c.err, c.want) || (c.want == pgfence.ErrInvalid && !isInvalid(c.err, c.arg)) {
+			t.Errorf("%s: err = %v, want %v naming %q", c.name, c.err, c.want, c.arg)
 		}
 	}
 	if after := snapshot(); after != before {
@@ -114,7 +116,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 	}
 }
 
-// A dropped connection is reported as ErrConnection.
+// A dropped connection is a database failure (no Kind) that
+// pgfence.IsRetryable reports retryable.
 func TestDroppedConnectionIsTyped(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -128,8 +131,9 @@ func TestDroppedConnectionIsTyped(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = skiplocked.Claim(ctx, conn, skiplocked.ClaimParams{Queue: "v", Holder: "w", Limit: 1, TTL: time.Minute})
-	if !errors.Is(err, skiplocked.ErrConnection) {
-		t.Fatalf("claim on a terminated connection: %v, want ErrConnection", err)
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || pe.Kind != nil || pe.Op != "skiplocked.Claim" || !pgfence.IsRetryable(err) {
+		t.Fatalf("claim on a terminated connection: %v, want a retryable database failure", err)
 	}
 }
 
@@ -171,21 +175,8 @@ func TestEnqueueBatchAndDeleteFinished(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v", n, err)
 	}
-	if _, err := skiplocked.GetJob(ctx, pool, ids[0]); !errors.Is(err, skiplocked.ErrJobNotFound) {
+	if _, err := skiplocked.GetJob(ctx, pool, ids[0]); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("deleted job: %v", err)
-	}
-}
-
-func TestClaimLostErrorMessages(t *testing.T) {
-	t.Parallel()
-	for _, e := range []*skiplocked.ClaimLostError{
-		{JobID: 1, Token: 2, CurrentToken: 3, Holder: "B", State: skiplocked.StateRunning},
-		{JobID: 1, Token: 2, CurrentToken: 2, State: skiplocked.StateCompleted},
-		{JobID: 1, Token: 2},
-	} {
-		if !errors.Is(e, skiplocked.ErrClaimLost) || !strings.HasPrefix(e.Error(), "skiplocked: claim lost") {
-			t.Errorf("%#v: %v", e, e)
-		}
 	}
 }
 
@@ -237,7 +228,7 @@ func TestJobsTableCommentsAndConstraints(t *testing.T) {
 }
 
 // At the end of the claim token sequence claiming fails with
-// ErrTokenExhausted and claims nothing: tokens never wrap.
+// pgfence.ErrTokenExhausted and claims nothing: tokens never wrap.
 func TestClaimTokenExhausted(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -247,7 +238,7 @@ func TestClaimTokenExhausted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "max", Holder: "w", Limit: 2, TTL: time.Minute})
-	if !errors.Is(err, skiplocked.ErrTokenExhausted) {
+	if !errors.Is(err, pgfence.ErrTokenExhausted) {
 		t.Fatalf("claim past the last token: %v, want ErrTokenExhausted", err)
 	}
 	for _, id := range ids {
@@ -278,8 +269,8 @@ func TestPayloadServerLimit(t *testing.T) {
 	pool := pgtest.Pool(t)
 	p := bigPayload(maxPayloadBytes + 10)
 	for _, limit := range []int{-1, maxPayloadBytes + 1} {
-		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: limit}); !errors.Is(err, skiplocked.ErrInvalidJob) {
-			t.Fatalf("MaxPayloadBytes %d: err = %v, want ErrInvalidJob", limit, err)
+		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: p, MaxPayloadBytes: limit}); !isInvalid(err, "MaxPayloadBytes") {
+			t.Fatalf("MaxPayloadBytes %d: err = %v, want ErrInvalid naming MaxPayloadBytes", limit, err)
 		}
 	}
 	// Plain SQL, as another client would send it.
@@ -289,13 +280,13 @@ func TestPayloadServerLimit(t *testing.T) {
 	}
 	// A payload within the client's limit whose stored text form is over the
 	// server's (jsonb prints ", " between elements): refused by the server,
-	// translated to ErrInvalidPayload.
+	// reported as ErrInvalid naming the payload.
 	arr := []byte("[" + strings.Repeat("1,", maxPayloadBytes/2-2) + "1]")
 	if len(arr) > maxPayloadBytes {
 		t.Fatalf("test payload is %d bytes", len(arr))
 	}
-	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: arr}); !errors.Is(err, skiplocked.ErrInvalidPayload) {
-		t.Fatalf("payload over the server's limit: err = %v, want ErrInvalidPayload", err)
+	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: "big", Payload: arr}); !isInvalid(err, "Payload") {
+		t.Fatalf("payload over the server's limit: err = %v, want ErrInvalid naming Payload", err)
 	}
 	var n int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.jobs WHERE queue = 'big'").Scan(&n); err != nil || n != 0 {

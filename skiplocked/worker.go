@@ -2,7 +2,6 @@ package skiplocked
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
@@ -17,9 +17,10 @@ import (
 // attempt (retried after the backoff, dead when no attempts are left), or
 // [Permanent](err) to send it to dead at once.
 //
-// ctx is cancelled with cause [ErrClaimLost] when a renewal finds the claim
-// lost (another worker now holds the job: stop, nothing this worker writes
-// to pgfence.jobs will land), or with cause [ErrShutdown] when the worker's
+// ctx is cancelled with a cause matching [pgfence.ErrLost] when a renewal
+// finds the claim lost (another worker now holds the job: stop, nothing this
+// worker writes to pgfence.jobs will land), or with a cause matching
+// [pgfence.ErrClosed] when the worker's
 // shutdown timeout passes. A handler that returns an error after a shutdown
 // cancellation has its claim released, not failed.
 //
@@ -112,7 +113,7 @@ type held struct {
 	ref    ClaimRef
 	job    Job
 	cancel context.CancelCauseFunc // nil until the handler starts
-	lost   *ClaimLostError         // set when a renewal found the claim lost
+	lost   *claimInfo              // set when a renewal found the claim lost
 	ended  bool                    // a renewal found the claim ended by its own outcome
 	// completing: the handler's transaction is completing the job; the row
 	// is locked by it until it commits, so renewals leave it alone rather
@@ -137,7 +138,7 @@ type result struct {
 	h       *held
 	outcome outcome
 	err     error
-	lost    *ClaimLostError
+	lost    *claimInfo
 }
 
 // NewWorker checks its arguments and returns a worker that runs h over the
@@ -149,7 +150,7 @@ type result struct {
 // to one of each with pgxpool's default of 4 on a small machine.
 func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worker, error) {
 	if h == nil {
-		return nil, fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+		return nil, invalid(opNewWorker, "h", "nil handler")
 	}
 	w, err := newWorker(pool, queue, cfg, false)
 	if err != nil {
@@ -168,7 +169,7 @@ func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worke
 // least Concurrency + 2. Concurrency defaults to min(4, MaxConns - 2).
 func NewTxWorker(pool *pgxpool.Pool, queue string, h TxHandler, cfg *Config) (*Worker, error) {
 	if h == nil {
-		return nil, fmt.Errorf("%w: nil handler", ErrInvalidConfig)
+		return nil, invalid(opNewTxWorker, "h", "nil handler")
 	}
 	w, err := newWorker(pool, queue, cfg, true)
 	if err != nil {
@@ -200,7 +201,8 @@ func (w *Worker) Holder() string { return w.cfg.Holder }
 //     (available again, attempt not counted);
 //  3. handlers in flight keep running, their claims still renewed, for up
 //     to [Config.ShutdownTimeout]; then their contexts are cancelled with
-//     cause [ErrShutdown]. A handler that then returns nil is completed; one
+//     a cause matching [pgfence.ErrClosed]. A handler that then returns nil
+//     is completed; one
 //     that returns an error has its claim released.
 //
 // Run returns only after every handler has returned and its outcome has been
@@ -234,16 +236,22 @@ func (w *Worker) Run(ctx context.Context) error {
 // its own queue name to drain one batch among others.
 //
 // If ctx is cancelled before the queue is empty, Drain shuts down as Run does
-// and returns the Summary so far with an error matching [ErrNotDrained] and
-// the context's cause. If the queue has no job at all, in any state (a
-// misspelt name), it returns [ErrNoJobs].
+// and returns the Summary so far with a [*pgfence.Error] that has no Kind,
+// whose Reason begins "not drained" and whose cause (Err) is the context's
+// cause, so errors.Is(err, context.Canceled) (or DeadlineExceeded) says why
+// it stopped. If the queue has no job at all, in any state (a misspelt
+// name), it returns an error matching [pgfence.ErrNotFound].
 func (w *Worker) Drain(ctx context.Context) (Summary, error) {
 	return w.run(ctx, true)
 }
 
 func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
+	op := opRun
+	if drain {
+		op = opDrain
+	}
 	if !w.running.CompareAndSwap(false, true) {
-		return Summary{}, fmt.Errorf("%w: Run or Drain called twice", ErrInvalidConfig)
+		return Summary{}, &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: w.queue, Reason: "Run or Drain called twice"}
 	}
 	start := time.Now()
 	runCtx, stopRun := context.WithCancel(ctx) // also cancelled when drained
@@ -296,11 +304,11 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	select {
 	case <-handlersDone:
 	case <-timer.C:
-		cancelJobs(ErrShutdown)
+		cancelJobs(errShutdown)
 		w.mu.Lock()
 		for _, h := range w.inflight {
 			if h.cancel != nil {
-				h.cancel(ErrShutdown)
+				h.cancel(errShutdown)
 			}
 		}
 		w.mu.Unlock()
@@ -318,9 +326,11 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	case !drain:
 		return sum, nil
 	case w.noJobs.Load():
-		return sum, fmt.Errorf("%w: %q (drain)", ErrNoJobs, w.queue)
+		return sum, &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Name: w.queue,
+			Reason: "the queue has no job in any state (never used, misspelt, or its finished jobs deleted)"}
 	case !w.drained.Load():
-		return sum, fmt.Errorf("%w: queue %q still has available or running jobs: %w", ErrNotDrained, w.queue, context.Cause(ctx))
+		return sum, &pgfence.Error{Op: op, Name: w.queue, Reason: "not drained: stopped with available or running jobs left",
+			Err: context.Cause(ctx)}
 	}
 	return sum, nil
 }
@@ -440,7 +450,7 @@ func (w *Worker) isDrained(ctx context.Context) bool {
 		found, err := queries.QueueHasJobs(ctx, w.pool, w.queue)
 		if err != nil {
 			if ctx.Err() == nil {
-				w.cfg.Logger.Warn("skiplocked: drain check failed", "queue", w.queue, "err", translate("drain check", err))
+				w.cfg.Logger.Warn("skiplocked: drain check failed", "queue", w.queue, "err", err)
 			}
 			return false
 		}

@@ -2,12 +2,12 @@ package skiplocked
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/holder"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
@@ -51,7 +51,7 @@ type Config struct {
 	Backoff func(attempt int) time.Duration
 	// ShutdownTimeout is how long handlers in flight may run after Run's
 	// context is cancelled before their own contexts are cancelled (cause
-	// [ErrShutdown]). Defaults to 10s.
+	// a cause matching [pgfence.ErrClosed]). Defaults to 10s.
 	ShutdownTimeout time.Duration
 	// Logger receives errors the loop recovers from (failed claims, lost
 	// claims, listener reconnects). Defaults to discarding them.
@@ -63,19 +63,27 @@ type Config struct {
 	// completed itself, is a completion.
 	Metrics observe.Metrics
 	// OnClaimLost, when set, is called once for each claim this worker lost,
-	// after the job's handler has returned, with the job's current token,
-	// state and holder in err. Use it to compensate for an effect done outside
+	// after the job's handler has returned. err matches [pgfence.ErrLost]:
+	// Name is the queue, Token the lost claim's token, Holder the job's
+	// holder now, and Reason says what happened ("job 7: reclaimed by token
+	// 9, state running", "job 7: claim already ended (completed), state
+	// completed", ...; Holder and the state are empty when the job could not
+	// be read back). [GetJob] reads the job as it is now. Use it to compensate for an effect done outside
 	// the database. It runs on a goroutine that writes outcomes, one call
 	// at a time (keep it short); a panic in it is recovered and logged.
 	// Defaults to nil.
-	OnClaimLost func(ctx context.Context, job Job, err *ClaimLostError)
+	OnClaimLost func(ctx context.Context, job Job, err *pgfence.Error)
 }
 
 func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker, error) {
-	if nilcheck.IsNil(pool) {
-		return nil, ErrNilDB
+	op := opNewWorker
+	if tx {
+		op = opNewTxWorker
 	}
-	if err := checkQueue(queue); err != nil {
+	if nilcheck.IsNil(pool) {
+		return nil, nilDB(op)
+	}
+	if err := checkQueue(op, queue); err != nil {
 		return nil, err
 	}
 	c := Config{}
@@ -85,8 +93,8 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	if c.Holder == "" {
 		c.Holder = holder.Default()
 	}
-	if err := checkHolder(c.Holder); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if err := checkHolder(op, "Config.Holder", c.Holder); err != nil {
+		return nil, err
 	}
 	maxConns := int(pool.Config().MaxConns)
 	if c.Concurrency == 0 {
@@ -96,36 +104,36 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 		}
 	}
 	if c.Concurrency < 1 || c.Concurrency > 1000 {
-		return nil, fmt.Errorf("%w: concurrency %d not in 1..1000", ErrInvalidConfig, c.Concurrency)
+		return nil, invalid(op, "Config.Concurrency", "%d not in 1..1000", c.Concurrency)
 	}
 	if tx && maxConns < c.Concurrency+2 {
-		return nil, fmt.Errorf("%w: the pool has at most %d connections; a TxHandler worker with concurrency %d needs %d "+
+		return nil, invalid(op, "Config.Concurrency", "the pool has at most %d connections; a TxHandler worker with concurrency %d needs %d "+
 			"(one per handler transaction, plus renewals, claims and outcomes): raise pool_max_conns or lower Concurrency",
-			ErrInvalidConfig, maxConns, c.Concurrency, c.Concurrency+2)
+			maxConns, c.Concurrency, c.Concurrency+2)
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = c.Concurrency
 	}
-	if err := checkLimit(c.BatchSize); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if err := checkLimit(op, "Config.BatchSize", c.BatchSize); err != nil {
+		return nil, err
 	}
 	if c.ClaimTTL == 0 {
 		c.ClaimTTL = 30 * time.Second
 	}
-	if err := checkTTL(c.ClaimTTL); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	if err := checkTTL(op, "Config.ClaimTTL", c.ClaimTTL); err != nil {
+		return nil, err
 	}
 	if c.RenewInterval == 0 {
 		c.RenewInterval = c.ClaimTTL / 3
 	}
 	if c.RenewInterval <= 0 || c.RenewInterval >= c.ClaimTTL {
-		return nil, fmt.Errorf("%w: renew interval %s must be in (0, ClaimTTL %s)", ErrInvalidConfig, c.RenewInterval, c.ClaimTTL)
+		return nil, invalid(op, "Config.RenewInterval", "%s must be in (0, ClaimTTL %s)", c.RenewInterval, c.ClaimTTL)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
 	}
 	if c.PollInterval < 10*time.Millisecond {
-		return nil, fmt.Errorf("%w: poll interval %s shorter than 10ms", ErrInvalidConfig, c.PollInterval)
+		return nil, invalid(op, "Config.PollInterval", "%s shorter than 10ms", c.PollInterval)
 	}
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
@@ -134,7 +142,7 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 		c.ShutdownTimeout = 10 * time.Second
 	}
 	if c.ShutdownTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative shutdown timeout %s", ErrInvalidConfig, c.ShutdownTimeout)
+		return nil, invalid(op, "Config.ShutdownTimeout", "negative: %s", c.ShutdownTimeout)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -38,7 +39,7 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		if w.txHandler != nil {
 			r = w.runTx(jctx, h)
 		} else {
-			r = decide(jctx, h, w.call(jctx, h.job))
+			r = w.decide(jctx, h, w.call(jctx, h.job))
 		}
 		cancel(nil)
 		w.mu.Lock()
@@ -50,15 +51,17 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 }
 
 // decide turns a handler's return and its context's cause into an outcome.
-func decide(jctx context.Context, h *held, err error) result {
+func (w *Worker) decide(jctx context.Context, h *held, err error) result {
 	cause := context.Cause(jctx)
-	var lost *ClaimLostError
 	switch {
-	case errors.As(cause, &lost):
+	case errors.Is(cause, pgfence.ErrLost):
+		w.mu.Lock() // h.lost was set before the cancellation
+		lost := h.lost
+		w.mu.Unlock()
 		return result{h: h, outcome: outLost, err: err, lost: lost}
 	case err == nil:
 		return result{h: h, outcome: outComplete}
-	case errors.Is(cause, ErrShutdown):
+	case cause == errShutdown:
 		return result{h: h, outcome: outRelease, err: err}
 	default:
 		return result{h: h, outcome: outFail, err: err}
@@ -108,7 +111,7 @@ func (w *Worker) callTx(ctx context.Context, tx pgx.Tx, j Job) (err error) {
 func (w *Worker) runTx(jctx context.Context, h *held) result {
 	tx, err := w.pool.Begin(jctx)
 	if err != nil {
-		return decide(jctx, h, translate("begin the handler's transaction", err))
+		return w.decide(jctx, h, dbError(opWorker, w.queue, "begin the handler's transaction", err))
 	}
 	rollback := func() {
 		rctx, cancel := context.WithTimeout(w.bg, 5*time.Second)
@@ -120,7 +123,7 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	if htx.misused.Load() && herr == nil {
 		herr = errHandlerTx
 	}
-	if r := decide(jctx, h, herr); r.outcome != outComplete {
+	if r := w.decide(jctx, h, herr); r.outcome != outComplete {
 		rollback()
 		return r
 	}
@@ -140,11 +143,11 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	done, err := queries.CompleteJobs(cctx, tx, dbsqlc.CompleteJobsParams{Ids: []int64{h.ref.JobID}, ClaimTokens: []int64{h.ref.Token}, Keys: [][]byte{h.ref.Key[:]}})
 	if err != nil {
 		rollback()
-		return result{h: h, outcome: outFail, err: translate("complete in the handler's transaction", err)}
+		return result{h: h, outcome: outFail, err: dbError(opWorker, w.queue, "complete in the handler's transaction", err)}
 	}
 	if len(done) == 0 {
 		st := w.readClaim(h.ref)
-		if st != nil && alreadyDone("complete", h.ref, st) {
+		if st != nil && alreadyDone(opComplete, h.ref, st) {
 			// Completed under this very claim by another call (the handler
 			// called Complete itself): nobody else can run the job, so the
 			// handler's effect commits.
@@ -164,7 +167,7 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	}
 	if code := pgerr.Code(cerr); code != "" && !pgerr.SessionGone(code) {
 		// The server answered COMMIT with an error: it rolled back.
-		return result{h: h, outcome: outFail, err: translate("commit", cerr)}
+		return result{h: h, outcome: outFail, err: dbError(opWorker, w.queue, "commit", cerr)}
 	}
 	// The connection broke during COMMIT: read the row to learn whether it
 	// committed. Only this transaction can complete the job under this token.
@@ -174,10 +177,10 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 		w.cfg.Logger.Error("skiplocked: commit outcome unknown; if it did not commit, the claim expires and the job runs again",
 			"job", h.ref.JobID, "token", h.ref.Token, "err", cerr)
 		return result{h: h, outcome: outUnknown, err: cerr}
-	case alreadyDone("complete", h.ref, st):
+	case alreadyDone(opComplete, h.ref, st):
 		return result{h: h, outcome: outCompleted}
 	case st.CurrentToken == h.ref.Token && st.State == StateRunning:
-		return result{h: h, outcome: outFail, err: translate("commit", cerr)}
+		return result{h: h, outcome: outFail, err: dbError(opWorker, w.queue, "commit", cerr)}
 	default:
 		return result{h: h, outcome: outLost, lost: st}
 	}

@@ -6,17 +6,18 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
 // readClaim reads a job's claim columns for ref, retrying connection errors
 // for up to ClaimTTL; nil when it cannot (or the job no longer exists).
-func (w *Worker) readClaim(ref ClaimRef) *ClaimLostError {
+func (w *Worker) readClaim(ref ClaimRef) *claimInfo {
 	ctx, cancel := context.WithTimeout(w.bg, w.cfg.ClaimTTL)
 	defer cancel()
-	var st *ClaimLostError
+	var st *claimInfo
 	err := retryConn(ctx, func() (err error) {
-		st, err = claimState(ctx, w.pool, "read claim", ref)
+		st, err = claimState(ctx, w.pool, opWorker, ref)
 		return err
 	})
 	if err != nil {
@@ -25,11 +26,11 @@ func (w *Worker) readClaim(ref ClaimRef) *ClaimLostError {
 	return st
 }
 
-func orBare(e *ClaimLostError, ref ClaimRef) *ClaimLostError {
+func orBare(e *claimInfo, ref ClaimRef) *claimInfo {
 	if e != nil {
 		return e
 	}
-	return &ClaimLostError{JobID: ref.JobID, Token: ref.Token}
+	return &claimInfo{JobID: ref.JobID, Token: ref.Token}
 }
 
 // complete writes outcomes, batching completions. Several run at once (see
@@ -73,10 +74,10 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 			}
 		}
 		if len(done) > 0 {
-			w.finish(ctx, "complete", done, Complete)
+			w.finish(ctx, opComplete, done, completeRefs)
 		}
 		if len(release) > 0 {
-			w.finish(ctx, "release", release, Release)
+			w.finish(ctx, opRelease, release, releaseRefs)
 		}
 		w.mu.Lock()
 		for _, r := range batch {
@@ -91,7 +92,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 }
 
 // reportLost counts, logs and hands to OnClaimLost one lost claim.
-func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg string) {
+func (w *Worker) reportLost(ctx context.Context, h *held, e *claimInfo, msg string) {
 	e = orBare(e, h.ref)
 	w.stats.lost.Add(1)
 	metricdefs.OrNop(w.cfg.Metrics).Add(ctx, metricdefs.ClaimsLostTotal, 1, w.queue)
@@ -107,7 +108,7 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg
 			w.cfg.Logger.Error("skiplocked: OnClaimLost panicked", "job", e.JobID, "panic", fmt.Sprint(r))
 		}
 	}()
-	w.cfg.OnClaimLost(ctx, h.job, e)
+	w.cfg.OnClaimLost(ctx, h.job, lostError(opWorker, w.queue, h.ref, e))
 }
 
 // connRetries is how many times the worker sends a completion, failure,
@@ -116,13 +117,13 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *ClaimLostError, msg
 const connRetries = 3
 
 // retryConn runs op, and runs it again up to connRetries times while it fails
-// with ErrConnection and ctx allows. Every statement it retries is
+// because the connection was lost and ctx allows. Every statement it retries is
 // conditional on the claim tokens, so a retry never changes a job the worker
 // no longer holds, and idempotent: if a first attempt did commit before its
 // connection failed, the retry reports success, not a lost claim.
 func retryConn(ctx context.Context, op func() error) error {
 	err := op()
-	for i := 1; i <= connRetries && errors.Is(err, ErrConnection) && ctx.Err() == nil; i++ {
+	for i := 1; i <= connRetries && connLost(err) && ctx.Err() == nil; i++ {
 		t := time.NewTimer(time.Duration(i) * 10 * time.Millisecond)
 		select {
 		case <-ctx.Done():
@@ -135,37 +136,39 @@ func retryConn(ctx context.Context, op func() error) error {
 	return err
 }
 
-func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, DBTX, ...ClaimRef) error) {
+func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, pgfence.DBTX, []ClaimRef) ([]ClaimRef, []*claimInfo, error)) {
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
 	defer cancel()
 	refs := make([]ClaimRef, len(rs))
 	for i, r := range rs {
 		refs[i] = r.h.ref
 	}
+	var lostRefs []ClaimRef
+	var infos []*claimInfo
 	err := retryConn(cctx, func() (err error) {
-		return f(cctx, w.pool, refs...)
+		lostRefs, infos, err = f(cctx, w.pool, refs)
+		return err
 	})
-	lost := map[ClaimRef]*ClaimLostError{}
-	if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
-		err = nil // counted and logged per claim below
-		for i, r := range cl.Lost {
-			lost[r] = orBare(cl.Details[i], r)
+	lost := map[ClaimRef]*claimInfo{}
+	if err == nil {
+		for i, r := range lostRefs { // counted and logged per claim below
+			lost[r] = orBare(infos[i], r)
 		}
 	}
 	if err != nil {
 		w.stats.unknown.Add(int64(len(rs)))
-		w.cfg.Logger.Error("skiplocked: "+op+" failed; claims will expire", "jobs", len(refs), "err", err)
+		w.cfg.Logger.Error(op+" failed; claims will expire", "jobs", len(refs), "err", err)
 		return
 	}
 	landed := 0
 	for _, r := range rs {
 		if e, ok := lost[r.h.ref]; ok {
-			w.reportLost(ctx, r.h, e, "skiplocked: "+op+" refused: claim lost")
+			w.reportLost(ctx, r.h, e, op+" refused: claim lost")
 			continue
 		}
 		landed++
 	}
-	if op == "complete" {
+	if op == opComplete {
 		w.stats.completed.Add(int64(landed))
 		if landed > 0 {
 			metricdefs.OrNop(w.cfg.Metrics).Add(ctx, metricdefs.RowsCompletedTotal, float64(landed), w.queue)
@@ -184,8 +187,9 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		msg = r.err.Error()
 	}
 	var job Job
+	var lost *claimInfo
 	err := retryConn(cctx, func() (err error) {
-		job, err = Fail(cctx, w.pool, r.h.ref, FailParams{
+		job, lost, err = fail(cctx, w.pool, r.h.ref, FailParams{
 			Error:   msg,
 			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), maxRetryDelay),
 			GiveUp:  errors.As(r.err, &perm),
@@ -193,8 +197,13 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		return err
 	})
 	m := metricdefs.OrNop(w.cfg.Metrics)
-	var lost *ClaimLostError
 	switch {
+	case lost != nil && lost.CurrentToken == r.h.ref.Token && lost.Outcome == outcomeCompleted:
+		// A commit whose reply was lost did land after all (see runTx).
+		w.stats.completed.Add(1)
+		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
+	case lost != nil:
+		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
 	case err == nil:
 		m.Add(ctx, metricdefs.RowsFailedTotal, 1, w.queue)
 		if job.State == StateDead {
@@ -203,13 +212,7 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		} else {
 			w.stats.failed.Add(1)
 		}
-	case errors.As(err, &lost) && lost.CurrentToken == r.h.ref.Token && lost.Outcome == outcomeCompleted:
-		// A commit whose reply was lost did land after all (see runTx).
-		w.stats.completed.Add(1)
-		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
-	case lost != nil:
-		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
-	case errors.Is(err, ErrJobNotFound):
+	case errors.Is(err, pgfence.ErrNotFound):
 		w.reportLost(ctx, r.h, nil, "skiplocked: fail refused: job deleted")
 	default:
 		w.stats.unknown.Add(1)

@@ -3,6 +3,9 @@ package skiplocked_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -44,7 +48,7 @@ func TestWorkerStaleCompletionRefused(t *testing.T) {
 	stale := ids[0]
 	started := make(chan skiplocked.Job, 1)
 	takenOver := make(chan struct{})
-	hook := make(chan *skiplocked.ClaimLostError, 2)
+	hook := make(chan *pgfence.Error, 2)
 	m := &countCompleted{want: int64(len(ids) - 1), done: make(chan struct{})}
 	w := newWorker(t, pool, "stalecomplete", func(_ context.Context, j skiplocked.Job) error {
 		if j.ID == stale {
@@ -54,7 +58,7 @@ func TestWorkerStaleCompletionRefused(t *testing.T) {
 		return nil
 	}, &skiplocked.Config{
 		Concurrency: 4, BatchSize: 4, ClaimTTL: time.Hour, PollInterval: time.Hour, Metrics: m,
-		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *skiplocked.ClaimLostError) { hook <- err },
+		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *pgfence.Error) { hook <- err },
 	})
 	stop := runWorker(t, w)
 	a := <-started
@@ -62,7 +66,8 @@ func TestWorkerStaleCompletionRefused(t *testing.T) {
 	close(takenOver)
 	select {
 	case e := <-hook:
-		if e == nil || e.Token != a.ClaimToken || e.CurrentToken != b.ClaimToken || e.Holder != "B" {
+		if e == nil || !errors.Is(e, pgfence.ErrLost) || e.Token != a.ClaimToken || e.Holder != "B" ||
+			!strings.HasPrefix(e.Reason, fmt.Sprintf("job %d: reclaimed by token %d,", a.ID, b.ClaimToken)) {
 			t.Fatalf("OnClaimLost got %+v, want the loss of claim %d to B's claim %d", e, a.ClaimToken, b.ClaimToken)
 		}
 	case <-time.After(30 * time.Second):

@@ -2,7 +2,6 @@ package skiplocked
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -31,16 +30,13 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			chunk := refs[:min(len(refs), maxBatch)]
 			refs = refs[len(chunk):]
 			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later renewal is useless
+			var lost []ClaimRef                                      // cancelled below
+			var details []*claimInfo
 			err := retryConn(hctx, func() (err error) {
-				_, _, err = renew(hctx, w.pool, w.cfg.ClaimTTL, chunk)
+				_, lost, details, _, err = renew(hctx, w.pool, w.cfg.ClaimTTL, chunk)
 				return err
 			})
 			cancel()
-			var lost []ClaimRef
-			var details []*ClaimLostError
-			if cl := (*ClaimsLostError)(nil); errors.As(err, &cl) {
-				err, lost, details = nil, cl.Lost, cl.Details // the lost claims are cancelled below
-			}
 			if err != nil {
 				w.cfg.Logger.Warn("skiplocked: claim renewal failed", "claims", len(chunk), "err", err)
 				continue
@@ -58,7 +54,7 @@ func (w *Worker) renewLoop(ctx context.Context) {
 				}
 				h.lost = orBare(d, r)
 				if h.cancel != nil && !h.returned {
-					h.cancel(h.lost)
+					h.cancel(lostError(opWorker, w.queue, r, h.lost))
 				}
 			}
 			w.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -235,7 +236,7 @@ func TestWorkerShutdownFinishesInFlightReleasesRest(t *testing.T) {
 }
 
 // After ShutdownTimeout the handlers' contexts are cancelled with
-// ErrShutdown; a handler that then returns an error has its claim released.
+// a cause matching pgfence.ErrClosed; a handler that then returns an error has its claim released.
 func TestWorkerShutdownTimeoutReleases(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
@@ -253,8 +254,8 @@ func TestWorkerShutdownTimeoutReleases(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if c := <-cause; !errors.Is(c, skiplocked.ErrShutdown) {
-		t.Fatalf("handler ctx cause = %v, want ErrShutdown", c)
+	if c := <-cause; !errors.Is(c, pgfence.ErrClosed) {
+		t.Fatalf("handler ctx cause = %v, want ErrClosed", c)
 	}
 	if j := mustJob(t, pool, ids[0]); j.State != skiplocked.StateAvailable || j.Attempts != 0 || j.LastError != "" {
 		t.Fatalf("job after shutdown = %+v, want released", j)
@@ -313,7 +314,7 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 
 // Heartbeats keep a claim alive past its TTL; when a renewal finds the
 // claim lost (another worker re-claimed it), the handler's ctx is cancelled
-// with ErrClaimLost and the stale worker writes nothing.
+// with ErrLost and the stale worker writes nothing.
 func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -351,8 +352,8 @@ func TestWorkerHeartbeatAndLostClaim(t *testing.T) {
 	}
 	select {
 	case c := <-cause:
-		if !errors.Is(c, skiplocked.ErrClaimLost) {
-			t.Fatalf("cause = %v, want ErrClaimLost", c)
+		if !errors.Is(c, pgfence.ErrLost) {
+			t.Fatalf("cause = %v, want ErrLost", c)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("handler not cancelled after its claim was lost")
@@ -374,31 +375,34 @@ func TestWorkerConfigValidation(t *testing.T) {
 	pool := pgtest.Pool(t)
 	h := func(context.Context, skiplocked.Job) error { return nil }
 	var nilPool *pgxpool.Pool
-	if _, err := skiplocked.NewWorker(nilPool, "q", h, nil); !errors.Is(err, skiplocked.ErrNilDB) {
+	if _, err := skiplocked.NewWorker(nilPool, "q", h, nil); !isInvalid(err, "db") {
 		t.Errorf("nil pool: %v", err)
 	}
-	if _, err := skiplocked.NewWorker(pool, "", h, nil); !errors.Is(err, skiplocked.ErrInvalidQueue) {
+	if _, err := skiplocked.NewWorker(pool, "", h, nil); !isInvalid(err, "queue") {
 		t.Errorf("empty queue: %v", err)
 	}
-	if _, err := skiplocked.NewWorker(pool, "q", nil, nil); !errors.Is(err, skiplocked.ErrInvalidConfig) {
+	if _, err := skiplocked.NewWorker(pool, "q", nil, nil); !isInvalid(err, "h") {
 		t.Errorf("nil handler: %v", err)
 	}
-	bad := map[string]skiplocked.Config{
-		"negative concurrency": {Concurrency: -1},
-		"huge concurrency":     {Concurrency: 5000},
-		"negative batch":       {BatchSize: -1},
-		"huge batch":           {BatchSize: 10001},
-		"tiny TTL":             {ClaimTTL: time.Millisecond},
-		"huge TTL":             {ClaimTTL: 48 * time.Hour},
-		"heartbeat >= TTL":     {ClaimTTL: time.Second, RenewInterval: time.Second},
-		"negative heartbeat":   {RenewInterval: -time.Second},
-		"tiny poll":            {PollInterval: time.Millisecond},
-		"negative shutdown":    {ShutdownTimeout: -time.Second},
-		"control in worker id": {Holder: "a\nb"},
+	bad := map[string]struct {
+		cfg skiplocked.Config
+		arg string // the field ErrInvalid names
+	}{
+		"negative concurrency": {skiplocked.Config{Concurrency: -1}, "Config.Concurrency"},
+		"huge concurrency":     {skiplocked.Config{Concurrency: 5000}, "Config.Concurrency"},
+		"negative batch":       {skiplocked.Config{BatchSize: -1}, "Config.BatchSize"},
+		"huge batch":           {skiplocked.Config{BatchSize: 10001}, "Config.BatchSize"},
+		"tiny TTL":             {skiplocked.Config{ClaimTTL: time.Millisecond}, "Config.ClaimTTL"},
+		"huge TTL":             {skiplocked.Config{ClaimTTL: 48 * time.Hour}, "Config.ClaimTTL"},
+		"heartbeat >= TTL":     {skiplocked.Config{ClaimTTL: time.Second, RenewInterval: time.Second}, "Config.RenewInterval"},
+		"negative heartbeat":   {skiplocked.Config{RenewInterval: -time.Second}, "Config.RenewInterval"},
+		"tiny poll":            {skiplocked.Config{PollInterval: time.Millisecond}, "Config.PollInterval"},
+		"negative shutdown":    {skiplocked.Config{ShutdownTimeout: -time.Second}, "Config.ShutdownTimeout"},
+		"control in worker id": {skiplocked.Config{Holder: "a\nb"}, "Config.Holder"},
 	}
-	for name, cfg := range bad {
-		if _, err := skiplocked.NewWorker(pool, "q", h, &cfg); !errors.Is(err, skiplocked.ErrInvalidConfig) {
-			t.Errorf("%s: err = %v, want ErrInvalidConfig", name, err)
+	for name, c := range bad {
+		if _, err := skiplocked.NewWorker(pool, "q", h, &c.cfg); !isInvalid(err, c.arg) {
+			t.Errorf("%s: err = %v, want ErrInvalid naming %s", name, err, c.arg)
 		}
 	}
 	if _, err := skiplocked.NewWorker(pool, "q", h, &skiplocked.Config{BatchSize: 0}); err != nil {
@@ -413,7 +417,7 @@ func TestWorkerConfigValidation(t *testing.T) {
 	if err := w.Run(ctx); err != nil {
 		t.Fatalf("Run on a cancelled ctx: %v", err)
 	}
-	if err := w.Run(ctx); !errors.Is(err, skiplocked.ErrInvalidConfig) {
+	if err := w.Run(ctx); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("second Run: %v", err)
 	}
 }

@@ -12,11 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
 // jobRows is every row of pgfence.jobs as JSON, ordered by id.
-func jobRows(t *testing.T, ctx context.Context, db skiplocked.DBTX) string {
+func jobRows(t *testing.T, ctx context.Context, db pgfence.DBTX) string {
 	t.Helper()
 	var s string
 	if err := db.QueryRow(ctx, "SELECT coalesce(jsonb_agg(to_jsonb(j) ORDER BY j.id), '[]')::text FROM pgfence.jobs j").Scan(&s); err != nil {
@@ -288,8 +289,8 @@ func TestJobDoorProbes(t *testing.T) {
 	if err := skiplocked.Complete(ctx, app, victim.Ref()); err != nil {
 		t.Fatalf("victim's complete: %v", err)
 	}
-	if err := skiplocked.Complete(ctx, app, skiplocked.ClaimRef{JobID: victim.ID, Token: token, Key: [16]byte(forgedKey)}); !errors.Is(err, skiplocked.ErrClaimLost) {
-		t.Fatalf("complete with a key made from the hash: %v, want ErrClaimLost", err)
+	if err := skiplocked.Complete(ctx, app, skiplocked.ClaimRef{JobID: victim.ID, Token: token, Key: [16]byte(forgedKey)}); !errors.Is(err, pgfence.ErrLost) {
+		t.Fatalf("complete with a key made from the hash: %v, want ErrLost", err)
 	}
 }
 

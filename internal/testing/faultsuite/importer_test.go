@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -131,20 +132,20 @@ func importerMain(name string) int {
 		goMu.Unlock()
 		return nil
 	}
-	effect := func(ctx context.Context, db skiplocked.DBTX, j skiplocked.Job) error {
+	effect := func(ctx context.Context, db pgfence.DBTX, j skiplocked.Job) error {
 		_, err := db.Exec(ctx, "INSERT INTO imported (job_id, token, worker) VALUES ($1, $2, $3)", j.ID, j.ClaimToken, worker)
 		return err
 	}
 	wcfg := &skiplocked.Config{
 		Holder: worker, Concurrency: 4, BatchSize: 4, ClaimTTL: ttl, RenewInterval: ttl / 4,
 		PollInterval: 50 * time.Millisecond, Backoff: func(int) time.Duration { return 0 },
-		OnClaimLost: func(_ context.Context, j skiplocked.Job, e *skiplocked.ClaimLostError) {
-			jr.lost(e)
-			state := string(e.State)
+		OnClaimLost: func(_ context.Context, j skiplocked.Job, e *pgfence.Error) {
+			current, state := lostState(e)
+			jr.lost(j.ID, e.Token, current, state)
 			if state == "" {
 				state = "unknown" // the job could not be read back (a paused worker's deadline passed)
 			}
-			say("lost %d %d %d %s", e.JobID, e.Token, e.CurrentToken, state)
+			say("lost %d %d %d %s", j.ID, e.Token, current, state)
 		},
 	}
 	var w *skiplocked.Worker
@@ -233,14 +234,33 @@ func (r *importerRecorder) handle(j skiplocked.Job, run func() error) error {
 	return err
 }
 
+// lostState reads from a lost claim's Reason (see skiplocked.Renew) the
+// job's claim token and state now: "" when the job could not be read back,
+// and e.Token when the claim of e.Token itself ended (already ended, or
+// another key).
+func lostState(e *pgfence.Error) (current int64, state string) {
+	var job int64
+	if _, err := fmt.Sscanf(e.Reason, "job %d: reclaimed by token %d, state %s", &job, &current, &state); err == nil {
+		return current, state
+	}
+	if _, err := fmt.Sscanf(e.Reason, "job %d: not held under this token (current %d), state %s", &job, &current, &state); err == nil {
+		return current, state
+	}
+	if strings.Contains(e.Reason, "could not be read back") {
+		return 0, ""
+	}
+	_, state, _ = strings.Cut(e.Reason, ", state ")
+	return e.Token, state
+}
+
 // lost records a loss the Worker reported. A loss it could not read back,
 // or one naming its own token as current (the local deadline passed first),
 // says nothing of the database: the completion stays open.
-func (r *importerRecorder) lost(e *skiplocked.ClaimLostError) {
-	if r.rec == nil || e.State == "" || e.CurrentToken == e.Token {
+func (r *importerRecorder) lost(job, token, current int64, state string) {
+	if r.rec == nil || state == "" || current == token {
 		return
 	}
-	key := [2]int64{e.JobID, e.Token}
+	key := [2]int64{job, token}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := r.pending[key]; p != nil {
@@ -252,7 +272,7 @@ func (r *importerRecorder) lost(e *skiplocked.ClaimLostError) {
 }
 
 // settle ends the completions the database shows accepted.
-func (r *importerRecorder) settle(ctx context.Context, db skiplocked.DBTX) error {
+func (r *importerRecorder) settle(ctx context.Context, db pgfence.DBTX) error {
 	if r.rec == nil {
 		return nil
 	}

@@ -807,7 +807,7 @@ func checkLoopLedger(t *testing.T, admin *pgxpool.Pool, name string) {
 // simply retried (the jobs come back when their claims expire). Then a
 // deterministic round: worker A claims a job, A's backend is killed, the
 // claim expires, worker B claims it again, and A's completion must be
-// refused with ErrClaimLost naming B's token. Pass: every enqueued job ends
+// refused with ErrLost naming B's token. Pass: every enqueued job ends
 // completed, none dead or stuck; no job's completion was acknowledged twice;
 // a job with no acknowledged completion had a completion whose outcome was
 // unknown (killed connection) that did land; every refused completion was
@@ -898,13 +898,12 @@ func TestKilledClaimer(t *testing.T) {
 					cctx, cancel := context.WithTimeout(wctx, 2*time.Second)
 					err := c.Complete(cctx, clients, j.Ref())
 					cancel()
-					var lost *skiplocked.ClaimLostError
 					mu.Lock()
 					switch {
 					case err == nil:
 						acked[j.ID]++
 						ackedDone.Add(1)
-					case errors.As(err, &lost):
+					case errors.Is(err, pgfence.ErrLost) && !errors.Is(err, pgfence.ErrNotFound):
 						stale.Add(1)
 						refusedTokens[j.ID] = append(refusedTokens[j.ID], j.ClaimToken)
 					default:
@@ -983,7 +982,7 @@ func TestKilledClaimer(t *testing.T) {
 	}
 	t.Logf("killed claimer: %d jobs, %d backends terminated, %d claims (%d failed on a killed connection), "+
 		"%d completions acknowledged, %d jobs completed by a completion whose reply was lost, %d claims held past the TTL, "+
-		"%d stale completions refused with ErrClaimLost (+%d in the deterministic round), 0 jobs lost, 0 completed twice",
+		"%d stale completions refused with ErrLost (+%d in the deterministic round), 0 jobs lost, 0 completed twice",
 		jobs, kills.Load(), claims.Load(), claimErrs.Load(), ackedDone.Load(), unknownLanded, held.Load(), stale.Load(), staleRefused)
 	if kills.Load() == 0 {
 		t.Error("no backend was terminated")
@@ -991,8 +990,8 @@ func TestKilledClaimer(t *testing.T) {
 }
 
 // staleAfterKill: worker A claims a job, its backend is killed, the claim
-// expires, B claims the job again; A's late Complete must be refused with a
-// *ClaimLostError naming B's token and B's Complete must succeed. It returns
+// expires, B claims the job again; A's late Complete must be refused with an
+// ErrLost naming B's token and B's Complete must succeed. It returns
 // the number of refused completions (2: A's before and after B completed).
 func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	t.Helper()
@@ -1023,23 +1022,24 @@ func staleAfterKill(t *testing.T, admin *pgxpool.Pool, dsn, queue string) int {
 	completeA := func() error {
 		var err error
 		for range 3 {
-			if err = skiplocked.Complete(ctx, poolA, a[0].Ref()); !errors.Is(err, skiplocked.ErrConnection) {
+			if err = skiplocked.Complete(ctx, poolA, a[0].Ref()); !pgfence.IsRetryable(err) {
 				break
 			}
 		}
 		return err
 	}
 	err = completeA()
-	var lost *skiplocked.ClaimLostError
-	if !errors.As(err, &lost) || !errors.Is(err, skiplocked.ErrClaimLost) || lost.CurrentToken != b[0].ClaimToken || lost.Holder != "B" {
-		t.Fatalf("A's stale completion: %v (%+v), want ErrClaimLost naming B's token %d", err, lost, b[0].ClaimToken)
+	var lost *pgfence.Error
+	if !errors.As(err, &lost) || !errors.Is(err, pgfence.ErrLost) || lost.Holder != "B" || lost.Token != a[0].ClaimToken ||
+		!strings.HasPrefix(lost.Reason, fmt.Sprintf("job %d: reclaimed by token %d,", a[0].ID, b[0].ClaimToken)) {
+		t.Fatalf("A's stale completion: %v (%+v), want ErrLost naming B's token %d", err, lost, b[0].ClaimToken)
 	}
 	refused++
 	if err := skiplocked.Complete(ctx, poolB, b[0].Ref()); err != nil {
 		t.Fatalf("B's completion: %v", err)
 	}
-	if err := completeA(); !errors.Is(err, skiplocked.ErrClaimLost) {
-		t.Fatalf("A's completion after B completed: %v, want ErrClaimLost", err)
+	if err := completeA(); !errors.Is(err, pgfence.ErrLost) {
+		t.Fatalf("A's completion after B completed: %v, want ErrLost", err)
 	}
 	refused++
 	return refused

@@ -569,7 +569,7 @@ func (s *scenario) rawClaimer(i int) {
 				s.rec.mu.Lock()
 				s.rec.completions = append(s.rec.completions, completion{JobID: j.Ref().JobID, Token: j.Ref().Token, Ack: time.Now()})
 				s.rec.mu.Unlock()
-			case errors.Is(err, skiplocked.ErrClaimLost):
+			case errors.Is(err, pgfence.ErrLost):
 				s.rec.mu.Lock()
 				s.rec.claimLost++
 				s.rec.mu.Unlock()

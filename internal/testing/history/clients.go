@@ -55,10 +55,7 @@ func (c *Client) at(t time.Time) int64 {
 
 // invalid reports errors refused before any SQL ran: nothing is recorded.
 func invalid(err error) bool {
-	return errors.Is(err, pgfence.ErrInvalid) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec) ||
-		errors.Is(err, skiplocked.ErrInvalidQueue) || errors.Is(err, skiplocked.ErrInvalidHolder) ||
-		errors.Is(err, skiplocked.ErrInvalidLimit) || errors.Is(err, skiplocked.ErrInvalidTTL) ||
-		errors.Is(err, skiplocked.ErrInvalidToken)
+	return errors.Is(err, pgfence.ErrInvalid) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec)
 }
 
 // Acquire records l.Acquire (wait) or l.TryAcquire of name.
@@ -304,7 +301,7 @@ func JobKey(id int64) string { return "job/" + strconv.FormatInt(id, 10) }
 // Claim records skiplocked.Claim as one claim operation per job it returned.
 // A claim whose outcome is unknown is recorded on every job of known (the
 // jobs of its queue): it may have taken any of them.
-func (c *Client) Claim(ctx context.Context, db skiplocked.DBTX, cp skiplocked.ClaimParams, known []int64) ([]skiplocked.Job, error) {
+func (c *Client) Claim(ctx context.Context, db pgfence.DBTX, cp skiplocked.ClaimParams, known []int64) ([]skiplocked.Job, error) {
 	call, callWall := c.r.Now(), time.Now().UnixMicro()
 	jobs, err := skiplocked.Claim(ctx, db, cp)
 	ret, retWall := c.r.Now(), time.Now().UnixMicro()
@@ -333,7 +330,7 @@ func (c *Client) Claim(ctx context.Context, db skiplocked.DBTX, cp skiplocked.Cl
 }
 
 // Complete records skiplocked.Complete of a claim.
-func (c *Client) Complete(ctx context.Context, db skiplocked.DBTX, ref skiplocked.ClaimRef) error {
+func (c *Client) Complete(ctx context.Context, db pgfence.DBTX, ref skiplocked.ClaimRef) error {
 	p := c.begin(Input{Kind: Complete, Key: JobKey(ref.JobID), Token: ref.Token})
 	err := skiplocked.Complete(ctx, db, ref)
 	c.endJob(p, err)
@@ -341,7 +338,7 @@ func (c *Client) Complete(ctx context.Context, db skiplocked.DBTX, ref skiplocke
 }
 
 // Fail records skiplocked.Fail of a claim (back to available after retry).
-func (c *Client) Fail(ctx context.Context, db skiplocked.DBTX, ref skiplocked.ClaimRef, retry time.Duration) error {
+func (c *Client) Fail(ctx context.Context, db pgfence.DBTX, ref skiplocked.ClaimRef, retry time.Duration) error {
 	p := c.begin(Input{Kind: Fail, Key: JobKey(ref.JobID), Token: ref.Token})
 	_, err := skiplocked.Fail(ctx, db, ref, skiplocked.FailParams{Error: "history workload", RetryIn: retry})
 	c.endJob(p, err)
@@ -352,7 +349,7 @@ func (c *Client) endJob(p *Pending, err error) {
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
-	case errors.Is(err, skiplocked.ErrClaimLost):
+	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})

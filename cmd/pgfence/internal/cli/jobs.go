@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -68,7 +69,7 @@ finished ones included.`,
 			defer pool.Close()
 			if cmd.Flags().Changed("queue") {
 				depths, err = skiplocked.QueueDepths(ctx, pool, queue)
-				if errors.Is(err, skiplocked.ErrInvalidQueue) {
+				if errors.Is(err, pgfence.ErrInvalid) {
 					return withCode(ExitUsage, err)
 				}
 				if err != nil {
