@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -152,7 +153,7 @@ func BenchmarkGuardBulk(b *testing.B) {
 
 // grantToken sets the lock's latest token as a grant would (the benchmarks
 // run as the owner, so they may set it directly).
-func grantToken(b *testing.B, db fencedwrite.DBTX, name string, token int64) {
+func grantToken(b *testing.B, db pgfence.DBTX, name string, token int64) {
 	b.Helper()
 	if _, err := db.Exec(context.Background(), `UPDATE pgfence.locks SET token = $2 WHERE name = $1`, name, token); err != nil {
 		b.Fatal(err)

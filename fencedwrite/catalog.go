@@ -3,8 +3,8 @@ package fencedwrite
 import (
 	"context"
 	"errors"
-	"fmt"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgident"
 )
@@ -15,39 +15,42 @@ const defaultFenceColumn = "fence"
 
 // checkIdent validates one table or column name with pgfence's identifier
 // rule (1..63 bytes of ASCII letters, digits and underscores, not starting
-// with a digit, case kept) and reports a refused one as an *[IdentifierError].
+// with a digit, case kept) and reports a refused one as [pgfence.ErrInvalid] naming it.
 // what names the input in the error ("table", "key column", ...).
 func checkIdent(what, name string) error {
 	return identError(pgident.Check(what, name))
 }
 
-// identError turns a *pgident.Error into an *IdentifierError.
+// identError turns a *pgident.Error into pgfence.ErrInvalid naming the
+// input ("table", "key column", ...).
 func identError(err error) error {
 	var ie *pgident.Error
 	if errors.As(err, &ie) {
-		return &IdentifierError{What: ie.What, Value: ie.Value, Reason: ie.Reason}
+		return invalid(ie.What, "invalid name %q: %s", ie.Value, ie.Reason)
 	}
 	return err
 }
 
 // lookup reads a table's columns and unique keys from the catalog. table is
 // "name" (resolved through search_path) or "schema.name". It returns an
-// *[IdentifierError] for a bad name and [ErrUnknownTable] when no such table
-// exists (views and other relations are not tables).
-func lookup(ctx context.Context, db DBTX, table string) (*pgident.Table, error) {
+// [pgfence.ErrInvalid] for a bad name or when no such table exists (views
+// and other relations are not tables).
+func lookup(ctx context.Context, db pgfence.DBTX, table string) (*pgident.Table, error) {
 	tn, err := pgident.ParseTableName(table)
 	if err != nil {
 		return nil, identError(err)
 	}
 	if nilcheck.IsNil(db) {
-		return nil, errNilDB
+		return nil, errNilDB()
 	}
 	t, err := pgident.Lookup(ctx, db, tn)
 	if errors.Is(err, pgident.ErrUnknownTable) {
-		return nil, fmt.Errorf("%w: %s", ErrUnknownTable, table)
+		e := invalid("table", "no such table %q", table)
+		e.Name = table
+		return nil, e
 	}
 	if err != nil {
-		return nil, TranslateError(err)
+		return nil, translateErr(err)
 	}
 	return t, nil
 }
@@ -63,17 +66,21 @@ func checkColumns(t *pgident.Table, what string, cols []string) error {
 			continue
 		}
 		if _, ok := t.Column(c); !ok {
-			return &ColumnError{Sentinel: ErrUnknownColumn, Table: t.Qualified(), Column: c, Detail: what}
+			e := invalid(what, "no column %q in %s", c, t.Qualified())
+			e.Name = t.Schema + "." + t.Name
+			return e
 		}
 	}
 	return nil
 }
 
-// checkFenceColumn reports a *[ColumnError] wrapping [ErrNoFenceColumn]
+// checkFenceColumn reports [pgfence.ErrInvalid] naming the fence column
 // unless t has column name of type bigint.
 func checkFenceColumn(t *pgident.Table, name string) error {
 	if p := t.FenceColumnProblem(name); p != "" {
-		return &ColumnError{Sentinel: ErrNoFenceColumn, Table: t.Qualified(), Column: name, Detail: p}
+		e := invalid("fence column", "%q of %s: %s", name, t.Qualified(), p)
+		e.Name = t.Schema + "." + t.Name
+		return e
 	}
 	return nil
 }

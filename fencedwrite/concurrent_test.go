@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 )
 
@@ -44,22 +45,22 @@ func TestRefusalAfterConcurrentCommit(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		begin func(tx fencedwrite.DBTX) // the newer grant's write, left uncommitted
-		write func() error              // the older grant's write, which blocks
+		begin func(tx pgfence.DBTX) // the newer grant's write, left uncommitted
+		write func() error          // the older grant's write, which blocks
 	}{
-		{"update", func(tx fencedwrite.DBTX) {
+		{"update", func(tx pgfence.DBTX) {
 			mustExec(t, tx, "UPDATE invoices SET status = 'newer', fence = $1 WHERE id = 1", newer)
 		}, func() error {
 			_, err := tbl.Update(ctx, pool, old, []any{1}, []any{"older"})
 			return err
 		}},
-		{"upsert of a row inserted concurrently", func(tx fencedwrite.DBTX) {
+		{"upsert of a row inserted concurrently", func(tx pgfence.DBTX) {
 			mustExec(t, tx, "INSERT INTO invoices (id, status, fence) VALUES (50, 'newer', $1)", newer)
 		}, func() error {
 			_, err := tbl.Upsert(ctx, pool, old, []any{50}, []any{"older"})
 			return err
 		}},
-		{"fenced_values upsert", func(tx fencedwrite.DBTX) {
+		{"fenced_values upsert", func(tx pgfence.DBTX) {
 			mustExec(t, tx, `INSERT INTO pgfence.fenced_values (key, value, fence) VALUES ('k', '"newer"', $1)`, newer)
 		}, func() error {
 			_, err := fencedwrite.UpsertValue(ctx, pool, old, fencedwrite.Strict, "k", json.RawMessage(`"older"`))

@@ -9,15 +9,21 @@
 //
 // Zero rows changed means the writer was fenced out, and this package returns
 // an error that says why ([Table.Update] reads the row in a second round trip
-// only after a refusal; the other statements say why in the same one):
+// only after a refusal; the other statements say why in the same one). Every
+// error is a [*pgfence.Error] (Op the call, Name the table or key, Token the
+// token refused); ask with errors.Is:
 //
-//   - *[StaleTokenError] ([ErrStaleToken]): a newer grant already wrote the row;
-//     stop, the lock is lost.
-//   - [ErrAlreadyApplied]: [Strict] mode only, this grant already wrote the row
-//     (a replayed write is harmless).
-//   - [ErrNotFound]: no such row.
+//   - [pgfence.ErrStaleToken]: a newer grant already wrote the row (Reason
+//     "row fence F > token T"); stop, the lock is lost.
+//   - [pgfence.ErrAlreadyApplied]: [Strict] mode only, this grant already
+//     wrote the row (a replayed write is harmless).
+//   - [pgfence.ErrNotFound]: no such row.
+//   - no Kind, no cause: refused, but the row changed concurrently so the
+//     reason is unknown (rare; the write was not applied, send it again).
 //
-// Tokens must be > 0 ([ErrInvalidToken], checked before any SQL runs).
+// Bad input is [pgfence.ErrInvalid] naming the argument (a token <= 0, an
+// invalid name, an unknown table or column), checked before any write runs;
+// a database failure has no Kind and the driver's error as its cause.
 //
 // # Strict and re-entrant
 //
@@ -37,10 +43,9 @@
 //     method fails closed: a refused write returns a non-nil error (SQLSTATE
 //     PF003..PF007 raised by pgfence.fence_refused, with token, fence, table
 //     and key), and
-//     [TranslateError] maps it to *[StaleTokenError] or a *[RefusedError]
-//     ([ErrAlreadyApplied], [ErrNotFound], [ErrConcurrentChange],
-//     [ErrInvalidToken]). Code that checks only err never takes a refused
-//     write for a success.
+//     [TranslateError] maps it to the same errors ([pgfence.ErrStaleToken],
+//     [pgfence.ErrAlreadyApplied], [pgfence.ErrNotFound], ...). Code that
+//     checks only err never takes a refused write for a success.
 //
 // # Read-modify-write
 //
@@ -53,7 +58,8 @@
 //
 // [Guard] (SQL: pgfence.guard) attaches a trigger that makes the table refuse
 // any UPDATE, INSERT or DELETE without the latest token of the row's lock,
-// reported as a *[GuardError] ([ErrGuardRejected]). [Unguard] detaches it;
+// reported as [pgfence.ErrGuard] (or [pgfence.ErrStaleToken] for a
+// superseded holder). [Unguard] detaches it;
 // [ListGuarded] lists guarded tables. Roll out in this order: add the fence
 // column (default 0), ship writers that send tokens, attach the guard last.
 //
@@ -61,8 +67,8 @@
 //
 // # Connections and cancellation
 //
-// Every function takes a [DBTX] (pool, connection or pgx.Tx) or a
+// Every function takes a [pgfence.DBTX] (pool, connection or pgx.Tx) or a
 // [Beginner]; ctx bounds the I/O. A cancelled context aborts the statement
 // and pgx closes the connection; the write may or may not have been applied,
-// and in strict mode repeating it with the same token tells ([ErrAlreadyApplied]).
+// and in strict mode repeating it with the same token tells ([pgfence.ErrAlreadyApplied]).
 package fencedwrite

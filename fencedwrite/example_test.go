@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -55,7 +56,7 @@ func ExamplePrepare() {
 
 	res, err := invoices.Update(ctx, pool, lease.Token(), []any{7}, []any{"s3://bucket/7.pdf", "rendered"})
 	if err != nil {
-		log.Fatal(err) // *StaleTokenError, ErrAlreadyApplied, ErrNotFound, ...
+		log.Fatal(err) // pgfence.ErrStaleToken, ErrAlreadyApplied, ErrNotFound, ...
 	}
 	fmt.Println("written; fence is the token:", res.Fence == lease.Token())
 	// Output: written; fence is the token: true
@@ -63,7 +64,7 @@ func ExamplePrepare() {
 
 // A holder whose lease ended while it was paused writes with its old token:
 // the row has accepted a newer grant's token, so the write is refused with a
-// *StaleTokenError carrying both numbers.
+// pgfence.ErrStaleToken with the token refused and the row's fence in its Reason.
 func ExampleTable_Update() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -107,14 +108,14 @@ func ExampleTable_Update() {
 	}
 
 	_, err = invoices.Update(ctx, pool, old.Token(), []any{8}, []any{"cancelled"})
-	var stale *fencedwrite.StaleTokenError
+	var stale *pgfence.Error
 	if errors.As(err, &stale) {
-		fmt.Println("stale token refused:", errors.Is(err, fencedwrite.ErrStaleToken))
-		fmt.Println("row fenced by the newer grant:", stale.Fence == current.Token())
+		fmt.Println("stale token refused:", errors.Is(err, pgfence.ErrStaleToken), stale.Token == old.Token())
+		fmt.Println(stale.Reason == fmt.Sprintf("row fence %d > token %d", current.Token(), old.Token()))
 	}
 	// Output:
-	// stale token refused: true
-	// row fenced by the newer grant: true
+	// stale token refused: true true
+	// true
 }
 
 // In strict mode (the default) a grant writes a row once: a write retried
@@ -154,7 +155,7 @@ func ExampleTable_Update_retry() {
 		switch {
 		case err == nil:
 			fmt.Println("attempt", attempt, "applied")
-		case errors.Is(err, fencedwrite.ErrAlreadyApplied):
+		case errors.Is(err, pgfence.ErrAlreadyApplied):
 			fmt.Println("attempt", attempt, "already applied by this grant")
 		default:
 			log.Fatal(err)
@@ -285,7 +286,7 @@ func ExampleGuard() {
 
 	// A writer that knows nothing about tokens:
 	_, err = pool.Exec(ctx, "UPDATE ledger SET total = 0 WHERE day = '2026-11-29'")
-	fmt.Println("plain update refused:", errors.Is(fencedwrite.TranslateError(err), fencedwrite.ErrGuardRejected))
+	fmt.Println("plain update refused:", errors.Is(fencedwrite.TranslateError(err), pgfence.ErrGuard))
 	// Output:
 	// fenced upsert: <nil>
 	// plain update refused: true
@@ -298,6 +299,6 @@ func ExampleCheck() {
 	// err := tx.QueryRow(ctx, myFencedUpdate, ...).Scan(&applied, &fence)
 	applied, fence, token := false, int64(8), int64(5)
 	err := fencedwrite.Check(fencedwrite.Strict, token, applied, fence, nil)
-	fmt.Println(errors.Is(err, fencedwrite.ErrStaleToken), err)
-	// Output: true fencedwrite: stale token 5: the row's fence is 8 (a newer grant wrote it)
+	fmt.Println(errors.Is(err, pgfence.ErrStaleToken), err)
+	// Output: true fencedwrite.Check: stale token: a newer grant came first token 5: row fence 8 > token 5
 }

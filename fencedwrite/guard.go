@@ -3,11 +3,11 @@ package fencedwrite
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -40,8 +40,8 @@ type GuardOptions struct {
 
 // Guard attaches the pgfence guard trigger to table by calling
 // pgfence.guard(). From then on every change to the table needs the latest
-// token of the row's lock, or it fails with a *[GuardError]
-// ([ErrGuardRejected]):
+// token of the row's lock, or it fails with [pgfence.ErrGuard] (the guard's
+// reason, message and detail in the error's Reason):
 //   - an UPDATE must raise the fence to it (in strict mode; with [Reentrant]
 //     an UPDATE that assigns the fence may keep it equal), so a writer
 //     without a token or with a stale one is refused;
@@ -51,23 +51,24 @@ type GuardOptions struct {
 //     transaction or statement ([Table.Delete] and the generated
 //     FencedDelete do).
 //
-// A token above the lock's latest is [GuardTokenNotIssued]; one below it is
-// [GuardTokenSuperseded], which also matches [ErrStaleToken]. Attaching again
-// replaces the previous guard.
+// A token above the lock's latest is refused as [pgfence.ErrGuard] ("token
+// not issued"); one below it, a superseded holder's, as
+// [pgfence.ErrStaleToken]. Attaching again replaces the previous guard.
 //
-// The table and columns are validated first (*[IdentifierError],
-// [ErrUnknownTable], *[ColumnError]). The caller must own the table and have
+// The table and columns are validated first ([pgfence.ErrInvalid] naming
+// the argument: an invalid name, an unknown table or column). The caller must own the table and have
 // CREATE on schema pgfence; Guard takes a SHARE ROW EXCLUSIVE lock on the
 // table while it creates the trigger.
-func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error {
+func Guard(ctx context.Context, db pgfence.DBTX, table string, opts GuardOptions) (err error) {
+	defer func() { withOp(&err, "fencedwrite.Guard", table) }() // table: as resolved, once looked up
 	if nilcheck.IsNil(db) {
-		return errNilDB
+		return errNilDB()
 	}
 	if opts.FenceColumn == "" {
 		opts.FenceColumn = defaultFenceColumn
 	}
 	if !opts.Mode.valid() {
-		return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, opts.Mode)
+		return invalid("GuardOptions.Mode", "unknown mode %v", opts.Mode)
 	}
 	set := 0
 	for _, s := range []string{opts.LockName, opts.LockNameColumn, opts.LockNameExpression} {
@@ -76,14 +77,14 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 		}
 	}
 	if set != 1 {
-		return fmt.Errorf("%w: set exactly one of LockName, LockNameColumn and LockNameExpression", ErrInvalidSpec)
+		return invalid("GuardOptions", "set exactly one of LockName, LockNameColumn and LockNameExpression")
 	}
 	if len(opts.LockNameExpression) > maxLockExprBytes {
-		return fmt.Errorf("%w: lock name expression is %d bytes, the limit is %d", ErrInvalidSpec,
+		return invalid("GuardOptions.LockNameExpression", "%d bytes, the limit is %d",
 			len(opts.LockNameExpression), maxLockExprBytes)
 	}
 	if len(opts.LockName) > maxKeyBytes {
-		return fmt.Errorf("%w: lock name is %d bytes, the limit is %d", ErrInvalidSpec, len(opts.LockName), maxKeyBytes)
+		return invalid("GuardOptions.LockName", "%d bytes, the limit is %d", len(opts.LockName), maxKeyBytes)
 	}
 	if err := checkIdent("fence column", opts.FenceColumn); err != nil {
 		return err
@@ -97,6 +98,7 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 	if err != nil {
 		return err
 	}
+	table = ti.Schema + "." + ti.Name
 	if err := checkFenceColumn(ti, opts.FenceColumn); err != nil {
 		return err
 	}
@@ -116,21 +118,24 @@ func Guard(ctx context.Context, db DBTX, table string, opts GuardOptions) error 
 		fence_column => $4, mode => $5, lock_name_expression => $6)`,
 		ti.Qualified(), lockName, lockCol, opts.FenceColumn, opts.Mode.String(), lockExpr)
 	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == pgerr.InvalidParameterValue {
-		return fmt.Errorf("%w: %s", ErrInvalidSpec, pgErr.Message)
+		e := invalid("GuardOptions", "%s", pgErr.Message)
+		e.Err = err
+		return e
 	}
-	return TranslateError(err)
+	return translateErr(err)
 }
 
 // Unguard detaches the guard from table (pgfence.unguard()). It reports
 // whether a guard was attached; detaching an unguarded table is not an error.
-func Unguard(ctx context.Context, db DBTX, table string) (bool, error) {
+func Unguard(ctx context.Context, db pgfence.DBTX, table string) (_ bool, err error) {
+	defer withOp(&err, "fencedwrite.Unguard", table)
 	ti, err := lookup(ctx, db, table)
 	if err != nil {
 		return false, err
 	}
 	var removed bool
 	if err := db.QueryRow(ctx, "SELECT pgfence.unguard($1::pg_catalog.regclass)", ti.Qualified()).Scan(&removed); err != nil {
-		return false, TranslateError(err)
+		return false, translateErr(err)
 	}
 	return removed, nil
 }
@@ -150,13 +155,14 @@ type GuardedTable struct {
 }
 
 // ListGuarded lists the guarded tables, by name.
-func ListGuarded(ctx context.Context, db DBTX) ([]GuardedTable, error) {
+func ListGuarded(ctx context.Context, db pgfence.DBTX) (_ []GuardedTable, err error) {
+	defer withOp(&err, "fencedwrite.ListGuarded", "")
 	if nilcheck.IsNil(db) {
-		return nil, errNilDB
+		return nil, errNilDB()
 	}
 	rows, err := queries.ListGuardedTables(ctx, db)
 	if err != nil {
-		return nil, TranslateError(err)
+		return nil, translateErr(err)
 	}
 	out := make([]GuardedTable, 0, len(rows))
 	for _, r := range rows {

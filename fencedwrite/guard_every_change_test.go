@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -74,27 +75,27 @@ func TestGuardEveryChange(t *testing.T) {
 			mustExec(t, pool, "INSERT INTO catalogue (store_id, sku, fence) VALUES (1, 'untouched', 0)")
 			mustExec(t, pool, "ALTER TABLE catalogue ENABLE TRIGGER USER")
 			_, err := tbl.Upsert(ctx, pool, old, []any{1, "late"}, []any{1})
-			ge := wantGuard(t, err, fencedwrite.GuardTokenSuperseded)
-			if !errors.Is(err, fencedwrite.ErrStaleToken) || ge.Table != "catalogue" {
+			ge := wantGuard(t, err, superseded)
+			if !errors.Is(err, pgfence.ErrStaleToken) || ge.Name != "public.catalogue" {
 				t.Fatalf("superseded insert: %v (%+v)", err, ge)
 			}
 			_, err = tbl.Update(ctx, pool, old, []any{1, "untouched"}, []any{1})
-			wantGuard(t, err, fencedwrite.GuardTokenSuperseded)
+			wantGuard(t, err, superseded)
 			_, err = tbl.Delete(ctx, pool, old, []any{1, "untouched"})
-			wantGuard(t, err, fencedwrite.GuardTokenSuperseded)
+			wantGuard(t, err, superseded)
 			_, err = tbl.Delete(ctx, pool, old, []any{1, "a"})
 			wantStale(t, err, old, cur)
 
 			// Unfenced changes from a forgotten script are refused.
 			_, err = pool.Exec(ctx, "INSERT INTO catalogue (store_id, sku) VALUES (1, 'plain')")
-			wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+			wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 			_, err = pool.Exec(ctx, "DELETE FROM catalogue WHERE store_id = 1")
-			ge = wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
-			if !strings.Contains(ge.Detail, `key {"sku": `) || !strings.Contains(ge.Detail, "lock store:1") {
-				t.Fatalf("guard error does not name key and lock: %q", ge.Detail)
+			ge = wantGuard(t, fencedwrite.TranslateError(err), notRaised)
+			if !strings.Contains(ge.Reason, `key {"sku": `) || !strings.Contains(ge.Reason, "lock store:1") {
+				t.Fatalf("guard error does not name key and lock: %q", ge.Reason)
 			}
 			_, err = pool.Exec(ctx, "UPDATE catalogue SET price = 0")
-			wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+			wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 		})
 	}
 }
@@ -115,15 +116,15 @@ func TestGuardForgedAndUngoverned(t *testing.T) {
 	s2 := grant(t, pool, "store:2")
 
 	_, err := tbl.Upsert(ctx, pool, s1+5, []any{1, "a"}, []any{1})
-	ge := wantGuard(t, err, fencedwrite.GuardTokenNotIssued)
-	if !strings.Contains(ge.Message, "store:1") || !strings.Contains(ge.Detail, "latest token") {
-		t.Fatalf("forged token error does not name lock and tokens: %v / %s", ge.Message, ge.Detail)
+	ge := wantGuard(t, err, notIssued)
+	if !strings.Contains(ge.Reason, "store:1") || !strings.Contains(ge.Reason, "latest token") {
+		t.Fatalf("forged token error does not name lock and tokens: %v / %s", ge.Reason, ge.Reason)
 	}
 	_, err = tbl.Upsert(ctx, pool, s1, []any{3, "a"}, []any{1})
-	wantGuard(t, err, fencedwrite.GuardTokenNotIssued) // no lock row for store:3
+	wantGuard(t, err, notIssued) // no lock row for store:3
 	// store 1's token is lower than store 2's latest: superseded there.
 	_, err = tbl.Upsert(ctx, pool, s2-1, []any{2, "a"}, []any{1})
-	wantGuard(t, err, fencedwrite.GuardTokenSuperseded)
+	wantGuard(t, err, superseded)
 
 	// A DELETE in a transaction that named a token passes only for that
 	// lock's latest token.
@@ -141,7 +142,7 @@ func TestGuardForgedAndUngoverned(t *testing.T) {
 		return err
 	})
 	// (store 2's rows carry fence s2 > s1: refused as not raising the fence)
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pgfence.use_token($1)", s1); err != nil {
 			return err
@@ -154,10 +155,10 @@ func TestGuardForgedAndUngoverned(t *testing.T) {
 	}
 	// The token setting ends with its transaction.
 	_, err = pool.Exec(ctx, "DELETE FROM catalogue WHERE store_id = 2")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	// use_token refuses tokens <= 0.
 	_, err = pool.Exec(ctx, "SELECT pgfence.use_token(0)")
-	wantIs(t, fencedwrite.TranslateError(err), fencedwrite.ErrInvalidToken)
+	wantIs(t, fencedwrite.TranslateError(err), invalidArg("token"))
 	if n := queryInt(t, pool, "SELECT count(*) FROM catalogue"); n != 1 {
 		t.Fatalf("%d rows left, want 1", n)
 	}
@@ -179,8 +180,8 @@ func TestGuardBadLockSource(t *testing.T) {
 		{LockNameExpression: string(make([]byte, 5000))},
 	} {
 		err := fencedwrite.Guard(ctx, pool, "catalogue", opts)
-		if !errors.Is(err, fencedwrite.ErrInvalidSpec) {
-			t.Errorf("Guard(%.40q...) = %v, want ErrInvalidSpec", opts.LockNameExpression, err)
+		if !matches(err, invalidArg("GuardOptions")) {
+			t.Errorf("Guard(%.40q...) = %v, want ErrInvalid naming GuardOptions", opts.LockNameExpression, err)
 		}
 	}
 	if n := queryInt(t, pool, "SELECT count(*) FROM pgfence.guarded_tables"); n != 0 {

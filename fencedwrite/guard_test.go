@@ -3,26 +3,42 @@ package fencedwrite_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
-func wantGuard(t testing.TB, err error, reason fencedwrite.GuardReason) *fencedwrite.GuardError {
+// wantGuard checks err is a refusal by the guard for reason ("fence not
+// raised", "token not issued": pgfence.ErrGuard; "token superseded":
+// pgfence.ErrStaleToken) and returns it.
+func wantGuard(t testing.TB, err error, reason string) *pgfence.Error {
 	t.Helper()
-	var ge *fencedwrite.GuardError
-	if !errors.Is(err, fencedwrite.ErrGuardRejected) || !errors.As(err, &ge) {
-		t.Fatalf("err = %v, want ErrGuardRejected", err)
+	kind, prefix := pgfence.ErrGuard, reason+": "
+	if reason == superseded {
+		kind, prefix = pgfence.ErrStaleToken, "refused by the fence guard: "+reason+": "
 	}
-	if ge.Reason != reason {
-		t.Fatalf("guard reason = %v, want %v (%v)", ge.Reason, reason, err)
+	var pe *pgfence.Error
+	if !errors.Is(err, kind) || !errors.As(err, &pe) || pe.Kind != kind {
+		t.Fatalf("err = %v, want %v", err, kind)
 	}
-	return ge
+	if !strings.HasPrefix(pe.Reason, prefix) {
+		t.Fatalf("guard reason = %q, want %q (%v)", pe.Reason, reason, err)
+	}
+	return pe
 }
+
+// The guard's reasons, as the Reason of its errors starts.
+const (
+	notRaised  = "fence not raised"
+	notIssued  = "token not issued"
+	superseded = "token superseded"
+)
 
 func TestGuardStrict(t *testing.T) {
 	t.Parallel()
@@ -36,41 +52,41 @@ func TestGuardStrict(t *testing.T) {
 
 	// A forgotten code path without a token fails loudly.
 	_, err := pool.Exec(ctx, "UPDATE invoices SET status = 'paid' WHERE id = 1")
-	ge := wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
-	if ge.Table != "invoices" || ge.Schema != "public" {
-		t.Fatalf("GuardError = %+v", ge)
+	ge := wantGuard(t, fencedwrite.TranslateError(err), notRaised)
+	if ge.Name != "public.invoices" {
+		t.Fatalf("guard error = %+v", ge)
 	}
 	// A token higher than any issued for the lock (forged) fails.
 	_, err = tbl.Update(ctx, pool, tok+1, []any{1}, []any{"forged"})
-	wantGuard(t, err, fencedwrite.GuardTokenNotIssued)
+	wantGuard(t, err, notIssued)
 	_, err = pool.Exec(ctx, "UPDATE invoices SET status = 'forged', fence = 1000000 WHERE id = 1")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardTokenNotIssued)
+	wantGuard(t, fencedwrite.TranslateError(err), notIssued)
 	// Lowering the fence by hand fails.
 	if _, err := tbl.Update(ctx, pool, tok, []any{2}, []any{"ok"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = pool.Exec(ctx, "UPDATE invoices SET fence = 0 WHERE id = 2")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	// A correct fenced write succeeds; a replay is refused by the WHERE
 	// clause (ErrAlreadyApplied), before the trigger sees it.
 	if _, err := tbl.Update(ctx, pool, tok, []any{1}, []any{"sent"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = tbl.Update(ctx, pool, tok, []any{1}, []any{"sent"})
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	_, err = tbl.Upsert(ctx, pool, tok, []any{1}, []any{"sent"})
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	_, err = tbl.Upsert(ctx, pool, tok+1, []any{1}, []any{"sent"})
-	wantGuard(t, err, fencedwrite.GuardTokenNotIssued)
+	wantGuard(t, err, notIssued)
 	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != "sent:1,ok:1,new:0" {
 		t.Fatalf("rows = %s", got)
 	}
 	// Inserts and deletes are checked too: without a token they fail, fenced
 	// ones pass.
 	_, err = pool.Exec(ctx, "INSERT INTO invoices (id) VALUES (10)")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	_, err = pool.Exec(ctx, "DELETE FROM invoices WHERE id = 2")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	if res, err := tbl.Upsert(ctx, pool, tok, []any{10}, []any{"new"}); err != nil || !res.Inserted {
 		t.Fatalf("fenced insert = %+v, %v", res, err)
 	}
@@ -132,10 +148,10 @@ func TestGuardReentrantWithLockColumn(t *testing.T) {
 	}
 	// Unfenced writer: fence unchanged and not assigned.
 	_, err = pool.Exec(ctx, "UPDATE invoices SET status = 'x' WHERE id = 1")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	// Row 2 is governed by lock store-2, which never issued a token.
 	_, err = tbl.Update(ctx, pool, t1, []any{2}, []any{"x"})
-	wantGuard(t, err, fencedwrite.GuardTokenNotIssued)
+	wantGuard(t, err, notIssued)
 	// Token of another store's lock is too high for this one.
 	t2 := grant(t, pool, "store-2")
 	grant(t, pool, "store-1")
@@ -148,7 +164,7 @@ func TestGuardReentrantWithLockColumn(t *testing.T) {
 	}
 	// Negative fence assigned by hand.
 	_, err = pool.Exec(ctx, "UPDATE invoices SET fence = -3 WHERE id = 3")
-	wantGuard(t, fencedwrite.TranslateError(err), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != "bc:1,y:1,new:0" {
 		t.Fatalf("rows = %s", got)
 	}
@@ -165,17 +181,17 @@ func TestGuardRejectsBadInput(t *testing.T) {
 		opts  fencedwrite.GuardOptions
 		want  error
 	}{
-		{"sql table", "invoices; drop table invoices", fencedwrite.GuardOptions{LockName: "l"}, fencedwrite.ErrInvalidIdentifier},
-		{"no lock", "invoices", fencedwrite.GuardOptions{}, fencedwrite.ErrInvalidSpec},
-		{"both locks", "invoices", fencedwrite.GuardOptions{LockName: "l", LockNameColumn: "store"}, fencedwrite.ErrInvalidSpec},
-		{"unknown table", "missing", fencedwrite.GuardOptions{LockName: "l"}, fencedwrite.ErrUnknownTable},
-		{"no fence", "nofence", fencedwrite.GuardOptions{LockName: "l"}, fencedwrite.ErrNoFenceColumn},
-		{"fence not bigint", "invoices", fencedwrite.GuardOptions{LockName: "l", FenceColumn: "status"}, fencedwrite.ErrNoFenceColumn},
-		{"unknown lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "nope"}, fencedwrite.ErrUnknownColumn},
-		{"bad lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "a b"}, fencedwrite.ErrInvalidIdentifier},
+		{"sql table", "invoices; drop table invoices", fencedwrite.GuardOptions{LockName: "l"}, invalidArg("table")},
+		{"no lock", "invoices", fencedwrite.GuardOptions{}, invalidArg("GuardOptions")},
+		{"both locks", "invoices", fencedwrite.GuardOptions{LockName: "l", LockNameColumn: "store"}, invalidArg("GuardOptions")},
+		{"unknown table", "missing", fencedwrite.GuardOptions{LockName: "l"}, invalidArg("table")},
+		{"no fence", "nofence", fencedwrite.GuardOptions{LockName: "l"}, invalidArg("fence column")},
+		{"fence not bigint", "invoices", fencedwrite.GuardOptions{LockName: "l", FenceColumn: "status"}, invalidArg("fence column")},
+		{"unknown lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "nope"}, invalidArg("lock name column")},
+		{"bad lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "a b"}, invalidArg("lock name column")},
 	}
 	for _, c := range cases {
-		if err := fencedwrite.Guard(ctx, pool, c.table, c.opts); !errors.Is(err, c.want) {
+		if err := fencedwrite.Guard(ctx, pool, c.table, c.opts); !matches(err, c.want) {
 			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -224,7 +240,7 @@ func TestRollout(t *testing.T) {
 	if err := fencedwrite.Guard(ctx, pool, "catalogue", fencedwrite.GuardOptions{LockName: "catalogue"}); err != nil {
 		t.Fatal(err)
 	}
-	wantGuard(t, legacy(), fencedwrite.GuardFenceNotRaised)
+	wantGuard(t, legacy(), notRaised)
 	tok = grant(t, pool, "catalogue")
 	if _, err := tbl.Update(ctx, pool, tok, []any{7}, []any{`{"sku": 4}`}); err != nil {
 		t.Fatal(err)

@@ -3,17 +3,19 @@ package fencedwrite_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // grant issues the next fencing token of lock name, the way the lease
 // package does (token = token + 1), without taking a lease.
-func grant(t testing.TB, db fencedwrite.DBTX, name string) int64 {
+func grant(t testing.TB, db pgfence.DBTX, name string) int64 {
 	t.Helper()
 	var tok int64
 	err := db.QueryRow(context.Background(), `
@@ -26,14 +28,14 @@ func grant(t testing.TB, db fencedwrite.DBTX, name string) int64 {
 	return tok
 }
 
-func mustExec(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) {
+func mustExec(t testing.TB, db pgfence.DBTX, sql string, args ...any) {
 	t.Helper()
 	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }
 
-func queryInt(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) int64 {
+func queryInt(t testing.TB, db pgfence.DBTX, sql string, args ...any) int64 {
 	t.Helper()
 	var v int64
 	if err := db.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
@@ -42,7 +44,7 @@ func queryInt(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) int64 
 	return v
 }
 
-func queryString(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) string {
+func queryString(t testing.TB, db pgfence.DBTX, sql string, args ...any) string {
 	t.Helper()
 	var v string
 	if err := db.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
@@ -51,21 +53,41 @@ func queryString(t testing.TB, db fencedwrite.DBTX, sql string, args ...any) str
 	return v
 }
 
-// wantStale checks err is a *StaleTokenError with the given numbers.
+// wantStale checks err is pgfence.ErrStaleToken refusing token with the
+// row's fence in its Reason.
 func wantStale(t testing.TB, err error, token, fence int64) {
 	t.Helper()
-	var se *fencedwrite.StaleTokenError
-	if !errors.Is(err, fencedwrite.ErrStaleToken) || !errors.As(err, &se) {
+	var pe *pgfence.Error
+	if !errors.Is(err, pgfence.ErrStaleToken) || !errors.As(err, &pe) || pe.Kind != pgfence.ErrStaleToken {
 		t.Fatalf("err = %v, want ErrStaleToken", err)
 	}
-	if se.Token != token || se.Fence != fence {
-		t.Fatalf("StaleTokenError = %+v, want token %d fence %d", se, token, fence)
+	if pe.Token != token || !strings.HasPrefix(pe.Reason, fmt.Sprintf("row fence %d > token %d", fence, token)) {
+		t.Fatalf("stale error = %+v, want token %d fence %d", pe, token, fence)
 	}
+}
+
+// invalidArg stands for pgfence.ErrInvalid naming the argument (the start
+// of the Reason) in the tests' expectations.
+type invalidArg string
+
+func (a invalidArg) Error() string { return "invalid " + string(a) }
+
+// matches reports whether err is a *pgfence.Error of kind target (for an
+// invalidArg: ErrInvalid whose Reason names the argument).
+func matches(err, target error) bool {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) {
+		return false
+	}
+	if a, ok := target.(invalidArg); ok {
+		return pe.Kind == pgfence.ErrInvalid && errors.Is(err, pgfence.ErrInvalid) && (strings.HasPrefix(pe.Reason, string(a)+":") || strings.HasPrefix(pe.Reason, string(a)+"."))
+	}
+	return pe.Kind == target && errors.Is(err, target)
 }
 
 func wantIs(t testing.TB, err, target error) {
 	t.Helper()
-	if !errors.Is(err, target) {
+	if !matches(err, target) {
 		t.Fatalf("err = %v, want %v", err, target)
 	}
 }

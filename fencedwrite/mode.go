@@ -9,7 +9,7 @@ type Mode int
 
 const (
 	// Strict writes only when fence < token: one write per row per grant. A
-	// replay of the same write is refused with [ErrAlreadyApplied], so a
+	// replay of the same write is refused with [pgfence.ErrAlreadyApplied], so a
 	// retried write is harmless. This is the default.
 	Strict Mode = iota
 	// Reentrant writes when fence <= token: one grant may write the same row

@@ -3,22 +3,22 @@ package fencedwrite_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 )
 
 // Every call that takes a database handle refuses a nil one (untyped, or a
-// typed nil pool inside the interface) with ErrNilDB instead of panicking.
+// typed nil pool inside the interface) with pgfence.ErrInvalid naming db instead of panicking.
 func TestNilDatabaseHandle(t *testing.T) {
 	ctx := context.Background()
 	var pool *pgxpool.Pool
 	value := []byte(`{"a":1}`)
-	for _, db := range []fencedwrite.DBTX{nil, pool} {
+	for _, db := range []pgfence.DBTX{nil, pool} {
 		calls := map[string]error{}
 		_, calls["UpdateValue"] = fencedwrite.UpdateValue(ctx, db, 1, fencedwrite.Strict, "k", value)
 		_, calls["UpsertValue"] = fencedwrite.UpsertValue(ctx, db, 1, fencedwrite.Strict, "k", value)
@@ -30,18 +30,18 @@ func TestNilDatabaseHandle(t *testing.T) {
 		_, calls["Unguard"] = fencedwrite.Unguard(ctx, db, "t")
 		_, calls["ListGuarded"] = fencedwrite.ListGuarded(ctx, db)
 		for name, err := range calls {
-			if !errors.Is(err, fencedwrite.ErrNilDB) {
-				t.Errorf("%s(%T nil) = %v, want ErrNilDB", name, db, err)
+			if !matches(err, invalidArg("db")) {
+				t.Errorf("%s(%T nil) = %v, want ErrInvalid naming db", name, db, err)
 			}
 		}
 	}
 	var beginner fencedwrite.Beginner
-	if _, err := fencedwrite.ModifyValue(ctx, beginner, 1, "k", keep); !errors.Is(err, fencedwrite.ErrNilDB) {
-		t.Errorf("ModifyValue(nil) = %v, want ErrNilDB", err)
+	if _, err := fencedwrite.ModifyValue(ctx, beginner, 1, "k", keep); !matches(err, invalidArg("db")) {
+		t.Errorf("ModifyValue(nil) = %v, want ErrInvalid naming db", err)
 	}
 	var tx pgx.Tx
-	if _, err := fencedwrite.ModifyValue(ctx, tx, 1, "k", keep); !errors.Is(err, fencedwrite.ErrNilDB) {
-		t.Errorf("ModifyValue(nil tx) = %v, want ErrNilDB", err)
+	if _, err := fencedwrite.ModifyValue(ctx, tx, 1, "k", keep); !matches(err, invalidArg("db")) {
+		t.Errorf("ModifyValue(nil tx) = %v, want ErrInvalid naming db", err)
 	}
 }
 

@@ -3,7 +3,6 @@ package fencedwrite
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgident"
@@ -64,10 +64,12 @@ type Table struct {
 // primary key or unique index) and builds the fenced statements, with every
 // identifier quoted by pgx.Identifier. Values are always bound parameters.
 //
-// Errors: *[IdentifierError] ([ErrInvalidIdentifier]), [ErrInvalidSpec],
-// [ErrUnknownTable], *[ColumnError] ([ErrUnknownColumn], [ErrNoFenceColumn]),
-// [ErrKeyNotUnique]. Prepare only reads the catalog.
-func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
+// Errors: [pgfence.ErrInvalid], its Reason naming the argument (an invalid
+// name, an unknown table or column, no bigint fence column, key columns that
+// are not a unique key, an incomplete spec), or a database failure. Prepare
+// only reads the catalog.
+func Prepare(ctx context.Context, db pgfence.DBTX, spec Spec) (_ *Table, err error) {
+	defer withOp(&err, "fencedwrite.Prepare", spec.Table)
 	if spec.FenceColumn == "" {
 		spec.FenceColumn = defaultFenceColumn
 	}
@@ -88,7 +90,10 @@ func Prepare(ctx context.Context, db DBTX, spec Spec) (*Table, error) {
 		return nil, err
 	}
 	if !pgident.IsUniqueKey(ti.UniqueKeys, spec.Key) {
-		return nil, fmt.Errorf("%w: %s (%s)", ErrKeyNotUnique, ti.Qualified(), strings.Join(spec.Key, ", "))
+		e := invalid("Spec.Key", "(%s) is not a primary key or unique index of %s (without predicate or expressions)",
+			strings.Join(spec.Key, ", "), ti.Qualified())
+		e.Name = ti.Schema + "." + ti.Name
+		return nil, e
 	}
 	t := &Table{spec: spec, name: ti.Qualified(), label: ti.Schema + "." + ti.Name}
 	t.build(ti)
@@ -102,13 +107,13 @@ func checkSpec(ti *pgident.Table, s Spec) error {
 			return identError(err)
 		}
 		if !s.Mode.valid() {
-			return fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, s.Mode)
+			return invalid("Spec.Mode", "unknown mode %v", s.Mode)
 		}
 		if len(s.Key) == 0 {
-			return fmt.Errorf("%w: no key columns", ErrInvalidSpec)
+			return invalid("Spec.Key", "no key columns")
 		}
 		if len(s.Set) == 0 {
-			return fmt.Errorf("%w: no set columns", ErrInvalidSpec)
+			return invalid("Spec.Set", "no set columns")
 		}
 		if err := checkIdent("fence column", s.FenceColumn); err != nil {
 			return err
@@ -120,7 +125,7 @@ func checkSpec(ti *pgident.Table, s Spec) error {
 		}{{"key column", s.Key}, {"set column", s.Set}} {
 			for _, c := range group.cols {
 				if prev, dup := seen[c]; dup {
-					return fmt.Errorf("%w: column %q is both %s and %s", ErrInvalidSpec, c, prev, group.what)
+					return invalid(group.what, "column %q is both %s and %s", c, prev, group.what)
 				}
 				seen[c] = group.what
 			}
@@ -239,10 +244,10 @@ func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
 		return nil, err
 	}
 	if len(key) != len(t.spec.Key) {
-		return nil, fmt.Errorf("%w: %d key values for %d key columns", ErrInvalidSpec, len(key), len(t.spec.Key))
+		return nil, invalid("key", "%d key values for %d key columns", len(key), len(t.spec.Key))
 	}
 	if wantSet && len(set) != len(t.spec.Set) {
-		return nil, fmt.Errorf("%w: %d set values for %d set columns", ErrInvalidSpec, len(set), len(t.spec.Set))
+		return nil, invalid("set", "%d set values for %d set columns", len(set), len(t.spec.Set))
 	}
 	args := make([]any, 0, 1+len(key)+len(set))
 	args = append(args, token)
@@ -253,7 +258,7 @@ func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
 	return args, nil
 }
 
-func (t *Table) rereader(db DBTX, key []any) func(context.Context) (bool, int64, error) {
+func (t *Table) rereader(db pgfence.DBTX, key []any) func(context.Context) (bool, int64, error) {
 	return func(ctx context.Context) (bool, int64, error) {
 		var f int64
 		err := db.QueryRow(ctx, t.reread, key...).Scan(&f)
@@ -267,17 +272,19 @@ func (t *Table) rereader(db DBTX, key []any) func(context.Context) (bool, int64,
 // Update sets the Set columns of the row identified by key to set (values in
 // the order of Spec.Key and Spec.Set) and its fence to token, if the row's
 // fence allows it (Strict: fence < token; Reentrant: fence <= token).
-// Otherwise it returns *[StaleTokenError], [ErrAlreadyApplied] or
-// [ErrNotFound]; a guard refusal is a *[GuardError]. An accepted write is one
-// round trip (the plain fenced UPDATE ... RETURNING); a refused one takes a
-// second, which reads the row to say why (if the row changed in between so
-// that it would now accept the write, the error is [ErrConcurrentChange]).
-// Bad input is rejected before any SQL runs.
+// Otherwise it returns [pgfence.ErrStaleToken], [pgfence.ErrAlreadyApplied]
+// or [pgfence.ErrNotFound]; a guard refusal is [pgfence.ErrGuard]. An
+// accepted write is one round trip (the plain fenced UPDATE ... RETURNING); a
+// refused one takes a second, which reads the row to say why (if the row
+// changed in between so that it would now accept the write, the error has no
+// Kind and says so). Bad input ([pgfence.ErrInvalid]) is rejected before any
+// SQL runs.
 //
 // ctx bounds the statement. If it is cancelled while the statement runs the
 // write may or may not have been applied; in strict mode repeat it with the
-// same token to find out ([ErrAlreadyApplied] means it was).
-func (t *Table) Update(ctx context.Context, db DBTX, token int64, key, set []any) (Result, error) {
+// same token to find out ([pgfence.ErrAlreadyApplied] means it was).
+func (t *Table) Update(ctx context.Context, db pgfence.DBTX, token int64, key, set []any) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.Update", t.label)
 	args, err := t.args(token, key, set, true)
 	if err != nil {
 		return Result{}, err
@@ -288,9 +295,10 @@ func (t *Table) Update(ctx context.Context, db DBTX, token int64, key, set []any
 
 // Upsert inserts a row with key, set and fence = token, or updates the
 // existing row under the fence check of Spec.Mode. It never returns
-// [ErrNotFound]; Result.Inserted reports an insert. Columns not in Key or Set
-// get their defaults on insert.
-func (t *Table) Upsert(ctx context.Context, db DBTX, token int64, key, set []any) (Result, error) {
+// [pgfence.ErrNotFound]; Result.Inserted reports an insert. Columns not in
+// Key or Set get their defaults on insert.
+func (t *Table) Upsert(ctx context.Context, db pgfence.DBTX, token int64, key, set []any) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.Upsert", t.label)
 	args, err := t.args(token, key, set, true)
 	if err != nil {
 		return Result{}, err
@@ -303,7 +311,8 @@ func (t *Table) Upsert(ctx context.Context, db DBTX, token int64, key, set []any
 // (fence <= token, whatever Spec.Mode says: a grant may delete what it
 // wrote). A deleted row keeps no fence: an older grant may insert it again
 // with Upsert, so prefer a tombstone column where that matters.
-func (t *Table) Delete(ctx context.Context, db DBTX, token int64, key []any) (Result, error) {
+func (t *Table) Delete(ctx context.Context, db pgfence.DBTX, token int64, key []any) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.Delete", t.label)
 	args, err := t.args(token, key, nil, false)
 	if err != nil {
 		return Result{}, err
@@ -329,13 +338,13 @@ func (t *Table) record(ctx context.Context, op string, token int64, err error) e
 	}
 	var reason string
 	switch {
-	case errors.Is(err, ErrStaleToken):
+	case errors.Is(err, pgfence.ErrStaleToken):
 		reason = metricdefs.RefusedStale
-	case errors.Is(err, ErrAlreadyApplied):
+	case errors.Is(err, pgfence.ErrAlreadyApplied):
 		reason = metricdefs.RefusedAlreadyApplied
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, pgfence.ErrNotFound):
 		reason = metricdefs.RefusedNotFound
-	case errors.Is(err, ErrGuardRejected):
+	case errors.Is(err, pgfence.ErrGuard):
 		reason = metricdefs.RefusedGuard
 	default:
 		return err
@@ -383,9 +392,9 @@ const (
 // run executes one fenced statement and turns a refusal into its error. A
 // write that changed nothing is always an error: code that checks only err
 // never takes it for a success.
-func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token int64, key, args []any, kind runKind) (Result, error) {
+func (t *Table) run(ctx context.Context, db pgfence.DBTX, sql string, mode Mode, token int64, key, args []any, kind runKind) (Result, error) {
 	if nilcheck.IsNil(db) {
-		return Result{}, errNilDB
+		return Result{}, errNilDB()
 	}
 	sb := scanBufs.Get().(*scanBuf)
 	dest := sb.dest[:2]
@@ -401,7 +410,7 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 		found, err = false, nil
 	}
 	if err != nil {
-		return Result{}, TranslateError(err)
+		return Result{}, translateErr(err)
 	}
 	if applied {
 		return Result{Fence: fence, Inserted: inserted}, nil
@@ -412,10 +421,10 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 		// away under it: read the row now.
 		found, fence, err = reread(ctx)
 		if err != nil {
-			return Result{}, TranslateError(err)
+			return Result{}, translateErr(err)
 		}
 		if kind == runUpsert && !found {
-			return Result{}, ErrConcurrentChange
+			return Result{}, concurrentError(token)
 		}
 	}
 	return Result{}, refused(ctx, mode, token, found, fence, reread)
@@ -425,27 +434,33 @@ func (t *Table) run(ctx context.Context, db DBTX, sql string, mode Mode, token i
 // to token (fence <= token) and scans the Spec.Read columns into dest, so a
 // write by an older grant is refused from then on. Write back with a
 // [Reentrant] table and the same token, or use [Table.Modify]. It returns
-// *[StaleTokenError] when a newer grant read or wrote the row and
-// [ErrNotFound] when there is none; dest is only filled on success.
+// [pgfence.ErrStaleToken] when a newer grant read or wrote the row and
+// [pgfence.ErrNotFound] when there is none; dest is only filled on success.
 //
 // The read is an UPDATE: it locks the row until the transaction ends, and a
 // strict guard refuses it when the fence already equals token (guard such
 // tables in reentrant mode).
-func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest ...any) (_ Result, err error) {
+func (t *Table) Read(ctx context.Context, db pgfence.DBTX, token int64, key []any, dest ...any) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.Read", t.label)
+	return t.readRow(ctx, db, token, key, dest...)
+}
+
+// readRow is [Table.Read] without the Op.
+func (t *Table) readRow(ctx context.Context, db pgfence.DBTX, token int64, key []any, dest ...any) (_ Result, err error) {
 	defer func() { err = t.record(ctx, "read", token, err) }()
 	args, err := t.args(token, key, nil, false)
 	if err != nil {
 		return Result{}, err
 	}
 	if len(dest) != len(t.spec.Read) {
-		return Result{}, fmt.Errorf("%w: %d destinations for %d read columns", ErrInvalidSpec, len(dest), len(t.spec.Read))
+		return Result{}, invalid("dest", "%d destinations for %d read columns", len(dest), len(t.spec.Read))
 	}
 	if nilcheck.IsNil(db) {
-		return Result{}, errNilDB
+		return Result{}, errNilDB()
 	}
 	rows, err := db.Query(ctx, t.read, args...)
 	if err != nil {
-		return Result{}, TranslateError(err)
+		return Result{}, translateErr(err)
 	}
 	defer rows.Close()
 	var (
@@ -456,20 +471,20 @@ func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest 
 		found = true
 		vals, err := rows.Values()
 		if err != nil {
-			return Result{}, TranslateError(err)
+			return Result{}, translateErr(err)
 		}
 		applied, _ = vals[0].(bool)
 		fence, _ = vals[1].(int64)
 		if applied {
 			// Scan the columns into dest with pgx's type system.
 			if err := rows.Scan(append([]any{nil, nil}, dest...)...); err != nil {
-				return Result{}, TranslateError(err)
+				return Result{}, translateErr(err)
 			}
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return Result{}, TranslateError(err)
+		return Result{}, translateErr(err)
 	}
 	if applied {
 		return Result{Fence: fence}, nil
@@ -486,21 +501,22 @@ func (t *Table) Read(ctx context.Context, db DBTX, token int64, key []any, dest 
 // not even the fence. db may be a pool, a connection, or a transaction (a
 // savepoint is used). ctx bounds the whole transaction.
 func (t *Table) Modify(ctx context.Context, db Beginner, token int64, key []any,
-	fn func(current []any) (next []any, err error)) (Result, error) {
+	fn func(current []any) (next []any, err error)) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.Modify", t.label)
 	if _, err := t.args(token, key, nil, false); err != nil {
 		return Result{}, err
 	}
 	if fn == nil {
-		return Result{}, fmt.Errorf("%w: nil modify function", ErrInvalidSpec)
+		return Result{}, invalid("fn", "nil")
 	}
 	var res Result
-	err := inTx(ctx, db, func(tx pgx.Tx) error {
+	err = inTx(ctx, db, func(tx pgx.Tx) error {
 		cur := make([]any, len(t.spec.Read))
 		dest := make([]any, len(cur))
 		for i := range cur {
 			dest[i] = &cur[i]
 		}
-		if _, err := t.Read(ctx, tx, token, key, dest...); err != nil {
+		if _, err := t.readRow(ctx, tx, token, key, dest...); err != nil {
 			return err
 		}
 		next, err := fn(cur)

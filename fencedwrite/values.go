@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 )
@@ -36,16 +36,16 @@ var queries = dbsqlc.New()
 
 func checkValueArgs(db any, key string, value json.RawMessage, token int64, needValue bool) error {
 	if nilcheck.IsNil(db) {
-		return errNilDB
+		return errNilDB()
 	}
 	if err := checkToken(token); err != nil {
 		return err
 	}
 	if key == "" || len(key) > maxKeyBytes {
-		return fmt.Errorf("%w: key must be 1..%d bytes (got %d)", ErrInvalidSpec, maxKeyBytes, len(key))
+		return invalid("key", "must be 1..%d bytes (got %d)", maxKeyBytes, len(key))
 	}
 	if needValue && !json.Valid(value) {
-		return fmt.Errorf("%w: value is not valid JSON", ErrInvalidSpec)
+		return invalid("value", "not valid JSON")
 	}
 	return nil
 }
@@ -59,19 +59,26 @@ func (q valueRereader) reread(ctx context.Context) (bool, int64, error) {
 }
 
 type valueRereader struct {
-	db  DBTX
+	db  pgfence.DBTX
 	key string
 }
 
 // UpdateValue writes value under key in pgfence.fenced_values if the row's
 // fence allows token (mode [Strict]: fence < token; [Reentrant]: fence <=
 // token). On success the row's fence becomes token. Otherwise it returns
-// *[StaleTokenError], [ErrAlreadyApplied] or [ErrNotFound], decided in the same
-// round trip. Bad input ([ErrInvalidToken], [ErrInvalidSpec], [ErrNilDB]) is
-// rejected before any SQL runs. If ctx is cancelled while the statement runs,
-// the write may or may not have been applied: repeat it with the same token
-// (in strict mode [ErrAlreadyApplied] means it was).
-func UpdateValue(ctx context.Context, db DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
+// [pgfence.ErrStaleToken], [pgfence.ErrAlreadyApplied] or
+// [pgfence.ErrNotFound], decided in the same round trip. Bad input
+// ([pgfence.ErrInvalid] naming the argument) is rejected before any SQL runs.
+// If ctx is cancelled while the statement runs, the write may or may not
+// have been applied: repeat it with the same token (in strict mode
+// [pgfence.ErrAlreadyApplied] means it was).
+func UpdateValue(ctx context.Context, db pgfence.DBTX, token int64, mode Mode, key string, value json.RawMessage) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.UpdateValue", key)
+	return updateValue(ctx, db, token, mode, key, value)
+}
+
+// updateValue is [UpdateValue] without the Op.
+func updateValue(ctx context.Context, db pgfence.DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
 	if err := checkValueArgs(db, key, value, token, true); err != nil {
 		return Result{}, err
 	}
@@ -90,26 +97,26 @@ func UpdateValue(ctx context.Context, db DBTX, token int64, mode Mode, key strin
 		row, err = queries.FencedValueUpdateReentrant(ctx, db, dbsqlc.FencedValueUpdateReentrantParams{Key: key, Value: value, Token: token})
 		applied, fence = row.Applied.Bool, row.Fence.Int64
 	default:
-		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
+		return Result{}, invalid("mode", "unknown mode %v", mode)
 	}
 	return valueResult(ctx, db, mode, key, token, applied, fence, false, err, false)
 }
 
 // UpsertValue inserts key with value and fence = token, or, if the key
 // exists, updates it under the fence check of mode. It never returns
-// [ErrNotFound]. Result.Inserted tells whether the row was new.
+// [pgfence.ErrNotFound]. Result.Inserted tells whether the row was new.
 //
 // A deleted key carries no fence: after [DeleteValue], an older grant may
 // insert the key again. Use a tombstone value instead of deleting keys that
 // older holders might still write.
-func UpsertValue(ctx context.Context, db DBTX, token int64, mode Mode, key string, value json.RawMessage) (Result, error) {
+func UpsertValue(ctx context.Context, db pgfence.DBTX, token int64, mode Mode, key string, value json.RawMessage) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.UpsertValue", key)
 	if err := checkValueArgs(db, key, value, token, true); err != nil {
 		return Result{}, err
 	}
 	var (
 		applied, inserted bool
 		fence             int64
-		err               error
 	)
 	switch mode {
 	case Strict:
@@ -121,15 +128,16 @@ func UpsertValue(ctx context.Context, db DBTX, token int64, mode Mode, key strin
 		row, err = queries.FencedValueUpsertReentrant(ctx, db, dbsqlc.FencedValueUpsertReentrantParams{Key: key, Value: value, Token: token})
 		applied, fence, inserted = row.Applied.Bool, row.Fence.Int64, row.Inserted.Bool
 	default:
-		return Result{}, fmt.Errorf("%w: unknown mode %v", ErrInvalidSpec, mode)
+		return Result{}, invalid("mode", "unknown mode %v", mode)
 	}
 	return valueResult(ctx, db, mode, key, token, applied, fence, inserted, err, true)
 }
 
 // DeleteValue deletes key unless a newer grant wrote it (fence <= token: a
-// grant may delete a row it wrote itself). It returns *[StaleTokenError] or
-// [ErrNotFound] when nothing was deleted.
-func DeleteValue(ctx context.Context, db DBTX, token int64, key string) (Result, error) {
+// grant may delete a row it wrote itself). It returns [pgfence.ErrStaleToken]
+// or [pgfence.ErrNotFound] when nothing was deleted.
+func DeleteValue(ctx context.Context, db pgfence.DBTX, token int64, key string) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.DeleteValue", key)
 	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Result{}, err
 	}
@@ -140,10 +148,17 @@ func DeleteValue(ctx context.Context, db DBTX, token int64, key string) (Result,
 // ReadValue is the fenced read of a read-modify-write: it returns the row
 // and raises its fence to token (fence <= token), so a write by an older
 // grant is refused from now on. Write the new value back with mode
-// [Reentrant] and the same token. It returns *[StaleTokenError] if a newer
-// grant read or wrote the row, [ErrNotFound] if there is no such key. The read
-// is an UPDATE: it locks the row until the surrounding transaction ends.
-func ReadValue(ctx context.Context, db DBTX, token int64, key string) (Value, error) {
+// [Reentrant] and the same token. It returns [pgfence.ErrStaleToken] if a
+// newer grant read or wrote the row, [pgfence.ErrNotFound] if there is no such
+// key. The read is an UPDATE: it locks the row until the surrounding
+// transaction ends.
+func ReadValue(ctx context.Context, db pgfence.DBTX, token int64, key string) (_ Value, err error) {
+	defer withOp(&err, "fencedwrite.ReadValue", key)
+	return readValue(ctx, db, token, key)
+}
+
+// readValue is [ReadValue] without the Op.
+func readValue(ctx context.Context, db pgfence.DBTX, token int64, key string) (Value, error) {
 	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Value{}, err
 	}
@@ -160,19 +175,20 @@ func ReadValue(ctx context.Context, db DBTX, token int64, key string) (Value, er
 
 // GetValue reads key without a fence: for display and inspection only. A
 // read-modify-write must use [ReadValue] or [ModifyValue].
-func GetValue(ctx context.Context, db DBTX, key string) (Value, error) {
+func GetValue(ctx context.Context, db pgfence.DBTX, key string) (_ Value, err error) {
+	defer withOp(&err, "fencedwrite.GetValue", key)
 	if nilcheck.IsNil(db) {
-		return Value{}, errNilDB
+		return Value{}, errNilDB()
 	}
 	if key == "" || len(key) > maxKeyBytes {
-		return Value{}, fmt.Errorf("%w: key must be 1..%d bytes (got %d)", ErrInvalidSpec, maxKeyBytes, len(key))
+		return Value{}, invalid("key", "must be 1..%d bytes (got %d)", maxKeyBytes, len(key))
 	}
 	row, err := queries.GetFencedValue(ctx, db, key)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Value{}, ErrNotFound
+		return Value{}, notFoundError(0)
 	}
 	if err != nil {
-		return Value{}, TranslateError(err)
+		return Value{}, translateErr(err)
 	}
 	return Value{Key: row.Key, Value: row.Value, Fence: row.Fence, UpdatedAt: row.UpdatedAt}, nil
 }
@@ -186,16 +202,17 @@ func GetValue(ctx context.Context, db DBTX, key string) (Value, error) {
 // db may be a pool, a connection or a transaction (then a savepoint is used).
 // ctx bounds the whole transaction; on cancellation it is rolled back.
 func ModifyValue(ctx context.Context, db Beginner, token int64, key string,
-	fn func(current json.RawMessage) (json.RawMessage, error)) (Result, error) {
+	fn func(current json.RawMessage) (json.RawMessage, error)) (_ Result, err error) {
+	defer withOp(&err, "fencedwrite.ModifyValue", key)
 	if err := checkValueArgs(db, key, nil, token, false); err != nil {
 		return Result{}, err
 	}
 	if fn == nil {
-		return Result{}, fmt.Errorf("%w: nil modify function", ErrInvalidSpec)
+		return Result{}, invalid("fn", "nil")
 	}
 	var res Result
-	err := inTx(ctx, db, func(tx pgx.Tx) error {
-		cur, err := ReadValue(ctx, tx, token, key)
+	err = inTx(ctx, db, func(tx pgx.Tx) error {
+		cur, err := readValue(ctx, tx, token, key)
 		if err != nil {
 			return err
 		}
@@ -203,7 +220,7 @@ func ModifyValue(ctx context.Context, db Beginner, token int64, key string,
 		if err != nil {
 			return err
 		}
-		res, err = UpdateValue(ctx, tx, token, Reentrant, key, next)
+		res, err = updateValue(ctx, tx, token, Reentrant, key, next)
 		return err
 	})
 	if err != nil {
@@ -212,7 +229,7 @@ func ModifyValue(ctx context.Context, db Beginner, token int64, key string,
 	return res, nil
 }
 
-func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int64,
+func valueResult(ctx context.Context, db pgfence.DBTX, mode Mode, key string, token int64,
 	applied bool, fence int64, inserted bool, err error, upsert bool) (Result, error) {
 	found := true
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -229,10 +246,10 @@ func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int6
 		// The conflicting row was committed after the statement's snapshot.
 		found, fence, err = rr.reread(ctx)
 		if err != nil {
-			return Result{}, TranslateError(err)
+			return Result{}, translateErr(err)
 		}
 		if !found {
-			return Result{}, ErrConcurrentChange
+			return Result{}, concurrentError(token)
 		}
 	}
 	return Result{}, refused(ctx, mode, token, found, fence, rr.reread)
@@ -242,28 +259,32 @@ func valueResult(ctx context.Context, db DBTX, mode Mode, key string, token int6
 // functions check their arguments as checkValueArgs does, so PF011 is not
 // expected; should the two checks ever disagree (the server measures a key in
 // bytes of its own encoding, checkValueArgs in UTF-8), the refusal becomes
-// [ErrInvalidToken] or [ErrInvalidSpec], wrapping the PostgreSQL error.
-// Anything else goes through [TranslateError].
+// [pgfence.ErrInvalid] naming the token or "key or value", caused by the
+// PostgreSQL error. Anything else goes through [TranslateError].
 func valueError(err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == sqlStateBadArgument {
 		if strings.Contains(pgErr.Message, ": token must") {
-			return fmt.Errorf("%w: %w", ErrInvalidToken, pgErr)
+			e := invalid("token", "refused by the server")
+			e.Err = err
+			return e
 		}
-		return fmt.Errorf("%w: %w", ErrInvalidSpec, pgErr)
+		e := invalid("key or value", "refused by the server")
+		e.Err = err
+		return e
 	}
-	return TranslateError(err)
+	return translateErr(err)
 }
 
 // inTx runs fn in a transaction begun on db and commits it; it rolls back on
 // any error, including a panic in fn.
 func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error) {
 	if nilcheck.IsNil(db) {
-		return errNilDB
+		return errNilDB()
 	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return TranslateError(err)
+		return translateErr(err)
 	}
 	defer func() {
 		if err != nil {
@@ -280,7 +301,7 @@ func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error
 		return err
 	}
 	if err = tx.Commit(ctx); err != nil {
-		return TranslateError(err)
+		return translateErr(err)
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -71,7 +72,7 @@ func TestValuesAppRole(t *testing.T) {
 		t.Fatalf("UpsertValue of an existing key: %+v, %v", res, err)
 	}
 	_, err = fencedwrite.UpsertValue(ctx, app, 9, fencedwrite.Strict, "c", json.RawMessage(`3`))
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	if _, err := fencedwrite.UpsertValue(ctx, app, 9, fencedwrite.Reentrant, "c", json.RawMessage(`3`)); err != nil {
 		t.Fatalf("re-entrant UpsertValue: %v", err)
 	}
@@ -79,7 +80,7 @@ func TestValuesAppRole(t *testing.T) {
 		t.Fatalf("UpdateValue: %v", err)
 	}
 	_, err = fencedwrite.UpdateValue(ctx, app, 10, fencedwrite.Strict, "c", json.RawMessage(`5`))
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	if _, err := fencedwrite.UpdateValue(ctx, app, 10, fencedwrite.Reentrant, "c", json.RawMessage(`5`)); err != nil {
 		t.Fatalf("re-entrant UpdateValue: %v", err)
 	}
@@ -102,11 +103,11 @@ func TestValuesAppRole(t *testing.T) {
 		t.Fatalf("DeleteValue: %v", err)
 	}
 	_, err = fencedwrite.UpdateValue(ctx, app, 7, fencedwrite.Strict, "b", json.RawMessage(`1`))
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	_, err = fencedwrite.DeleteValue(ctx, app, 7, "b")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	_, err = fencedwrite.ReadValue(ctx, app, 7, "b")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	if v, err := fencedwrite.GetValue(ctx, app, "c"); err != nil || string(v.Value) != "5" || v.Fence != 10 {
 		t.Fatalf("GetValue: %+v %s, %v", v, v.Value, err)
 	}
@@ -175,8 +176,8 @@ func TestValuesAppRole(t *testing.T) {
 }
 
 // TestValueErrorBadArgument: a PF011 of a fenced value function, which the
-// helpers' own checks keep from happening, becomes ErrInvalidToken or
-// ErrInvalidSpec and keeps the PostgreSQL error.
+// helpers' own checks keep from happening, becomes pgfence.ErrInvalid naming
+// the token or "key or value" and keeps the PostgreSQL error.
 func TestValueErrorBadArgument(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -185,10 +186,10 @@ func TestValueErrorBadArgument(t *testing.T) {
 		sql  string
 		want error
 	}{
-		{`SELECT * FROM pgfence.fenced_value_update('k', '1', 0, false)`, fencedwrite.ErrInvalidToken},
-		{`SELECT * FROM pgfence.fenced_value_read('k', -1)`, fencedwrite.ErrInvalidToken},
-		{`SELECT * FROM pgfence.fenced_value_upsert('', '1', 1, false)`, fencedwrite.ErrInvalidSpec},
-		{`SELECT * FROM pgfence.fenced_value_update('k', NULL, 1, false)`, fencedwrite.ErrInvalidSpec},
+		{`SELECT * FROM pgfence.fenced_value_update('k', '1', 0, false)`, invalidArg("token")},
+		{`SELECT * FROM pgfence.fenced_value_read('k', -1)`, invalidArg("token")},
+		{`SELECT * FROM pgfence.fenced_value_upsert('', '1', 1, false)`, invalidArg("key or value")},
+		{`SELECT * FROM pgfence.fenced_value_update('k', NULL, 1, false)`, invalidArg("key or value")},
 	} {
 		_, err := pool.Exec(ctx, c.sql)
 		if sqlStateOf(err) != "PF011" {
@@ -196,12 +197,13 @@ func TestValueErrorBadArgument(t *testing.T) {
 		}
 		got := fencedwrite.ValueError(err)
 		var pgErr *pgconn.PgError
-		if !errors.Is(got, c.want) || !errors.As(got, &pgErr) {
+		if !matches(got, c.want) || !errors.As(got, &pgErr) {
 			t.Errorf("%s: %v, want %v wrapping the PostgreSQL error", c.sql, got, c.want)
 		}
 	}
 	// Anything else is TranslateError's.
-	if got := fencedwrite.ValueError(pgx.ErrTxClosed); !errors.As(got, new(*fencedwrite.DBError)) {
-		t.Errorf("ValueError(ErrTxClosed) = %#v, want a *DBError", got)
+	var pe *pgfence.Error
+	if got := fencedwrite.ValueError(pgx.ErrTxClosed); !errors.As(got, &pe) || pe.Kind != nil || !errors.Is(got, pgx.ErrTxClosed) {
+		t.Errorf("ValueError(ErrTxClosed) = %#v, want a database failure", got)
 	}
 }

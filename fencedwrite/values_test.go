@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -24,9 +25,9 @@ func TestValuesStrict(t *testing.T) {
 	}
 	// Replay by the same grant: refused as already applied, row unchanged.
 	_, err = fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`))
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	_, err = fencedwrite.UpsertValue(ctx, pool, t1, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":"replay"}`))
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 
 	t2 := grant(t, pool, "cfg")
 	res, err = fencedwrite.UpdateValue(ctx, pool, t2, fencedwrite.Strict, "cfg", json.RawMessage(`{"v":2}`))
@@ -47,20 +48,20 @@ func TestValuesStrict(t *testing.T) {
 
 	// Missing rows.
 	_, err = fencedwrite.UpdateValue(ctx, pool, t2, fencedwrite.Strict, "nope", json.RawMessage(`1`))
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	_, err = fencedwrite.DeleteValue(ctx, pool, t2, "nope")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	_, err = fencedwrite.ReadValue(ctx, pool, t2, "nope")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 	_, err = fencedwrite.GetValue(ctx, pool, "nope")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 
 	// Delete by the grant that wrote it is allowed (fence <= token).
 	if _, err := fencedwrite.DeleteValue(ctx, pool, t2, "cfg"); err != nil {
 		t.Fatal(err)
 	}
 	_, err = fencedwrite.GetValue(ctx, pool, "cfg")
-	wantIs(t, err, fencedwrite.ErrNotFound)
+	wantIs(t, err, pgfence.ErrNotFound)
 }
 
 func TestValuesReentrant(t *testing.T) {
@@ -81,7 +82,7 @@ func TestValuesReentrant(t *testing.T) {
 		t.Fatalf("re-entrant upsert = %+v, %v", res, err)
 	}
 	_, err = fencedwrite.UpdateValue(ctx, pool, t1, fencedwrite.Strict, "k", json.RawMessage(`4`))
-	wantIs(t, err, fencedwrite.ErrAlreadyApplied)
+	wantIs(t, err, pgfence.ErrAlreadyApplied)
 	if v, _ := fencedwrite.GetValue(ctx, pool, "k"); string(v.Value) != "3" {
 		t.Fatalf("value = %s, want 3", v.Value)
 	}
@@ -103,36 +104,36 @@ func TestValuesBadInputChangesNothing(t *testing.T) {
 		{"zero token", func() error {
 			_, err := fencedwrite.UpdateValue(ctx, pool, 0, fencedwrite.Strict, "k", json.RawMessage(`2`))
 			return err
-		}, fencedwrite.ErrInvalidToken},
+		}, invalidArg("token")},
 		{"negative token", func() error {
 			_, err := fencedwrite.UpsertValue(ctx, pool, -5, fencedwrite.Strict, "k", json.RawMessage(`2`))
 			return err
-		}, fencedwrite.ErrInvalidToken},
-		{"negative token delete", func() error { _, err := fencedwrite.DeleteValue(ctx, pool, -1, "k"); return err }, fencedwrite.ErrInvalidToken},
-		{"negative token read", func() error { _, err := fencedwrite.ReadValue(ctx, pool, -1, "k"); return err }, fencedwrite.ErrInvalidToken},
+		}, invalidArg("token")},
+		{"negative token delete", func() error { _, err := fencedwrite.DeleteValue(ctx, pool, -1, "k"); return err }, invalidArg("token")},
+		{"negative token read", func() error { _, err := fencedwrite.ReadValue(ctx, pool, -1, "k"); return err }, invalidArg("token")},
 		{"empty key", func() error {
 			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Strict, "", json.RawMessage(`2`))
 			return err
-		}, fencedwrite.ErrInvalidSpec},
+		}, invalidArg("key")},
 		{"huge key", func() error {
 			_, err := fencedwrite.UpsertValue(ctx, pool, tok+1, fencedwrite.Strict, strings.Repeat("k", 513), json.RawMessage(`2`))
 			return err
-		}, fencedwrite.ErrInvalidSpec},
+		}, invalidArg("key")},
 		{"bad json", func() error {
 			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Strict, "k", json.RawMessage(`{`))
 			return err
-		}, fencedwrite.ErrInvalidSpec},
+		}, invalidArg("value")},
 		{"bad mode", func() error {
 			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Mode(7), "k", json.RawMessage(`2`))
 			return err
-		}, fencedwrite.ErrInvalidSpec},
+		}, invalidArg("mode")},
 		{"nil modify func", func() error {
 			_, err := fencedwrite.ModifyValue(ctx, pool, tok+1, "k", nil)
 			return err
-		}, fencedwrite.ErrInvalidSpec},
+		}, invalidArg("fn")},
 	}
 	for _, c := range cases {
-		if err := c.run(); !errors.Is(err, c.want) {
+		if err := c.run(); !matches(err, c.want) {
 			t.Errorf("%s: err = %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -219,7 +220,7 @@ func TestValuesConcurrentWriters(t *testing.T) {
 		switch {
 		case errs[i] == nil:
 			maxApplied = max(maxApplied, toks[i])
-		case errors.Is(errs[i], fencedwrite.ErrStaleToken):
+		case errors.Is(errs[i], pgfence.ErrStaleToken):
 		default:
 			t.Errorf("writer %d: %v", i, errs[i])
 		}
@@ -237,12 +238,15 @@ func TestDroppedConnection(t *testing.T) {
 	tok := grant(t, pool, "k")
 	pool.Close()
 	_, err := fencedwrite.UpsertValue(ctx, pool, tok, fencedwrite.Strict, "k", json.RawMessage(`1`))
-	if err == nil || !strings.HasPrefix(err.Error(), "fencedwrite: ") {
-		t.Fatalf("err = %v, want a fencedwrite error", err)
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || pe.Kind != nil || pe.Err == nil || !strings.HasPrefix(err.Error(), `fencedwrite.UpsertValue "k": `) {
+		t.Fatalf("err = %v, want a database failure of fencedwrite.UpsertValue", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	live := pgtest.Pool(t)
 	_, err = fencedwrite.UpsertValue(cctx, live, 1, fencedwrite.Strict, "k", json.RawMessage(`1`))
-	wantIs(t, err, context.Canceled)
+	if !errors.Is(err, context.Canceled) || !errors.As(err, &pe) || pe.Kind != nil {
+		t.Fatalf("err = %v, want a database failure caused by context.Canceled", err)
+	}
 }

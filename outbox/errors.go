@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -60,11 +59,12 @@ func translate(op string, lease *pglock.Lease, err error) error {
 	}
 	switch pgerr.Code(err) {
 	case pgerr.StaleToken:
-		var stale *fencedwrite.StaleTokenError
-		if errors.As(fencedwrite.TranslateError(err), &stale) {
-			return &pgfence.Error{Op: op, Kind: pgfence.ErrStaleToken, Name: lock, Holder: holder, Token: stale.Token,
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			token, fence, _, key := pgerr.ParseRefusal(pgErr.Detail)
+			return &pgfence.Error{Op: op, Kind: pgfence.ErrStaleToken, Name: lock, Holder: holder, Token: token,
 				Reason: fmt.Sprintf("intent refused: the lock has granted latest token %d since (intent key %s)",
-					stale.Fence, keyOf(stale.Key)), Err: err}
+					fence, keyOf(key)), Err: err}
 		}
 	case pgerr.TokenNotIssued:
 		r := refusal{lock: lock}

@@ -167,13 +167,13 @@ func TestMetricsFromRealOperations(t *testing.T) {
 	if _, err := tbl.Update(ctx, pool, 5, []any{1}, []any{10}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tbl.Update(ctx, pool, 4, []any{1}, []any{11}); !errors.Is(err, fencedwrite.ErrStaleToken) {
+	if _, err := tbl.Update(ctx, pool, 4, []any{1}, []any{11}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale: %v", err)
 	}
-	if _, err := tbl.Update(ctx, pool, 5, []any{1}, []any{12}); !errors.Is(err, fencedwrite.ErrAlreadyApplied) {
+	if _, err := tbl.Update(ctx, pool, 5, []any{1}, []any{12}); !errors.Is(err, pgfence.ErrAlreadyApplied) {
 		t.Fatalf("replay: %v", err)
 	}
-	if _, err := tbl.Update(ctx, pool, 6, []any{2}, []any{13}); !errors.Is(err, fencedwrite.ErrNotFound) {
+	if _, err := tbl.Update(ctx, pool, 6, []any{2}, []any{13}); !errors.Is(err, pgfence.ErrNotFound) {
 		t.Fatalf("missing: %v", err)
 	}
 	// The table label is schema.name as resolved, though the spec said "items".

@@ -154,11 +154,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"example.com/app/db"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -167,11 +169,12 @@ var failed bool
 
 // refused checks a refused write by its error alone.
 func refused(what string, err error, want error) {
+	var pe *pgfence.Error
 	switch {
 	case err == nil:
 		fmt.Printf("FAIL %s: nil error for a refused write\n", what)
 		failed = true
-	case !errors.Is(fencedwrite.TranslateError(err), want):
+	case !errors.Is(fencedwrite.TranslateError(err), want) || !errors.As(fencedwrite.TranslateError(err), &pe) || pe.Kind != want:
 		fmt.Printf("FAIL %s: %v, want %v\n", what, fencedwrite.TranslateError(err), want)
 		failed = true
 	default:
@@ -235,22 +238,27 @@ func main() {
 		failed = true
 	}
 	_, err = q.FencedUpdateInvoices(ctx, db.FencedUpdateInvoicesParams{ID: 1, Status: "void", Token: t1})
-	refused("strict update, stale token", err, fencedwrite.ErrStaleToken)
-	var st *fencedwrite.StaleTokenError
-	if !errors.As(fencedwrite.TranslateError(err), &st) || st.Token != t1 || st.Fence != t2 {
+	refused("strict update, stale token", err, pgfence.ErrStaleToken)
+	var st *pgfence.Error
+	if !errors.As(fencedwrite.TranslateError(err), &st) || st.Token != t1 ||
+		!strings.HasPrefix(st.Reason, fmt.Sprintf("row fence %d > token %d (key ", t2, t1)) || st.Name != "invoices" {
 		fmt.Printf("FAIL stale token error carries token/fence: %#v\n", st)
 		failed = true
 	}
 	_, err = q.FencedUpdateInvoices(ctx, db.FencedUpdateInvoicesParams{ID: 1, PdfUrl: &url, Status: "paid", Token: t2})
-	refused("strict update, replay", err, fencedwrite.ErrAlreadyApplied)
+	refused("strict update, replay", err, pgfence.ErrAlreadyApplied)
 	_, err = q.FencedUpdateInvoices(ctx, db.FencedUpdateInvoicesParams{ID: 99, Status: "paid", Token: t2})
-	refused("strict update, no such row", err, fencedwrite.ErrNotFound)
+	refused("strict update, no such row", err, pgfence.ErrNotFound)
 	_, err = q.FencedUpdateInvoices(ctx, db.FencedUpdateInvoicesParams{ID: 2, Status: "paid", Token: 0})
-	refused("strict update, token 0", err, fencedwrite.ErrInvalidToken)
+	refused("strict update, token 0", err, pgfence.ErrInvalid)
+	if !errors.As(fencedwrite.TranslateError(err), &st) || !strings.HasPrefix(st.Reason, "token: ") {
+		fmt.Printf("FAIL token 0 error names the token: %v\n", err)
+		failed = true
+	}
 	_, err = q.FencedUpdateInvoicesReentrant(ctx, db.FencedUpdateInvoicesReentrantParams{ID: 1, PdfUrl: &url, Status: "paid", Token: t2})
 	applied("re-entrant update, same grant again", err)
 	_, err = q.FencedUpdateInvoicesReentrant(ctx, db.FencedUpdateInvoicesReentrantParams{ID: 1, Status: "void", Token: t1})
-	refused("re-entrant update, stale token", err, fencedwrite.ErrStaleToken)
+	refused("re-entrant update, stale token", err, pgfence.ErrStaleToken)
 	up, err := q.FencedUpsertInvoices(ctx, db.FencedUpsertInvoicesParams{ID: 10, Status: "new", Token: t2})
 	applied("upsert inserts", err)
 	if !up.Inserted {
@@ -258,7 +266,7 @@ func main() {
 		failed = true
 	}
 	_, err = q.FencedUpsertInvoices(ctx, db.FencedUpsertInvoicesParams{ID: 10, Status: "void", Token: t1})
-	refused("upsert, stale token", err, fencedwrite.ErrStaleToken)
+	refused("upsert, stale token", err, pgfence.ErrStaleToken)
 	row, err := q.FencedReadInvoices(ctx, db.FencedReadInvoicesParams{ID: 2, Token: t2})
 	applied("fenced read", err)
 	if row.Status != "new" || row.Fence != t2 {
@@ -266,13 +274,13 @@ func main() {
 		failed = true
 	}
 	_, err = q.FencedReadInvoices(ctx, db.FencedReadInvoicesParams{ID: 2, Token: t1})
-	refused("fenced read, stale token", err, fencedwrite.ErrStaleToken)
+	refused("fenced read, stale token", err, pgfence.ErrStaleToken)
 	_, err = q.FencedDeleteInvoices(ctx, db.FencedDeleteInvoicesParams{ID: 1, Token: t1})
-	refused("delete, stale token", err, fencedwrite.ErrStaleToken)
+	refused("delete, stale token", err, pgfence.ErrStaleToken)
 	_, err = q.FencedDeleteInvoices(ctx, db.FencedDeleteInvoicesParams{ID: 1, Token: t2})
 	applied("delete with the current token", err)
 	_, err = q.FencedDeleteInvoices(ctx, db.FencedDeleteInvoicesParams{ID: 1, Token: t2})
-	refused("delete, row already gone", err, fencedwrite.ErrNotFound)
+	refused("delete, row already gone", err, pgfence.ErrNotFound)
 
 	// catalogue: guarded, its lock named by a generated column.
 	s1, s2 := tokens(ctx, pool, "store:1")
@@ -281,21 +289,21 @@ func main() {
 	_, err = q.FencedUpsertCatalogue(ctx, db.FencedUpsertCatalogueParams{StoreID: 1, Sku: "b", Price: 100, Token: s2})
 	applied("guarded upsert of a second row", err)
 	_, err = q.FencedUpdateCatalogueReentrant(ctx, db.FencedUpdateCatalogueReentrantParams{StoreID: 1, Sku: "a", Price: 90, Token: s2})
-	refused("strict guard refuses a second write by the same grant", err, fencedwrite.ErrGuardRejected)
+	refused("strict guard refuses a second write by the same grant", err, pgfence.ErrGuard)
 	_, err = q.FencedUpsertCatalogue(ctx, db.FencedUpsertCatalogueParams{StoreID: 1, Sku: "late", Price: 1, Token: s1})
-	refused("guarded upsert by a superseded holder (new row)", err, fencedwrite.ErrStaleToken)
+	refused("guarded upsert by a superseded holder (new row)", err, pgfence.ErrStaleToken)
 	_, err = q.FencedDeleteCatalogue(ctx, db.FencedDeleteCatalogueParams{StoreID: 1, Sku: "a", Token: s1})
-	refused("guarded delete by a superseded holder", err, fencedwrite.ErrStaleToken)
+	refused("guarded delete by a superseded holder", err, pgfence.ErrStaleToken)
 	_, err = q.FencedUpsertCatalogue(ctx, db.FencedUpsertCatalogueParams{StoreID: 1, Sku: "forged", Price: 1, Token: s2 + 100})
-	refused("guarded upsert with a forged token", err, fencedwrite.ErrGuardRejected)
+	refused("guarded upsert with a forged token", err, pgfence.ErrGuard)
 	_, err = q.FencedUpsertCatalogue(ctx, db.FencedUpsertCatalogueParams{StoreID: 2, Sku: "x", Price: 1, Token: s2})
-	refused("guarded upsert under a lock never granted", err, fencedwrite.ErrGuardRejected)
+	refused("guarded upsert under a lock never granted", err, pgfence.ErrGuard)
 	_, err = pool.Exec(ctx, "INSERT INTO catalogue (store_id, sku, price) VALUES (1, 'plain', 1)")
-	refused("plain INSERT", err, fencedwrite.ErrGuardRejected)
+	refused("plain INSERT", err, pgfence.ErrGuard)
 	_, err = pool.Exec(ctx, "DELETE FROM catalogue WHERE store_id = 1")
-	refused("plain DELETE", err, fencedwrite.ErrGuardRejected)
+	refused("plain DELETE", err, pgfence.ErrGuard)
 	_, err = pool.Exec(ctx, "UPDATE catalogue SET price = 0")
-	refused("plain UPDATE", err, fencedwrite.ErrGuardRejected)
+	refused("plain UPDATE", err, pgfence.ErrGuard)
 	_, err = q.FencedDeleteCatalogue(ctx, db.FencedDeleteCatalogueParams{StoreID: 1, Sku: "b", Token: s2})
 	applied("guarded delete with the current token", err)
 	var n int
@@ -339,6 +347,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"example.com/app/db"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 )
 

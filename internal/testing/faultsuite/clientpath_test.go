@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/internal/testing/repo"
@@ -409,7 +410,7 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	tok := second.Token()
 	_, err = acct.Update(ctx, pool, tok, []any{id}, []any{int64(10)})
 	must("Update", err)
-	if _, err := acct.Update(ctx, pool, tok-1, []any{id}, []any{int64(11)}); !errors.Is(err, fencedwrite.ErrStaleToken) {
+	if _, err := acct.Update(ctx, pool, tok-1, []any{id}, []any{int64(11)}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("stale Update: %v", err)
 	}
 	_, err = acct.Upsert(ctx, pool, tok+1, []any{id + 1}, []any{int64(5)})
@@ -430,7 +431,7 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Acquire store", err)
 	_, err = ledger.Upsert(ctx, pool, store.Token(), []any{"store:" + sfx, 1}, []any{"a"})
 	must("guarded Upsert", err)
-	if _, err := ledger.Update(ctx, pool, store.Token()+100, []any{"store:" + sfx, 1}, []any{"forged"}); !errors.Is(err, fencedwrite.ErrGuardRejected) {
+	if _, err := ledger.Update(ctx, pool, store.Token()+100, []any{"store:" + sfx, 1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
 		t.Fatalf("forged token on a guarded table: %v", err)
 	}
 	must("release store", store.Release(ctx))

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/pglock"
@@ -330,8 +331,8 @@ func TestLeaseDoorProbes(t *testing.T) {
 
 	// The guard still refuses a token never issued; the victim's lease,
 	// fenced writes and wait work.
-	if _, err := tbl.Update(ctx, app, 1000000, []any{1}, []any{"forged"}); !errors.Is(err, fencedwrite.ErrGuardRejected) {
-		t.Errorf("fenced write with token 1000000: %v, want ErrGuardRejected", err)
+	if _, err := tbl.Update(ctx, app, 1000000, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
+		t.Errorf("fenced write with token 1000000: %v, want ErrGuard", err)
 	}
 	if err := victim.Renew(ctx); err != nil {
 		t.Fatalf("the victim's renewal after the probes: %v", err)
@@ -403,7 +404,7 @@ func TestDoorAppPaths(t *testing.T) {
 	if _, err := tbl.Update(ctx, app, s.Token(), []any{1}, []any{"b"}); err != nil {
 		t.Fatalf("fenced write: %v", err)
 	}
-	if _, err := tbl.Update(ctx, app, old, []any{1}, []any{"stale"}); !errors.Is(err, fencedwrite.ErrStaleToken) {
+	if _, err := tbl.Update(ctx, app, old, []any{1}, []any{"stale"}); !errors.Is(err, pgfence.ErrStaleToken) {
 		t.Fatalf("fenced write with the released token: %v, want ErrStaleToken", err)
 	}
 	if err := s.Release(ctx); err != nil {

@@ -341,7 +341,7 @@ func TestFailover(t *testing.T) {
 	if first.Token() < ackToken[0] {
 		if err := fenced(nc, 0, ackToken[0], -1); err == nil {
 			oldLanded = "accepted"
-		} else if !errors.Is(err, fencedwrite.ErrStaleToken) {
+		} else if !errors.Is(err, pgfence.ErrStaleToken) {
 			t.Fatal(err)
 		}
 	}
@@ -394,7 +394,7 @@ func TestFailover(t *testing.T) {
 		}
 		// Every old holder, up to the highest token the old primary
 		// acknowledged, is now refused.
-		if err := fenced(nc, key, ackToken[key], -1); errors.Is(err, fencedwrite.ErrStaleToken) {
+		if err := fenced(nc, key, ackToken[key], -1); errors.Is(err, pgfence.ErrStaleToken) {
 			refused++
 		} else {
 			t.Errorf("key %d: write with the old primary's last token %d on the new primary: %v", key, ackToken[key], err)

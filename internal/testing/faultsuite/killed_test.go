@@ -709,7 +709,7 @@ func TestKilledBackendsLeaseLoops(t *testing.T) {
 				switch {
 				case err == nil:
 					writes.Add(1)
-				case errors.Is(err, fencedwrite.ErrStaleToken):
+				case errors.Is(err, pgfence.ErrStaleToken):
 					staleRejected.Add(1)
 				default:
 					writeErrs.Add(1)

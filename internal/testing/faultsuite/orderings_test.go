@@ -112,7 +112,7 @@ func runOrdering(ctx context.Context, pool *pgxpool.Pool, lockers map[byte]*pglo
 			var err error
 			if mode == fencedReadsAndWrites {
 				_, err = table.Read(ctx, pool, c.token, []any{id}, &c.read)
-				if errors.Is(err, fencedwrite.ErrStaleToken) {
+				if errors.Is(err, pgfence.ErrStaleToken) {
 					// Fenced out already at the read: this client stops.
 					res.rejected++
 					c.refused = true
@@ -132,7 +132,7 @@ func runOrdering(ctx context.Context, pool *pgxpool.Pool, lockers map[byte]*pglo
 				}
 			} else {
 				_, err := table.Update(ctx, pool, c.token, []any{id}, []any{nb})
-				if errors.Is(err, fencedwrite.ErrStaleToken) {
+				if errors.Is(err, pgfence.ErrStaleToken) {
 					res.rejected++
 					continue
 				}

@@ -23,10 +23,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
-	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/outbox"
@@ -123,9 +124,10 @@ func outboxHolderMain(mode string) int {
 		at = "commit"
 		return tx.Commit(ctx)
 	})
-	var stale *fencedwrite.StaleTokenError // the server's DETAIL: the lock's latest token
-	if errors.As(err, &refused) && errors.Is(err, pgfence.ErrStaleToken) && errors.As(fencedwrite.TranslateError(refused.Err), &stale) {
-		fmt.Printf("refused-%s %d %d\n", at, refused.Token, stale.Fence)
+	var pgErr *pgconn.PgError // the server's DETAIL: the lock's latest token
+	if errors.As(err, &refused) && errors.Is(err, pgfence.ErrStaleToken) && errors.As(refused.Err, &pgErr) {
+		_, latest, _, _ := pgerr.ParseRefusal(pgErr.Detail)
+		fmt.Printf("refused-%s %d %d\n", at, refused.Token, latest)
 		return 0
 	}
 	if err != nil {

@@ -92,7 +92,7 @@ func workerMain() int {
 		_, err := table.Read(ctx, pool, tok, []any{row}, &balance)
 		return strconv.Itoa(balance), err
 	}); err != nil {
-		if errors.Is(err, fencedwrite.ErrStaleToken) {
+		if errors.Is(err, pgfence.ErrStaleToken) {
 			fmt.Printf("rejected read %v\n", err)
 			return 0
 		}
@@ -110,10 +110,10 @@ func workerMain() int {
 			return err
 		})
 	})
-	var stale *fencedwrite.StaleTokenError
+	var fence int64
 	switch {
-	case errors.As(err, &stale):
-		fmt.Printf("rejected write token %d fence %d\n", stale.Token, stale.Fence)
+	case staleFence(err, &fence):
+		fmt.Printf("rejected write token %d fence %d\n", tok, fence)
 	case err != nil:
 		// Paused inside the transaction: the server ended the idle
 		// transaction (idle_in_transaction_session_timeout) and nothing of it

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/outbox"
@@ -53,12 +54,12 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatalf("fenced write through the guard: %v", err)
 	}
 	// Forged token: refused by the guard, nothing changes.
-	if _, err := tbl.Update(ctx, app, lease.Token()+100, []any{1}, []any{"forged"}); !errors.Is(err, fencedwrite.ErrGuardRejected) {
+	if _, err := tbl.Update(ctx, app, lease.Token()+100, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
 		t.Fatalf("forged token: %v", err)
 	}
 	// A generated-style fenced statement's refusal path (pgfence.fence_refused).
 	if _, err := app.Exec(ctx, `SELECT pgfence.fence_refused('invoices', '{"id":1}', 'strict', 1, 2, true)`); err == nil ||
-		!errors.Is(fencedwrite.TranslateError(err), fencedwrite.ErrStaleToken) {
+		!errors.Is(fencedwrite.TranslateError(err), pgfence.ErrStaleToken) {
 		t.Fatalf("pgfence.fence_refused as the app role: %v, want a stale-token refusal", err)
 	}
 	// An outbox intent under the lease, in a transaction (checked again at COMMIT).

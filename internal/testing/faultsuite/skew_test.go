@@ -157,9 +157,9 @@ func skewWorkerMain(offset string) int {
 		return fail(errors.New("no takeover signal"))
 	}
 	write := "accepted"
-	var stale *fencedwrite.StaleTokenError
-	if err := skewWrite(ctx, hc, table, pool, lease.Token(), "stale worker"); errors.As(err, &stale) {
-		write = fmt.Sprintf("rejected fence=%d", stale.Fence)
+	var fence int64
+	if err := skewWrite(ctx, hc, table, pool, lease.Token(), "stale worker"); staleFence(err, &fence) {
+		write = fmt.Sprintf("rejected fence=%d", fence)
 	} else if err != nil {
 		return fail(err)
 	}
@@ -175,7 +175,7 @@ func skewWorkerMain(offset string) int {
 
 // skewWrite writes v to skew_rows row 1 under skewOwnLock's token, recorded
 // by c.
-func skewWrite(ctx context.Context, c *history.Client, table *fencedwrite.Table, db fencedwrite.DBTX, token int64, v string) error {
+func skewWrite(ctx context.Context, c *history.Client, table *fencedwrite.Table, db pgfence.DBTX, token int64, v string) error {
 	return c.Fenced(skewOwnLock, token, fencedwrite.Strict, skewRowKey, v, func() error {
 		_, err := table.Update(ctx, db, token, []any{1}, []any{v})
 		return err
@@ -388,4 +388,17 @@ func skewScenario(t *testing.T, faketime, offset string) {
 		"ended locally after %dms (wall clock said held=%s), taken over %dms after its grant; stale write %s, stale renewal %s",
 		offset, strings.TrimPrefix(clock, "clock "), h["looks-expired"], h["tryacquire"], dbTTL, after, d["wall-says-held"],
 		takeover.Milliseconds(), st["write"], st["renew"])
+}
+
+// staleFence reports whether err is a stale fenced write
+// (pgfence.ErrStaleToken) and reads the row's fence from its Reason, "row
+// fence F > token T".
+func staleFence(err error, fence *int64) bool {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || pe.Kind != pgfence.ErrStaleToken {
+		return false
+	}
+	var token int64
+	n, _ := fmt.Sscanf(pe.Reason, "row fence %d > token %d", fence, &token)
+	return n == 2 && token == pe.Token
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/history"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
@@ -96,7 +97,7 @@ func soakWorkerMain(name string) int {
 		switch err := soakIteration(ctx, c, pool, locker, table, name, key, out); {
 		case err == nil:
 			committed++
-		case errors.Is(err, fencedwrite.ErrStaleToken):
+		case errors.Is(err, pgfence.ErrStaleToken):
 			stale++
 		case errors.Is(err, context.DeadlineExceeded):
 			lockedOut++

@@ -124,7 +124,7 @@ func (r *recorder) err(op string, err error) {
 		key += "timeout"
 	case errors.Is(err, pgfence.ErrLocked):
 		key += "locked"
-	case errors.Is(err, fencedwrite.ErrStaleToken):
+	case errors.Is(err, pgfence.ErrStaleToken):
 		key += "stale token"
 	default:
 		key += "connection or other"
@@ -496,7 +496,7 @@ func (s *scenario) proveFenced(hc *history.Client, table *fencedwrite.Table, nam
 		case err == nil:
 			s.rec.violation("%s: a write with the ended token %d was accepted after token %d wrote", name, stale, newer)
 			return
-		case errors.Is(err, fencedwrite.ErrStaleToken):
+		case errors.Is(err, pgfence.ErrStaleToken):
 			s.rec.mu.Lock()
 			s.rec.staleRefused++
 			s.rec.mu.Unlock()
@@ -960,7 +960,7 @@ func (s *scenario) checkBump(ctx context.Context, ev *event, timeline int) {
 		switch {
 		case err == nil:
 			s.rec.violation("%s: after the bump, a write with %s's last pre-bump token %d was accepted", ev.Kind, name, tok)
-		case errors.Is(err, fencedwrite.ErrStaleToken):
+		case errors.Is(err, pgfence.ErrStaleToken):
 			ev.StaleRefused++
 		default:
 			s.t.Errorf("%s: stale write probe on %s: %v", ev.Kind, name, err)

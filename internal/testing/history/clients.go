@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -55,7 +56,7 @@ func (c *Client) at(t time.Time) int64 {
 
 // invalid reports errors refused before any SQL ran: nothing is recorded.
 func invalid(err error) bool {
-	return errors.Is(err, pgfence.ErrInvalid) || errors.Is(err, fencedwrite.ErrInvalidToken) || errors.Is(err, fencedwrite.ErrInvalidSpec)
+	return errors.Is(err, pgfence.ErrInvalid)
 }
 
 // Acquire records l.Acquire (wait) or l.TryAcquire of name.
@@ -181,7 +182,7 @@ func (c *Client) Inspect(ctx context.Context, db pgfence.DBTX, name string) (pgl
 func RowKey(key string) string { return "fenced_values/" + key }
 
 // Write records fencedwrite.UpsertValue of key under lock's token.
-func (c *Client) Write(ctx context.Context, db fencedwrite.DBTX, lock string, token int64, mode fencedwrite.Mode, key, value string) error {
+func (c *Client) Write(ctx context.Context, db pgfence.DBTX, lock string, token int64, mode fencedwrite.Mode, key, value string) error {
 	m := "strict"
 	if mode == fencedwrite.Reentrant {
 		m = "reentrant"
@@ -194,7 +195,7 @@ func (c *Client) Write(ctx context.Context, db fencedwrite.DBTX, lock string, to
 }
 
 // Read records fencedwrite.ReadValue of key under lock's token.
-func (c *Client) Read(ctx context.Context, db fencedwrite.DBTX, lock string, token int64, key string) (string, error) {
+func (c *Client) Read(ctx context.Context, db pgfence.DBTX, lock string, token int64, key string) (string, error) {
 	p := c.begin(Input{Kind: Read, Key: RowKey(key), Lock: lock, Token: token})
 	v, err := fencedwrite.ReadValue(ctx, db, token, key)
 	if err != nil {
@@ -245,18 +246,23 @@ func (r *Recorder) Seed(key, value string) {
 }
 
 func (c *Client) endRow(p *Pending, err error) {
-	var stale *fencedwrite.StaleTokenError
+	var (
+		pe           *pgfence.Error
+		fence, token int64
+	)
+	isErr := errors.As(err, &pe)
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
 	case invalid(err):
-	case errors.As(err, &stale):
-		c.end(p, Output{Outcome: Stale, Fence: stale.Fence})
-	case errors.Is(err, fencedwrite.ErrAlreadyApplied):
+	case isErr && pe.Kind == pgfence.ErrStaleToken && scanStale(pe.Reason, &fence, &token):
+		c.end(p, Output{Outcome: Stale, Fence: fence})
+	case errors.Is(err, pgfence.ErrAlreadyApplied):
 		c.end(p, Output{Outcome: Applied})
-	case errors.Is(err, fencedwrite.ErrNotFound):
+	case errors.Is(err, pgfence.ErrNotFound):
 		c.end(p, Output{Outcome: NotFound})
-	case errors.Is(err, fencedwrite.ErrConcurrentChange), errors.Is(err, fencedwrite.ErrGuardRejected):
+	case isErr && pe.Kind == nil && pe.Err == nil, // refused, the row changed concurrently
+		errors.Is(err, pgfence.ErrGuard), errors.Is(err, pgfence.ErrStaleToken): // the guard's refusals
 		c.end(p, Output{Outcome: Refused})
 	default:
 		c.end(p, Output{Outcome: Unknown})
@@ -354,4 +360,11 @@ func (c *Client) endJob(p *Pending, err error) {
 	default:
 		c.end(p, Output{Outcome: Unknown})
 	}
+}
+
+// scanStale reads the row's fence and the token from the Reason of a stale
+// fenced write, "row fence F > token T".
+func scanStale(reason string, fence, token *int64) bool {
+	n, _ := fmt.Sscanf(reason, "row fence %d > token %d", fence, token)
+	return n == 2
 }

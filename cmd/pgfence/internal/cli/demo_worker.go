@@ -135,11 +135,13 @@ func (w *worker) cycle(ctx context.Context, waitForGo bool) (bool, error) {
 	newBalance := balance + w.amount
 	err = w.write(ctx, tok, newBalance)
 	rejected := false
-	var se *fencedwrite.StaleTokenError
+	var se *pgfence.Error
 	switch {
-	case errors.As(err, &se):
+	case errors.As(err, &se) && se.Kind == pgfence.ErrStaleToken:
 		rejected = true
-		w.emit(demoEvent{Ev: "rejected", Token: tok, Fence: se.Fence})
+		var fence, token int64 // the Reason says "row fence F > token T"
+		_, _ = fmt.Sscanf(se.Reason, "row fence %d > token %d", &fence, &token)
+		w.emit(demoEvent{Ev: "rejected", Token: tok, Fence: fence})
 	case err != nil:
 		return false, err
 	default:

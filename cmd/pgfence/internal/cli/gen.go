@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
 )
@@ -229,11 +230,9 @@ func printGenResult(out io.Writer, plan *fencegen.WritePlan, table string) {
 // errors, unknown tables and columns are "not found".
 func genErr(err error) error {
 	switch {
-	case errors.Is(err, fencedwrite.ErrUnknownTable), errors.Is(err, fencedwrite.ErrUnknownColumn),
-		errors.Is(err, fencedwrite.ErrNoFenceColumn):
+	case errors.Is(err, pgfence.ErrNotFound):
 		return withCode(ExitNotFound, err)
-	case errors.Is(err, fencedwrite.ErrInvalidIdentifier), errors.Is(err, fencegen.ErrInvalidOptions),
-		errors.Is(err, fencedwrite.ErrInvalidSpec), errors.Is(err, fencedwrite.ErrKeyNotUnique),
+	case errors.Is(err, pgfence.ErrInvalid), errors.Is(err, fencegen.ErrInvalidOptions),
 		errors.Is(err, fencegen.ErrSQLCConfig):
 		return withCode(ExitUsage, err)
 	case errors.Is(err, fencegen.ErrPgfenceModule):

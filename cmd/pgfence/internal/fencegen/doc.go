@@ -11,7 +11,7 @@
 // "fenced_<table>.<name>.sql" for a non-default Options.Name). [Validate]
 // checks the options against a live schema first. Names are validated with
 // the rule of [fencedwrite.Prepare] (SQL-looking input such as "x; drop
-// table y" is refused with a *fencedwrite.IdentifierError) and quoted with
+// table y" is refused with pgfence.ErrInvalid naming the input) and quoted with
 // pgx.Identifier in the output.
 //
 // Writing is safe to repeat. [Files.Plan] compares the files with what the
@@ -28,7 +28,7 @@
 // schema and queries paths of its postgresql block.
 //
 // Every generated query fails closed: a write that changes no row raises an
-// error, which [fencedwrite.TranslateError] maps to fencedwrite.ErrStaleToken,
-// fencedwrite.ErrAlreadyApplied, fencedwrite.ErrNotFound and the other
+// error, which [fencedwrite.TranslateError] maps to pgfence.ErrStaleToken,
+// pgfence.ErrAlreadyApplied, pgfence.ErrNotFound and the other
 // refusals.
 package fencegen

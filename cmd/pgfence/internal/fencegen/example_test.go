@@ -54,7 +54,7 @@ func ExampleGenerate() {
 func ExampleGenerate_rejectsSQL() {
 	_, err := fencegen.Generate(fencegen.Options{Table: "x; drop table y", Key: []string{"id"}, Set: []string{"v"}})
 	fmt.Println(err)
-	// Output: fencedwrite: invalid table name "x; drop table y": character ';' is not allowed (ASCII letters, digits and _ only)
+	// Output: pgfence gen fenced: invalid argument: table: invalid name "x; drop table y": character ';' is not allowed (ASCII letters, digits and _ only)
 }
 
 // Plan tells what Apply writes: writing twice with the same options writes

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/pgident"
 )
@@ -20,7 +21,7 @@ import (
 // ErrInvalidOptions reports options that are incomplete or contradictory
 // (no key, a column listed twice, a bad version or Go name, a lock name with
 // quotes or backslashes). Invalid table and column names are reported as
-// *fencedwrite.IdentifierError ([fencedwrite.ErrInvalidIdentifier]) instead.
+// [pgfence.ErrInvalid] naming the input instead.
 var ErrInvalidOptions = errors.New("fencegen: invalid options")
 
 // ErrFileExists is returned by [Files.Plan] and [WritePlan.Apply] when a
@@ -260,10 +261,11 @@ func goName(s string) bool {
 // key and set columns exist, the key is a primary key or unique index, and
 // the fence column is absent (or, with HasFenceColumn, present as bigint);
 // with a guard, that the lock name column exists. It only reads the catalog.
-// Errors are those [fencedwrite.Prepare] returns for the same table
-// (fencedwrite.ErrUnknownTable, ErrUnknownColumn, ErrNoFenceColumn,
-// ErrKeyNotUnique) or [ErrInvalidOptions].
-func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
+// Errors are *pgfence.Errors: [pgfence.ErrNotFound] for a table or column
+// the database does not have (or a fence column that is not bigint),
+// [pgfence.ErrInvalid] for key columns that are not a unique key (the Reason
+// names the argument), or [ErrInvalidOptions].
+func Validate(ctx context.Context, db pgfence.DBTX, opts Options) error {
 	p, err := check(opts)
 	if err != nil {
 		return err
@@ -274,7 +276,7 @@ func Validate(ctx context.Context, db fencedwrite.DBTX, opts Options) error {
 // validate checks the plan against the catalog. migrated says a
 // fence-column migration generated earlier exists: the column may then be
 // absent (not applied yet) or present (applied) whatever HasFenceColumn says.
-func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool) error {
+func (p *plan) validate(ctx context.Context, db pgfence.DBTX, migrated bool) error {
 	opts := p.opts
 	ti, err := lookup(ctx, db, opts.Table)
 	if err != nil {
@@ -286,11 +288,13 @@ func (p *plan) validate(ctx context.Context, db fencedwrite.DBTX, migrated bool)
 	}
 	for _, c := range cols {
 		if _, ok := ti.Column(c); !ok {
-			return &fencedwrite.ColumnError{Sentinel: fencedwrite.ErrUnknownColumn, Table: ti.Qualified(), Column: c}
+			return &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Name: ti.Schema + "." + ti.Name,
+				Reason: fmt.Sprintf("column: no column %q in %s", c, ti.Qualified())}
 		}
 	}
 	if !pgident.IsUniqueKey(ti.UniqueKeys, opts.Key) {
-		return fmt.Errorf("%w: %s (%s)", fencedwrite.ErrKeyNotUnique, ti.Qualified(), strings.Join(opts.Key, ", "))
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: ti.Schema + "." + ti.Name,
+			Reason: fmt.Sprintf("key: (%s) is not a primary key or unique index of %s", strings.Join(opts.Key, ", "), ti.Qualified())}
 	}
 	_, has := ti.Column(p.fence)
 	switch {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/cmd/pgfence/internal/fencegen"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -37,13 +38,13 @@ func TestGenerateRejects(t *testing.T) {
 		opts fencegen.Options
 		want error
 	}{
-		{"sql table", with(func(o *fencegen.Options) { o.Table = "x; drop table y" }), fencedwrite.ErrInvalidIdentifier},
-		{"sql column", with(func(o *fencegen.Options) { o.Set = []string{"status = 'x'"} }), fencedwrite.ErrInvalidIdentifier},
-		{"comment key", with(func(o *fencegen.Options) { o.Key = []string{"id--"} }), fencedwrite.ErrInvalidIdentifier},
-		{"empty table", with(func(o *fencegen.Options) { o.Table = "" }), fencedwrite.ErrInvalidIdentifier},
-		{"huge column", with(func(o *fencegen.Options) { o.Set = []string{strings.Repeat("c", 64)} }), fencedwrite.ErrInvalidIdentifier},
-		{"quoted fence", with(func(o *fencegen.Options) { o.FenceColumn = `"fence"` }), fencedwrite.ErrInvalidIdentifier},
-		{"lock column", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockNameColumn: "a;b"} }), fencedwrite.ErrInvalidIdentifier},
+		{"sql table", with(func(o *fencegen.Options) { o.Table = "x; drop table y" }), argErr{pgfence.ErrInvalid, "table"}},
+		{"sql column", with(func(o *fencegen.Options) { o.Set = []string{"status = 'x'"} }), argErr{pgfence.ErrInvalid, "set column"}},
+		{"comment key", with(func(o *fencegen.Options) { o.Key = []string{"id--"} }), argErr{pgfence.ErrInvalid, "key column"}},
+		{"empty table", with(func(o *fencegen.Options) { o.Table = "" }), argErr{pgfence.ErrInvalid, "table"}},
+		{"huge column", with(func(o *fencegen.Options) { o.Set = []string{strings.Repeat("c", 64)} }), argErr{pgfence.ErrInvalid, "set column"}},
+		{"quoted fence", with(func(o *fencegen.Options) { o.FenceColumn = `"fence"` }), argErr{pgfence.ErrInvalid, "fence column"}},
+		{"lock column", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockNameColumn: "a;b"} }), argErr{pgfence.ErrInvalid, "lock name column"}},
 		{"no key", with(func(o *fencegen.Options) { o.Key = nil }), fencegen.ErrInvalidOptions},
 		{"no set", with(func(o *fencegen.Options) { o.Set = nil }), fencegen.ErrInvalidOptions},
 		{"dup column", with(func(o *fencegen.Options) { o.Set = []string{"status", "status"} }), fencegen.ErrInvalidOptions},
@@ -55,13 +56,13 @@ func TestGenerateRejects(t *testing.T) {
 	}
 	for _, c := range cases {
 		files, err := fencegen.Generate(c.opts)
-		if !errors.Is(err, c.want) || files != nil {
+		if !matchErr(err, c.want) || files != nil {
 			t.Errorf("%s: Generate = %v, %v; want %v", c.name, files, err, c.want)
 		}
 	}
 	_, err := fencegen.Generate(with(func(o *fencegen.Options) { o.Table = "x; drop table y" }))
-	var ie *fencedwrite.IdentifierError
-	if !errors.As(err, &ie) || !strings.Contains(err.Error(), `"x; drop table y"`) {
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || !strings.Contains(pe.Reason, `"x; drop table y"`) {
 		t.Errorf("error does not name the input: %v", err)
 	}
 }
@@ -201,15 +202,15 @@ func TestValidateAgainstLiveSchema(t *testing.T) {
 		opts fencegen.Options
 		want error
 	}{
-		{"unknown table", with(func(o *fencegen.Options) { o.Table = "invoice" }), fencedwrite.ErrUnknownTable},
-		{"unknown column", with(func(o *fencegen.Options) { o.Set = []string{"pdf"} }), fencedwrite.ErrUnknownColumn},
-		{"unknown lock column", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockNameColumn: "store"} }), fencedwrite.ErrUnknownColumn},
-		{"key not unique", with(func(o *fencegen.Options) { o.Key = []string{"customer"} }), fencedwrite.ErrKeyNotUnique},
-		{"no fence yet", with(func(o *fencegen.Options) { o.HasFenceColumn = true }), fencedwrite.ErrNoFenceColumn},
-		{"sql table", with(func(o *fencegen.Options) { o.Table = "x; drop table y" }), fencedwrite.ErrInvalidIdentifier},
+		{"unknown table", with(func(o *fencegen.Options) { o.Table = "invoice" }), argErr{pgfence.ErrNotFound, "table"}},
+		{"unknown column", with(func(o *fencegen.Options) { o.Set = []string{"pdf"} }), argErr{pgfence.ErrNotFound, "column"}},
+		{"unknown lock column", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockNameColumn: "store"} }), argErr{pgfence.ErrNotFound, "column"}},
+		{"key not unique", with(func(o *fencegen.Options) { o.Key = []string{"customer"} }), argErr{pgfence.ErrInvalid, "key"}},
+		{"no fence yet", with(func(o *fencegen.Options) { o.HasFenceColumn = true }), argErr{pgfence.ErrNotFound, "fence column"}},
+		{"sql table", with(func(o *fencegen.Options) { o.Table = "x; drop table y" }), argErr{pgfence.ErrInvalid, "table"}},
 	}
 	for _, c := range cases {
-		if err := fencegen.Validate(ctx, pool, c.opts); !errors.Is(err, c.want) {
+		if err := fencegen.Validate(ctx, pool, c.opts); !matchErr(err, c.want) {
 			t.Errorf("%s: Validate = %v, want %v", c.name, err, c.want)
 		}
 	}
@@ -279,6 +280,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"example.com/fencedemo/db"
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 )
 
@@ -296,13 +298,13 @@ func outcome(err error) string {
 	switch {
 	case err == nil:
 		return "applied"
-	case errors.Is(err, fencedwrite.ErrStaleToken):
+	case errors.Is(err, pgfence.ErrStaleToken):
 		return "stale"
-	case errors.Is(err, fencedwrite.ErrAlreadyApplied):
+	case errors.Is(err, pgfence.ErrAlreadyApplied):
 		return "already-applied"
-	case errors.Is(err, fencedwrite.ErrNotFound):
+	case errors.Is(err, pgfence.ErrNotFound):
 		return "not-found"
-	case errors.Is(err, fencedwrite.ErrGuardRejected):
+	case errors.Is(err, pgfence.ErrGuard):
 		return "guard-rejected"
 	}
 	return "error: " + err.Error()
@@ -469,4 +471,23 @@ sql:
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'invoices'::pg_catalog.regclass AND attname = 'fence'").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("fence column after down: %d, %v", n, err)
 	}
+}
+
+// argErr stands for a *pgfence.Error of kind whose Reason names arg.
+type argErr struct {
+	kind error
+	arg  string
+}
+
+func (a argErr) Error() string { return a.kind.Error() + " (" + a.arg + ")" }
+
+// matchErr reports whether err is want: for an argErr, a *pgfence.Error of
+// its kind whose Reason starts with the argument.
+func matchErr(err, want error) bool {
+	a, ok := want.(argErr)
+	if !ok {
+		return errors.Is(err, want)
+	}
+	var pe *pgfence.Error
+	return errors.As(err, &pe) && pe.Kind == a.kind && errors.Is(err, a.kind) && strings.HasPrefix(pe.Reason, a.arg+":")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgident"
@@ -14,9 +15,12 @@ import (
 // fencedwrite.GuardOptions when they name none.
 const defaultFenceColumn = "fence"
 
+// op is the Op of this package's *pgfence.Errors.
+const op = "pgfence gen fenced"
+
 // checkIdent checks one name with pgfence's identifier rule and reports a
-// refused one as the *fencedwrite.IdentifierError that fencedwrite.Prepare
-// returns for it too.
+// refused one as pgfence.ErrInvalid naming the input, as fencedwrite.Prepare
+// does.
 func checkIdent(what, name string) error { return identError(pgident.Check(what, name)) }
 
 // parseTable parses "table" or "schema.table" with pgfence's identifier rule.
@@ -28,24 +32,25 @@ func parseTable(s string) (pgident.TableName, error) {
 func identError(err error) error {
 	var ie *pgident.Error
 	if errors.As(err, &ie) {
-		return &fencedwrite.IdentifierError{What: ie.What, Value: ie.Value, Reason: ie.Reason}
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Reason: fmt.Sprintf("%s: invalid name %q: %s", ie.What, ie.Value, ie.Reason)}
 	}
 	return err
 }
 
-// lookup reads table from the catalog: fencedwrite.ErrUnknownTable when there
-// is no such table, a database error translated by fencedwrite.TranslateError.
-func lookup(ctx context.Context, db fencedwrite.DBTX, table string) (*pgident.Table, error) {
+// lookup reads table from the catalog: pgfence.ErrNotFound when there is no
+// such table (the CLI's "not found" exit code), a database error translated
+// by fencedwrite.TranslateError.
+func lookup(ctx context.Context, db pgfence.DBTX, table string) (*pgident.Table, error) {
 	tn, err := parseTable(table)
 	if err != nil {
 		return nil, err
 	}
 	if nilcheck.IsNil(db) {
-		return nil, fmt.Errorf("%w: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx", fencedwrite.ErrNilDB)
+		return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Reason: "db: nil: pass a *pgxpool.Pool, *pgx.Conn or pgx.Tx"}
 	}
 	t, err := pgident.Lookup(ctx, db, tn)
 	if errors.Is(err, pgident.ErrUnknownTable) {
-		return nil, fmt.Errorf("%w: %s", fencedwrite.ErrUnknownTable, table)
+		return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Name: table, Reason: "table: no such table"}
 	}
 	if err != nil {
 		return nil, fencedwrite.TranslateError(err)
@@ -53,11 +58,12 @@ func lookup(ctx context.Context, db fencedwrite.DBTX, table string) (*pgident.Ta
 	return t, nil
 }
 
-// checkFenceColumn reports a *fencedwrite.ColumnError wrapping
-// fencedwrite.ErrNoFenceColumn unless t has column name of type bigint.
+// checkFenceColumn reports pgfence.ErrNotFound naming the fence column
+// unless t has column name of type bigint.
 func checkFenceColumn(t *pgident.Table, name string) error {
 	if p := t.FenceColumnProblem(name); p != "" {
-		return &fencedwrite.ColumnError{Sentinel: fencedwrite.ErrNoFenceColumn, Table: t.Qualified(), Column: name, Detail: p}
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrNotFound, Name: t.Schema + "." + t.Name,
+			Reason: fmt.Sprintf("fence column: %q of %s: %s", name, t.Qualified(), p)}
 	}
 	return nil
 }

@@ -11,7 +11,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence"
 )
 
 // ErrPgfenceModule is returned by [Files.Plan] for a target directory inside
@@ -99,7 +99,7 @@ func (wp *WritePlan) Changes() bool { return len(wp.ops) > 0 }
 // migrations directory means the fence column may already be in the
 // database (the migration was applied) or not yet (it was not), and both
 // are accepted, as a re-run needs no HasFenceColumn.
-func (wp *WritePlan) Validate(ctx context.Context, db fencedwrite.DBTX) error {
+func (wp *WritePlan) Validate(ctx context.Context, db pgfence.DBTX) error {
 	return wp.p.validate(ctx, db, wp.migrated)
 }
 
