@@ -558,7 +558,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 		}
 	}
 	rec.Verify(t)
-	t.Logf("unknown acquire outcome: %d acquires cut (%d reported as *DBError matching context.DeadlineExceeded, %d as a transient connection *DBError), "+
+	t.Logf("unknown acquire outcome: %d acquires cut (%d reported as a *pgfence.Error matching context.DeadlineExceeded, %d as a retryable connection failure), "+
 		"%d grants landed unseen (%d delivered after the caller gave up), %d reconciled with Inspect + ReleaseToken, %d left to expire within the TTL, "+
 		"0 held past their TTL (next grant at most %v after the expiry); %d runs again because the unknown grant expired before another client looked",
 		runs, deadlineErrs, connErrs, landed, 2*reps+missed, released, expired, maxNextGrant.Round(time.Millisecond), missed)
