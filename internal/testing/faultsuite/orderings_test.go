@@ -100,6 +100,11 @@ func runOrdering(ctx context.Context, pool *pgxpool.Pool, lockers map[byte]*pglo
 		switch step {
 		case 0: // acquire
 			lease, err := lockers[who].TryAcquire(ctx, lock, ttl)
+			// On a loaded machine a grant can come back after its TTL:
+			// pglock gives it back (ErrSlowGrant, retryable); take it again.
+			for tries := 1; errors.Is(err, pgfence.ErrSlowGrant) && tries < 5; tries++ {
+				lease, err = lockers[who].TryAcquire(ctx, lock, ttl)
+			}
 			if errors.Is(err, pgfence.ErrLocked) {
 				c.refused = true
 				continue
