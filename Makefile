@@ -1,9 +1,11 @@
 # pgfence developer tasks. `make help` lists them.
 SQLC_VERSION        := v1.31.1
 STATICCHECK_VERSION := v0.8.2
+APIDIFF_VERSION     := v0.0.0-20261113113407-e3970619a1a4
 TOOLS_BIN           := $(CURDIR)/.bin
 SQLC                := $(TOOLS_BIN)/sqlc
 STATICCHECK         := $(TOOLS_BIN)/staticcheck
+APIDIFF             := $(TOOLS_BIN)/apidiff
 
 # The modules whose tests `make test` runs: the library, the command and the
 # observe adapters (go.work joins them, and bench, whose benchmark has targets
@@ -12,7 +14,7 @@ STATICCHECK         := $(TOOLS_BIN)/staticcheck
 MODULES := . cmd/pgfence observe/promobserve observe/otelobserve
 PKGS    := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 
-.PHONY: help demo test test-deps bench-deps generate verify verify-generated verify-tidy lint tools bench bench-quick
+.PHONY: help demo test test-deps bench-deps generate verify verify-generated verify-tidy verify-api lint tools bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -32,7 +34,10 @@ $(SQLC):
 $(STATICCHECK):
 	GOBIN=$(TOOLS_BIN) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-tools: $(SQLC) $(STATICCHECK) ## install sqlc and staticcheck into .bin (not in go.mod)
+$(APIDIFF):
+	GOBIN=$(TOOLS_BIN) go install golang.org/x/exp/cmd/apidiff@$(APIDIFF_VERSION)
+
+tools: $(SQLC) $(STATICCHECK) $(APIDIFF) ## install sqlc, staticcheck and apidiff into .bin (not in go.mod)
 
 generate: $(SQLC) ## regenerate internal/dbsqlc from migrations/ and queries/
 	$(SQLC) generate
@@ -48,7 +53,10 @@ lint: $(STATICCHECK) ## gofmt, go vet, staticcheck (every module, bench included
 verify-tidy: ## fail if a module of go.work is missing from it, or its go.mod or go.sum is not tidy
 	@bash scripts/verify-tidy.sh
 
-verify: lint verify-tidy verify-generated ## everything CI checks before the tests
+verify-api: $(APIDIFF) ## fail on an incompatible API change since the last release that CHANGELOG's "Changed (breaking)" does not name
+	@bash scripts/apicheck.sh
+
+verify: lint verify-tidy verify-generated verify-api ## everything CI checks before the tests
 
 bench-deps: ## install the bench's peers (etcd-server, redis-server) when missing
 	@bash scripts/bench-deps.sh

@@ -39,37 +39,37 @@ var (
 	// oversized name, a TTL outside its bounds, a token <= 0, a nil
 	// handle, an unknown table or column). Nothing was changed; the
 	// message says which argument and why.
-	ErrInvalid = errors.New("invalid argument")
+	ErrInvalid = pgerr.ErrInvalid // "invalid argument"
 	// ErrLocked: the lock or lease is held by another holder right now.
-	ErrLocked = errors.New("held by another holder")
+	ErrLocked = pgerr.ErrLocked // "held by another holder"
 	// ErrLost: a lease or claim is not held any more by this holder, token
 	// and key (it expired, was released, or was granted to another), so a
 	// renewal, release, completion or enqueue under it was refused; or it
 	// ended locally at its deadline.
-	ErrLost = errors.New("not held any more")
+	ErrLost = pgerr.ErrLost // "not held any more"
 	// ErrReleased: the lease was released by its holder.
-	ErrReleased = errors.New("released")
+	ErrReleased = pgerr.ErrReleased // "released"
 	// ErrClosed: the Locker, Worker or Dispatcher was closed or is shutting
 	// down.
-	ErrClosed = errors.New("closed")
+	ErrClosed = pgerr.ErrClosed // "closed"
 	// ErrStaleToken: a write (or read, or enqueue) carried a token older
 	// than one the row or lock has already seen: a newer grant came first.
-	ErrStaleToken = errors.New("stale token: a newer grant came first")
+	ErrStaleToken = pgerr.ErrStaleToken // "stale token: a newer grant came first"
 	// ErrAlreadyApplied: in strict mode, this token already wrote the row.
-	ErrAlreadyApplied = errors.New("already applied by this token")
+	ErrAlreadyApplied = pgerr.ErrAlreadyApplied // "already applied by this token"
 	// ErrNotFound: no such row, job, lock or leader.
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = pgerr.ErrNotFound // "not found"
 	// ErrTokenExhausted: the next token would pass 9223372036854775807;
 	// nothing changed. Use a new lock name (and fence columns).
-	ErrTokenExhausted = errors.New("tokens exhausted")
+	ErrTokenExhausted = pgerr.ErrTokenExhausted // "tokens exhausted"
 	// ErrSlowGrant: a grant's answer arrived only after its TTL had passed
 	// since it was sent, so it was given back unused. Retrying is safe.
-	ErrSlowGrant = errors.New("grant arrived after its lease ended")
+	ErrSlowGrant = pgerr.ErrSlowGrant // "grant arrived after its lease ended"
 	// ErrGuard: the guard of a fenced table refused an unfenced change.
-	ErrGuard = errors.New("refused by the fence guard")
+	ErrGuard = pgerr.ErrGuard // "refused by the fence guard"
 	// ErrNoSchema: the database has no pgfence schema, or an older one:
 	// migrate as the schema owner ("pgfence migrate up").
-	ErrNoSchema = errors.New(pgerr.SchemaHint)
+	ErrNoSchema = pgerr.ErrNoSchema
 )
 
 // Error is the error of every pgfence operation that failed. Kind is one of
@@ -147,8 +147,7 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, ErrSlowGrant) {
 		return true
 	}
-	for _, k := range []error{ErrInvalid, ErrLocked, ErrLost, ErrReleased, ErrClosed, ErrStaleToken,
-		ErrAlreadyApplied, ErrNotFound, ErrTokenExhausted, ErrGuard, ErrNoSchema} {
+	for _, k := range pgerr.Kinds {
 		if errors.Is(err, k) {
 			return false
 		}

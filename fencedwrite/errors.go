@@ -51,12 +51,13 @@ func notFoundError(token int64) *pgfence.Error {
 // was deleted and re-created) between the statement's snapshot and a second
 // look, so the reason is unknown: rare, only under READ COMMITTED with
 // concurrent writers on the row. It has no Kind: the write was not applied,
-// and sending it again with the same token gets a definite answer.
+// and sending it again with the same token gets a definite answer
+// (pgfence.IsRetryable is true).
 const concurrentReason = "refused, but the row changed concurrently so the reason is unknown; the write was not applied: send it again"
 
 // concurrentError is a refusal whose reason is unknown (see concurrentReason).
 func concurrentError(token int64) *pgfence.Error {
-	return &pgfence.Error{Token: token, Reason: concurrentReason}
+	return &pgfence.Error{Token: token, Reason: concurrentReason, Err: pgerr.ErrConcurrentChange}
 }
 
 // dbError is a database or connection failure (no Kind; Err is the cause).
@@ -76,14 +77,14 @@ func withOp(err *error, op, name string) {
 }
 
 // TranslateError turns errors from the database into [*pgfence.Error]s:
-// a guard refusal (SQLSTATE PF001/PF002) is [pgfence.ErrGuard] with the
-// guard's reason ("fence not raised", "token not issued"), the server's
-// message and detail in Reason, and PF008 (a superseded holder) is
-// [pgfence.ErrStaleToken]; a refusal raised by a statement `pgfence gen
+// a guard refusal is [pgfence.ErrGuard] (SQLSTATE PF001, "fence not
+// raised"), [pgfence.ErrInvalid] (PF002, "token not issued": the lock never
+// issued it) or [pgfence.ErrStaleToken] (PF008, a superseded holder), with
+// the guard's reason, the server's message and detail in Reason; a refusal raised by a statement `pgfence gen
 // fenced` generated is [pgfence.ErrStaleToken] (PF003),
 // [pgfence.ErrAlreadyApplied] (PF004), [pgfence.ErrNotFound] (PF005), a
 // refusal without Kind whose reason is unknown (PF006, the row changed
-// concurrently) or [pgfence.ErrInvalid] (PF007, a token <= 0), with Name the
+// concurrently; pgfence.IsRetryable is true) or [pgfence.ErrInvalid] (PF007, a token <= 0), with Name the
 // table, Token the token and the row's fence and key in Reason; anything
 // else (a context's error too) is a database failure without Kind whose Err
 // is the cause. nil stays nil, and a *pgfence.Error is returned as it is. So
@@ -126,28 +127,26 @@ func translate(err error) *pgfence.Error {
 		if pgErr.SchemaName != "" && name != "" {
 			name = pgErr.SchemaName + "." + name
 		}
-		guard := func(kind error, why string) *pgfence.Error {
-			r := why + ": " + pgErr.Message
+		c, ok := pgerr.Classify(err)
+		if !ok {
+			return dbError(err)
+		}
+		switch c.Code {
+		case pgerr.FenceNotRaised, pgerr.TokenNotIssued, pgerr.TokenSuperseded:
+			// The guard's refusals: its reason, then the server's words.
+			r := guardReasons[c.Code] + ": " + pgErr.Message
 			if pgErr.Detail != "" {
 				r += " (" + pgErr.Detail + ")"
 			}
-			return &pgfence.Error{Kind: kind, Name: name, Reason: r, Err: err}
-		}
-		switch pgErr.Code {
-		case pgerr.FenceNotRaised:
-			return guard(pgfence.ErrGuard, "fence not raised")
-		case pgerr.TokenNotIssued:
-			return guard(pgfence.ErrGuard, "token not issued")
-		case pgerr.TokenSuperseded:
-			return guard(pgfence.ErrStaleToken, "refused by the fence guard: token superseded")
-		}
-		if kind, ok := refusals[pgErr.Code]; ok {
+			return &pgfence.Error{Kind: c.Kind, Name: name, Reason: r, Err: err}
+		case pgerr.StaleToken, pgerr.AlreadyApplied, pgerr.NotFound, pgerr.ConcurrentChange, pgerr.InvalidToken:
+			// The refusals of generated statements (pgfence.fence_refused).
 			token, fence, table, key := pgerr.ParseRefusal(pgErr.Detail)
 			// The table as the statement names it, quoted ("s"."t"); pgfence's
 			// identifier rule keeps quotes out of the names themselves.
 			table = strings.ReplaceAll(table, `"`, "")
-			e := &pgfence.Error{Kind: kind, Name: table, Token: token, Err: err}
-			switch pgErr.Code {
+			e := &pgfence.Error{Kind: c.Kind, Name: table, Token: token, Err: err}
+			switch c.Code {
 			case pgerr.StaleToken:
 				e.Reason = fmt.Sprintf("row fence %d > token %d", fence, token)
 			case pgerr.AlreadyApplied:
@@ -162,16 +161,14 @@ func translate(err error) *pgfence.Error {
 			e.Reason += " (key " + key + ")"
 			return e
 		}
+		return &pgfence.Error{Kind: c.Kind, Name: name, Reason: c.Meaning, Err: err}
 	}
 	return dbError(err)
 }
 
-// refusals are the kinds of the refusals of generated statements
-// (pgfence.fence_refused); ConcurrentChange has none.
-var refusals = map[string]error{
-	pgerr.StaleToken:       pgfence.ErrStaleToken,
-	pgerr.AlreadyApplied:   pgfence.ErrAlreadyApplied,
-	pgerr.NotFound:         pgfence.ErrNotFound,
-	pgerr.ConcurrentChange: nil,
-	pgerr.InvalidToken:     pgfence.ErrInvalid,
+// guardReasons start the Reason of the guard's refusals.
+var guardReasons = map[string]string{
+	pgerr.FenceNotRaised:  "fence not raised",
+	pgerr.TokenNotIssued:  "token not issued",
+	pgerr.TokenSuperseded: "refused by the fence guard: token superseded",
 }

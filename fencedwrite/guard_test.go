@@ -15,12 +15,15 @@ import (
 )
 
 // wantGuard checks err is a refusal by the guard for reason ("fence not
-// raised", "token not issued": pgfence.ErrGuard; "token superseded":
-// pgfence.ErrStaleToken) and returns it.
+// raised": pgfence.ErrGuard; "token not issued": pgfence.ErrInvalid; "token
+// superseded": pgfence.ErrStaleToken) and returns it.
 func wantGuard(t testing.TB, err error, reason string) *pgfence.Error {
 	t.Helper()
 	kind, prefix := pgfence.ErrGuard, reason+": "
-	if reason == superseded {
+	switch reason {
+	case notIssued:
+		kind = pgfence.ErrInvalid
+	case superseded:
 		kind, prefix = pgfence.ErrStaleToken, "refused by the fence guard: "+reason+": "
 	}
 	var pe *pgfence.Error

@@ -13,6 +13,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Value is a row of pgfence.fenced_values, the small fenced key/value table
@@ -27,10 +28,6 @@ type Value struct {
 // maxKeyBytes is the limit of the fenced_values_key_length constraint and
 // of the fenced value functions' key check.
 const maxKeyBytes = 512
-
-// sqlStateBadArgument is the SQLSTATE of an argument the fenced value
-// functions (pgfence.fenced_value_update and the others) refuse.
-const sqlStateBadArgument = "PF011"
 
 var queries = dbsqlc.New()
 
@@ -263,7 +260,7 @@ func valueResult(ctx context.Context, db pgfence.DBTX, mode Mode, key string, to
 // PostgreSQL error. Anything else goes through [TranslateError].
 func valueError(err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == sqlStateBadArgument {
+	if errors.As(err, &pgErr) && pgErr.Code == pgerr.BadArgument {
 		if strings.Contains(pgErr.Message, ": token must") {
 			e := invalid("token", "refused by the server")
 			e.Err = err

@@ -15,12 +15,6 @@ import (
 	"github.com/pgfence/pgfence/pglock"
 )
 
-// SQLSTATEs of pgfence.outbox_enqueue that no other package names.
-const (
-	sqlStateBadArgument  = "PF011" // an argument out of its bounds (the message names it)
-	sqlStateLeaseNotHeld = "PF012" // the lease is released, expired, or held with another key
-)
-
 // The errors of this package are [*pgfence.Error]s; the helpers below build
 // them. Op names the exported call ("outbox.Enqueue", "outbox.NewDispatcher",
 // ...).
@@ -57,37 +51,34 @@ func translate(op string, lease *pglock.Lease, err error) error {
 	if lease != nil {
 		lock, holder = lease.Name(), lease.Holder()
 	}
-	switch pgerr.Code(err) {
-	case pgerr.StaleToken:
+	if c, ok := pgerr.Classify(err); ok {
+		e := &pgfence.Error{Op: op, Kind: c.Kind, Name: lock, Holder: holder, Reason: c.Meaning, Err: err}
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+		errors.As(err, &pgErr) // Classify found it
+		switch c.Code {
+		case pgerr.StaleToken:
 			token, fence, _, key := pgerr.ParseRefusal(pgErr.Detail)
-			return &pgfence.Error{Op: op, Kind: pgfence.ErrStaleToken, Name: lock, Holder: holder, Token: token,
-				Reason: fmt.Sprintf("intent refused: the lock has granted latest token %d since (intent key %s)",
-					fence, keyOf(key)), Err: err}
-		}
-	case pgerr.TokenNotIssued:
-		r := refusal{lock: lock}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+			e.Token = token
+			e.Reason = fmt.Sprintf("intent refused: the lock has granted latest token %d since (intent key %s)",
+				fence, keyOf(key))
+		case pgerr.TokenNotIssued:
+			r := refusal{lock: lock}
 			parseNotIssued(pgErr.Detail, &r)
-		}
-		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: r.lock, Holder: holder, Token: r.token,
-			Reason: fmt.Sprintf("token: the lock never issued it, or no lock has that name (latest token %d; intent key %s)",
-				r.latest, r.key), Err: err}
-	case sqlStateLeaseNotHeld:
-		r := refusal{lock: lock}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
+			e.Name, e.Token = r.lock, r.token
+			e.Reason = fmt.Sprintf("token: the lock never issued it, or no lock has that name (latest token %d; intent key %s)",
+				r.latest, r.key)
+		case pgerr.LeaseNotHeld:
+			r := refusal{lock: lock}
 			parseNotIssued(pgErr.Detail, &r)
+			e.Name, e.Token = r.lock, r.token
+			e.Reason = "intent refused: the lease is not held with its key (released, expired, or another key) (intent key " +
+				r.key + ")"
+		case pgerr.InvalidToken:
+			e.Reason = "token: refused by the server: must be > 0"
+		case pgerr.BadArgument:
+			e.Reason = "intent: refused by the server"
 		}
-		return &pgfence.Error{Op: op, Kind: pgfence.ErrLost, Name: r.lock, Holder: holder, Token: r.token,
-			Reason: "intent refused: the lease is not held with its key (released, expired, or another key) (intent key " +
-				r.key + ")", Err: err}
-	case pgerr.InvalidToken:
-		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: lock, Reason: "token: refused by the server: must be > 0", Err: err}
-	case sqlStateBadArgument:
-		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: lock, Reason: "intent: refused by the server", Err: err}
+		return e
 	}
 	if pgerr.PayloadTooLarge(err) {
 		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: lock,

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // The errors of this package are [*pgfence.Error]s; the helpers below build
@@ -25,9 +26,16 @@ func invalid(op, arg, format string, args ...any) *pgfence.Error {
 	return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Reason: arg + ": " + fmt.Sprintf(format, args...)}
 }
 
-// dbError is a database or connection failure of op on lock name.
+// dbError is a database or connection failure of op on lock name, or a
+// refusal with one of pgfence's SQLSTATEs, whose kind comes from the one
+// table of them (PF011, a bad argument, is pgfence.ErrInvalid; PFHA1, the
+// epoch gate, has no kind and is retryable).
 func dbError(op, name string, err error) *pgfence.Error {
-	return &pgfence.Error{Op: op, Name: name, Err: err}
+	e := &pgfence.Error{Op: op, Name: name, Err: err}
+	if c, ok := pgerr.Classify(err); ok {
+		e.Kind, e.Reason = c.Kind, c.Meaning
+	}
+	return e
 }
 
 // lostError says the lease (name, holder, token) is not held any more

@@ -61,10 +61,19 @@ func notFound(op string, id int64, what string) *pgfence.Error {
 // dbError is a database or connection failure of op (on queue name, if
 // known); step, if not empty, says which statement of op failed. A token
 // sequence at its maximum is pgfence.ErrTokenExhausted, a payload the
-// database refused pgfence.ErrInvalid; every other failure has no Kind.
+// database refused pgfence.ErrInvalid, one of pgfence's SQLSTATEs the kind
+// its table gives (PF011 pgfence.ErrInvalid; PFHA1 none, retryable); every
+// other failure has no Kind.
 func dbError(op, name, step string, err error) *pgfence.Error {
 	e := &pgfence.Error{Op: op, Name: name, Reason: step, Err: err}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return e
+	}
+	if c, ok := pgerr.Classify(err); ok {
+		e.Kind = c.Kind
+		if e.Reason == "" {
+			e.Reason = c.Meaning
+		}
 		return e
 	}
 	switch code := pgerr.Code(err); {

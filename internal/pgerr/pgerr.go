@@ -41,23 +41,6 @@ const (
 	ClassOperatorIntervention  = "57"
 )
 
-// SQLSTATE codes of pgfence's own refusals (class PF, docs/sql.md). The
-// guard trigger raises FenceNotRaised, TokenNotIssued and TokenSuperseded;
-// pgfence.fence_refused, called by the statements `pgfence gen fenced`
-// writes, raises StaleToken..InvalidToken with DETAIL "token N, fence N,
-// table T, key K"; pgfence.outbox_enqueue raises TokenNotIssued, StaleToken
-// and InvalidToken too.
-const (
-	FenceNotRaised   = "PF001" // the guard: the change did not raise the fence
-	TokenNotIssued   = "PF002" // a token the lock never issued, or no such lock
-	StaleToken       = "PF003" // a newer grant exists, or wrote the row
-	AlreadyApplied   = "PF004" // strict mode: this grant already wrote the row
-	NotFound         = "PF005" // no row with that key
-	ConcurrentChange = "PF006" // the row changed concurrently; nothing written
-	InvalidToken     = "PF007" // a token NULL or not above 0
-	TokenSuperseded  = "PF008" // the guard: a newer grant of the row's lock exists
-)
-
 // Code returns the SQLSTATE of the first *pgconn.PgError in err's chain, or
 // "" when the error did not come from the server.
 func Code(err error) string {
@@ -157,12 +140,19 @@ func IsConnectionLost(err error) bool {
 }
 
 // IsRetryable reports whether running the whole transaction again may
-// succeed: SQLSTATE 40001 or 40P01 (the server rolled it back), or
+// succeed: SQLSTATE 40001 or 40P01 (the server rolled it back), a PF code
+// that PFCodes calls retryable (or [ErrConcurrentChange]), or
 // [IsConnectionLost]. It is false for nil, a context's end, lock and
 // statement timeouts (limits the caller set) and every other error.
 func IsRetryable(err error) bool {
 	switch Code(err) {
 	case SerializationFailure, DeadlockDetected:
+		return true
+	}
+	if c, ok := Classify(err); ok {
+		return c.Retryable
+	}
+	if errors.Is(err, ErrConcurrentChange) {
 		return true
 	}
 	return IsConnectionLost(err)

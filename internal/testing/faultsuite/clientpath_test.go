@@ -431,7 +431,7 @@ func clientWorkload(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sfx s
 	must("Acquire store", err)
 	_, err = ledger.Upsert(ctx, pool, store.Token(), []any{"store:" + sfx, 1}, []any{"a"})
 	must("guarded Upsert", err)
-	if _, err := ledger.Update(ctx, pool, store.Token()+100, []any{"store:" + sfx, 1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
+	if _, err := ledger.Update(ctx, pool, store.Token()+100, []any{"store:" + sfx, 1}, []any{"forged"}); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("forged token on a guarded table: %v", err)
 	}
 	must("release store", store.Release(ctx))

@@ -331,8 +331,8 @@ func TestLeaseDoorProbes(t *testing.T) {
 
 	// The guard still refuses a token never issued; the victim's lease,
 	// fenced writes and wait work.
-	if _, err := tbl.Update(ctx, app, 1000000, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
-		t.Errorf("fenced write with token 1000000: %v, want ErrGuard", err)
+	if _, err := tbl.Update(ctx, app, 1000000, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrInvalid) {
+		t.Errorf("fenced write with token 1000000: %v, want ErrInvalid", err)
 	}
 	if err := victim.Renew(ctx); err != nil {
 		t.Fatalf("the victim's renewal after the probes: %v", err)

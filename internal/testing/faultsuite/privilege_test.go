@@ -54,7 +54,7 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatalf("fenced write through the guard: %v", err)
 	}
 	// Forged token: refused by the guard, nothing changes.
-	if _, err := tbl.Update(ctx, app, lease.Token()+100, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrGuard) {
+	if _, err := tbl.Update(ctx, app, lease.Token()+100, []any{1}, []any{"forged"}); !errors.Is(err, pgfence.ErrInvalid) {
 		t.Fatalf("forged token: %v", err)
 	}
 	// A generated-style fenced statement's refusal path (pgfence.fence_refused).

@@ -306,6 +306,8 @@ func outcome(err error) string {
 		return "not-found"
 	case errors.Is(err, pgfence.ErrGuard):
 		return "guard-rejected"
+	case errors.Is(err, pgfence.ErrInvalid):
+		return "invalid"
 	}
 	return "error: " + err.Error()
 }
@@ -364,7 +366,7 @@ older stale
 read applied new
 write-after-read applied
 unfenced guard-rejected
-forged guard-rejected
+forged invalid
 rows sent:2,new+paid:3
 `
 
