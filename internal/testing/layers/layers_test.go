@@ -42,6 +42,11 @@ func isLibInternal(path string) bool {
 	return strings.HasPrefix(path, modulePath+"/internal/") && !isTesting(path)
 }
 
+// isTestHelper: the public package of test helpers for users' tests. It
+// may use the test harness and link what it needs (testcontainers-go), since
+// only test binaries import it; no other public package may import it.
+func isTestHelper(path string) bool { return path == modulePath+"/pgfencetest" }
+
 // isPublic: a package of the root module outside internal/.
 func isPublic(p *pkg) bool {
 	return p.module() == modulePath && p.Name != "main" && !strings.HasPrefix(p.ImportPath, modulePath+"/internal/")
@@ -91,6 +96,10 @@ func check(graph map[string]*pkg) []string {
 				out = append(out, fmt.Sprintf("%s (library internal) imports the public package %s: %s", r, q.ImportPath, via))
 			case isLibInternal(r) && isTesting(q.ImportPath):
 				out = append(out, fmt.Sprintf("%s (library internal) imports the test harness %s: %s", r, q.ImportPath, via))
+			case isPublic(root) && !isTestHelper(r) && isTestHelper(q.ImportPath):
+				out = append(out, fmt.Sprintf("%s (public) imports the test helpers %s: %s", r, q.ImportPath, via))
+			case isTestHelper(r):
+				// Links the harness and testcontainers-go by design.
 			case isPublic(root) && isTesting(q.ImportPath):
 				out = append(out, fmt.Sprintf("%s (public) imports the test harness %s in a non-test file: %s", r, q.ImportPath, via))
 			case isPublic(root) && !q.Standard && !allowedModule(q.module(), gooseDeps) && !seenMod[q.module()]:
@@ -209,6 +218,11 @@ func TestCheckCatchesBadImports(t *testing.T) {
 	add(modulePath+"/skiplocked", "skiplocked", root, false, "github.com/spf13/cobra")
 	add(modulePath+"/internal/holder", "holder", root, false, "fmt")
 	add(modulePath+"/fencedwrite", "fencedwrite", root, false, "go.yaml.in/yaml/v3", "github.com/pressly/goose/v3")
+	// The test helpers may use the harness and testcontainers; outbox may not import them.
+	add(modulePath+"/pgfencetest", "pgfencetest", root, false, modulePath+"/internal/testing/pgserver", "github.com/testcontainers/testcontainers-go")
+	add(modulePath+"/internal/testing/pgserver", "pgserver", root, false, "github.com/testcontainers/testcontainers-go")
+	add("github.com/testcontainers/testcontainers-go", "testcontainers", mod("github.com/testcontainers/testcontainers-go"), true)
+	add(modulePath+"/outbox", "outbox", root, false, modulePath+"/pgfencetest")
 	add("github.com/jackc/pgx/v5", "pgx", mod("github.com/jackc/pgx/v5"), true)
 	add("github.com/spf13/cobra", "cobra", mod("github.com/spf13/cobra"), true)
 	add("go.yaml.in/yaml/v3", "yaml", mod("go.yaml.in/yaml/v3"), true)
@@ -229,12 +243,15 @@ func TestCheckCatchesBadImports(t *testing.T) {
 		modulePath + "/skiplocked (public) links module github.com/spf13/cobra (package github.com/spf13/cobra)",
 		modulePath + "/pglock (public) links module github.com/spf13/cobra",
 		modulePath + "/fencedwrite (public) links module go.yaml.in/yaml/v3",
+		// (d) a public package imports the test helpers
+		modulePath + "/outbox (public) imports the test helpers " + modulePath + "/pgfencetest",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("check does not report %q; it reported:\n%s", want, got)
 		}
 	}
-	for _, never := range []string{"internal/holder (", "fencedwrite (public) links module github.com/pressly", "go-retry", "jackc"} {
+	for _, never := range []string{"internal/holder (", "fencedwrite (public) links module github.com/pressly", "go-retry", "jackc",
+		"pgfencetest (public)"} {
 		if strings.Contains(got, never) {
 			t.Errorf("check reports %q, which is allowed:\n%s", never, got)
 		}

@@ -1,0 +1,4 @@
+package pgfencetest
+
+// NewestMigration is newestMigration, for the tests.
+var NewestMigration = newestMigration

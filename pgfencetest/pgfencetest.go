@@ -1,0 +1,490 @@
+// Package pgfencetest helps an application's tests prove that its code is
+// fenced: that a holder paused past its lease cannot overwrite the work of
+// the holder that came after it.
+//
+// [New] gives a test a PostgreSQL database of its own with pgfence's
+// migrations applied. The server comes from, in order: the environment
+// variable PGFENCE_TEST_DATABASE_URL (a server where its user may CREATE
+// DATABASE); testcontainers-go's postgres module when a Docker engine
+// answers (image postgres:15-alpine, or PGFENCE_TEST_IMAGE); the PostgreSQL
+// server binaries installed on the machine (initdb, postgres), as a
+// throwaway cluster. If none can be had, the test fails and says what to
+// install; it is never skipped. Each process migrates one template database,
+// named after pgfence's newest migration, and every test gets a clone of it,
+// so tests may call t.Parallel(). A test that fails keeps its database and
+// logs its name.
+//
+// Expiry runs on the database's clock, which no fake clock in Go can move:
+// [DB.ExpireNow] and [DB.ExpireClaim] end a lease or a claim now, through
+// owner-only test functions of the schema (pgfence.test_expire_lease,
+// pgfence.test_expire_claim) that the application role cannot call.
+// [DB.TakeOver] and [DB.Pause] make another holder take a lease over, as
+// happens while a holder is paused (a stop-the-world pause, a stopped
+// process, a slow network): the paused holder keeps its old *pglock.Lease
+// and its local deadline, so code that checks only locally goes on and
+// writes. [RequireStale] then checks that the write was refused.
+//
+//	db := pgfencetest.New(t)
+//	lease, _ := locker.Acquire(ctx, "invoice:1", time.Minute)
+//	db.Pause(t, lease, func(newer *pglock.Lease) {
+//		pgfencetest.RequireAccepted(t, pay(ctx, db.Pool, newer, 1)) // the newer holder writes
+//	})
+//	pgfencetest.RequireStale(t, pay(ctx, db.Pool, lease, 1)) // the paused one wakes and writes
+//
+// docs/testing.md has the whole example.
+package pgfencetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/testing/pgserver"
+	"github.com/pgfence/pgfence/migrations"
+	"github.com/pgfence/pgfence/pglock"
+)
+
+// envDSN names the environment variable of a server to use.
+const envDSN = "PGFENCE_TEST_DATABASE_URL"
+
+// DB is a database of one test, with pgfence's migrations applied. It is
+// dropped when the test ends, unless the test failed.
+type DB struct {
+	// DSN connects to the database as the server's user, which owns it (and
+	// so may call the test functions).
+	DSN string
+	// Pool is a pool on DSN, closed when the test ends.
+	Pool *pgxpool.Pool
+	// Name is the database's name.
+	Name string
+
+	lockerOnce sync.Once
+	locker     *pglock.Locker
+	lockerErr  error
+}
+
+var (
+	srvMu   sync.Mutex
+	srv     *pgserver.Server
+	srvErr  error
+	tplMu   sync.Mutex
+	tplName string
+	tplCopy string // " STRATEGY FILE_COPY" on PostgreSQL 15 and newer
+	seq     atomic.Int64
+)
+
+// New returns a database of t's own with pgfence's migrations applied: a
+// clone of a template migrated once per process (once per server for a
+// server given by PGFENCE_TEST_DATABASE_URL). t fails if no server can be
+// had. When t ends the database is dropped; if t failed it is kept and its
+// name logged, to look at with psql.
+func New(t testing.TB) *DB {
+	t.Helper()
+	s := server(t)
+	tpl, strategy, err := template(s)
+	if err != nil {
+		t.Fatalf("pgfencetest: template database: %v", err)
+	}
+	name := dbName(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// FILE_COPY copies the template's files instead of WAL-logging each block.
+	if err := adminExec(ctx, s, "CREATE DATABASE "+ident(name)+" TEMPLATE "+ident(tpl)+strategy); err != nil {
+		t.Fatalf("pgfencetest: create database %s: %v", name, err)
+	}
+	db := &DB{DSN: withDatabase(s.DSN, name), Name: name}
+	t.Cleanup(func() {
+		if db.locker != nil {
+			db.locker.Close()
+		}
+		if db.Pool != nil {
+			db.Pool.Close()
+		}
+		if t.Failed() {
+			t.Logf("pgfencetest: kept database %s of the failed test: %s", name, redact(db.DSN))
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := adminExec(ctx, s, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
+			t.Logf("pgfencetest: drop database %s: %v", name, err)
+		}
+	})
+	pool, err := pgxpool.New(ctx, db.DSN)
+	if err != nil {
+		t.Fatalf("pgfencetest: open pool on %s: %v", name, err)
+	}
+	db.Pool = pool
+	return db
+}
+
+// ExpireNow ends the live lease on the lock name now, on the database clock,
+// as if its holder had paused past its end. The holder, its key and the token
+// stay: the holder's renewal and release are refused, its local deadline is
+// unchanged, and the next grant of name takes token + 1. t fails if no lease
+// on name is live.
+func (db *DB) ExpireNow(t testing.TB, name string) {
+	t.Helper()
+	if token := db.expire(t, "SELECT pgfence.test_expire_lease($1)", name); token == 0 {
+		t.Fatalf("pgfencetest.ExpireNow(%q): no live lease on the lock", name)
+	}
+}
+
+// ExpireClaim ends the live claim of the job jobID now, on the database
+// clock. As for any claim that ran out, the job stays running until the next
+// claim of its queue takes it with a new claim token; from then on the old
+// claim's Complete, Fail, Renew and Release are refused with
+// pgfence.ErrLost. t fails if the job has no live claim.
+func (db *DB) ExpireClaim(t testing.TB, jobID int64) {
+	t.Helper()
+	if token := db.expire(t, "SELECT pgfence.test_expire_claim($1)", jobID); token == 0 {
+		t.Fatalf("pgfencetest.ExpireClaim(%d): the job has no live claim", jobID)
+	}
+}
+
+func (db *DB) expire(t testing.TB, sql string, arg any) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var token int64
+	if err := db.Pool.QueryRow(ctx, sql, arg).Scan(&token); err != nil {
+		t.Fatalf("pgfencetest: %s: %v", sql, err)
+	}
+	return token
+}
+
+// TakeOver makes another holder ("pgfencetest") take the lock name over: the
+// live lease on it, if any, ends now ([DB.ExpireNow]), and the lock is
+// granted to the other holder for a minute (token + 1). It returns the other
+// holder's lease; it is released when the test ends. TakeOver waits behind
+// waiters queued for name, for up to 30 seconds.
+func (db *DB) TakeOver(t testing.TB, name string) *pglock.Lease {
+	t.Helper()
+	db.expire(t, "SELECT pgfence.test_expire_lease($1)", name)
+	db.lockerOnce.Do(func() {
+		db.locker, db.lockerErr = pglock.New(db.Pool, &pglock.Config{Holder: "pgfencetest"})
+	})
+	if db.lockerErr != nil {
+		t.Fatalf("pgfencetest.TakeOver: %v", db.lockerErr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lease, err := db.locker.Acquire(ctx, name, time.Minute)
+	if err != nil {
+		t.Fatalf("pgfencetest.TakeOver(%q): %v", name, err)
+	}
+	return lease
+}
+
+// Pause plays the pause of lease's holder: the lease ends and another holder
+// takes the lock over ([DB.TakeOver]); during runs with the other holder's
+// lease, for what it does while the first holder is paused (typically its
+// own write); then Pause returns and the first holder "wakes": the caller
+// goes on with lease, whose local deadline has not passed, as a stopped
+// process goes on after SIGCONT.
+func (db *DB) Pause(t testing.TB, lease *pglock.Lease, during func(newer *pglock.Lease)) {
+	t.Helper()
+	if lease == nil {
+		t.Fatal("pgfencetest.Pause: nil lease")
+	}
+	newer := db.TakeOver(t, lease.Name())
+	if during != nil {
+		during(newer)
+	}
+}
+
+// RequireStale fails t unless err says a write was refused because a newer
+// grant came first (errors.Is(err, pgfence.ErrStaleToken)): what fencedwrite,
+// the code `pgfence gen fenced` generates and outbox.Enqueue return.
+func RequireStale(t testing.TB, err error) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Fatal("pgfencetest.RequireStale: the write was accepted, want it refused as stale: " +
+			"does it carry the lease's token (fence < token) and raise the row's fence?")
+	case !errors.Is(err, pgfence.ErrStaleToken):
+		t.Fatalf("pgfencetest.RequireStale: got %v, want an error matching pgfence.ErrStaleToken", err)
+	}
+}
+
+// RequireAccepted fails t unless err is nil: the write was accepted.
+func RequireAccepted(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("pgfencetest.RequireAccepted: the write was refused or failed: %v", err)
+	}
+}
+
+// RequireFence fails t unless the row of table whose key columns have the
+// values in key has the fence want (the token of the grant that wrote it
+// last; 0 for a row no fenced write changed). table may be qualified
+// ("schema.table"); the fence column is "fence", pgfence's default.
+func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want int64) {
+	t.Helper()
+	if len(key) == 0 {
+		t.Fatal("pgfencetest.RequireFence: no key columns")
+	}
+	cols := make([]string, 0, len(key))
+	for c := range key {
+		cols = append(cols, c)
+	}
+	slices.Sort(cols)
+	var where []string
+	var args []any
+	for i, c := range cols {
+		where = append(where, ident(c)+" = $"+strconv.Itoa(i+1))
+		args = append(args, key[c])
+	}
+	sql := "SELECT fence FROM " + ident(strings.Split(table, ".")...) + " WHERE " + strings.Join(where, " AND ")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := db.Pool.Query(ctx, sql, args...)
+	if err != nil {
+		t.Fatalf("pgfencetest.RequireFence(%s): %v", table, err)
+	}
+	fences, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	switch {
+	case err != nil:
+		t.Fatalf("pgfencetest.RequireFence(%s): %v", table, err)
+	case len(fences) != 1:
+		t.Fatalf("pgfencetest.RequireFence(%s, %v): %d rows have that key, want 1", table, key, len(fences))
+	case fences[0] != want:
+		t.Fatalf("pgfencetest.RequireFence(%s, %v): fence %d, want %d", table, key, fences[0], want)
+	}
+}
+
+// RequireHeld fails t unless the lock name is held by holder now, on the
+// database clock, and returns the lease's token.
+func (db *DB) RequireHeld(t testing.TB, name, holder string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		h     *string
+		token int64
+		live  bool
+	)
+	err := db.Pool.QueryRow(ctx, `SELECT holder, token, coalesce(expires_at > now(), false)
+		FROM pgfence.locks WHERE name = $1`, name).Scan(&h, &token, &live)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		t.Fatalf("pgfencetest.RequireHeld(%q): the lock was never granted", name)
+	case err != nil:
+		t.Fatalf("pgfencetest.RequireHeld(%q): %v", name, err)
+	case h == nil:
+		t.Fatalf("pgfencetest.RequireHeld(%q, %q): released (token %d)", name, holder, token)
+	case !live:
+		t.Fatalf("pgfencetest.RequireHeld(%q, %q): the lease of %q (token %d) has ended", name, holder, *h, token)
+	case *h != holder:
+		t.Fatalf("pgfencetest.RequireHeld(%q, %q): held by %q (token %d)", name, holder, *h, token)
+	}
+	return token
+}
+
+// RequireCompletedOnce fails t unless the job jobID is completed: by one
+// claim, whose Complete (or, for a transactional claim, whose transaction)
+// committed. A job is completed at most once; this fails for a job still
+// available or running (a lost completion), or dead.
+func (db *DB) RequireCompletedOnce(t testing.TB, jobID int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		state    string
+		attempts int
+		outcome  *string
+	)
+	err := db.Pool.QueryRow(ctx, `SELECT state, attempts, claim_outcome FROM pgfence.jobs WHERE id = $1`, jobID).
+		Scan(&state, &attempts, &outcome)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		t.Fatalf("pgfencetest.RequireCompletedOnce(%d): no such job", jobID)
+	case err != nil:
+		t.Fatalf("pgfencetest.RequireCompletedOnce(%d): %v", jobID, err)
+	case state != "completed":
+		t.Fatalf("pgfencetest.RequireCompletedOnce(%d): the job is %s after %d attempt(s), want completed", jobID, state, attempts)
+	case outcome != nil && *outcome != "completed":
+		t.Fatalf("pgfencetest.RequireCompletedOnce(%d): completed, but its claim's outcome is %q", jobID, *outcome)
+	}
+}
+
+// server returns the process's server, starting it on first use.
+func server(t testing.TB) *pgserver.Server {
+	t.Helper()
+	srvMu.Lock()
+	defer srvMu.Unlock()
+	if srv == nil && srvErr == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		srv, srvErr = pgserver.Start(ctx, pgserver.Options{EnvVar: envDSN, Log: os.Stderr})
+	}
+	if srvErr != nil {
+		t.Fatalf("pgfencetest: %v", srvErr)
+	}
+	return srv
+}
+
+// stopServer stops a server this process started (for this package's own
+// TestMain; a user's process leaves it to die with the process).
+func stopServer() {
+	srvMu.Lock()
+	defer srvMu.Unlock()
+	if srv != nil {
+		_ = srv.Stop()
+		srv, srvErr = nil, nil
+	}
+	tplMu.Lock()
+	tplName = ""
+	tplMu.Unlock()
+}
+
+// templateLock serialises template creation between processes (an advisory
+// lock on the server's maintenance database).
+const templateLock = 0x7066_7465_7374 // "pftest"
+
+// template returns the name of the template database for pgfence's newest
+// migration, creating and migrating it first if no process has, and the
+// clause of CREATE DATABASE that copies it fastest.
+func template(s *pgserver.Server) (name, strategy string, err error) {
+	tplMu.Lock()
+	defer tplMu.Unlock()
+	if tplName == "" {
+		tplName, tplCopy, err = makeTemplate(s)
+	}
+	return tplName, tplCopy, err
+}
+
+func makeTemplate(s *pgserver.Server) (string, string, error) {
+	version, err := newestMigration()
+	if err != nil {
+		return "", "", err
+	}
+	name := fmt.Sprintf("pgfencetest_tpl_v%d", version)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, s.DSN)
+	if err != nil {
+		return "", "", err
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", templateLock); err != nil {
+		return "", "", err
+	}
+	defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", templateLock) //nolint:errcheck // the session ends next
+	strategy := ""
+	if admin.PgConn().ParameterStatus("server_version") >= "15" {
+		strategy = " STRATEGY FILE_COPY"
+	}
+	var ready *bool
+	err = admin.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&ready)
+	switch {
+	case err == nil && ready != nil && *ready:
+		return name, strategy, nil
+	case err == nil:
+		// Left half-made by a process that died: make it again.
+		if _, err := admin.Exec(ctx, "DROP DATABASE "+ident(name)+" WITH (FORCE)"); err != nil {
+			return "", "", err
+		}
+	case !errors.Is(err, pgx.ErrNoRows):
+		return "", "", err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident(name)); err != nil {
+		return "", "", err
+	}
+	pool, err := pgxpool.New(ctx, withDatabase(s.DSN, name))
+	if err != nil {
+		return "", "", err
+	}
+	err = migrations.UpPool(ctx, pool)
+	pool.Close()
+	if err != nil {
+		return "", "", fmt.Errorf("migrate %s: %w", name, err)
+	}
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+ident(name)+" WITH IS_TEMPLATE true"); err != nil {
+		return "", "", err
+	}
+	return name, strategy, nil
+}
+
+// newestMigration returns the number of pgfence's newest migration.
+func newestMigration() (int64, error) {
+	names, err := fs.Glob(migrations.FS(), "*.sql")
+	if err != nil {
+		return 0, err
+	}
+	var newest int64
+	for _, n := range names {
+		num, _, _ := strings.Cut(path.Base(n), "_")
+		v, err := strconv.ParseInt(num, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", n, err)
+		}
+		newest = max(newest, v)
+	}
+	if newest == 0 {
+		return 0, errors.New("no migrations embedded")
+	}
+	return newest, nil
+}
+
+// dbName names t's database: pgfencetest_, then the test's name (letters,
+// digits and _ only, shortened), then a number unique in the process and
+// the process id.
+func dbName(t testing.TB) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(t.Name()) {
+		if b.Len() >= 24 {
+			break
+		}
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return fmt.Sprintf("pgfencetest_%s_%d_%d", b.String(), os.Getpid(), seq.Add(1))
+}
+
+func adminExec(ctx context.Context, s *pgserver.Server, sql string) error {
+	conn, err := pgx.Connect(ctx, s.DSN)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
+
+// withDatabase replaces the database of a URL- or keyword-style DSN.
+func withDatabase(dsn, db string) string {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + db
+		return u.String()
+	}
+	return dsn + " dbname=" + db
+}
+
+// redact hides the password of a URL-style DSN.
+func redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+		return u.Redacted()
+	}
+	return dsn
+}
