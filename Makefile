@@ -14,7 +14,7 @@ APIDIFF             := $(TOOLS_BIN)/apidiff
 MODULES := . cmd/pgfence observe/promobserve observe/otelobserve
 PKGS    := ./... $(foreach m,$(filter-out .,$(MODULES)),./$(m)/...)
 
-.PHONY: help demo test test-deps bench-deps generate verify verify-generated verify-tidy verify-api lint tools bench bench-quick
+.PHONY: help demo test test-deps test-containers bench-deps generate verify verify-generated verify-tidy verify-api lint tools bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -24,6 +24,9 @@ demo: ## run the paused-worker demo (starts a throwaway PostgreSQL if DATABASE_U
 
 test: test-deps $(SQLC) ## run the whole test suite of every module with the race detector (installs sqlc into .bin for the end-to-end tests)
 	go test -race $(PKGS)
+
+test-containers: ## run CONTAINER_PKGS' tests on containers for real: a private Docker engine (Debian's docker.io, installed when missing, root) with images built from Debian packages, no registry (scripts/container-tests.sh)
+	@bash scripts/container-tests.sh
 
 test-deps: ## install the Debian packages some tests need (pgbouncer, faketime, patroni, etcd-server, prometheus, python3-psycopg) when missing
 	@bash scripts/test-deps.sh

@@ -5,12 +5,25 @@
 //
 //  1. a DSN given in [Options.DSN] or in the environment variable named by
 //     [Options.EnvVar] (for tests: PGFENCE_TEST_DATABASE_URL);
-//  2. testcontainers-go's postgres module, when a Docker engine answers;
+//  2. testcontainers-go's postgres module, when a Docker engine answers, with
+//     the image named by PGFENCE_TEST_IMAGE ([EnvImage]; default
+//     postgres:15-alpine, the official image from Docker Hub). The DSN must
+//     point to a loopback host;
 //  3. a throwaway cluster made from the PostgreSQL server binaries found on PATH or
 //     under /usr/lib/postgresql/*/bin, started by package localpg: initdb in a
 //     temporary directory, then the postmaster as a child process listening on
 //     127.0.0.1 and a unix socket inside that directory, as the "postgres" user
 //     (or "nobody") when the current process is root.
+//
+// The environment variable PGFENCE_TEST_SERVER ([EnvServer]) changes the
+// order after the DSN: "testcontainers" forbids the fallback to local
+// binaries (a failed container attempt, no engine included, is Start's
+// error: CI uses it to prove the container path was taken), "local" skips
+// containers. A caller's [Options.NoContainers] still gets a local cluster.
+//
+// When an engine answers but no container could be had, Start says so on
+// [Options.Notices] (stderr) before it falls back; it also says there which
+// image and container it took. No engine is the common case and is silent.
 //
 // If none of these works, Start returns an [*UnavailableError] that names what to
 // install. A local cluster dies with the process that started it even when that
@@ -47,6 +60,30 @@ const (
 	KindLocal          Kind = "local-binaries"
 )
 
+// EnvServer names the environment variable that restricts the ways [Start]
+// tries after a DSN: [ServerTestcontainers], [ServerLocal], or unset (both,
+// in the documented order).
+const EnvServer = "PGFENCE_TEST_SERVER"
+
+// The values of [EnvServer].
+const (
+	// ServerTestcontainers: containers only; a failed container attempt is
+	// Start's error instead of a fallback to local binaries.
+	ServerTestcontainers = "testcontainers"
+	// ServerLocal: local binaries only; no container is tried.
+	ServerLocal = "local"
+)
+
+// serverMode reads [EnvServer].
+func serverMode() (string, error) {
+	switch v := strings.TrimSpace(os.Getenv(EnvServer)); v {
+	case "", ServerTestcontainers, ServerLocal:
+		return v, nil
+	default:
+		return "", fmt.Errorf("pgserver: %s=%q: want %q, %q or unset", EnvServer, v, ServerTestcontainers, ServerLocal)
+	}
+}
+
 // Options configure [Start]. The zero value is usable.
 type Options struct {
 	// DSN, when set, is used as is and nothing is started.
@@ -67,6 +104,10 @@ type Options struct {
 	NoLocal bool
 	// Log receives progress lines. Defaults to io.Discard.
 	Log io.Writer
+	// Notices receives the lines that must not go unseen: the image and
+	// container the testcontainers path took, or why it fell back to local
+	// binaries although an engine answered. Defaults to os.Stderr.
+	Notices io.Writer
 }
 
 // Attempt records one way of getting a server that Start tried.
@@ -117,6 +158,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if logw == nil {
 		logw = io.Discard
 	}
+	notices := opts.Notices
+	if notices == nil {
+		notices = os.Stderr
+	}
 	var attempts []Attempt
 
 	dsn := opts.DSN
@@ -135,15 +180,29 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		attempts = append(attempts, Attempt{KindDSN, fmt.Errorf("%s is not set", opts.EnvVar)})
 	}
 
-	if opts.NoContainers {
+	mode, err := serverMode()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.NoContainers:
 		attempts = append(attempts, Attempt{KindTestcontainers, errors.New("disabled")})
-	} else {
-		s, err := startContainer(ctx, logw)
+	case mode == ServerLocal:
+		attempts = append(attempts, Attempt{KindTestcontainers, fmt.Errorf("disabled by %s=%s", EnvServer, mode)})
+	default:
+		s, err := startContainer(ctx, logw, notices)
 		if err == nil {
 			s.Attempts = append(attempts, Attempt{Kind: KindTestcontainers})
 			return s, nil
 		}
 		attempts = append(attempts, Attempt{KindTestcontainers, err})
+		if mode == ServerTestcontainers {
+			attempts = append(attempts, Attempt{KindLocal, fmt.Errorf("not tried: %s=%s forbids the fallback", EnvServer, mode)})
+			return nil, &UnavailableError{Attempts: attempts}
+		}
+		if _, noEngine := errors.AsType[*NoEngineError](err); !noEngine && !opts.NoLocal {
+			fmt.Fprintf(notices, "pgserver: testcontainers: a Docker engine answers but no container could be had (%v); falling back to local binaries\n", err)
+		}
 	}
 
 	if opts.NoLocal {
