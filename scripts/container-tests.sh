@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 # The packages whose tests run on containers, space-separated. Add a package
 # here (or pass CONTAINER_PKGS in the environment).
-CONTAINER_PKGS=${CONTAINER_PKGS:-./internal/testing/pgserver/}
+CONTAINER_PKGS=${CONTAINER_PKGS:-./internal/testing/pgserver/ ./pgfencetest/}
 PG_IMAGE=pgfence/postgres-test:15
 
 now() { date +%s.%N; }
