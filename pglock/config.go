@@ -67,8 +67,10 @@ type Config struct {
 	// leader changes). Defaults to nil: nothing is recorded.
 	Metrics observe.Metrics
 	// KeepAlive renews every lease automatically at KeepAliveFraction of its
-	// TTL (with ±10% jitter) until it is released or lost. It keeps renewing
-	// while the worker is stuck: fencing is still required. Defaults to false.
+	// TTL (with ±10% jitter) until it is released or lost: one goroutine per
+	// Locker sends all the leases due in one statement (a lease due within
+	// half its interval goes with them, early). It keeps renewing while the
+	// worker is stuck: fencing is still required. Defaults to false.
 	KeepAlive bool
 	// KeepAliveFraction is the fraction of the TTL between renewals, in
 	// (0, 0.8]. Defaults to 1/3.

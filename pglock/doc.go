@@ -39,7 +39,8 @@
 // matching [pgfence.ErrLost]. Release keeps the row and its token. Grants and renewals
 // are durable once acknowledged, whatever the server's synchronous_commit.
 //
-// With [Config].KeepAlive a goroutine renews every lease before it expires.
+// With [Config].KeepAlive one goroutine per Locker renews every lease before
+// it expires, all the leases due in one statement per tick.
 // A keep-alive proves the process can reach the database, not that the work
 // progresses: fencing is still required, and renewing from the work loop
 // ([Lease.Renew]) is better where possible.

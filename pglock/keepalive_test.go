@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,5 +218,107 @@ func TestRenewalIsNotPrepared(t *testing.T) {
 	}
 	if err := s.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// renewCounter counts the renewal statements a pool sends.
+type renewCounter struct{ many, single atomic.Int64 }
+
+func (c *renewCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	switch {
+	case strings.Contains(d.SQL, "pgfence.lock_renew_many("):
+		c.many.Add(1)
+	case strings.Contains(d.SQL, "pgfence.lock_renew("):
+		c.single.Add(1)
+	}
+	return ctx
+}
+
+func (c *renewCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestKeepAliveOneStatementPerTick: a Locker keeps all its leases alive with
+// one statement per tick, however many: leases acquired one after another
+// (so due at different moments) share statements, at most about two per
+// renewal interval, and every lease stays held. A lease whose renewal is
+// refused in a batch ends; the others go on.
+func TestKeepAliveOneStatementPerTick(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c renewCounter
+	cfg.ConnConfig.Tracer = &c
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l := newLocker(t, pool, &Config{KeepAlive: true, PollOnly: true})
+	// TTL 6s, a renewal every 2s: slow enough for a busy machine, and the
+	// window below is longer than a TTL, so a lease not renewed would end.
+	const ttl, n = 6 * time.Second, 300
+	leases := make([]*Lease, n)
+	for i := range leases {
+		leases[i] = mustAcquire(t, l, fmt.Sprintf("ka-batch-%03d", i), ttl)
+	}
+	start := time.Now()
+	c.many.Store(0)
+	window := ttl + ttl/2
+	select {
+	case <-leases[0].Done():
+		t.Fatalf("a kept-alive lease ended: %v", leases[0].Err())
+	case <-time.After(window): // the time that passes is what is measured
+	}
+	elapsed := time.Since(start)
+	many, single := c.many.Load(), c.single.Load()
+	interval := time.Duration(float64(ttl) / 3)
+	limit := int64(2*elapsed/interval) + 2
+	t.Logf("%d leases, %v: %d lock_renew_many statements (limit %d), %d lock_renew", n, elapsed.Round(time.Millisecond), many, limit, single)
+	if many == 0 || many > limit || single != 0 {
+		t.Fatalf("%d lock_renew_many and %d lock_renew statements in %v for %d leases; want 1 to %d and 0", many, single, elapsed, n, limit)
+	}
+	var held int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.locks WHERE name LIKE 'ka-batch-%' AND holder = $1 AND expires_at > now()`,
+		l.Holder()).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range leases {
+		if err := s.Err(); err != nil {
+			t.Fatalf("lease %d ended: %v", i, err)
+		}
+	}
+	if held != n {
+		t.Fatalf("%d of %d leases held in the database", held, n)
+	}
+
+	// Another holder takes one lease over: the next batch ends it, and only it.
+	if _, err := pool.Exec(ctx, `UPDATE pgfence.locks
+		SET token = token + 1, holder = 'thief', expires_at = now() + interval '1 minute' WHERE name = 'ka-batch-007'`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-leases[7].Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("the lease taken over did not end at the next renewal")
+	}
+	if err := leases[7].Err(); !errors.Is(err, pgfence.ErrLost) {
+		t.Fatalf("Err = %v, want pgfence.ErrLost", err)
+	}
+	// The next tick after it still renews the others.
+	before := leases[8].Deadline()
+	deadline := time.Now().Add(2 * ttl)
+	for !leases[8].Deadline().After(before) {
+		if time.Now().After(deadline) {
+			t.Fatal("no renewal after the lost lease")
+		}
+		time.Sleep(50 * time.Millisecond) // no signal for a renewal: poll its deadline
+	}
+	for i, s := range leases {
+		if err := s.Err(); err != nil && i != 7 {
+			t.Fatalf("lease %d ended: %v", i, err)
+		}
 	}
 }

@@ -46,7 +46,7 @@ type Lease struct {
 	cancel    context.CancelCauseFunc
 	cancelled bool
 
-	kaCancel context.CancelFunc // stops the keep-alive; nil without keep-alive
+	releasing bool // Release is under way: the keep-alive leaves the lease alone (under mu)
 }
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
@@ -63,10 +63,7 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	}
 	l.leases[s] = struct{}{}
 	if l.cfg.KeepAlive {
-		var kaCtx context.Context
-		kaCtx, s.kaCancel = context.WithCancel(s.context())
-		l.wg.Add(1)
-		go s.keepAlive(kaCtx)
+		l.keeper.add(s)
 	}
 	l.mu.Unlock()
 	return s
@@ -209,6 +206,7 @@ func (s *Lease) end(err error) {
 	s.l.mu.Lock()
 	delete(s.l.leases, s)
 	s.l.mu.Unlock()
+	s.l.keeper.remove(s)
 }
 
 // Renew extends the lease by its TTL from now (database clock) and moves the
@@ -278,13 +276,11 @@ func (s *Lease) Renew(ctx context.Context) error {
 // cause is the driver's error, and the lease stays as it was.
 func (s *Lease) Release(ctx context.Context) error {
 	const op = "pglock.Release"
-	if s.kaCancel != nil {
-		s.kaCancel() // stop the keep-alive before taking renewMu
-	}
 	s.renewMu.Lock()
 	defer s.renewMu.Unlock()
 	s.mu.Lock()
 	done := s.released
+	s.releasing = true // the keep-alive stops renewing it
 	s.mu.Unlock()
 	if done {
 		return nil
@@ -299,6 +295,15 @@ func (s *Lease) Release(ctx context.Context) error {
 	}
 	if errors.Is(err, pgfence.ErrLost) {
 		s.end(err)
+		return err
+	}
+	// Not released (a connection error): the lease stays as it was, kept
+	// alive again.
+	s.mu.Lock()
+	s.releasing = false
+	s.mu.Unlock()
+	if s.l.cfg.KeepAlive && s.Err() == nil {
+		s.l.keeper.readd(s)
 	}
 	return err
 }
@@ -306,41 +311,6 @@ func (s *Lease) Release(ctx context.Context) error {
 // errReleased is the end of every released lease (Lease.Err after Release);
 // the lease itself says its name and token.
 var errReleased = &pgfence.Error{Op: "pglock.Release", Kind: pgfence.ErrReleased}
-
-// keepAlive renews at KeepAliveFraction of the TTL (±10%) until the lease
-// ends or ctx (Release) stops it. A refused renewal ends the lease (inside
-// Renew); connection errors are retried while the local deadline allows.
-func (s *Lease) keepAlive(ctx context.Context) {
-	defer s.l.wg.Done()
-	interval := time.Duration(float64(s.ttl) * s.l.cfg.KeepAliveFraction)
-	retry := max(min(interval/4, 500*time.Millisecond), time.Millisecond)
-	// Renewals are timed from the send time of the grant or of the last
-	// renewal (Deadline - TTL), the same instant the local deadline counts
-	// from, so slow round trips do not push renewals towards the deadline.
-	sinceSend := func(d time.Duration) time.Duration { return max(time.Until(s.Deadline().Add(d-s.ttl)), 0) }
-	t := time.NewTimer(sinceSend(jitter(interval)))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		rctx, cancel := context.WithDeadline(ctx, s.Deadline())
-		err := s.Renew(rctx)
-		cancel()
-		next := sinceSend(jitter(interval))
-		if err != nil {
-			if s.Err() != nil || ctx.Err() != nil {
-				return
-			}
-			s.l.log.Warn("pglock: keep-alive renewal failed; retrying until the local deadline",
-				"name", s.name, "token", s.token, "deadline_in", time.Until(s.Deadline()), "err", err)
-			next = retry
-		}
-		t.Reset(next)
-	}
-}
 
 // jitter returns d ± 10%.
 func jitter(d time.Duration) time.Duration {

@@ -36,7 +36,8 @@ type Locker struct {
 	lis    *listener
 
 	closedCh chan struct{}
-	wg       sync.WaitGroup // keep-alive goroutines
+	wg       sync.WaitGroup // the keep-alive goroutine
+	keeper   *keeper        // renews the leases of a Locker with KeepAlive
 
 	hotMu sync.Mutex
 	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
@@ -102,6 +103,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		leases:   make(map[*Lease]struct{}),
 		closedCh: make(chan struct{}),
 	}
+	l.keeper = newKeeper(l)
 	if !c.PollOnly {
 		l.lis = newListener(l)
 	}

@@ -18,6 +18,13 @@ FROM pgfence.lock_grant(sqlc.arg(name)::pg_catalog.text, sqlc.arg(holder)::pg_ca
 SELECT g.expires_at, g.db_now
 FROM pgfence.lock_renew(sqlc.arg(name)::pg_catalog.text, sqlc.arg(token)::bigint, sqlc.arg(key)::pg_catalog.bytea, sqlc.arg(ttl_us)::bigint) AS g;
 
+-- name: RenewLocks :many
+-- RenewLocks extends every lease (names[i], tokens[i]) held with key
+-- (pgfence.lock_renew_many): a row per lease renewed; a lease without one
+-- was lost.
+SELECT g.name::pg_catalog.text AS name, g.token::bigint AS token, g.expires_at::pg_catalog.timestamptz AS expires_at
+FROM pgfence.lock_renew_many(sqlc.arg(names)::pg_catalog.text[], sqlc.arg(tokens)::bigint[], sqlc.arg(key)::pg_catalog.bytea, sqlc.arg(ttls_us)::bigint[]) AS g;
+
 -- name: ReleaseLock :one
 -- ReleaseLock ends the lease (name, token) held with key, handing it to the
 -- first live waiter if there is one (pgfence.lock_release). released false =

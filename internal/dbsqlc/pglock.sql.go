@@ -247,3 +247,49 @@ func (q *Queries) RenewLock(ctx context.Context, db DBTX, arg RenewLockParams) (
 	err := row.Scan(&i.ExpiresAt, &i.DbNow)
 	return i, err
 }
+
+const renewLocks = `-- name: RenewLocks :many
+SELECT g.name::pg_catalog.text AS name, g.token::bigint AS token, g.expires_at::pg_catalog.timestamptz AS expires_at
+FROM pgfence.lock_renew_many($1::pg_catalog.text[], $2::bigint[], $3::pg_catalog.bytea, $4::bigint[]) AS g
+`
+
+type RenewLocksParams struct {
+	Names  []string
+	Tokens []int64
+	Key    []byte
+	TtlsUs []int64
+}
+
+type RenewLocksRow struct {
+	Name      string
+	Token     int64
+	ExpiresAt time.Time
+}
+
+// RenewLocks extends every lease (names[i], tokens[i]) held with key
+// (pgfence.lock_renew_many): a row per lease renewed; a lease without one
+// was lost.
+func (q *Queries) RenewLocks(ctx context.Context, db DBTX, arg RenewLocksParams) ([]RenewLocksRow, error) {
+	rows, err := db.Query(ctx, renewLocks,
+		arg.Names,
+		arg.Tokens,
+		arg.Key,
+		arg.TtlsUs,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []RenewLocksRow
+	for rows.Next() {
+		var i RenewLocksRow
+		if err := rows.Scan(&i.Name, &i.Token, &i.ExpiresAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
