@@ -69,9 +69,10 @@ func (b *bench) enqueueO1(ctx context.Context, n int) error {
 }
 
 // outboxO1Variant delivers the intents with an outbox.Dispatcher of
-// b4Workers no-op handlers (each delivery reads its intent, calls the
-// handler, and its completion is batched by the skiplocked Worker). Timed
-// from Run until every delivery is recorded.
+// b4Workers no-op handlers (each claim statement returns the intents of the
+// jobs it claims, each delivery calls the handler, and its completion is
+// batched by the skiplocked Worker). Timed from Run until every delivery is
+// recorded.
 func (b *bench) outboxO1Variant(jobs int) variant {
 	return variant{name: fmt.Sprintf("pgfence outbox.Dispatcher, %d handlers", b4Workers), clients: b4Workers,
 		run: func(ctx context.Context, dur time.Duration) (runResult, error) {

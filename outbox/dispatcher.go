@@ -7,13 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/workerclaim"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
 )
@@ -115,12 +118,32 @@ func DefaultBackoff(n int) time.Duration {
 // they were recorded but delivered concurrently and retried independently:
 // no delivery order is guaranteed, not even per key. Run as many
 // dispatchers of a topic, in as many processes, as you like.
+//
+// A Dispatcher sends the statements of its Worker and no more: each claim
+// statement also returns the intents of the jobs it claims, and completions
+// are batched, so a delivery sends no statement of its own. A claimed
+// intent waits in memory until its delivery: a Dispatcher holds at most
+// Concurrency + 2 × BatchSize of them, payloads included (keep payloads to
+// references to large data, not the data).
 type Dispatcher struct {
 	topic   string
 	pool    *pgxpool.Pool
 	handler Handler
 	metrics observe.Metrics
 	worker  *skiplocked.Worker
+
+	// claimed holds the intents the claims returned with their jobs
+	// (ClaimOutboxJobs), by job id, until the job's delivery takes its
+	// intent, the Worker reports its claim lost, or Run returns.
+	mu      sync.Mutex
+	claimed map[int64]claimedIntent
+}
+
+// claimedIntent is an intent read by the claim of its job: the Delivery
+// without the attempt, and the claim token of that claim.
+type claimedIntent struct {
+	claimToken int64
+	del        Delivery
 }
 
 // NewDispatcher checks its arguments and returns a dispatcher of topic's
@@ -143,15 +166,20 @@ func NewDispatcher(pool *pgxpool.Pool, topic string, h Handler, cfg *Config) (*D
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
 	}
-	d := &Dispatcher{topic: topic, pool: pool, handler: h, metrics: metricdefs.OrNop(c.Metrics)}
+	d := &Dispatcher{topic: topic, pool: pool, handler: h, metrics: metricdefs.OrNop(c.Metrics),
+		claimed: map[int64]claimedIntent{}}
 	w, err := skiplocked.NewWorker(pool, queuePrefix+topic, d.deliver, &skiplocked.Config{
 		Holder: c.Holder, Concurrency: c.Concurrency, BatchSize: c.BatchSize, ClaimTTL: c.ClaimTTL,
 		PollInterval: c.PollInterval, PollOnly: c.PollOnly, Backoff: c.Backoff, ShutdownTimeout: c.ShutdownTimeout,
 		Logger: c.Logger, Metrics: c.Metrics,
+		OnClaimLost: func(_ context.Context, j skiplocked.Job, _ *pgfence.Error) { d.forget(j.ID, j.ClaimToken) },
 	})
 	if err != nil {
 		return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: topic, Reason: "cfg: refused by skiplocked.NewWorker", Err: err}
 	}
+	// The Worker claims with ClaimOutboxJobs: each claim statement returns
+	// the intents of the jobs it claimed, so a delivery sends no statement.
+	workerclaim.Set(w, d.claim)
 	d.worker = w
 	metricdefs.InitTopic(context.Background(), d.metrics, topic)
 	return d, nil
@@ -166,35 +194,102 @@ func (d *Dispatcher) Holder() string { return d.worker.Holder() }
 // Run delivers intents until ctx is cancelled, then shuts down gracefully
 // (see [skiplocked.Worker.Run]) and returns nil. Run or Drain may be called
 // once per Dispatcher.
-func (d *Dispatcher) Run(ctx context.Context) error { return d.worker.Run(ctx) }
+func (d *Dispatcher) Run(ctx context.Context) error {
+	defer d.forgetAll()
+	return d.worker.Run(ctx)
+}
 
 // Drain delivers intents until the topic has none waiting or in flight, then
 // returns what it did (see [skiplocked.Worker.Drain]): for batch jobs and
 // tests.
 func (d *Dispatcher) Drain(ctx context.Context) (skiplocked.Summary, error) {
+	defer d.forgetAll()
 	return d.worker.Drain(ctx)
 }
 
 // Summary returns what the dispatcher did so far (Completed: delivered).
 func (d *Dispatcher) Summary() skiplocked.Summary { return d.worker.Summary() }
 
-// deliver is the skiplocked handler: load the intent of the claimed job,
+// claim is the Worker's claim statement (see workerclaim): the leased claim
+// of pgfence.job_claim and, in the same statement, the intent of each job
+// claimed, kept for its delivery.
+func (d *Dispatcher) claim(ctx context.Context, db dbsqlc.DBTX, arg dbsqlc.ClaimJobsParams) ([]dbsqlc.PgfenceJob, error) {
+	rows, err := queries.ClaimOutboxJobs(ctx, db, dbsqlc.ClaimOutboxJobsParams(arg))
+	if err != nil {
+		return nil, err
+	}
+	jobs := make([]dbsqlc.PgfenceJob, len(rows))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, r := range rows {
+		jobs[i] = dbsqlc.PgfenceJob{
+			ID: r.ID, Queue: r.Queue, Payload: r.Payload, Priority: r.Priority, RunAt: r.RunAt, Attempts: r.Attempts,
+			MaxAttempts: r.MaxAttempts, State: r.State, Holder: r.Holder, ClaimToken: r.ClaimToken,
+			ClaimExpiresAt: r.ClaimExpiresAt, LastError: r.LastError, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+			FinishedAt: r.FinishedAt, ClaimOutcome: r.ClaimOutcome, ClaimKeyHash: r.ClaimKeyHash,
+		}
+		if !r.IntentFound || !r.ClaimToken.Valid {
+			continue // read by the delivery (see ClaimOutboxJobs)
+		}
+		d.claimed[r.ID] = claimedIntent{claimToken: r.ClaimToken.Int64, del: Delivery{
+			ID: r.ID, Topic: r.IntentTopic, Key: r.IntentIdempotencyKey, LockName: r.IntentLockName, Token: r.IntentToken,
+			Payload: json.RawMessage(r.IntentPayload), CreatedAt: r.IntentCreatedAt,
+		}}
+	}
+	return jobs, nil
+}
+
+// take returns, and forgets, the intent the claim of j read with it.
+func (d *Dispatcher) take(j skiplocked.Job) (Delivery, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c, ok := d.claimed[j.ID]
+	if !ok || c.claimToken != j.ClaimToken {
+		return Delivery{}, false
+	}
+	delete(d.claimed, j.ID)
+	return c.del, true
+}
+
+// forget drops the intent kept for the claim (job id, claim token) of a job
+// that will not be delivered under it.
+func (d *Dispatcher) forget(id, claimToken int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c, ok := d.claimed[id]; ok && c.claimToken == claimToken {
+		delete(d.claimed, id)
+	}
+}
+
+// forgetAll drops the intents of the claims released at shutdown.
+func (d *Dispatcher) forgetAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	clear(d.claimed)
+}
+
+// deliver is the skiplocked handler: take the intent the claim returned
+// with the job (or read it, when the claim's snapshot did not show it),
 // call the user's handler, count the outcome.
 func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
-	row, err := queries.GetOutboxIntent(ctx, d.pool, j.ID)
-	if isNoRows(err) {
-		return skiplocked.Permanent(&pgfence.Error{Op: "outbox.Dispatcher", Kind: pgfence.ErrNotFound, Name: j.Queue,
-			Reason: fmt.Sprintf("job %d has no outbox intent (inserted into pgfence.jobs directly, not through Enqueue)", j.ID)})
+	del, ok := d.take(j)
+	if !ok {
+		row, err := queries.GetOutboxIntent(ctx, d.pool, j.ID)
+		if isNoRows(err) {
+			return skiplocked.Permanent(&pgfence.Error{Op: "outbox.Dispatcher", Kind: pgfence.ErrNotFound, Name: j.Queue,
+				Reason: fmt.Sprintf("job %d has no outbox intent (inserted into pgfence.jobs directly, not through Enqueue)", j.ID)})
+		}
+		if err != nil {
+			return translate("outbox.Dispatcher", nil, err)
+		}
+		del = Delivery{
+			ID: row.ID, Topic: row.Topic, Key: row.IdempotencyKey, LockName: row.LockName, Token: row.Token,
+			Payload: json.RawMessage(row.Payload), CreatedAt: row.CreatedAt,
+		}
 	}
-	if err != nil {
-		return translate("outbox.Dispatcher", nil, err)
-	}
-	del := Delivery{
-		ID: row.ID, Topic: row.Topic, Key: row.IdempotencyKey, LockName: row.LockName, Token: row.Token,
-		Payload: json.RawMessage(row.Payload), Attempt: j.Attempts, MaxAttempts: j.MaxAttempts, CreatedAt: row.CreatedAt,
-	}
+	del.Attempt, del.MaxAttempts = j.Attempts, j.MaxAttempts
 	start := time.Now()
-	err = d.call(ctx, del)
+	err := d.call(ctx, del)
 	d.metrics.Observe(ctx, metricdefs.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
 	var pe *permanentError
 	switch {

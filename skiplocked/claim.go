@@ -11,6 +11,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/workerclaim"
 )
 
 // ClaimParams describe one leased claim.
@@ -43,6 +44,12 @@ type ClaimParams struct {
 // database stores only its SHA-256, and every later change of the claims
 // needs it ([Job.Ref] carries it).
 func Claim(ctx context.Context, db pgfence.DBTX, p ClaimParams) ([]Job, error) {
+	return claim(ctx, db, p, nil)
+}
+
+// claim is [Claim] with the claim statement run by run (dbsqlc's ClaimJobs
+// when nil): a Worker given its own by package workerclaim.
+func claim(ctx context.Context, db pgfence.DBTX, p ClaimParams, run workerclaim.Func) ([]Job, error) {
 	if nilcheck.IsNil(db) {
 		return nil, nilDB(opClaim)
 	}
@@ -59,9 +66,16 @@ func Claim(ctx context.Context, db pgfence.DBTX, p ClaimParams) ([]Job, error) {
 		return nil, err
 	}
 	key := newClaimKey()
-	rows, err := queries.ClaimJobs(ctx, db, dbsqlc.ClaimJobsParams{
+	arg := dbsqlc.ClaimJobsParams{
 		Queue: p.Queue, MaxJobs: int32(p.Limit), Holder: p.Holder, TtlMs: p.TTL.Milliseconds(), Key: key[:],
-	})
+	}
+	var rows []dbsqlc.PgfenceJob
+	var err error
+	if run != nil {
+		rows, err = run(ctx, db, arg)
+	} else {
+		rows, err = queries.ClaimJobs(ctx, db, arg)
+	}
 	if err != nil {
 		return nil, dbError(opClaim, p.Queue, "", err)
 	}

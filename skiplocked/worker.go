@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
+	"github.com/pgfence/pgfence/internal/workerclaim"
 )
 
 // Handler processes one job. Return nil to complete it, an error to fail the
@@ -104,9 +105,17 @@ type Worker struct {
 	noJobs    atomic.Bool
 	bg        context.Context // outcome writes: cancelled when Run returns
 
+	// claimRows runs the claim statement: nil for dbsqlc's ClaimJobs, or
+	// the one a package built on the Worker gave it (package workerclaim).
+	claimRows workerclaim.Func
+
 	mu       sync.Mutex
 	inflight map[int64]*held
 	lostMu   sync.Mutex // one OnClaimLost call at a time
+}
+
+func init() {
+	workerclaim.Set = func(worker any, f workerclaim.Func) { worker.(*Worker).claimRows = f }
 }
 
 type held struct {
@@ -395,7 +404,7 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 			}
 		}
 		start := time.Now()
-		claimed, err := Claim(ctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL})
+		claimed, err := claim(ctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL}, w.claimRows)
 		m := metricdefs.OrNop(w.cfg.Metrics)
 		m.Observe(ctx, metricdefs.ClaimSeconds, time.Since(start).Seconds(), w.queue)
 		if len(claimed) > 0 {

@@ -8,7 +8,126 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const claimOutboxJobs = `-- name: ClaimOutboxJobs :many
+SELECT j.id, j.queue, j.payload, j.priority, j.run_at, j.attempts, j.max_attempts, j.state, j.holder, j.claim_token,
+       j.claim_expires_at, j.last_error, j.created_at, j.updated_at, j.finished_at, j.claim_outcome, j.claim_key_hash,
+       (i.id IS NOT NULL)::boolean AS intent_found,
+       COALESCE(i.topic, '')::pg_catalog.text AS intent_topic,
+       COALESCE(i.idempotency_key, '')::pg_catalog.text AS intent_idempotency_key,
+       COALESCE(i.lock_name, '')::pg_catalog.text AS intent_lock_name,
+       COALESCE(i.token, 0)::bigint AS intent_token,
+       COALESCE(i.payload, 'null'::pg_catalog.jsonb)::pg_catalog.jsonb AS intent_payload,
+       COALESCE(i.created_at, j.created_at)::pg_catalog.timestamptz AS intent_created_at
+FROM pgfence.job_claim($1::pg_catalog.text, $2::pg_catalog.text, $3::bigint,
+                       $4::integer, $5::pg_catalog.bytea) AS j
+LEFT JOIN LATERAL (
+    SELECT o.id, o.topic, o.idempotency_key, o.lock_name, o.token, o.payload, o.created_at
+    FROM pgfence.outbox o
+    WHERE (o.id OPERATOR(pg_catalog.=) j.id)
+    LIMIT 1
+) AS i ON true
+ORDER BY j.priority, j.run_at, j.id
+`
+
+type ClaimOutboxJobsParams struct {
+	Queue   string
+	Holder  string
+	TtlMs   int64
+	MaxJobs int32
+	Key     []byte
+}
+
+type ClaimOutboxJobsRow struct {
+	ID                   int64
+	Queue                string
+	Payload              []byte
+	Priority             int16
+	RunAt                time.Time
+	Attempts             int32
+	MaxAttempts          int32
+	State                string
+	Holder               *string
+	ClaimToken           pgtype.Int8
+	ClaimExpiresAt       *time.Time
+	LastError            *string
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+	FinishedAt           *time.Time
+	ClaimOutcome         *string
+	ClaimKeyHash         []byte
+	IntentFound          bool
+	IntentTopic          string
+	IntentIdempotencyKey string
+	IntentLockName       string
+	IntentToken          int64
+	IntentPayload        []byte
+	IntentCreatedAt      time.Time
+}
+
+// ClaimOutboxJobs is ClaimJobs for a dispatcher: the leased claim
+// (pgfence.job_claim) of up to max_jobs jobs of an outbox queue, in claim
+// order, each with the intent it delivers (same id) read in the same
+// statement, so that a delivery sends no statement of its own. The lateral
+// read (LIMIT 1: never flattened into a join) is one primary-key lookup per
+// claimed job. It reads with the statement's snapshot, taken before the claim
+// ran: intent_found is false (and the intent columns are placeholders) for a
+// job that is not an intent, and for an intent whose transaction committed
+// after that snapshot but before the claim; the dispatcher reads those by id
+// (GetOutboxIntent).
+func (q *Queries) ClaimOutboxJobs(ctx context.Context, db DBTX, arg ClaimOutboxJobsParams) ([]ClaimOutboxJobsRow, error) {
+	rows, err := db.Query(ctx, claimOutboxJobs,
+		arg.Queue,
+		arg.Holder,
+		arg.TtlMs,
+		arg.MaxJobs,
+		arg.Key,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ClaimOutboxJobsRow
+	for rows.Next() {
+		var i ClaimOutboxJobsRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Queue,
+			&i.Payload,
+			&i.Priority,
+			&i.RunAt,
+			&i.Attempts,
+			&i.MaxAttempts,
+			&i.State,
+			&i.Holder,
+			&i.ClaimToken,
+			&i.ClaimExpiresAt,
+			&i.LastError,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FinishedAt,
+			&i.ClaimOutcome,
+			&i.ClaimKeyHash,
+			&i.IntentFound,
+			&i.IntentTopic,
+			&i.IntentIdempotencyKey,
+			&i.IntentLockName,
+			&i.IntentToken,
+			&i.IntentPayload,
+			&i.IntentCreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const getOutboxIntent = `-- name: GetOutboxIntent :one
 SELECT id, topic, idempotency_key, lock_name, token, payload, created_at
