@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -256,7 +258,21 @@ func TestKeepAliveOneStatementPerTick(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	l := newLocker(t, pool, &Config{KeepAlive: true, PollOnly: true})
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	l := newLocker(t, pool, &Config{KeepAlive: true, PollOnly: true, Logger: logger})
+	defer func() {
+		logMu.Lock()
+		defer logMu.Unlock()
+		if logs.Len() > 0 {
+			t.Logf("warnings:\n%s", logs.String())
+		}
+	}()
 	// TTL 6s, a renewal every 2s: slow enough for a busy machine, and the
 	// window below is longer than a TTL, so a lease not renewed would end.
 	const ttl, n = 6 * time.Second, 300
@@ -322,3 +338,7 @@ func TestKeepAliveOneStatementPerTick(t *testing.T) {
 		}
 	}
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

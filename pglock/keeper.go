@@ -24,10 +24,12 @@ const maxRenewBatch = 10000
 //
 // A lease is due at KeepAliveFraction of its TTL (±10%) after the send time
 // of its grant or latest renewal, the instant its local deadline counts
-// from. A tick renews every lease due within half of its interval from now,
-// so leases acquired at different moments share statements: a tick renews
-// some leases up to half an interval early (renewing early only extends a
-// lease), and a Locker sends at most about two statements per interval.
+// from. When the earliest due renewal comes, a tick renews every lease due
+// within half of its interval from then, so leases acquired at different
+// moments share statements: a tick renews some leases up to half an
+// interval early (renewing early only extends a lease), ticks are at least
+// half an interval apart, and a Locker sends at most about two statements
+// per interval.
 type keeper struct {
 	l    *Locker
 	wake chan struct{} // a lease was added
@@ -130,12 +132,24 @@ func (k *keeper) run() {
 	}
 }
 
-// take returns the leases due within half their interval of now, sorted by
-// name (one lock order for every statement), and the earliest due time of
-// the others (zero if none).
+// take returns, once the earliest due renewal has come (now or before), the
+// leases due within half their interval of now, sorted by name (one lock
+// order for every statement); before that, none. next is the earliest due
+// time of the leases it leaves (zero if none). Ticking only when a renewal
+// is due, never when a lease is added, keeps ticks at least half an
+// interval apart: a tick takes every lease due before the next one.
 func (k *keeper) take(now time.Time) (batch []*Lease, next time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	for _, due := range k.due {
+		if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	if next.IsZero() || next.After(now) {
+		return nil, next
+	}
+	next = time.Time{}
 	for s, due := range k.due {
 		if !due.After(now.Add(k.interval(s) / 2)) {
 			batch = append(batch, s)
