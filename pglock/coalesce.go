@@ -136,8 +136,9 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	}
 	call.state = callGone
 	c.mu.Unlock()
+	// call's fields are the sender's from here on.
 	var zero Res
-	return zero, call.sent, ctx.Err()
+	return zero, time.Time{}, ctx.Err()
 }
 
 // next starts sending the queued calls, or marks the coalescer idle.
