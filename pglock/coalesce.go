@@ -17,12 +17,12 @@ import (
 
 // Coalescing. The non-waiting grants (TryAcquire, the first attempt of
 // Acquire) and the releases of a Locker each go through a coalescer: while
-// one statement of the kind is out, further calls queue, and when it returns
-// every queued call (up to maxCoalesce) goes out as one statement
+// maxInFlight statements of the kind are out, further calls queue, and when
+// one returns the queued calls (up to maxCoalesce) go out as one statement
 // (pgfence.lock_grant_many, pgfence.lock_release_many), one commit for all of
-// them. There is no timer: a call that finds nothing out is sent at once, on
-// its own goroutine and through the single-lease statement (a lone caller
-// waits for nothing), and a busy process batches by itself.
+// them. There is no timer: a call that finds a statement slot free is sent at
+// once, on its own goroutine and through the single-lease statement (a lone
+// caller waits for nothing), and a busy process batches by itself.
 //
 // Every call gets its own result: the many-functions answer per element, as
 // the single functions would have answered one call each, in the byte order
@@ -37,6 +37,16 @@ import (
 // next to the commit it shares. At 64 the commit is already shared by enough
 // calls that a larger batch saves little more.
 const maxCoalesce = 64
+
+// maxInFlight is how many statements of one kind a Locker has out at once:
+// a call that finds fewer out is sent at once; the others queue and go out
+// together when one returns (Kafka's max.in.flight). One statement at a time
+// would make every call of a moderately busy process (a few clients) wait
+// for the previous statement; two keep the commits of two statements
+// overlapping, as two clients' would, while a busy process still sends
+// batches. Two statements never deadlock: each takes its row locks in name
+// order.
+const maxInFlight = 2
 
 // coalesceCall is one call waiting in a coalescer.
 type coalesceCall[Req, Res any] struct {
@@ -75,9 +85,9 @@ type coalescer[Req, Res any] struct {
 	one  func(ctx context.Context, conn *pgxpool.Conn, r Req) (Res, error)
 	many func(ctx context.Context, conn *pgxpool.Conn, rs []Req) ([]Res, error)
 
-	mu    sync.Mutex
-	busy  bool // a statement is out
-	queue []*coalesceCall[Req, Res]
+	mu       sync.Mutex
+	inFlight int // statements out (at most maxInFlight)
+	queue    []*coalesceCall[Req, Res]
 
 	// statements counts the batch statements sent (tests).
 	statements int
@@ -89,8 +99,10 @@ type coalescer[Req, Res any] struct {
 // do runs r and returns its result and the send time of its statement.
 func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, error) {
 	c.mu.Lock()
-	if !c.busy {
-		c.busy = true
+	if c.inFlight < maxInFlight {
+		// A free slot means nothing is queued (a statement that returns
+		// takes the queue before it frees its slot): send at once.
+		c.inFlight++
 		c.mu.Unlock()
 		var (
 			res  Res
@@ -141,18 +153,20 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	return zero, time.Time{}, ctx.Err()
 }
 
-// next starts sending the queued calls, or marks the coalescer idle.
+// next sends the queued calls in the slot of the statement that just
+// returned, or frees the slot.
 func (c *coalescer[Req, Res]) next() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.queue) == 0 {
-		c.busy = false
+		c.inFlight--
 		return
 	}
 	go c.loop()
 }
 
-// loop sends the queued calls, a batch per statement, until none is left.
+// loop sends the queued calls, a batch per statement, in one slot until
+// none is left.
 func (c *coalescer[Req, Res]) loop() {
 	for {
 		c.mu.Lock()
@@ -172,7 +186,7 @@ func (c *coalescer[Req, Res]) loop() {
 		c.queue = slices.Delete(c.queue, 0, n)
 		if len(batch) == 0 {
 			c.queue = nil
-			c.busy = false
+			c.inFlight--
 			c.mu.Unlock()
 			return
 		}

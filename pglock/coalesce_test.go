@@ -66,15 +66,15 @@ type blocker struct {
 	tx pgx.Tx
 }
 
-func blockRow(t testing.TB, admin *pgxpool.Pool, name string) *blocker {
+func blockRows(t testing.TB, admin *pgxpool.Pool, names ...string) *blocker {
 	t.Helper()
 	tx, err := admin.Begin(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var one int
-	if err := tx.QueryRow(context.Background(), `SELECT 1 FROM pgfence.locks WHERE name = $1 FOR UPDATE`, name).Scan(&one); err != nil {
-		t.Fatalf("lock row %q: %v", name, err)
+	var n int
+	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT 1 FROM pgfence.locks WHERE name = ANY($1) FOR UPDATE) r`, names).Scan(&n); err != nil || n != len(names) {
+		t.Fatalf("lock rows %q: %d, %v", names, n, err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	return &blocker{tx: tx}
@@ -87,10 +87,10 @@ func (b *blocker) unblock(t testing.TB) {
 	}
 }
 
-// waitLockWait returns once a backend other than admin's waits for a row
+// waitLockWait returns once want backends other than admin's wait for a row
 // lock in a statement containing sql (there is no signal for it: it is
 // looked up).
-func waitLockWait(t testing.TB, admin *pgxpool.Pool, sql string) {
+func waitLockWait(t testing.TB, admin *pgxpool.Pool, sql string, want int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -100,7 +100,7 @@ func waitLockWait(t testing.TB, admin *pgxpool.Pool, sql string) {
 			  AND pid <> pg_backend_pid()`, sql).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
+		if n >= want {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -150,8 +150,13 @@ func TestCoalesceBatch(t *testing.T) {
 	other := newLocker(t, admin, &Config{Holder: "other"})
 	const ttl = time.Minute
 
-	if err := mustAcquire(t, l, "co-block", ttl).Release(ctx); err != nil {
-		t.Fatal(err)
+	// maxInFlight grants wait on row locks: every grant after them queues.
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("co-block-%d", i)
+		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	held := mustAcquire(t, other, "co-held", ttl)
 	// co-dup has a row and is free: the first of its two callers in the
@@ -161,9 +166,7 @@ func TestCoalesceBatch(t *testing.T) {
 	}
 	dupBefore := inspect(t, admin, "co-dup").Token
 
-	// A grant of co-block goes out alone and waits on the row lock: every
-	// grant after it queues.
-	b := blockRow(t, admin, "co-block")
+	b := blockRows(t, admin, blockNames...)
 	c.reset()
 	const n = 40
 	queued := queuedSignal(l.grants, n+3)
@@ -171,12 +174,14 @@ func TestCoalesceBatch(t *testing.T) {
 		lease *Lease
 		err   error
 	}
-	first := make(chan result, 1)
-	go func() {
-		s, err := l.TryAcquire(ctx, "co-block", ttl)
-		first <- result{s, err}
-	}()
-	waitLockWait(t, admin, "lock_grant")
+	first := make(chan result, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			first <- result{s, err}
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
 
 	names := make([]string, 0, n+3)
 	for i := range n {
@@ -199,16 +204,18 @@ func TestCoalesceBatch(t *testing.T) {
 	}
 	b.unblock(t)
 	wg.Wait()
-	if r := <-first; r.err != nil {
-		t.Fatalf("TryAcquire(co-block): %v", r.err)
-	} else {
-		defer r.lease.Release(ctx) //nolint:errcheck
+	for range maxInFlight {
+		if r := <-first; r.err != nil {
+			t.Fatalf("TryAcquire(co-block-*): %v", r.err)
+		} else {
+			defer r.lease.Release(ctx) //nolint:errcheck
+		}
 	}
 	if got := c.grantMany.Load(); got != 1 {
 		t.Errorf("%d lock_grant_many statements for %d queued grants, want 1", got, len(names))
 	}
-	if got := c.grant.Load(); got != 1 {
-		t.Errorf("%d lock_grant statements, want 1 (the first, alone)", got)
+	if got := c.grant.Load(); got != maxInFlight {
+		t.Errorf("%d lock_grant statements, want %d (the first ones, alone)", got, maxInFlight)
 	}
 	if got := l.grants.batchStatements(); got != 1 {
 		t.Errorf("%d batch statements, want 1", got)
@@ -255,15 +262,22 @@ func TestCoalesceBatch(t *testing.T) {
 		t.Errorf("co-dup twice in one batch: %d granted, %d ErrLocked; want 1 and 1", dupGot, dupLocked)
 	}
 
-	// Releases: one of co-block waits on the row lock, the others queue and
-	// go out in one lock_release_many, with one stale token among them.
-	blk := mustAcquire(t, l, "co-rblock", ttl)
-	b = blockRow(t, admin, "co-rblock")
+	// Releases: maxInFlight wait on row locks, the others queue and go out
+	// in one lock_release_many, with one stale token among them.
+	rblocks := make([]*Lease, maxInFlight)
+	rnames := make([]string, maxInFlight)
+	for i := range rblocks {
+		rnames[i] = fmt.Sprintf("co-rblock-%d", i)
+		rblocks[i] = mustAcquire(t, l, rnames[i], ttl)
+	}
+	b = blockRows(t, admin, rnames...)
 	c.reset()
 	rqueued := queuedSignal(l.releases, len(leases)+1)
-	rfirst := make(chan error, 1)
-	go func() { rfirst <- blk.Release(ctx) }()
-	waitLockWait(t, admin, "lock_release")
+	rfirst := make(chan error, maxInFlight)
+	for _, s := range rblocks {
+		go func() { rfirst <- s.Release(ctx) }()
+	}
+	waitLockWait(t, admin, "lock_release", maxInFlight)
 	errs := make([]error, len(leases))
 	var staleErr error
 	for i, s := range leases {
@@ -281,8 +295,10 @@ func TestCoalesceBatch(t *testing.T) {
 	waitClosed(t, rqueued, "the releases to queue")
 	b.unblock(t)
 	wg.Wait()
-	if err := <-rfirst; err != nil {
-		t.Fatalf("release co-rblock: %v", err)
+	for range maxInFlight {
+		if err := <-rfirst; err != nil {
+			t.Fatalf("release co-rblock-*: %v", err)
+		}
 	}
 	for i, err := range errs {
 		if err != nil {
@@ -298,8 +314,8 @@ func TestCoalesceBatch(t *testing.T) {
 	if got := c.releaseMany.Load(); got != 1 {
 		t.Errorf("%d lock_release_many statements, want 1", got)
 	}
-	if got := c.release.Load(); got != 1 {
-		t.Errorf("%d lock_release statements, want 1 (the first, alone)", got)
+	if got := c.release.Load(); got != maxInFlight {
+		t.Errorf("%d lock_release statements, want %d (the first ones, alone)", got, maxInFlight)
 	}
 }
 
@@ -415,25 +431,31 @@ func TestCoalesceConnectionLost(t *testing.T) {
 	g := newGatedPool(t, dsn)
 	l := newLocker(t, g.Pool, &Config{PollOnly: true})
 	const ttl = time.Minute
-	if err := mustAcquire(t, l, "zz-block", ttl).Release(ctx); err != nil {
-		t.Fatal(err)
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("zz-block-%d", i)
+		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	b := blockRow(t, admin, "zz-block")
+	b := blockRows(t, admin, blockNames...)
 	const n = 10
 	queued := queuedSignal(l.grants, n+1)
 	fctx, fcancel := context.WithCancel(ctx)
-	first := make(chan error, 1)
-	go func() {
-		_, err := l.TryAcquire(fctx, "zz-block", ttl)
-		first <- err
-	}()
-	waitLockWait(t, admin, "lock_grant")
+	first := make(chan error, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			_, err := l.TryAcquire(fctx, name, ttl)
+			first <- err
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
 	errs := make([]error, n+1)
 	var wg sync.WaitGroup
 	for i := range n + 1 {
 		name := fmt.Sprintf("kl-%02d", i)
 		if i == n {
-			name = "zz-block" // sorted last: the batch grants the others, then waits
+			name = "zz-block-0" // sorted last: the batch grants the others, then waits
 		}
 		wg.Add(1)
 		go func() {
@@ -442,12 +464,14 @@ func TestCoalesceConnectionLost(t *testing.T) {
 		}()
 	}
 	waitClosed(t, queued, "the grants to queue")
-	// The first call gives up: the batch goes out and waits on the row lock.
+	// The first calls give up: the batch goes out and waits on the row lock.
 	fcancel()
-	if err := <-first; !errors.Is(err, context.Canceled) {
-		t.Fatalf("first TryAcquire: %v, want context.Canceled", err)
+	for range maxInFlight {
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first TryAcquire: %v, want context.Canceled", err)
+		}
 	}
-	waitLockWait(t, admin, "lock_grant_many")
+	waitLockWait(t, admin, "lock_grant_many", 1)
 	g.partition(t, admin)
 	wg.Wait()
 	for i, err := range errs {
