@@ -39,6 +39,14 @@
 // matching [pgfence.ErrLost]. Release keeps the row and its token. Grants and renewals
 // are durable once acknowledged, whatever the server's synchronous_commit.
 //
+// Concurrent calls of one Locker share statements: while two grant (release)
+// statements of a Locker are out, its further [Locker.TryAcquire], first
+// [Locker.Acquire] attempts ([Lease.Release] calls) queue and go out together
+// in one statement and one commit when one returns; a call alone is sent at
+// once. Each call gets its own lease or error, as with a statement of its
+// own; a statement that fails on its connection fails every call it carried
+// (their outcome is unknown).
+//
 // With [Config].KeepAlive one goroutine per Locker renews every lease before
 // it expires, all the leases due in one statement per tick.
 // A keep-alive proves the process can reach the database, not that the work

@@ -20,27 +20,27 @@ import (
 // otherwise).
 func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, kind attemptKind, w *waiter) (*Lease, *pgfence.Error, time.Duration, error) {
 	mark := kind == attemptWait
-	deadConns := 0
 	for attempt := 0; ; {
-		conn, err := l.pool.Acquire(ctx)
-		if err != nil {
-			return nil, nil, 0, dbError(op, name, err)
-		}
-		// The local deadline counts from here: after the pool wait, right
-		// before the statement is written to the connection.
-		sent := time.Now()
 		var (
+			sent      time.Time
 			granted   bool
 			changed   bool // the lock changed under the call: call again
 			token     int64
 			expiresAt *time.Time
 			holder    *string
 			dbNow     time.Time
+			err       error
 		)
 		if mark {
 			var r dbsqlc.QueueGrantRow
-			r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
-				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
+			err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+				// The local deadline counts from here: after the pool wait,
+				// right before the statement is written to the connection.
+				sent = time.Now()
+				r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
+					Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
+				})
+				return err
 			})
 			granted, changed = r.Granted.Valid && r.Granted.Bool, !r.Granted.Valid
 			token, expiresAt, holder = r.Token.Int64, r.ExpiresAt, r.HeldBy
@@ -48,8 +48,13 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 				dbNow = *r.DbNow
 			}
 		} else {
-			var r fastGrantRow
-			r, err = fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key})
+			// Coalesced with the other non-waiting grants of this Locker
+			// (coalesce.go); sent is its statement's send time.
+			var r grantRes
+			r, sent, err = l.grants.do(ctx, grantReq{name: name, ttlUs: ttl.Microseconds()})
+			if err == nil && r.Exhausted {
+				err = errExhausted
+			}
 			granted, token, dbNow = r.Token > 0, r.Token, r.DbNow
 			if r.HasExpiry {
 				expiresAt = &r.ExpiresAt
@@ -59,15 +64,6 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 			}
 			changed = !granted && !r.HasHolder
 		}
-		if err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err) {
-			// The pool handed out a connection whose backend was already
-			// gone (pgxpool only pings connections idle for over a
-			// second). Send the statement again on another connection.
-			conn.Release()
-			deadConns++
-			continue
-		}
-		conn.Release()
 		if err != nil {
 			return nil, nil, 0, translateGrantError(op, name, err)
 		}

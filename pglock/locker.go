@@ -39,6 +39,9 @@ type Locker struct {
 	wg       sync.WaitGroup // the keep-alive goroutine
 	keeper   *keeper        // renews the leases of a Locker with KeepAlive
 
+	grants   *coalescer[grantReq, grantRes]         // non-waiting grants (see coalesce.go)
+	releases *coalescer[releaseReq, fastReleaseRow] // releases
+
 	hotMu sync.Mutex
 	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
 	nHot  atomic.Int64        // len(hot), read without hotMu
@@ -104,6 +107,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		closedCh: make(chan struct{}),
 	}
 	l.keeper = newKeeper(l)
+	l.grants = newGrantCoalescer(l)
+	l.releases = newReleaseCoalescer(l)
 	if !c.PollOnly {
 		l.lis = newListener(l)
 	}

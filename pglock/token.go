@@ -148,11 +148,8 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 // one). A lost lease is an error of kind pgfence.ErrLost; op is the exported
 // call, for errors.
 func (l *Locker) release(ctx context.Context, op, name string, token int64) error {
-	var r fastReleaseRow
-	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-		r, err = fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: name, Token: token, Key: l.key})
-		return err
-	})
+	// Coalesced with the other releases of this Locker (coalesce.go).
+	r, _, err := l.releases.do(ctx, releaseReq{name: name, token: token})
 	switch {
 	case err != nil:
 		return dbError(op, name, err)

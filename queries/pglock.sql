@@ -62,3 +62,20 @@ SELECT name, token, holder, expires_at,
        pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.locks
 WHERE (name OPERATOR(pg_catalog.=) sqlc.arg(name)::pg_catalog.text);
+
+-- name: GrantLocks :many
+-- GrantLocks grants each lease names[i] to holder for ttls_us[i] as
+-- GrantLock does, in one statement (pgfence.lock_grant_many): a row per
+-- element, i its position (1-based); token 0 = not granted, held_by '' =
+-- no holder (a holder is never empty).
+SELECT g.i::integer AS i, coalesce(g.token, 0)::bigint AS token, (g.expires_at IS NOT NULL)::boolean AS has_expiry,
+       coalesce(g.expires_at, g.db_now)::pg_catalog.timestamptz AS expires_at, coalesce(g.held_by, '')::pg_catalog.text AS held_by,
+       g.exhausted::boolean AS exhausted, g.db_now::pg_catalog.timestamptz AS db_now
+FROM pgfence.lock_grant_many(sqlc.arg(names)::pg_catalog.text[], sqlc.arg(holder)::pg_catalog.text, sqlc.arg(ttls_us)::bigint[], sqlc.arg(key)::pg_catalog.bytea) AS g;
+
+-- name: ReleaseLocks :many
+-- ReleaseLocks ends each lease (names[i], tokens[i]) held with key as
+-- ReleaseLock does, in one statement (pgfence.lock_release_many): a row per
+-- element, i its position (1-based).
+SELECT g.i::integer AS i, g.released::boolean AS released, g.handed_off::boolean AS handed_off, g.notified::boolean AS notified
+FROM pgfence.lock_release_many(sqlc.arg(names)::pg_catalog.text[], sqlc.arg(tokens)::bigint[], sqlc.arg(key)::pg_catalog.bytea) AS g;

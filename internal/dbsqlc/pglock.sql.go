@@ -58,6 +58,67 @@ func (q *Queries) GrantLock(ctx context.Context, db DBTX, arg GrantLockParams) (
 	return i, err
 }
 
+const grantLocks = `-- name: GrantLocks :many
+SELECT g.i::integer AS i, coalesce(g.token, 0)::bigint AS token, (g.expires_at IS NOT NULL)::boolean AS has_expiry,
+       coalesce(g.expires_at, g.db_now)::pg_catalog.timestamptz AS expires_at, coalesce(g.held_by, '')::pg_catalog.text AS held_by,
+       g.exhausted::boolean AS exhausted, g.db_now::pg_catalog.timestamptz AS db_now
+FROM pgfence.lock_grant_many($1::pg_catalog.text[], $2::pg_catalog.text, $3::bigint[], $4::pg_catalog.bytea) AS g
+`
+
+type GrantLocksParams struct {
+	Names  []string
+	Holder string
+	TtlsUs []int64
+	Key    []byte
+}
+
+type GrantLocksRow struct {
+	I         int32
+	Token     int64
+	HasExpiry bool
+	ExpiresAt time.Time
+	HeldBy    string
+	Exhausted bool
+	DbNow     time.Time
+}
+
+// GrantLocks grants each lease names[i] to holder for ttls_us[i] as
+// GrantLock does, in one statement (pgfence.lock_grant_many): a row per
+// element, i its position (1-based); token 0 = not granted, held_by ” =
+// no holder (a holder is never empty).
+func (q *Queries) GrantLocks(ctx context.Context, db DBTX, arg GrantLocksParams) ([]GrantLocksRow, error) {
+	rows, err := db.Query(ctx, grantLocks,
+		arg.Names,
+		arg.Holder,
+		arg.TtlsUs,
+		arg.Key,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []GrantLocksRow
+	for rows.Next() {
+		var i GrantLocksRow
+		if err := rows.Scan(
+			&i.I,
+			&i.Token,
+			&i.HasExpiry,
+			&i.ExpiresAt,
+			&i.HeldBy,
+			&i.Exhausted,
+			&i.DbNow,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const handedLock = `-- name: HandedLock :one
 SELECT g.token, g.expires_at, g.db_now
 FROM pgfence.lock_handed($1::bigint, $2::bigint, $3::pg_catalog.bytea) AS g
@@ -215,6 +276,52 @@ func (q *Queries) ReleaseLock(ctx context.Context, db DBTX, arg ReleaseLockParam
 	var i ReleaseLockRow
 	err := row.Scan(&i.Released, &i.HandedOff, &i.Notified)
 	return i, err
+}
+
+const releaseLocks = `-- name: ReleaseLocks :many
+SELECT g.i::integer AS i, g.released::boolean AS released, g.handed_off::boolean AS handed_off, g.notified::boolean AS notified
+FROM pgfence.lock_release_many($1::pg_catalog.text[], $2::bigint[], $3::pg_catalog.bytea) AS g
+`
+
+type ReleaseLocksParams struct {
+	Names  []string
+	Tokens []int64
+	Key    []byte
+}
+
+type ReleaseLocksRow struct {
+	I         int32
+	Released  bool
+	HandedOff bool
+	Notified  bool
+}
+
+// ReleaseLocks ends each lease (names[i], tokens[i]) held with key as
+// ReleaseLock does, in one statement (pgfence.lock_release_many): a row per
+// element, i its position (1-based).
+func (q *Queries) ReleaseLocks(ctx context.Context, db DBTX, arg ReleaseLocksParams) ([]ReleaseLocksRow, error) {
+	rows, err := db.Query(ctx, releaseLocks, arg.Names, arg.Tokens, arg.Key)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ReleaseLocksRow
+	for rows.Next() {
+		var i ReleaseLocksRow
+		if err := rows.Scan(
+			&i.I,
+			&i.Released,
+			&i.HandedOff,
+			&i.Notified,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const renewLock = `-- name: RenewLock :one

@@ -1,0 +1,349 @@
+package pglock
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
+	"github.com/pgfence/pgfence/internal/pgerr"
+)
+
+// Coalescing. The non-waiting grants (TryAcquire, the first attempt of
+// Acquire) and the releases of a Locker each go through a coalescer: while
+// maxInFlight statements of the kind are out, further calls queue, and when
+// one returns the queued calls (up to maxCoalesce) go out as one statement
+// (pgfence.lock_grant_many, pgfence.lock_release_many), one commit for all of
+// them. There is no timer: a call that finds a statement slot free is sent at
+// once, on its own goroutine and through the single-lease statement (a lone
+// caller waits for nothing), and a busy process batches by itself.
+//
+// Every call gets its own result: the many-functions answer per element, as
+// the single functions would have answered one call each, in the byte order
+// of the names (one lock order for every statement). A statement that fails
+// (a connection lost mid-statement: the outcome is unknown) fails every call
+// it carried with that error, as it would have failed each of them alone.
+
+// maxCoalesce bounds the calls one statement carries. A statement holds the
+// row locks of every name it grants or releases until it commits, and its
+// calls all wait for the slowest element: the bound keeps that time (a plpgsql
+// loop of maxCoalesce single-row updates, well under a millisecond) small
+// next to the commit it shares. At 64 the commit is already shared by enough
+// calls that a larger batch saves little more.
+const maxCoalesce = 64
+
+// maxInFlight is how many statements of one kind a Locker has out at once:
+// a call that finds fewer out is sent at once; the others queue and go out
+// together when one returns (Kafka's max.in.flight). One statement at a time
+// would make every call of a moderately busy process (a few clients) wait
+// for the previous statement; two keep the commits of two statements
+// overlapping, as two clients' would, while a busy process still sends
+// batches. Two statements never deadlock: each takes its row locks in name
+// order.
+const maxInFlight = 2
+
+// coalesceCall is one call waiting in a coalescer.
+type coalesceCall[Req, Res any] struct {
+	req  Req
+	done chan struct{} // closed once res, sent and err are set
+	res  Res
+	sent time.Time // when its statement was sent (zero if never sent)
+	err  error
+
+	// Under the coalescer's mu.
+	state  callState
+	flight *flight // the statement it went out in
+}
+
+type callState uint8
+
+const (
+	callQueued callState = iota
+	callSent
+	callGone // abandoned: its context ended
+)
+
+// flight is one batch statement out, with the number of its calls still
+// waiting for it: when all of them gave up, its context is cancelled.
+type flight struct {
+	waiting int
+	cancel  context.CancelFunc
+}
+
+// coalescer sends the calls of one kind. one runs a single call (the
+// single-lease statement, on the caller's context); many runs a batch of at
+// least two, sorted by name, and returns one result per call, in order.
+type coalescer[Req, Res any] struct {
+	l    *Locker
+	name func(Req) string
+	one  func(ctx context.Context, conn *pgxpool.Conn, r Req) (Res, error)
+	many func(ctx context.Context, conn *pgxpool.Conn, rs []Req) ([]Res, error)
+
+	mu       sync.Mutex
+	inFlight int // statements out (at most maxInFlight)
+	queue    []*coalesceCall[Req, Res]
+
+	// statements counts the batch statements sent (tests).
+	statements int
+	// queuedHook, when set (tests), is called with the queue's length each
+	// time a call queues.
+	queuedHook func(n int)
+}
+
+// do runs r and returns its result and the send time of its statement.
+func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, error) {
+	c.mu.Lock()
+	if c.inFlight < maxInFlight {
+		// A free slot means nothing is queued (a statement that returns
+		// takes the queue before it frees its slot): send at once.
+		c.inFlight++
+		c.mu.Unlock()
+		var (
+			res  Res
+			sent time.Time
+		)
+		err := c.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+			sent = time.Now()
+			res, err = c.one(ctx, conn, r)
+			return err
+		})
+		c.next()
+		return res, sent, err
+	}
+	call := &coalesceCall[Req, Res]{req: r, done: make(chan struct{})}
+	c.queue = append(c.queue, call)
+	hook, n := c.queuedHook, len(c.queue)
+	c.mu.Unlock()
+	if hook != nil {
+		hook(n)
+	}
+	select {
+	case <-call.done:
+		return call.res, call.sent, call.err
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	select {
+	case <-call.done:
+		c.mu.Unlock()
+		return call.res, call.sent, call.err
+	default:
+	}
+	switch call.state {
+	case callQueued:
+		// Never sent: nothing happened.
+	case callSent:
+		// Its statement is out: the outcome is unknown, as when a single
+		// statement's context ends. The statement goes on for the others;
+		// if none waits any more, it is cancelled.
+		if call.flight.waiting--; call.flight.waiting == 0 {
+			call.flight.cancel()
+		}
+	}
+	call.state = callGone
+	c.mu.Unlock()
+	// call's fields are the sender's from here on.
+	var zero Res
+	return zero, time.Time{}, ctx.Err()
+}
+
+// next sends the queued calls in the slot of the statement that just
+// returned, or frees the slot.
+func (c *coalescer[Req, Res]) next() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.queue) == 0 {
+		c.inFlight--
+		return
+	}
+	go c.loop()
+}
+
+// loop sends the queued calls, a batch per statement, in one slot until
+// none is left.
+func (c *coalescer[Req, Res]) loop() {
+	for {
+		c.mu.Lock()
+		var batch []*coalesceCall[Req, Res]
+		n := 0
+		for _, call := range c.queue {
+			if call.state == callGone {
+				n++
+				continue
+			}
+			if len(batch) == maxCoalesce {
+				break
+			}
+			batch = append(batch, call)
+			n++
+		}
+		c.queue = slices.Delete(c.queue, 0, n)
+		if len(batch) == 0 {
+			c.queue = nil
+			c.inFlight--
+			c.mu.Unlock()
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		f := &flight{waiting: len(batch), cancel: cancel}
+		for _, call := range batch {
+			call.state, call.flight = callSent, f
+		}
+		if len(batch) > 1 {
+			c.statements++
+		}
+		c.mu.Unlock()
+		c.send(ctx, batch)
+		cancel()
+	}
+}
+
+// send runs batch as one statement and hands each call its result.
+func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Req, Res]) {
+	// One lock order for every statement: by name, then arrival.
+	slices.SortStableFunc(batch, func(a, b *coalesceCall[Req, Res]) int {
+		return cmp.Compare(c.name(a.req), c.name(b.req))
+	})
+	var (
+		sent time.Time
+		res  []Res
+	)
+	err := c.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		sent = time.Now()
+		if len(batch) == 1 {
+			var r Res
+			r, err = c.one(ctx, conn, batch[0].req)
+			res = []Res{r}
+			return err
+		}
+		reqs := make([]Req, len(batch))
+		for i, call := range batch {
+			reqs[i] = call.req
+		}
+		res, err = c.many(ctx, conn, reqs)
+		return err
+	})
+	if err == nil && len(res) != len(batch) {
+		err = errors.New("pglock: a batch statement returned the wrong number of rows")
+	}
+	c.mu.Lock()
+	for i, call := range batch {
+		call.sent, call.err = sent, err
+		if err == nil {
+			call.res = res[i]
+		}
+		close(call.done)
+	}
+	c.mu.Unlock()
+}
+
+// batchStatements returns the number of batch statements sent so far.
+func (c *coalescer[Req, Res]) batchStatements() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.statements
+}
+
+// grantReq is one non-waiting grant.
+type grantReq struct {
+	name  string
+	ttlUs int64
+}
+
+// grantRes is its answer: a GrantLock row, or Exhausted (the token is at the
+// bigint maximum, nothing changed).
+type grantRes struct {
+	fastGrantRow
+	Exhausted bool
+}
+
+// releaseReq is one release.
+type releaseReq struct {
+	name  string
+	token int64
+}
+
+func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
+	return &coalescer[grantReq, grantRes]{
+		l:    l,
+		name: func(r grantReq) string { return r.name },
+		one: func(ctx context.Context, conn *pgxpool.Conn, r grantReq) (grantRes, error) {
+			row, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: r.name, Holder: l.holder, TtlUs: r.ttlUs, Key: l.key})
+			return grantRes{fastGrantRow: row}, err
+		},
+		many: func(ctx context.Context, conn *pgxpool.Conn, rs []grantReq) ([]grantRes, error) {
+			p := dbsqlc.GrantLocksParams{Holder: l.holder, Key: l.key,
+				Names: make([]string, len(rs)), TtlsUs: make([]int64, len(rs))}
+			for i, r := range rs {
+				p.Names[i], p.TtlsUs[i] = r.name, r.ttlUs
+			}
+			rows, err := l.q.GrantLocks(ctx, conn, p)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]grantRes, len(rs))
+			seen := 0
+			for _, r := range rows {
+				i := int(r.I) - 1
+				if i < 0 || i >= len(out) {
+					return nil, errors.New("pglock: lock_grant_many returned an element out of range")
+				}
+				seen++
+				out[i] = grantRes{fastGrantRow: fastGrantRow{
+					Token: r.Token, ExpiresAt: r.ExpiresAt, HasExpiry: r.HasExpiry,
+					HeldBy: r.HeldBy, HasHolder: r.HeldBy != "", DbNow: r.DbNow,
+				}, Exhausted: r.Exhausted}
+			}
+			if seen != len(rs) {
+				return nil, errors.New("pglock: lock_grant_many returned the wrong number of rows")
+			}
+			return out, nil
+		},
+	}
+}
+
+func newReleaseCoalescer(l *Locker) *coalescer[releaseReq, fastReleaseRow] {
+	return &coalescer[releaseReq, fastReleaseRow]{
+		l:    l,
+		name: func(r releaseReq) string { return r.name },
+		one: func(ctx context.Context, conn *pgxpool.Conn, r releaseReq) (fastReleaseRow, error) {
+			return fastReleaseLock(ctx, conn, dbsqlc.ReleaseLockParams{Name: r.name, Token: r.token, Key: l.key})
+		},
+		many: func(ctx context.Context, conn *pgxpool.Conn, rs []releaseReq) ([]fastReleaseRow, error) {
+			p := dbsqlc.ReleaseLocksParams{Key: l.key, Names: make([]string, len(rs)), Tokens: make([]int64, len(rs))}
+			for i, r := range rs {
+				p.Names[i], p.Tokens[i] = r.name, r.token
+			}
+			rows, err := l.q.ReleaseLocks(ctx, conn, p)
+			if err != nil {
+				return nil, err
+			}
+			out := make([]fastReleaseRow, len(rs))
+			seen := 0
+			for _, r := range rows {
+				i := int(r.I) - 1
+				if i < 0 || i >= len(out) {
+					return nil, errors.New("pglock: lock_release_many returned an element out of range")
+				}
+				seen++
+				out[i] = fastReleaseRow{Released: r.Released, HandedOff: r.HandedOff, Notified: r.Notified}
+			}
+			if seen != len(rs) {
+				return nil, errors.New("pglock: lock_release_many returned the wrong number of rows")
+			}
+			return out, nil
+		},
+	}
+}
+
+// errExhausted stands for the error lock_grant raises at the bigint maximum
+// (lock_grant_many reports it per element instead), so that the grant's
+// error is the one a single statement gives.
+var errExhausted error = &pgconn.PgError{Severity: "ERROR", Code: pgerr.NumericValueOutOfRange,
+	Message: "bigint out of range"}

@@ -1,0 +1,596 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
+)
+
+// doorCounter counts the grant and release statements a pool sends.
+type doorCounter struct{ grant, grantMany, release, releaseMany atomic.Int64 }
+
+func (c *doorCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	switch {
+	case strings.Contains(d.SQL, "pgfence.lock_grant_many("):
+		c.grantMany.Add(1)
+	case strings.Contains(d.SQL, "pgfence.lock_grant("):
+		c.grant.Add(1)
+	case strings.Contains(d.SQL, "pgfence.lock_release_many("):
+		c.releaseMany.Add(1)
+	case strings.Contains(d.SQL, "pgfence.lock_release("):
+		c.release.Add(1)
+	}
+	return ctx
+}
+
+func (c *doorCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *doorCounter) reset() {
+	c.grant.Store(0)
+	c.grantMany.Store(0)
+	c.release.Store(0)
+	c.releaseMany.Store(0)
+}
+
+func countingPool(t testing.TB, dsn string, c *doorCounter) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = c
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// blocker holds the row lock of a lock row in an open transaction, so that a
+// grant or release of that name waits in the database until unblock.
+type blocker struct {
+	tx pgx.Tx
+}
+
+func blockRows(t testing.TB, admin *pgxpool.Pool, names ...string) *blocker {
+	t.Helper()
+	tx, err := admin.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT 1 FROM pgfence.locks WHERE name = ANY($1) FOR UPDATE) r`, names).Scan(&n); err != nil || n != len(names) {
+		t.Fatalf("lock rows %q: %d, %v", names, n, err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return &blocker{tx: tx}
+}
+
+func (b *blocker) unblock(t testing.TB) {
+	t.Helper()
+	if err := b.tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLockWait returns once want backends other than admin's wait for a row
+// lock in a statement containing sql (there is no signal for it: it is
+// looked up).
+func waitLockWait(t testing.TB, admin *pgxpool.Pool, sql string, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
+			  AND pid <> pg_backend_pid()`, sql).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no statement with %q waits for a lock after 30s", sql)
+		}
+		time.Sleep(2 * time.Millisecond) // no signal exists for another backend's lock wait
+	}
+}
+
+// queuedSignal makes c report when n calls are queued.
+func queuedSignal[Req, Res any](c *coalescer[Req, Res], n int) <-chan struct{} {
+	ch := make(chan struct{})
+	var once sync.Once
+	c.queuedHook = func(got int) {
+		if got >= n {
+			once.Do(func() { close(ch) })
+		}
+	}
+	return ch
+}
+
+func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(time.Minute):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// TestCoalesceBatch: the calls that queue while a statement is out go out
+// together in one lock_grant_many (one lock_release_many), and each caller
+// gets its own result: distinct names are granted with their own tokens, a
+// name asked twice in the batch goes to exactly one of its two callers (the
+// other gets ErrLocked with this Locker as holder, as two statements would
+// give), a name held by another Locker gives ErrLocked with that holder and
+// its expiry, an invalid call fails alone before any SQL, and a stale
+// release in a release batch gives ErrLost to its caller alone.
+func TestCoalesceBatch(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	var c doorCounter
+	pool := countingPool(t, dsn, &c)
+	l := newLocker(t, pool, &Config{PollOnly: true})
+	other := newLocker(t, admin, &Config{Holder: "other"})
+	const ttl = time.Minute
+
+	// maxInFlight grants wait on row locks: every grant after them queues.
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("co-block-%d", i)
+		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := mustAcquire(t, other, "co-held", ttl)
+	// co-dup has a row and is free: the first of its two callers in the
+	// batch is granted it, the second finds it held.
+	if err := mustAcquire(t, l, "co-dup", ttl).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dupBefore := inspect(t, admin, "co-dup").Token
+
+	b := blockRows(t, admin, blockNames...)
+	c.reset()
+	const n = 40
+	queued := queuedSignal(l.grants, n+3)
+	type result struct {
+		lease *Lease
+		err   error
+	}
+	first := make(chan result, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			first <- result{s, err}
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+
+	names := make([]string, 0, n+3)
+	for i := range n {
+		names = append(names, fmt.Sprintf("co-%02d", i))
+	}
+	names = append(names, "co-dup", "co-dup", "co-held")
+	results := make([]result, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := l.TryAcquire(ctx, name, ttl)
+			results[i] = result{s, err}
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	if _, err := l.TryAcquire(ctx, "", ttl); !isInvalid(err, "lock name") {
+		t.Fatalf("TryAcquire(\"\") = %v, want ErrInvalid", err)
+	}
+	b.unblock(t)
+	wg.Wait()
+	for range maxInFlight {
+		if r := <-first; r.err != nil {
+			t.Fatalf("TryAcquire(co-block-*): %v", r.err)
+		} else {
+			defer r.lease.Release(ctx) //nolint:errcheck
+		}
+	}
+	if got := c.grantMany.Load(); got != 1 {
+		t.Errorf("%d lock_grant_many statements for %d queued grants, want 1", got, len(names))
+	}
+	if got := c.grant.Load(); got != maxInFlight {
+		t.Errorf("%d lock_grant statements, want %d (the first ones, alone)", got, maxInFlight)
+	}
+	if got := l.grants.batchStatements(); got != 1 {
+		t.Errorf("%d batch statements, want 1", got)
+	}
+
+	var dupGot, dupLocked int
+	var leases []*Lease
+	for i, name := range names {
+		r := results[i]
+		switch name {
+		case "co-dup":
+			var pe *pgfence.Error
+			switch {
+			case r.err == nil:
+				dupGot++
+				if r.lease.Name() != name || r.lease.Token() != dupBefore+1 {
+					t.Errorf("co-dup: lease %q token %d, want token %d", r.lease.Name(), r.lease.Token(), dupBefore+1)
+				}
+				leases = append(leases, r.lease)
+			case errors.As(r.err, &pe) && pe.Kind == pgfence.ErrLocked && pe.Holder == l.Holder() && !pe.ExpiresAt.IsZero():
+				dupLocked++
+			default:
+				t.Errorf("co-dup: %v", r.err)
+			}
+		case "co-held":
+			var pe *pgfence.Error
+			if !errors.As(r.err, &pe) || pe.Kind != pgfence.ErrLocked || pe.Holder != "other" || !pe.ExpiresAt.Equal(held.ExpiresAt()) {
+				t.Errorf("co-held: %v, want ErrLocked by other until %v", r.err, held.ExpiresAt())
+			}
+		default:
+			if r.err != nil {
+				t.Fatalf("%s: %v", name, r.err)
+			}
+			if r.lease.Name() != name || r.lease.Token() != 1 {
+				t.Errorf("%s: got lease %q token %d, want its own, token 1", name, r.lease.Name(), r.lease.Token())
+			}
+			if info := inspect(t, admin, name); !info.Held || info.Token != r.lease.Token() || info.Holder != l.Holder() {
+				t.Errorf("%s: row %+v", name, info)
+			}
+			leases = append(leases, r.lease)
+		}
+	}
+	if dupGot != 1 || dupLocked != 1 {
+		t.Errorf("co-dup twice in one batch: %d granted, %d ErrLocked; want 1 and 1", dupGot, dupLocked)
+	}
+
+	// Releases: maxInFlight wait on row locks, the others queue and go out
+	// in one lock_release_many, with one stale token among them.
+	rblocks := make([]*Lease, maxInFlight)
+	rnames := make([]string, maxInFlight)
+	for i := range rblocks {
+		rnames[i] = fmt.Sprintf("co-rblock-%d", i)
+		rblocks[i] = mustAcquire(t, l, rnames[i], ttl)
+	}
+	b = blockRows(t, admin, rnames...)
+	c.reset()
+	rqueued := queuedSignal(l.releases, len(leases)+1)
+	rfirst := make(chan error, maxInFlight)
+	for _, s := range rblocks {
+		go func() { rfirst <- s.Release(ctx) }()
+	}
+	waitLockWait(t, admin, "lock_release", maxInFlight)
+	errs := make([]error, len(leases))
+	var staleErr error
+	for i, s := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.Release(ctx)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		staleErr = l.ReleaseToken(ctx, "co-00", 99)
+	}()
+	waitClosed(t, rqueued, "the releases to queue")
+	b.unblock(t)
+	wg.Wait()
+	for range maxInFlight {
+		if err := <-rfirst; err != nil {
+			t.Fatalf("release co-rblock-*: %v", err)
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("release %s: %v", leases[i].Name(), err)
+		}
+		if info := inspect(t, admin, leases[i].Name()); info.Held {
+			t.Errorf("%s still held after its release: %+v", leases[i].Name(), info)
+		}
+	}
+	if !errors.Is(staleErr, pgfence.ErrLost) {
+		t.Errorf("stale ReleaseToken in a batch: %v, want ErrLost", staleErr)
+	}
+	if got := c.releaseMany.Load(); got != 1 {
+		t.Errorf("%d lock_release_many statements, want 1", got)
+	}
+	if got := c.release.Load(); got != maxInFlight {
+		t.Errorf("%d lock_release statements, want %d (the first ones, alone)", got, maxInFlight)
+	}
+}
+
+// TestCoalesceLoneCaller: a caller alone is sent at once through the
+// single-lease statement: one lock_grant and one lock_release per cycle, no
+// batch statement, no timer.
+func TestCoalesceLoneCaller(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	var c doorCounter
+	pool := countingPool(t, pgtest.DSN(t), &c)
+	l := newLocker(t, pool, &Config{PollOnly: true})
+	const cycles = 20
+	for i := range cycles {
+		s, err := l.TryAcquire(ctx, "lone", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Token() != int64(i+1) {
+			t.Fatalf("token %d, want %d", s.Token(), i+1)
+		}
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g, r, gm, rm := c.grant.Load(), c.release.Load(), c.grantMany.Load(), c.releaseMany.Load(); g != cycles || r != cycles || gm != 0 || rm != 0 {
+		t.Errorf("%d cycles alone: %d lock_grant, %d lock_release, %d lock_grant_many, %d lock_release_many; want %d, %d, 0, 0",
+			cycles, g, r, gm, rm, cycles, cycles)
+	}
+}
+
+// TestCoalesceConcurrent: many goroutines on one Locker, each cycling on its
+// own names and some on shared ones, get their own results: a lease of the
+// name asked, tokens rising per name, never two holders of a name at once.
+func TestCoalesceConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	var c doorCounter
+	pool := countingPool(t, pgtest.DSN(t), &c)
+	l := newLocker(t, pool, &Config{PollOnly: true})
+	const workers, cycles, shared = 32, 30, 4
+	var holding [shared]atomic.Int32
+	var lastToken [shared]atomic.Int64
+	var wg sync.WaitGroup
+	errCh := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var last int64
+			for i := range cycles {
+				name := fmt.Sprintf("cc-own-%02d", w)
+				sh := -1
+				if i%3 == 0 {
+					sh = (w + i) % shared
+					name = fmt.Sprintf("cc-shared-%d", sh)
+				}
+				s, err := l.TryAcquire(ctx, name, time.Minute)
+				if sh >= 0 && errors.Is(err, pgfence.ErrLocked) {
+					continue
+				}
+				if err != nil {
+					errCh <- fmt.Errorf("%s: %w", name, err)
+					return
+				}
+				if s.Name() != name {
+					errCh <- fmt.Errorf("asked %s, got a lease of %s", name, s.Name())
+					return
+				}
+				if sh >= 0 {
+					if holding[sh].Add(1) != 1 {
+						errCh <- fmt.Errorf("%s: two holders at once", name)
+						return
+					}
+					if prev := lastToken[sh].Swap(s.Token()); s.Token() <= prev {
+						errCh <- fmt.Errorf("%s: token %d after %d", name, s.Token(), prev)
+						return
+					}
+					holding[sh].Add(-1)
+				} else {
+					if s.Token() != last+1 {
+						errCh <- fmt.Errorf("%s: token %d after %d", name, s.Token(), last)
+						return
+					}
+					last = s.Token()
+				}
+				if err := s.Release(ctx); err != nil {
+					errCh <- fmt.Errorf("release %s: %w", name, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errCh)
+	for err := range errCh {
+		t.Error(err)
+	}
+	t.Logf("%d workers × %d cycles: %d lock_grant, %d lock_grant_many, %d lock_release, %d lock_release_many",
+		workers, cycles, c.grant.Load(), c.grantMany.Load(), c.release.Load(), c.releaseMany.Load())
+}
+
+// TestCoalesceConnectionLost: a batch statement whose connection is lost
+// mid-statement (after it changed some rows, waiting on a row lock) fails
+// every call it carried with a database error (no Kind: the outcome is
+// unknown), and since its transaction never committed none of its grants
+// exists.
+func TestCoalesceConnectionLost(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	g := newGatedPool(t, dsn)
+	l := newLocker(t, g.Pool, &Config{PollOnly: true})
+	const ttl = time.Minute
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("zz-block-%d", i)
+		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := blockRows(t, admin, blockNames...)
+	const n = 10
+	queued := queuedSignal(l.grants, n+1)
+	fctx, fcancel := context.WithCancel(ctx)
+	first := make(chan error, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			_, err := l.TryAcquire(fctx, name, ttl)
+			first <- err
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	errs := make([]error, n+1)
+	var wg sync.WaitGroup
+	for i := range n + 1 {
+		name := fmt.Sprintf("kl-%02d", i)
+		if i == n {
+			name = "zz-block-0" // sorted last: the batch grants the others, then waits
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = l.TryAcquire(ctx, name, ttl)
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	// The first calls give up: the batch goes out and waits on the row lock.
+	fcancel()
+	for range maxInFlight {
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first TryAcquire: %v, want context.Canceled", err)
+		}
+	}
+	waitLockWait(t, admin, "lock_grant_many", 1)
+	g.partition(t, admin)
+	wg.Wait()
+	for i, err := range errs {
+		var pe *pgfence.Error
+		if !errors.As(err, &pe) || pe.Kind != nil || pe.Err == nil {
+			t.Errorf("call %d: %v, want a database error without Kind", i, err)
+		}
+	}
+	b.unblock(t)
+	for i := range n {
+		if info := inspect(t, admin, fmt.Sprintf("kl-%02d", i)); info.Held {
+			t.Errorf("kl-%02d held after its batch's connection was lost: %+v", i, info)
+		}
+	}
+	g.heal()
+	s := mustAcquire(t, l, "kl-00", ttl)
+	if s.Token() != 1 {
+		t.Errorf("kl-00 after the lost batch: token %d, want 1", s.Token())
+	}
+}
+
+// TestLockGrantMany checks the many-functions in SQL: per-element answers,
+// a name twice, PF011 naming the bad element (nothing changed), the token
+// at the bigint maximum reported per element.
+func TestLockGrantMany(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	pool := pgtest.Pool(t)
+	key := []byte("0123456789abcdef")
+	if _, err := pool.Exec(ctx, `SELECT pgfence.lock_grant('gm-held', 'x', 60000000, '\x00112233445566778899aabbccddeeff'::bytea)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.locks (name, token) VALUES ('gm-max', 9223372036854775807)`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT i, token, held_by, exhausted FROM pgfence.lock_grant_many(
+		ARRAY['gm-b', 'gm-a', 'gm-b', 'gm-held', 'gm-max'], 'me', ARRAY[60000000, 60000000, 60000000, 60000000, 60000000]::bigint[], $1) ORDER BY i`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var (
+			i         int
+			token     *int64
+			heldBy    *string
+			exhausted bool
+		)
+		if err := rows.Scan(&i, &token, &heldBy, &exhausted); err != nil {
+			t.Fatal(err)
+		}
+		s := fmt.Sprint(i, ":")
+		if token != nil {
+			s += fmt.Sprint(" token ", *token)
+		}
+		if heldBy != nil {
+			s += " held by " + *heldBy
+		}
+		if exhausted {
+			s += " exhausted"
+		}
+		got = append(got, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := "1: token 1|2: token 1|3: held by me|4: held by x|5: exhausted"
+	if g := strings.Join(got, "|"); g != want {
+		t.Errorf("lock_grant_many = %s, want %s", g, want)
+	}
+	var synchronous string
+	before := rowJSON(t, pool, "gm-c")
+	_, err = pool.Exec(ctx, `SELECT * FROM pgfence.lock_grant_many(ARRAY['gm-c', ''], 'me', ARRAY[1000000, 1000000]::bigint[], $1)`, key)
+	if pgerr.Code(err) != "PF011" || !strings.Contains(err.Error(), "element 2") {
+		t.Errorf("an empty second name: %v, want PF011 naming element 2", err)
+	}
+	if after := rowJSON(t, pool, "gm-c"); after != before {
+		t.Errorf("a failed call changed gm-c: %s", after)
+	}
+	_, err = pool.Exec(ctx, `SELECT * FROM pgfence.lock_release_many(ARRAY['gm-a', 'gm-b'], ARRAY[1, 0]::bigint[], $1)`, key)
+	if pgerr.Code(err) != "PF011" || !strings.Contains(err.Error(), "element 2") {
+		t.Errorf("a zero second token: %v, want PF011 naming element 2", err)
+	}
+	// A release batch is durable when it hands a lease over, even if a
+	// later element is a plain release.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.lock_queue (name, wkey, wait_id, holder, ttl_us, key_hash, alive_until)
+		VALUES ('gm-a', 7, 8, 'waiter', 60000000, sha256('\x00112233445566778899aabbccddeeff'::bytea), now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = tx.Query(ctx, `SELECT i, released, handed_off FROM pgfence.lock_release_many(ARRAY['gm-b', 'gm-a'], ARRAY[1, 1]::bigint[], $1) ORDER BY i`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = got[:0]
+	for rows.Next() {
+		var (
+			i                int
+			released, handed bool
+		)
+		if err := rows.Scan(&i, &released, &handed); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprint(i, released, handed))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if g := strings.Join(got, "|"); g != "1 true false|2 true true" {
+		t.Errorf("lock_release_many = %s, want gm-b released, gm-a handed off", g)
+	}
+	if err := tx.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&synchronous); err != nil {
+		t.Fatal(err)
+	}
+	if synchronous != "on" {
+		t.Errorf("synchronous_commit %q after a release batch that handed a lease over, want on", synchronous)
+	}
+}
