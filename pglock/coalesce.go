@@ -84,6 +84,11 @@ type coalescer[Req, Res any] struct {
 	name func(Req) string
 	one  func(ctx context.Context, conn *pgxpool.Conn, r Req) (Res, error)
 	many func(ctx context.Context, conn *pgxpool.Conn, rs []Req) ([]Res, error)
+	// orphan, when set, is given the result of each call whose statement
+	// succeeded after its caller had given up (its context ended while the
+	// statement was out): the grant coalescer releases such a lease, which
+	// nobody holds a Lease for. It runs on the sending goroutine.
+	orphan func(Req, Res)
 
 	mu       sync.Mutex
 	inFlight int // statements out (at most maxInFlight)
@@ -94,6 +99,8 @@ type coalescer[Req, Res any] struct {
 	// queuedHook, when set (tests), is called with the queue's length each
 	// time a call queues.
 	queuedHook func(n int)
+	// orphanHook, when set (tests), is called after orphan returns.
+	orphanHook func()
 }
 
 // do runs r and returns its result and the send time of its statement.
@@ -232,15 +239,25 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 	if err == nil && len(res) != len(batch) {
 		err = errors.New("pglock: a batch statement returned the wrong number of rows")
 	}
+	var orphans []int
 	c.mu.Lock()
 	for i, call := range batch {
 		call.sent, call.err = sent, err
 		if err == nil {
 			call.res = res[i]
+			if call.state == callGone && c.orphan != nil {
+				orphans = append(orphans, i)
+			}
 		}
 		close(call.done)
 	}
 	c.mu.Unlock()
+	for _, i := range orphans {
+		c.orphan(batch[i].req, res[i])
+		if c.orphanHook != nil {
+			c.orphanHook()
+		}
+	}
 }
 
 // batchStatements returns the number of batch statements sent so far.
@@ -271,8 +288,9 @@ type releaseReq struct {
 
 func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 	return &coalescer[grantReq, grantRes]{
-		l:    l,
-		name: func(r grantReq) string { return r.name },
+		l:      l,
+		name:   func(r grantReq) string { return r.name },
+		orphan: l.releaseOrphan,
 		one: func(ctx context.Context, conn *pgxpool.Conn, r grantReq) (grantRes, error) {
 			row, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: r.name, Holder: l.holder, TtlUs: r.ttlUs, Key: l.key})
 			return grantRes{fastGrantRow: row}, err
@@ -307,6 +325,25 @@ func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 		},
 	}
 }
+
+// releaseOrphan releases a lease a batch granted to a call whose caller had
+// given up (its context ended while the batch was out): the caller got an
+// error and no Lease, so nobody uses its token, and without this the name
+// would stay held until the lease expired. A failure is only logged: the
+// lease then expires as any lease whose holder is gone.
+func (l *Locker) releaseOrphan(r grantReq, res grantRes) {
+	if res.Token <= 0 || res.Exhausted {
+		return // not granted
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+	defer cancel()
+	if err := l.release(ctx, "pglock.Acquire", r.name, res.Token); err != nil {
+		l.log.Warn("pglock: release of a lease granted after its caller gave up", "name", r.name, "token", res.Token, "err", err)
+	}
+}
+
+// orphanReleaseTimeout bounds releaseOrphan: it runs in a grant slot.
+const orphanReleaseTimeout = 5 * time.Second
 
 func newReleaseCoalescer(l *Locker) *coalescer[releaseReq, fastReleaseRow] {
 	return &coalescer[releaseReq, fastReleaseRow]{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -592,5 +593,85 @@ func TestLockGrantMany(t *testing.T) {
 	}
 	if synchronous != "on" {
 		t.Errorf("synchronous_commit %q after a release batch that handed a lease over, want on", synchronous)
+	}
+}
+
+// TestCoalesceAbandonedGrantReleased: a caller whose context ends while its
+// batch is out gets its context's error and no Lease; when the batch then
+// grants its name, the Locker releases that lease at once (nobody can use
+// it) instead of leaving the name held until the lease expires. The other
+// calls of the batch keep their leases.
+func TestCoalesceAbandonedGrantReleased(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	l := newLocker(t, pgtest.PoolFor(t, dsn), &Config{PollOnly: true})
+	const ttl = time.Minute
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("zz-block-%d", i)
+	}
+	for _, name := range append(slices.Clone(blockNames), "ab-x") {
+		if err := mustAcquire(t, l, name, ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphaned := make(chan struct{})
+	l.grants.orphanHook = func() { close(orphaned) }
+	queued := queuedSignal(l.grants, 2)
+	bx := blockRows(t, admin, "ab-x")
+	b := blockRows(t, admin, blockNames...)
+	fctx, fcancel := context.WithCancel(ctx)
+	first := make(chan error, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			_, err := l.TryAcquire(fctx, name, ttl)
+			first <- err
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	xctx, xcancel := context.WithCancel(ctx)
+	xerr := make(chan error, 1)
+	go func() {
+		_, err := l.TryAcquire(xctx, "ab-x", ttl)
+		xerr <- err
+	}()
+	wres := make(chan *Lease, 1)
+	go func() {
+		s, err := l.TryAcquire(ctx, "ab-w", ttl)
+		if err != nil {
+			t.Errorf("TryAcquire ab-w: %v", err)
+		}
+		wres <- s
+	}()
+	waitClosed(t, queued, "the grants to queue")
+	fcancel() // the slots free: the batch [ab-w, ab-x] goes out and waits on ab-x's row
+	for range maxInFlight {
+		if err := <-first; !errors.Is(err, context.Canceled) {
+			t.Fatalf("first TryAcquire: %v, want context.Canceled", err)
+		}
+	}
+	b.unblock(t)
+	waitLockWait(t, admin, "lock_grant_many", 1)
+	xcancel()
+	if err := <-xerr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("TryAcquire ab-x after its context ended: %v, want context.Canceled", err)
+	}
+	bx.unblock(t)
+	w := <-wres
+	waitClosed(t, orphaned, "the abandoned lease's release")
+	if w == nil || w.Token() != 1 {
+		t.Fatalf("ab-w: %v, want a lease with token 1", w)
+	}
+	if info := inspect(t, admin, "ab-w"); !info.Held || info.Token != 1 {
+		t.Errorf("ab-w after the batch: %+v, want held with token 1", info)
+	}
+	if info := inspect(t, admin, "ab-x"); info.Held || info.Token != 2 {
+		t.Errorf("ab-x after its abandoned grant: %+v, want granted (token 2) and released", info)
+	}
+	s := mustAcquire(t, l, "ab-x", ttl)
+	if s.Token() != 3 {
+		t.Errorf("ab-x acquired again: token %d, want 3", s.Token())
 	}
 }
