@@ -89,10 +89,10 @@ func TestHandoffDeadWaiters(t *testing.T) {
 	owner := newLocker(t, pool, &Config{Holder: "owner"})
 	s := mustAcquire(t, owner, name, time.Minute)
 	// A waiter gone for longer than its TTL, then one gone just now (its TTL
-	// 300 ms still running), both queued before a live waiter.
+	// 300 ms, its queue row alive for 10 s), both queued before a live waiter.
 	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.lock_queue (wkey, name, holder, key_hash, ttl_us, alive_until) VALUES
 		(-1, $1, 'gone-long-ago', sha256('gone-long-ago''s key'), 300000, now() - interval '1 second'),
-		(-2, $1, 'gone-just-now', sha256('gone-just-now''s key'), 300000, now() + interval '300 milliseconds')`, name); err != nil {
+		(-2, $1, 'gone-just-now', sha256('gone-just-now''s key'), 300000, now() + interval '10 seconds')`, name); err != nil {
 		t.Fatal(err)
 	}
 	live := newLocker(t, pool, &Config{Holder: "live"})

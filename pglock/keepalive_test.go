@@ -67,7 +67,9 @@ func TestKeepAliveRenews(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	l := newLocker(t, pool, &Config{KeepAlive: true})
-	const ttl = 300 * time.Millisecond
+	// 1 s: a renewal is due every third of it, and a 300 ms lease ended on
+	// its local deadline once when the machine's load average was 20.
+	const ttl = time.Second
 	s := mustAcquire(t, l, "ka", ttl)
 	first := s.Deadline()
 	time.Sleep(4 * ttl)
