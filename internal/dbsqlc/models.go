@@ -34,7 +34,7 @@ type PgfenceGuardedTable struct {
 	LockNameColumn *string
 	// strict: every UPDATE must raise the fence; reentrant: an UPDATE that assigns the fence column may keep it equal. INSERT and DELETE are checked in both modes.
 	Mode string
-	// Name of the trigger function in schema pgfence that pgfence.guard generated for this table.
+	// Name of the trigger function in schema pgfence that pgfence.guard generated for this table (in reentrant mode also its mark function, this name followed by _mark).
 	TriggerFunction string
 	// Database time at which the guard was attached (or last re-attached).
 	GuardedAt time.Time
