@@ -67,5 +67,5 @@ bench-deps: ## install the bench's peers (etcd-server, redis-server) when missin
 bench: bench-deps ## benchmarks side by side: PostgreSQL limit, pglock, fencedwrite, skiplocked vs etcd, Redis, River (under 10 min)
 	cd bench && go run .
 
-bench-quick: bench-deps ## the same in under 2 minutes (results in bench/quick-results, not the committed bench/results)
+bench-quick: bench-deps ## the same in about 3 minutes (results in bench/quick-results, not the committed bench/results)
 	cd bench && go run . --quick --out quick-results

@@ -26,7 +26,7 @@ CREATE TABLE bench_b1 (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0, fence
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range b.cfg.clients {
+	for _, c := range b.allClients() {
 		if _, err := b.pg.pool.Exec(ctx, "INSERT INTO bench_b1 (id) SELECT $1::bigint * 1000 + g FROM generate_series(0, $2::int - 1) g", c, c); err != nil {
 			return nil, err
 		}

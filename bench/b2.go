@@ -193,6 +193,9 @@ func (b *bench) runB2(ctx context.Context) {
 			}
 		}
 		listen := v.name == keyB2Listen
+		if listen {
+			b.keep(keyB2WaitP99, v.name, v.clients, probes[i].cont.waitP99)
+		}
 		rows := b.addContentionRows(scen, v.name, v.clients, &probes[i].cont, listen)
 		if listen {
 			b.b2ContentionGoals(v.clients, rows)

@@ -22,6 +22,7 @@ var chartLines = []chartLine{
 	{"L0 UPDATE, hot row", "L0 UPDATE limit", "hot row"},
 	{"B1 pgfence acquire+fenced write+release", "B1 distinct names", keyB1Full},
 	{"B1 pgfence acquire+release", "B1 distinct names", keyB1Bare},
+	{"B1 pgfence acquire+release, 4 processes", "B1 distinct names", keyB1Procs},
 	{"B3 fenced UPDATE", "B3 fenced vs unconditional UPDATE", keyB3Fenced},
 	{"P1 etcd Mutex, distinct keys", "P1 etcd Mutex Lock+Unlock", "distinct keys"},
 	{"P2 Redis lock (no persistence), distinct keys", scenP2, "distinct keys"},
@@ -46,7 +47,7 @@ func writeChart(path string, rows []Row, clients []int) error {
 	p.Legend.Left = true
 	palette := []color.RGBA{
 		{0, 0, 0, 255}, {120, 120, 120, 255}, {0, 90, 200, 255}, {0, 160, 220, 255},
-		{0, 150, 60, 255}, {200, 60, 0, 255}, {170, 0, 140, 255}, {220, 140, 0, 255},
+		{0, 150, 60, 255}, {200, 60, 0, 255}, {170, 0, 140, 255}, {220, 140, 0, 255}, {0, 40, 120, 255},
 	}
 	drawn := 0
 	for li, l := range chartLines {

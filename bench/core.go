@@ -22,7 +22,34 @@ func (b *bench) runCore(ctx context.Context) error {
 	}
 	var vs []variant
 	var own []int // indexes of the L0 and B1 variants
-	for _, c := range b.cfg.clients {
+	for _, c := range b.allClients() {
+		if b.b1Only(c) {
+			// A --b1-clients count: B1 acquire+release (one process and
+			// across processes) with what its ratios need, L0 random row and
+			// P3 distinct keys.
+			if b.want("B1") {
+				own = append(own, len(vs))
+				vs = append(vs, l0Variant(b.pg.pool, false, c))
+				for _, v := range b.b1Variants(env, c) {
+					if v.name == keyB1Bare {
+						own = append(own, len(vs))
+						vs = append(vs, v)
+					}
+				}
+				if c >= b1Procs {
+					own = append(own, len(vs))
+					vs = append(vs, b.b1ProcsVariant(c))
+				}
+				if b.redisAOFAddr != "" {
+					for _, p := range b.redisPeers() {
+						if p.key == keyP3 {
+							vs = append(vs, b.redisPeerVariant(p, false, c))
+						}
+					}
+				}
+			}
+			continue
+		}
 		if b.want("L0") || b.want("B1") {
 			own = append(own, len(vs), len(vs)+1)
 			vs = append(vs, l0Variant(b.pg.pool, false, c), l0Variant(b.pg.pool, true, c))
@@ -31,6 +58,10 @@ func (b *bench) runCore(ctx context.Context) error {
 			for _, v := range b.b1Variants(env, c) {
 				own = append(own, len(vs))
 				vs = append(vs, v)
+			}
+			if c >= b1Procs {
+				own = append(own, len(vs))
+				vs = append(vs, b.b1ProcsVariant(c))
 			}
 		}
 		if b.etcd != nil {
@@ -48,9 +79,12 @@ func (b *bench) runCore(ctx context.Context) error {
 		byKey[seriesKey("", v.name, v.clients)] = res[i]
 		b.keep(keyForVariant(v.name), v.name, v.clients, res[i].rates)
 	}
-	for _, c := range b.cfg.clients {
+	for _, c := range b.allClients() {
 		for _, name := range []string{keyL0Random, "hot row"} {
-			s := byKey[seriesKey("", name, c)]
+			s, ok := byKey[seriesKey("", name, c)]
+			if !ok {
+				continue
+			}
 			b.add(rateRow("L0 UPDATE limit", name, c, "ops/s", s))
 			if c == 1 {
 				b.memRow("L0 UPDATE "+name, s)
@@ -77,18 +111,28 @@ func (b *bench) runCore(ctx context.Context) error {
 		}
 		return out
 	}
-	for _, c := range b.cfg.clients {
+	for _, c := range b.allClients() {
 		for _, v := range []struct {
 			name    string
 			commits float64
-		}{{keyB1Full, b1Commits}, {keyB1Bare, 2}} {
-			s := byKey[seriesKey("", v.name, c)]
+		}{{keyB1Full, b1Commits}, {keyB1Bare, 2}, {keyB1Procs, 2}} {
+			s, ok := byKey[seriesKey("", v.name, c)]
+			if !ok {
+				continue
+			}
 			r := rateRow(scen, v.name, c, "cycles/s", s)
+			goal := b1GoalOfLimit
+			if v.name == keyB1Procs && c != 32 {
+				goal = 0 // the goal across processes is at 32 clients
+			}
 			if rs := pairedRatios(s.rates, limit(c, v.commits)); len(rs) > 0 && r.Measured() {
 				m, _, _ := summarize(rs)
-				r = r.withRatio(m, fmt.Sprintf("÷ (L0 random ÷ %.0f commits)", v.commits), b1GoalOfLimit)
-				if v.name == keyB1Full {
+				r = r.withRatio(m, fmt.Sprintf("÷ (L0 random ÷ %.0f commits)", v.commits), goal)
+				switch {
+				case v.name == keyB1Full:
 					b.b1Goal.addRatio(fmt.Sprintf("c=%d", c), r)
+				case v.name == keyB1Procs && goal > 0:
+					b.b1ProcsGoal.addRatio(fmt.Sprintf("c=%d", c), r)
 				}
 			}
 			b.add(r)
@@ -102,7 +146,7 @@ func (b *bench) runCore(ctx context.Context) error {
 
 func keyForVariant(name string) string {
 	switch name {
-	case keyB1Full, keyB1Bare:
+	case keyB1Full, keyB1Bare, keyB1Procs:
 		return keyB1
 	}
 	return keyL0

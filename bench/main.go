@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +40,12 @@ type config struct {
 	noEtcd  bool
 	noRedis bool
 	b5TTL   time.Duration
+	// b1Extra are client counts measured only for B1 acquire+release (one
+	// process and across processes) with L0 random row and P3 distinct keys
+	// for its ratios, not for every scenario.
+	b1Extra  []int
+	k1Leases int
+	k1Window time.Duration
 }
 
 type bench struct {
@@ -52,8 +59,9 @@ type bench struct {
 	memRows []Row
 	series  map[string][]float64
 
-	b1Goal, b3Goal, b4Goal, b5Goal goalCheck
-	redisNote                      string
+	b1Goal, b3Goal, b4Goal, b5Goal           goalCheck
+	b3GuardGoal, b1ProcsGoal, o1Goal, k1Goal goalCheck
+	redisNote                                string
 
 	pg           *pgEnv
 	etcd         *clientv3.Client // nil: P1 not run
@@ -83,6 +91,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == holderCommand {
 		os.Exit(holderMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == b1ProcCommand {
+		os.Exit(b1ProcMain(os.Args[2:]))
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -92,16 +103,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var (
 		cfg     config
 		clients string
+		b1Extra string
 		only    string
 	)
-	fs.BoolVar(&cfg.quick, "quick", false, "short runs (under 2 minutes): 300ms per repetition, fewer jobs")
+	fs.BoolVar(&cfg.quick, "quick", false, "short runs (about 3 minutes): 300ms per repetition, fewer jobs, a 20s K1 window")
 	fs.StringVar(&cfg.dsn, "dsn", "", "use this PostgreSQL server (superuser DSN) instead of starting one; B5 and durability are then the server's")
 	fs.StringVar(&cfg.out, "out", "results", "directory for results.md and results.json")
 	fs.DurationVar(&cfg.dur, "duration", 0, "length of one timed repetition (default 2s, 300ms with --quick)")
 	fs.IntVar(&cfg.reps, "reps", 3, "repetitions per configuration (at least 3 for a median)")
 	fs.StringVar(&clients, "clients", "1,8,32", "comma-separated client counts")
 	fs.IntVar(&cfg.jobs, "jobs", 0, "jobs per burn-down repetition in B4 (default 10000, 1500 with --quick)")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,O1,P1,P2,P3,M); default all")
+	fs.StringVar(&b1Extra, "b1-clients", "128", "comma-separated client counts measured only for B1 acquire+release (one process and 4 processes), L0 random row and P3 distinct keys; empty for none")
+	fs.IntVar(&cfg.k1Leases, "k1-leases", 10000, "leases kept alive by one Locker in K1")
+	fs.DurationVar(&cfg.k1Window, "k1-window", 0, "how long K1 keeps its leases alive (default 60s, 20s with --quick)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run (L0,B1,B2,B3,B4,B5,O1,K1,P1,P2,P3,M); default all")
 	fs.BoolVar(&cfg.noEtcd, "no-etcd", false, "skip P1 even if etcd is installed")
 	fs.BoolVar(&cfg.noRedis, "no-redis", false, "skip P2 and P3 even if redis-server is installed")
 	fs.DurationVar(&cfg.b5TTL, "b5-ttl", time.Second, "lease TTL of the killed holder in B5")
@@ -115,6 +130,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	cfg.warmup = cfg.dur / 4
+	if cfg.k1Window == 0 {
+		cfg.k1Window = time.Minute
+		if cfg.quick {
+			cfg.k1Window = 20 * time.Second
+		}
+	}
+	if cfg.k1Leases < 1 {
+		fmt.Fprintln(stderr, "bench: --k1-leases must be at least 1")
+		return 2
+	}
 	if cfg.jobs == 0 {
 		cfg.jobs = 10000
 		if cfg.quick {
@@ -125,13 +150,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench: --reps must be at least 1")
 		return 2
 	}
-	for _, s := range strings.Split(clients, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n < 1 || n > 256 {
-			fmt.Fprintf(stderr, "bench: bad client count %q\n", s)
-			return 2
-		}
-		cfg.clients = append(cfg.clients, n)
+	var err error
+	if cfg.clients, err = parseClients(clients); err != nil || len(cfg.clients) == 0 {
+		fmt.Fprintf(stderr, "bench: --clients: %v\n", err)
+		return 2
+	}
+	if cfg.b1Extra, err = parseClients(b1Extra); err != nil {
+		fmt.Fprintf(stderr, "bench: --b1-clients: %v\n", err)
+		return 2
 	}
 	if only != "" {
 		cfg.only = map[string]bool{}
@@ -146,6 +172,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	b := &bench{cfg: cfg, log: stderr, start: time.Now()}
 	b.b1Goal = goalCheck{name: "B1 acquire + fenced write + release vs the UPDATE limit", target: "≥ 0.9 × (L0 random ÷ 3 commits)"}
 	b.b3Goal = goalCheck{name: "B3 fenced UPDATE vs unconditional UPDATE", target: "≥ 0.95"}
+	b.b3GuardGoal = goalCheck{name: "B3 fenced UPDATE with the guard trigger attached vs unconditional UPDATE", target: "≥ 0.85"}
+	b.b1ProcsGoal = goalCheck{name: "B1 acquire+release across 4 processes vs the UPDATE limit", target: "≥ 0.9 × (L0 random ÷ 2 commits) at 32 clients"}
+	b.k1Goal = goalCheck{name: "K1 10,000 leases kept alive by one Locker", target: "0 leases lost"}
+	b.o1Goal = goalCheck{name: "O1 outbox.Dispatcher vs skiplocked.Worker", target: "≥ 0.9 × Worker"}
 	b.b4Goal = goalCheck{name: "B4 pgfence claim+complete vs River", target: "≥ 1.0 × River"}
 	b.b5Goal = goalCheck{name: "B5 takeover after SIGKILL of the holder", target: "≤ TTL + 100 ms"}
 	if err := b.runAll(ctx); err != nil {
@@ -174,7 +204,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	chart := filepath.Join(cfg.out, "throughput.png")
-	if err := writeChart(chart, rep.Rows, cfg.clients); err != nil {
+	if err := writeChart(chart, rep.Rows, b.allClients()); err != nil {
 		fmt.Fprintf(stderr, "bench: no chart: %v\n", err)
 		chart = ""
 	}
@@ -270,3 +300,37 @@ func cpuModel() string {
 	}
 	return ""
 }
+
+// parseClients parses a comma-separated list of client counts (1 to 256);
+// an empty string is an empty list.
+func parseClients(list string) ([]int, error) {
+	var out []int
+	if strings.TrimSpace(list) == "" {
+		return nil, nil
+	}
+	for _, s := range strings.Split(list, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(s), &n); err != nil || n < 1 || n > 256 {
+			return nil, fmt.Errorf("bad client count %q", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// allClients is every client count of the run, sorted: --clients and
+// --b1-clients.
+func (b *bench) allClients() []int {
+	out := slices.Clone(b.cfg.clients)
+	for _, c := range b.cfg.b1Extra {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// b1Only reports whether c is measured only for B1 acquire+release (a
+// --b1-clients count not in --clients).
+func (b *bench) b1Only(c int) bool { return !slices.Contains(b.cfg.clients, c) }

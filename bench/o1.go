@@ -23,13 +23,14 @@ func (b *bench) runO1(ctx context.Context) {
 	const scen = "O1 outbox dispatch"
 	vs := []variant{b.pgfenceWorkerB4Variant(b.cfg.jobs), b.outboxO1Variant(b.cfg.jobs)}
 	res := b.measure(ctx, "O1", vs)
-	for i, v := range vs {
-		metric := "jobs/s"
-		if i == 1 {
-			metric = "intents/s"
-		}
-		b.add(rateRow(scen, v.name, v.clients, metric, res[i]))
+	b.add(rateRow(scen, vs[0].name, vs[0].clients, "jobs/s", res[0]))
+	r := rateRow(scen, vs[1].name, vs[1].clients, "intents/s", res[1])
+	if rs := pairedRatios(res[1].rates, res[0].rates); len(rs) > 0 && r.Measured() {
+		m, _, _ := summarize(rs)
+		r = r.withRatio(m, "÷ Worker", o1Goal)
+		b.o1Goal.addRatio("Dispatcher ÷ Worker", r)
 	}
+	b.add(r)
 }
 
 // enqueueO1 empties the outbox and records n intents under one lease, in

@@ -257,3 +257,24 @@ func (b *bench) addContentionRows(scen, variant string, clients int, c *contenti
 	b.add(rows...)
 	return rows
 }
+
+// merge folds the counts of a child process (B1 across processes) into the
+// run: its grants, violations and regressions, found by the child's own
+// probe over its names, and per worker the first and last token it was
+// granted, for names slot base+k. A name whose first token of this run is
+// not greater than its last token of an earlier run is a token regression.
+func (r *probeRun) merge(base int, grants, violations, regressions int64, first, last []int64) {
+	r.grants.Add(grants)
+	r.violations.Add(violations)
+	r.regressions.Add(regressions)
+	for k := range min(len(first), len(last)) {
+		if first[k] == 0 {
+			continue // no grant
+		}
+		sl := &r.p.slots[base+k]
+		if prev := sl.last.Load(); prev != 0 && first[k] <= prev {
+			r.regressions.Add(1)
+		}
+		sl.last.Store(last[k])
+	}
+}

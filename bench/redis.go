@@ -244,6 +244,7 @@ func (b *bench) redisPeerVariant(p redisPeer, hot bool, clients int) variant {
 		b.add(rateRow(p.scen, v.name, clients, "cycles/s", s))
 		b.keep(p.key, k, clients, s.rates)
 		if hot {
+			b.keep(keyWaitP99(p.key), keyHot, clients, probe.cont.waitP99)
 			b.addContentionRows(p.scen, v.name, clients, &probe.cont, false)
 		}
 		if clients == 1 && !hot {

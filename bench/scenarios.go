@@ -46,6 +46,9 @@ func (b *bench) runAll(ctx context.Context) error {
 	if b.want("O1") {
 		b.runO1(ctx)
 	}
+	if b.want("K1") {
+		b.runK1(ctx)
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -57,7 +60,7 @@ func (b *bench) runAll(ctx context.Context) error {
 }
 
 // scenarioOrder is the order of the table's sections.
-var scenarioOrder = []string{"L0", "B1", "B2", "B3", "B4", "B5", "O1", "P1", "P2", "P3", "R", "M"}
+var scenarioOrder = []string{"L0", "B1", "B2", "B3", "B4", "B5", "O1", "K1", "P1", "P2", "P3", "R", "M"}
 
 // sortRows orders rows by section, keeping the order within a section.
 func sortRows(rows []Row) {
