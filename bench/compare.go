@@ -122,7 +122,11 @@ func (b *bench) addComparisons() {
 	} {
 		hot := &goalCheck{name: "B2 hot name, LISTEN: grants/s vs " + p.label + ", hot key", target: "≥ 1.0 at 8 and 32 clients"}
 		wait := &goalCheck{name: "B2 hot name, LISTEN: acquire wait p99 vs " + p.label + ", hot key", target: "≤ 0.5 × Redis's p99 at 8 and 32 clients"}
-		hotGoals = append(hotGoals, hot, wait)
+		if p.key == keyP3 {
+			// The issue's goals are against the durable Redis only; the
+			// ratios to P2 are printed without a goal.
+			hotGoals = append(hotGoals, hot, wait)
+		}
 		for _, c := range b.allClients() {
 			if r, ok := ratioRow("B1 full cycle ÷ "+p.label+", distinct", c, b.get(keyB1, keyB1Full, c), b.get(p.key, keyDistinct, c), "B1 ÷ "+p.short, 0); ok {
 				b.add(r)
@@ -141,7 +145,7 @@ func (b *bench) addComparisons() {
 				b.add(r)
 			}
 			goal = 0
-			if issueCounts(c) {
+			if p.key == keyP3 && issueCounts(c) {
 				goal = 1.0
 			}
 			if r, ok := ratioRow("B2 hot name ÷ "+p.label+", hot key", c, b.get(keyB2, keyB2Listen, c), b.get(p.key, keyHot, c), "B2 ÷ "+p.short+" hot", goal); ok {
@@ -152,7 +156,7 @@ func (b *bench) addComparisons() {
 			}
 			if r, ok := ratioRow("B2 hot name acquire wait p99 ÷ "+p.label+" acquire wait p99, hot key", c,
 				b.get(keyB2WaitP99, keyB2Listen, c), b.get(keyWaitP99(p.key), keyHot, c), "B2 p99 ÷ "+p.short+" p99", 0); ok {
-				if issueCounts(c) {
+				if p.key == keyP3 && issueCounts(c) {
 					r = r.withGoal("≤ 0.5", *r.Ratio <= 0.5)
 					wait.addRatio(fmt.Sprintf("c=%d", c), r)
 				}
