@@ -578,6 +578,8 @@ var rewrites = map[string][]string{
 	// The guard's generator and unguard: cheaper generated trigger functions
 	// and a mark function of their own in reentrant mode.
 	"00007_pgfence_guard_cost.sql": {"attach_guard", "unguard"},
+	// The many-leases functions: one UPDATE for a batch's common case.
+	"00008_pgfence_lock_many_set.sql": {"lock_grant_many", "lock_release_many"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
