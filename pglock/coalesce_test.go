@@ -596,6 +596,141 @@ func TestLockGrantMany(t *testing.T) {
 	}
 }
 
+// TestLockManyLockOrder: a batch locks rows only in byte order of the
+// names. lock_grant_many locks the free rows of its names before it grants
+// any: while it waits for one ("lo-b", locked by another transaction), it
+// holds no lock on a name it found held ("lo-a", before it in that order),
+// whose holder can release it meanwhile; the batch then reports "lo-a" as
+// changed (no token, no holder: call again) rather than locking it out of
+// order, and grants "lo-b". lock_release_many answers a lease of its own,
+// a lease lost (wrong token) and a name it does not hold, each as
+// lock_release would.
+func TestLockManyLockOrder(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	pool := pgtest.Pool(t)
+	other := []byte("fedcba9876543210")
+	key := []byte("0123456789abcdef")
+	var tokenA int64
+	if err := pool.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('lo-a', 'x', 60000000, $1)`, other).Scan(&tokenA); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO pgfence.locks (name, token) VALUES ('lo-b', 4)`); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx) //nolint:errcheck
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM pgfence.locks WHERE name = 'lo-b' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		rows []string
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		rows, err := pool.Query(ctx, `SELECT i, token, held_by, expires_at IS NULL, exhausted FROM pgfence.lock_grant_many(
+			ARRAY['lo-b', 'lo-a'], 'me', ARRAY[60000000, 60000000]::bigint[], $1) ORDER BY i`, key)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		var out []string
+		for rows.Next() {
+			var (
+				i              int
+				token          *int64
+				heldBy         *string
+				noExpiry, exhd bool
+			)
+			if err := rows.Scan(&i, &token, &heldBy, &noExpiry, &exhd); err != nil {
+				done <- answer{err: err}
+				return
+			}
+			s := fmt.Sprint(i, ":")
+			if token != nil {
+				s += fmt.Sprint(" token ", *token)
+			}
+			if heldBy != nil {
+				s += " held by " + *heldBy
+			}
+			if noExpiry {
+				s += " no expiry"
+			}
+			if exhd {
+				s += " exhausted"
+			}
+			out = append(out, s)
+		}
+		done <- answer{rows: out, err: rows.Err()}
+	}()
+	waitLockWait(t, pool, "lock_grant_many", 1)
+	// The batch waits for lo-b: lo-a, held by x, is not locked by it.
+	var released bool
+	if err := pool.QueryRow(ctx, `SELECT released FROM pgfence.lock_release('lo-a', $1, $2)`, tokenA, other).Scan(&released); err != nil {
+		t.Fatal(err)
+	}
+	if !released {
+		t.Fatal("x could not release lo-a while the batch waited")
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if g, want := strings.Join(a.rows, "|"), "1: token 5|2: no expiry"; g != want {
+		t.Errorf("lock_grant_many = %s, want %s (lo-b granted, lo-a changed: call again)", g, want)
+	}
+	var holder *string
+	var token int64
+	if err := pool.QueryRow(ctx, `SELECT holder, token FROM pgfence.locks WHERE name = 'lo-a'`).Scan(&holder, &token); err != nil {
+		t.Fatal(err)
+	}
+	if holder != nil || token != tokenA {
+		t.Errorf("lo-a after the batch: holder %v, token %d; want free at token %d", holder, token, tokenA)
+	}
+
+	// Releases: lo-b (this key's lease), lo-a (free: not this key's), lo-b
+	// again (released by the first element), lo-c (held with a wrong token).
+	var tokenC int64
+	if err := pool.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('lo-c', 'me', 60000000, $1)`, key).Scan(&tokenC); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT i, released, handed_off FROM pgfence.lock_release_many(
+		ARRAY['lo-b', 'lo-a', 'lo-b', 'lo-c'], ARRAY[5, $2, 5, $3]::bigint[], $1) ORDER BY i`, key, tokenA, tokenC+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var (
+			i                int
+			released, handed bool
+		)
+		if err := rows.Scan(&i, &released, &handed); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprint(i, released, handed))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if g, want := strings.Join(got, "|"), "1 true false|2 false false|3 false false|4 false false"; g != want {
+		t.Errorf("lock_release_many = %s, want %s", g, want)
+	}
+	if err := pool.QueryRow(ctx, `SELECT holder FROM pgfence.locks WHERE name = 'lo-c'`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	if holder == nil || *holder != "me" {
+		t.Errorf("lo-c after a release with a wrong token: holder %v, want me", holder)
+	}
+}
+
 // TestCoalesceAbandonedGrantReleased: a caller whose context ends while its
 // batch is out gets its context's error and no Lease; when the batch then
 // grants its name, the Locker releases that lease at once (nobody can use
