@@ -357,6 +357,11 @@ type unknownVariant struct {
 	reconcile bool
 }
 
+// nextGrantBound is how soon after an unknown grant's expiry another client
+// must get the lease on an idle machine; TestUnknownAcquireOutcome adds the
+// timer overrun it measures while the client waits.
+const nextGrantBound = 500 * time.Millisecond
+
 // TestUnknownAcquireOutcome makes a grant's outcome unknown to the caller:
 // the reply is blackholed after the request reached the server, or the
 // connection is dropped right after the request was written, or the request
@@ -381,6 +386,7 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 	}
 	const ttl = time.Second
 	ctx := context.Background()
+	probe := startSchedProbe(t)
 	dsn := pgtest.DSN(t)
 	admin := appPool(t, dsn, appAdmin, 2)
 	const app = "faults-unknown"
@@ -529,7 +535,11 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			if !errors.Is(err, pgfence.ErrLocked) || !errors.As(err, &locked) || locked.Holder != locker.Holder() {
 				t.Fatalf("%s: another client's TryAcquire: %v, want ErrLocked naming %q", v.name, err, locker.Holder())
 			}
+			waitFrom := time.Now()
 			c := acquireRetry(t, others, other, name, ttl)
+			// 500 ms on an idle machine, plus by how much this process's
+			// timers ran late meanwhile (the waiter sleeps until the expiry).
+			bound := nextGrantBound - timerSlack + probe.slack(waitFrom)
 			if c.Token() != info.Token+1 {
 				t.Errorf("%s: next grant has token %d after %d", v.name, c.Token(), info.Token)
 			}
@@ -537,8 +547,8 @@ func TestUnknownAcquireOutcome(t *testing.T) {
 			if err := admin.QueryRow(ctx, "SELECT acquired_at FROM pgfence.locks WHERE name = $1", name).Scan(&grantedAt); err != nil {
 				t.Fatal(err)
 			}
-			if grantedAt.Sub(info.ExpiresAt) > 500*time.Millisecond || grantedAt.Before(info.ExpiresAt) {
-				t.Errorf("%s: next grant %v after the unknown grant's expiry (want within 500ms, not before)", v.name, grantedAt.Sub(info.ExpiresAt))
+			if grantedAt.Sub(info.ExpiresAt) > bound || grantedAt.Before(info.ExpiresAt) {
+				t.Errorf("%s: next grant %v after the unknown grant's expiry (want within %v, not before)", v.name, grantedAt.Sub(info.ExpiresAt), bound)
 			}
 			maxNextGrant = max(maxNextGrant, grantedAt.Sub(info.ExpiresAt))
 			expired++
