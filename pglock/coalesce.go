@@ -43,11 +43,17 @@ const maxCoalesce = 64
 // together when it returns (Kafka's max.in.flight, at 1). A grant statement
 // and a release statement can still be out at the same time (one coalescer
 // each). One was measured against two with acquire+release cycles on
-// distinct names, one Locker, 2 cores: 1.2 to 1.3 times the cycles/s at 8
+// distinct names, one Locker, 2 cores: 1.1 to 1.4 times the cycles/s at 8
 // and at 32 clients with less CPU per cycle, because the calls that queue
 // behind a statement share the next one instead of paying for a statement
 // of their own (the server's CPU per statement, not its commit wait, bounds
 // these rates). A lone caller finds no statement out and waits for nothing.
+// Two variants did not pay (two alternations each, 4 s runs): a second
+// statement sent as soon as 8 calls had queued (0.57 to 0.97 times the
+// cycles/s at 32 and 128 clients; at 16 calls 0.66 to 1.28, no clear gain),
+// and a second single-lease statement while the one out carries a lone call
+// (1.3 to 1.4 times with 4 processes of 2 clients each, but 0.64 to 0.68
+// times with 4 processes of 8 and 0.78 to 0.99 with one of 8).
 const maxInFlight = 1
 
 // coalesceCall is one call waiting in a coalescer.
