@@ -580,6 +580,8 @@ var rewrites = map[string][]string{
 	"00007_pgfence_guard_cost.sql": {"attach_guard", "unguard"},
 	// The many-leases functions: one UPDATE for a batch's common case.
 	"00008_pgfence_lock_many_set.sql": {"lock_grant_many", "lock_release_many"},
+	// lock_renew_many locks its rows in name order first.
+	"00009_pgfence_lock_renew_order.sql": {"lock_renew_many"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

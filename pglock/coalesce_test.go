@@ -804,6 +804,63 @@ func TestLockManyLockOrder(t *testing.T) {
 	}
 }
 
+// TestLockRenewManyLockOrder: lock_renew_many locks the rows it renews in
+// byte order of the names before it renews any. Asked to renew "ro-b" then
+// "ro-a" while another transaction holds "ro-a"'s row, it waits for "ro-a"
+// holding no lock on "ro-b" (a release batch of the same Locker, which locks
+// in name order, could otherwise wait for "ro-b" while holding "ro-a"), then
+// renews both.
+func TestLockRenewManyLockOrder(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	pool := pgtest.Pool(t)
+	key := []byte("0123456789abcdef")
+	tokens := map[string]int64{}
+	for _, name := range []string{"ro-a", "ro-b"} {
+		var token int64
+		if err := pool.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant($1, 'me', 60000000, $2)`, name, key).Scan(&token); err != nil {
+			t.Fatal(err)
+		}
+		tokens[name] = token
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx) //nolint:errcheck
+	if _, err := blocker.Exec(ctx, `SELECT 1 FROM pgfence.locks WHERE name = 'ro-a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	renewed := make(chan int, 1)
+	go func() {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lock_renew_many(ARRAY['ro-b', 'ro-a'], ARRAY[$1, $2]::bigint[], $3, ARRAY[120000000, 120000000]::bigint[])`,
+			tokens["ro-b"], tokens["ro-a"], key).Scan(&n)
+		renewed <- n
+		done <- err
+	}()
+	waitLockWait(t, pool, "lock_renew_many", 1)
+	probe, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = probe.Exec(ctx, `SELECT 1 FROM pgfence.locks WHERE name = 'ro-b' FOR UPDATE NOWAIT`)
+	_ = probe.Rollback(ctx)
+	if err != nil {
+		t.Errorf("ro-b while the renewal waits for ro-a: %v; want it not locked (rows locked in name order)", err)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := <-renewed; n != 2 {
+		t.Errorf("lock_renew_many renewed %d leases, want 2", n)
+	}
+}
+
 // TestCoalesceAbandonedGrantReleased: a caller whose context ends while its
 // batch is out gets its context's error and no Lease; when the batch then
 // grants its name, the Locker releases that lease at once (nobody can use
