@@ -582,6 +582,8 @@ var rewrites = map[string][]string{
 	"00008_pgfence_lock_many_set.sql": {"lock_grant_many", "lock_release_many"},
 	// lock_renew_many locks its rows in name order first.
 	"00009_pgfence_lock_renew_order.sql": {"lock_renew_many"},
+	// lock_release tags its handoff notifications.
+	"00010_pgfence_handoff_tag.sql": {"lock_release"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -238,11 +238,17 @@ func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration
 			return nil, closedError(op, name)
 		case turnHandoff:
 			// A notification says a release handed the lease to this wait.
-			// It only wakes: any role that can read pgfence.lock_queue can
-			// send one with this wait's key and id, and a payload proves
-			// nothing. The lease is the one the database shows granted to
+			// Any role that can read pgfence.lock_queue can send one with
+			// this wait's key and id: only a payload whose tag checks with
+			// this Locker's handoff key is taken as the lease (handoff.go).
+			// Otherwise the lease is the one the database shows granted to
 			// this wait (HandedLock, a read, no commit); if it is not there
 			// (or already ended), the next attempt looks again.
+			if lease := l.taggedHandoff(ctx, name, ttl, w, queuedAt); lease != nil {
+				got = true
+				l.setHot(name, true)
+				return lease, nil
+			}
 			lease, err := l.handed(ctx, op, name, ttl, w.wkey, w.waitID)
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err

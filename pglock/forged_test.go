@@ -2,8 +2,11 @@ package pglock
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"net/url"
 	"testing"
 	"time"
@@ -18,7 +21,8 @@ import (
 // every waiter's key and wait id and may send any payload on the handoff
 // channel: the current holder's token, the next token (what a real handoff
 // would say), a higher or lower one, another waiter's key or wait id. None of
-// them makes Acquire return: each waiter wakes, reads its grant in the
+// them makes Acquire return, nor does a tag the forger can compute (it does
+// not know the lease key nor the secret of pgfence.handoff_secret): each waiter wakes, reads its grant in the
 // database, finds none and waits on. The real releases then hand the lease
 // to the waiters in order, with the tokens the database granted.
 func TestHandoffForgedNotification(t *testing.T) {
@@ -29,7 +33,7 @@ func TestHandoffForgedNotification(t *testing.T) {
 	const name = "handoff-forged"
 
 	// The forger: may connect and read the queue, nothing else.
-	role := fmt.Sprintf("forger_%d_%04d", time.Now().UnixNano()%1_000_000, rand.IntN(10000))
+	role := fmt.Sprintf("forger_%d_%04d", time.Now().UnixNano()%1_000_000, mrand.IntN(10000))
 	id := pgx.Identifier{role}.Sanitize()
 	for _, stmt := range []string{
 		"CREATE ROLE " + id + " LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE",
@@ -63,6 +67,7 @@ func TestHandoffForgedNotification(t *testing.T) {
 		sig          <-chan string
 		res          <-chan acquired
 		wkey, waitID int64
+		keyHash      []byte
 	}
 	var ws []*queued
 	for _, h := range []string{"a", "b"} {
@@ -70,7 +75,7 @@ func TestHandoffForgedNotification(t *testing.T) {
 		q := &queued{holder: h, sig: waitSignal(l)}
 		q.res = acquireAsync(ctx, l, name, time.Minute)
 		<-q.sig // queued and asleep
-		if err := forger.QueryRow(ctx, "SELECT wkey, wait_id FROM pgfence.lock_queue WHERE name = $1 AND holder = $2", name, h).Scan(&q.wkey, &q.waitID); err != nil {
+		if err := forger.QueryRow(ctx, "SELECT wkey, wait_id, key_hash FROM pgfence.lock_queue WHERE name = $1 AND holder = $2", name, h).Scan(&q.wkey, &q.waitID, &q.keyHash); err != nil {
 			t.Fatalf("the forger reads %s's queue row: %v", h, err)
 		}
 		ws = append(ws, q)
@@ -101,6 +106,23 @@ func TestHandoffForgedNotification(t *testing.T) {
 		forged{"a's key, b's wait id", a, fmt.Sprintf("%d %d %d %d", a.wkey, b.waitID, tok+1, far)},
 		forged{"b's key, a's wait id", b, fmt.Sprintf("%d %d %d %d", b.wkey, a.waitID, tok+1, far)},
 	)
+	// Payloads with a tag (migration 00010): the forger knows everything of
+	// the queue row but the lease key, so it tries what it can compute.
+	for _, w := range ws {
+		msg := fmt.Sprintf("%d %d %d %d", w.wkey, w.waitID, tok+1, far)
+		khh := sha256.Sum256(w.keyHash)
+		for _, c := range []struct {
+			what string
+			tag  []byte
+		}{
+			{"a random tag", randomBytes(t, sha256.Size)},
+			{"a tag keyed with the key's hash", handoffTag(w.keyHash, msg)},
+			{"a tag keyed with the hash of the key's hash", handoffTag(khh[:], msg)},
+			{"a tag of the message alone", func() []byte { h := sha256.Sum256([]byte(msg)); return h[:] }()},
+		} {
+			cases = append(cases, forged{w.holder + ": " + c.what, w, msg + " " + hex.EncodeToString(c.tag)})
+		}
+	}
 	for _, c := range cases {
 		if _, err := forger.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, c.payload); err != nil {
 			t.Fatalf("%s: %v", c.what, err)
@@ -157,4 +179,12 @@ func TestHandoffForgedNotification(t *testing.T) {
 	if err := rb.lease.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func randomBytes(t testing.TB, n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

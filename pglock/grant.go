@@ -113,6 +113,7 @@ func (l *Locker) handed(ctx context.Context, op, name string, ttl time.Duration,
 		r    dbsqlc.HandedLockRow
 		sent time.Time
 	)
+	l.handedReads.Add(1)
 	err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now()
 		r, err = l.q.HandedLock(ctx, conn, dbsqlc.HandedLockParams{Wkey: wkey, WaitID: waitID, Key: l.key})

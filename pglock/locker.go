@@ -47,8 +47,14 @@ type Locker struct {
 	nHot  atomic.Int64        // len(hot), read without hotMu
 	slots map[string][]int64  // per name, queue keys whose wait is over (see takeSlot); under hotMu
 
+	hkMu    sync.Mutex
+	hk      []byte    // the handoff key (see handoff.go); nil until read; under hkMu
+	hkRetry time.Time // after a failed read of hk: not before then; under hkMu
+
 	// waitHook, when set (tests), is called each time a waiter starts waiting.
 	waitHook func(name string)
+	// handedReads counts HandedLock reads (tests).
+	handedReads atomic.Int64
 }
 
 // New returns a Locker on pool. It validates cfg and does no I/O; a nil cfg

@@ -47,6 +47,11 @@ FROM pgfence.lock_wait(sqlc.arg(name)::pg_catalog.text, sqlc.arg(holder)::pg_cat
 SELECT g.token, g.expires_at, g.db_now
 FROM pgfence.lock_handed(sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.arg(key)::pg_catalog.bytea) AS g;
 
+-- name: HandoffKey :one
+-- HandoffKey returns the handoff key of the lease key key
+-- (pgfence.lock_handoff_key): it checks the tag of a handoff notification.
+SELECT pgfence.lock_handoff_key(sqlc.arg(key)::pg_catalog.bytea)::pg_catalog.bytea AS handoff_key;
+
 -- name: LeaveQueue :one
 -- LeaveQueue takes the waiter wkey queued with key out of the queue
 -- (pgfence.lock_leave) and returns the token of a lease handed to its wait

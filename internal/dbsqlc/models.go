@@ -62,6 +62,13 @@ type PgfenceHaEpoch struct {
 	BumpedAt *time.Time
 }
 
+// The secret pgfence.lock_release tags handoff notifications with (see pgfence.lock_handoff_key). One row. Grant it to no role: whoever reads it can make a handoff notification a waiter believes.
+type PgfenceHandoffSecret struct {
+	ID bool
+	// 32 random bytes drawn when the migration ran.
+	Secret []byte
+}
+
 // Job queue. A row is available (waiting until run_at), running (claimed until claim_expires_at, database clock), completed or dead (failed max_attempts times, last_error kept). Leased claims give each claimed row a new claim_token; complete, fail, heartbeat and release are conditional on (id, claim_token), so a worker whose claim expired and was re-claimed changes nothing. Finished rows are kept until the application deletes them.
 type PgfenceJob struct {
 	// Job id, assigned by the database.

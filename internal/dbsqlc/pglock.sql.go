@@ -145,6 +145,19 @@ func (q *Queries) HandedLock(ctx context.Context, db DBTX, arg HandedLockParams)
 	return i, err
 }
 
+const handoffKey = `-- name: HandoffKey :one
+SELECT pgfence.lock_handoff_key($1::pg_catalog.bytea)::pg_catalog.bytea AS handoff_key
+`
+
+// HandoffKey returns the handoff key of the lease key key
+// (pgfence.lock_handoff_key): it checks the tag of a handoff notification.
+func (q *Queries) HandoffKey(ctx context.Context, db DBTX, key []byte) ([]byte, error) {
+	row := db.QueryRow(ctx, handoffKey, key)
+	var handoff_key []byte
+	err := row.Scan(&handoff_key)
+	return handoff_key, err
+}
+
 const leaveQueue = `-- name: LeaveQueue :one
 SELECT g.removed, g.granted_token
 FROM pgfence.lock_leave($1::bigint, $2::bigint, $3::pg_catalog.bytea) AS g

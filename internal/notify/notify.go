@@ -87,6 +87,10 @@ type Subscription struct {
 	payload string
 	any     bool
 	ch      chan struct{}
+	// last is the payload of the latest notification that woke the
+	// subscription since the previous Payload call, nil if none or if a
+	// (re)connection woke it after that notification (under l.mu).
+	last *string
 }
 
 // New returns a stopped Listener for pool. It panics if pool is nil or
@@ -212,8 +216,9 @@ func (l *Listener) Subscribe(channel string) *Subscription {
 // SubscribePayload is Subscribe limited to notifications on channel whose
 // payload equals payload (on a Config.KeyedChannels channel: whose payload up
 // to its first space equals payload); every (re)connection still wakes it.
-// A wake-up carries no data: any role that may connect can NOTIFY, so a
-// subscriber reads what it needs from the database.
+// A wake-up proves nothing: any role that may connect can NOTIFY, so a
+// subscriber reads what it needs from the database, or checks what
+// [Subscription.Payload] returns against something the sender cannot forge.
 func (l *Listener) SubscribePayload(channel, payload string) *Subscription {
 	return l.subscribe(channel, payload, false)
 }
@@ -262,7 +267,25 @@ func (s *Subscription) Close() {
 	}
 }
 
-func (s *Subscription) wake() {
+// Payload returns the whole payload of the latest notification that woke s
+// since the previous call (ok false if none did, or if a (re)connection woke
+// s after it), and forgets it. Anyone may send a notification: the payload
+// is a claim, not a fact.
+func (s *Subscription) Payload() (payload string, ok bool) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	p := s.last
+	s.last = nil
+	if p == nil {
+		return "", false
+	}
+	return *p, true
+}
+
+// wake signals s; l.mu is held. payload is the notification's (nil: a
+// (re)connection).
+func (s *Subscription) wake(payload *string) {
+	s.last = payload
 	select {
 	case s.ch <- struct{}{}:
 	default:
@@ -277,8 +300,9 @@ func (l *Listener) dispatch(channel, payload string) {
 	if cs == nil {
 		return
 	}
+	p := &payload
 	for s := range cs.any {
-		s.wake()
+		s.wake(p)
 	}
 	key := payload
 	if cs.keyed {
@@ -288,7 +312,7 @@ func (l *Listener) dispatch(channel, payload string) {
 	}
 	if set := cs.byPayload[key]; len(set) > 0 {
 		for s := range set {
-			s.wake()
+			s.wake(p)
 		}
 	}
 }
@@ -305,11 +329,11 @@ func (l *Listener) setUp(up bool) {
 	l.signalChange()
 	for _, cs := range l.subs {
 		for s := range cs.any {
-			s.wake()
+			s.wake(nil)
 		}
 		for _, set := range cs.byPayload {
 			for s := range set {
-				s.wake()
+				s.wake(nil)
 			}
 		}
 	}

@@ -1,0 +1,199 @@
+package pglock
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
+)
+
+// listenHandoffs returns a connection LISTENing on the handoff channel, as
+// any role that may connect can.
+func listenHandoffs(t *testing.T, ctx context.Context, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+handoffChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// A handed lease whose notification carries a tag that checks is taken from
+// the payload, with no read; the payload seen by a listener does not hand a
+// later wait of the same Locker (same wkey, new wait id) anything.
+func TestHandoffTagged(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 2*time.Minute)
+	const name = "handoff-tagged"
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+	tok := held.Token()
+
+	w := newLocker(t, pool, &Config{Holder: "w", PollInterval: 30 * time.Second})
+	// Listening before the wait: a (re)connection wakes every waiter to
+	// read, which is not what this test counts.
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	res := acquireAsync(ctx, w, name, time.Minute)
+	<-sig
+	asleep := time.Now() // after the wait was queued
+	spy := listenHandoffs(t, ctx, dsn)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() != tok+1 {
+		t.Fatalf("handed token %d, want %d", r.lease.Token(), tok+1)
+	}
+	if n := w.handedReads.Load(); n != 0 {
+		t.Fatalf("%d HandedLock reads for a tagged handoff, want 0 (the payload is the lease)", n)
+	}
+	if info := inspect(t, pool, name); info.Holder != "w" || info.Token != tok+1 || !info.ExpiresAt.Equal(r.lease.ExpiresAt()) {
+		t.Fatalf("row %+v, lease token %d expiry %v", info, r.lease.Token(), r.lease.ExpiresAt())
+	}
+	// The local deadline counts from before the wait was queued.
+	if d := r.lease.Deadline(); d.After(asleep.Add(time.Minute)) || !d.After(time.Now()) {
+		t.Fatalf("deadline %v: want after now and not after the wait's queueing + TTL %v", d, asleep.Add(time.Minute))
+	}
+	n, err := spy.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(n.Payload)
+	if len(f) != 5 || f[2] != fmt.Sprint(tok+1) {
+		t.Fatalf("handoff payload %q: want wkey wait_id token(%d) expiry_us tag", n.Payload, tok+1)
+	}
+
+	// A later wait of w: the same queue key (its row is reused), a new wait
+	// id. The captured payload, sent again, only wakes it.
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	held2 := mustAcquire(t, owner, name, time.Minute)
+	drainSignals(sig)
+	res2 := acquireAsync(ctx, w, name, time.Minute)
+	<-sig
+	var wkey string
+	if err := pool.QueryRow(ctx, "SELECT wkey::text FROM pgfence.lock_queue WHERE name = $1 AND holder = 'w' AND granted_token IS NULL", name).Scan(&wkey); err != nil {
+		t.Fatal(err)
+	}
+	if wkey != f[0] {
+		t.Fatalf("the second wait queued with key %s, the first with %s: the replay would not reach it", wkey, f[0])
+	}
+	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, n.Payload); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sig: // woken, read, asleep again
+	case r := <-res2:
+		t.Fatalf("a replayed payload made Acquire return (%v, %v)", r.lease, r.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the replayed payload did not wake the waiter")
+	}
+	if got := w.handedReads.Load(); got != 1 {
+		t.Fatalf("%d HandedLock reads after a replayed payload, want 1", got)
+	}
+	if err := held2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r2 := <-res2
+	if r2.err != nil {
+		t.Fatal(r2.err)
+	}
+	if r2.lease.Token() != held2.Token()+1 {
+		t.Fatalf("second handoff: token %d, want %d", r2.lease.Token(), held2.Token()+1)
+	}
+	if err := r2.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A wait older than half its TTL does not take the lease from the payload:
+// its local deadline would count from before the wait, leaving less than
+// half the TTL. It reads the lease, and its deadline counts from the read.
+func TestHandoffTaggedLongWait(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-tagged-long"
+	const ttl = 2 * time.Second
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+	w := newLocker(t, pool, &Config{Holder: "w"})
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	start := time.Now()
+	res := acquireAsync(ctx, w, name, ttl)
+	<-sig
+	// The condition under test is the wait's age: let it pass half the TTL.
+	time.Sleep(ttl/2 + 100*time.Millisecond)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if n := w.handedReads.Load(); n != 1 {
+		t.Fatalf("%d HandedLock reads for a wait of more than half its TTL, want 1", n)
+	}
+	if d := r.lease.Deadline(); !d.After(start.Add(ttl)) {
+		t.Fatalf("deadline %v counts from before the wait (%v + %v)", d, start, ttl)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkHandoff takes only a payload for this wait whose tag is the one the
+// handoff key makes.
+func TestCheckHandoff(t *testing.T) {
+	k := sha256.Sum256([]byte("handoff key"))
+	other := sha256.Sum256([]byte("another key"))
+	const msg = "17 42 7 1796544816584376"
+	good := msg + " " + hex.EncodeToString(handoffTag(k[:], msg))
+	tagged := func(m string) string { return m + " " + hex.EncodeToString(handoffTag(k[:], m)) }
+	if tok, exp, ok := checkHandoff(good, 17, 42, k[:]); !ok || tok != 7 || exp != 1796544816584376 {
+		t.Fatalf("good payload: %d %d %v", tok, exp, ok)
+	}
+	for what, p := range map[string]string{
+		"another key's tag":   msg + " " + hex.EncodeToString(handoffTag(other[:], msg)),
+		"no tag":              msg,
+		"another wkey":        tagged("18 42 7 1796544816584376"),
+		"another wait id":     tagged("17 43 7 1796544816584376"),
+		"token 0":             tagged("17 42 0 1796544816584376"),
+		"negative token":      tagged("17 42 -7 1796544816584376"),
+		"token not a number":  tagged("17 42 x 1796544816584376"),
+		"expiry not a number": tagged("17 42 7 soon"),
+		"a field more":        tagged(msg + " 1"),
+		"a short tag":         msg + " " + hex.EncodeToString(handoffTag(k[:], msg))[:62],
+		"a tag not hex":       msg + " " + strings.Repeat("zz", 32),
+		"the tag of another token": "17 42 8 1796544816584376 " +
+			hex.EncodeToString(handoffTag(k[:], msg)),
+		"empty": "",
+	} {
+		if tok, exp, ok := checkHandoff(p, 17, 42, k[:]); ok {
+			t.Errorf("%s (%q): accepted, token %d expiry %d", what, p, tok, exp)
+		}
+	}
+}
