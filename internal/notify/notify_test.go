@@ -42,6 +42,14 @@ func quiet(t *testing.T, s *Subscription, what string) {
 	}
 }
 
+// payloadIs checks what s.Payload returns.
+func payloadIs(t *testing.T, s *Subscription, want string, wantOK bool, what string) {
+	t.Helper()
+	if got, ok := s.Payload(); got != want || ok != wantOK {
+		t.Fatalf("%s: Payload() = %q, %v; want %q, %v", what, got, ok, want, wantOK)
+	}
+}
+
 func send(t *testing.T, pool *pgxpool.Pool, channel, payload string) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), "SELECT pg_notify($1, $2)", channel, payload); err != nil {
@@ -136,11 +144,15 @@ func TestKeyedChannel(t *testing.T) {
 	l.Start()
 	for _, s := range []*Subscription{k1, k12, plain, plainMy} {
 		recv(t, s, "the first connection wakes every subscription")
+		payloadIs(t, s, "", false, "after a connection")
 	}
 	send(t, pool, "keyed", "k1 7 123")
 	recv(t, k1, "key k1")
+	payloadIs(t, k1, "k1 7 123", true, "key k1")
+	payloadIs(t, k1, "", false, "a second Payload call")
 	send(t, pool, "keyed", "k1")
 	recv(t, k1, "bare key k1")
+	payloadIs(t, k1, "k1", true, "bare key k1")
 	quiet(t, k12, "k12 woken by k1 (keys match whole)")
 	send(t, pool, "plain", "my lock")
 	recv(t, plain, "whole payload on a plain channel")
@@ -179,9 +191,11 @@ func TestReconnectWakesEveryoneAndResumes(t *testing.T) {
 			WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&killed); err != nil || killed != 1 {
 			t.Fatalf("round %d: terminated %d listening backends: %v", round, killed, err)
 		}
-		// No notification is sent: only the reconnection can wake them.
+		// No notification is sent: only the reconnection can wake them,
+		// and it forgets a payload not yet read.
 		for _, s := range subs {
 			recv(t, s, "reconnection")
+			payloadIs(t, s, "", false, "after a reconnection")
 		}
 		if n := l.connectCount(); n != round+1 {
 			t.Fatalf("round %d: %d connections, want %d", round, n, round+1)
@@ -192,6 +206,7 @@ func TestReconnectWakesEveryoneAndResumes(t *testing.T) {
 		send(t, pool, "alpha", "p")
 		recv(t, p, "delivery after the reconnection")
 		recv(t, anyA, "delivery after the reconnection")
+		payloadIs(t, anyA, "p", true, "delivery after the reconnection")
 		send(t, pool, "beta", "q")
 		recv(t, b, "delivery after the reconnection")
 	}
