@@ -58,7 +58,7 @@ BEGIN
         RAISE EXCEPTION 'pgfence.lock_handoff_key: key must be 16 to 64 random bytes, got %',
             coalesce(octet_length(lock_handoff_key.key)::text || ' bytes', 'NULL') USING ERRCODE = 'PF011';
     END IF;
-    SELECT sha256(h.secret || sha256(lock_handoff_key.key)) INTO k FROM pgfence.handoff_secret AS h;
+    SELECT sha256(h.secret || sha256(lock_handoff_key.key)) INTO k FROM pgfence.handoff_secret AS h WHERE h.id;
     IF k IS NULL THEN
         RAISE EXCEPTION 'pgfence.lock_handoff_key: pgfence.handoff_secret has no row; handoff notifications carry no tag'
             USING ERRCODE = '55000';
@@ -160,10 +160,13 @@ BEGIN
     CROSS JOIN LATERAL (SELECT rel.wkey || ' ' || rel.wait_id || ' ' || rel.token || ' '
                                || (extract(epoch FROM rel.expires_at) * 1000000)::bigint AS s) AS msg
     -- The waiter's handoff key (pgfence.lock_handoff_key): NULL, and the
-    -- payload without a tag, if the secret is missing.
+    -- payload without a tag, if the secret is missing. Read through the
+    -- primary key (h.id): lock_release_many runs this function with
+    -- enable_seqscan off, and a disabled sequential scan's cost made the
+    -- whole statement JIT-compiled (about 0.4 s per handoff).
     LEFT JOIN LATERAL (SELECT sha256(h.secret || rel.key_hash) AS k
                        FROM pgfence.handoff_secret AS h
-                       WHERE rel.ticket IS NOT NULL) AS mk ON true;
+                       WHERE h.id AND rel.ticket IS NOT NULL) AS mk ON true;
     IF NOT FOUND THEN
         released := false;
         handed_off := false;
