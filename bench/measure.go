@@ -65,10 +65,15 @@ func (b *bench) measure(ctx context.Context, scenario string, vs []variant) []se
 				continue
 			}
 			out[i].rates = append(out[i].rates, res.rate())
-			out[i].allocs = append(out[i].allocs, res.allocsPerOp())
-			out[i].bytes = append(out[i].bytes, res.bytesPerOp())
-			b.progress("%s %s c=%d rep %d/%d: %s/s (%d ops in %s, %.0f allocs/op)", scenario, v.name, v.clients,
-				rep+1, b.cfg.reps, formatNum(res.rate()), res.ops, res.elapsed.Round(time.Millisecond), res.allocsPerOp())
+			allocs := fmt.Sprintf("%.0f allocs/op", res.allocsPerOp())
+			if res.elsewhere {
+				allocs = "allocations in the child processes, not counted"
+			} else {
+				out[i].allocs = append(out[i].allocs, res.allocsPerOp())
+				out[i].bytes = append(out[i].bytes, res.bytesPerOp())
+			}
+			b.progress("%s %s c=%d rep %d/%d: %s/s (%d ops in %s, %s)", scenario, v.name, v.clients,
+				rep+1, b.cfg.reps, formatNum(res.rate()), res.ops, res.elapsed.Round(time.Millisecond), allocs)
 		}
 	}
 	for i, v := range vs {

@@ -16,6 +16,9 @@ type runResult struct {
 	elapsed time.Duration
 	mallocs uint64 // heap allocations during the run, all goroutines
 	bytes   uint64 // heap bytes allocated during the run
+	// elsewhere: the work ran in other processes (B1's 4 processes), so
+	// this process's allocation counters say nothing about it.
+	elsewhere bool
 }
 
 func (r runResult) rate() float64 {
