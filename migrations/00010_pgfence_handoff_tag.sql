@@ -4,8 +4,10 @@
 -- next, because any role that may connect can send a notification and one
 -- that can read pgfence.lock_queue knows every waiter's wkey and wait_id.
 --
--- pgfence.lock_release now ends the handoff payload with a tag only the
--- waiter can check: "wkey wait_id token expiry_us tag", where tag is the hex
+-- pgfence.lock_release now adds to the handoff payload what is left of the
+-- lease on the server's clock when the payload is made (left_us) and ends it
+-- with a tag only the waiter can check: "wkey wait_id token expiry_us left_us
+-- tag", where tag is the hex
 -- of sha256(k || sha256(k || message)), message the payload before the tag
 -- (UTF-8), and k the waiter's handoff key, sha256(secret || sha256(lease
 -- key)). The secret is 32 random bytes drawn by this migration into
@@ -157,8 +159,14 @@ BEGIN
                      THEN pg_notify('pgfence_lock_released', rel.name)::text END) IS NOT NULL
     INTO released, handed_off, notified
     FROM rel
+    -- left_us: what is left of the lease now, on the server's clock. Its
+    -- expiry counts from the start of this transaction (now()), which may
+    -- precede the waiter's queueing; clock_timestamp() here follows the
+    -- snapshot that saw the waiter queued, so a waiter that counts left_us
+    -- from before it queued stops before the lease ends.
     CROSS JOIN LATERAL (SELECT rel.wkey || ' ' || rel.wait_id || ' ' || rel.token || ' '
-                               || (extract(epoch FROM rel.expires_at) * 1000000)::bigint AS s) AS msg
+                               || (extract(epoch FROM rel.expires_at) * 1000000)::bigint || ' '
+                               || (extract(epoch FROM rel.expires_at - clock_timestamp()) * 1000000)::bigint AS s) AS msg
     -- The waiter's handoff key (pgfence.lock_handoff_key): NULL, and the
     -- payload without a tag, if the secret is missing. Read through the
     -- primary key (h.id): lock_release_many runs this function with
@@ -178,7 +186,7 @@ $fn$;
 COMMENT ON FUNCTION pgfence.lock_release(text, bigint, bytea) IS
   'Ends the lease (name, token) held with key; released false: the lease is lost, nothing changed. Hands the lease '
   'to the first live waiter of pgfence.lock_queue if there is one (handed_off, NOTIFY pgfence_lock_handoff with '
-  '"wkey wait_id token expiry_us tag", durable), else frees it (token kept) and notifies pgfence_lock_released if a '
+  '"wkey wait_id token expiry_us left_us tag", durable), else frees it (token kept) and notifies pgfence_lock_released if a '
   'waiter marked it (notified). Bad arguments: PF011.';
 
 -- +goose Down

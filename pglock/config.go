@@ -35,8 +35,9 @@ const notifyChannel = "pgfence_lock_released"
 // handoffChannel is the PostgreSQL NOTIFY channel on which a release that
 // handed its lease to the first waiter in the queue (pgfence.lock_queue)
 // announces that waiter's key, the id of its wait, the new token and the new
-// expiry in microseconds since the Unix epoch, and a tag (payload "wkey
-// wait_id token expiry_us tag", see handoff.go). The LISTEN connection
+// expiry in microseconds since the Unix epoch, what is left of the lease,
+// and a tag (payload "wkey wait_id token expiry_us left_us tag", see
+// handoff.go). The LISTEN connection
 // listens on it too. Any role that can connect may send one: the waiter takes
 // the lease from the payload only if the tag checks with its handoff key, and
 // otherwise reads its grant in the database before it returns a lease.

@@ -109,7 +109,7 @@ func TestHandoffForgedNotification(t *testing.T) {
 	// Payloads with a tag (migration 00010): the forger knows everything of
 	// the queue row but the lease key, so it tries what it can compute.
 	for _, w := range ws {
-		msg := fmt.Sprintf("%d %d %d %d", w.wkey, w.waitID, tok+1, far)
+		msg := fmt.Sprintf("%d %d %d %d %d", w.wkey, w.waitID, tok+1, far, time.Hour.Microseconds())
 		khh := sha256.Sum256(w.keyHash)
 		for _, c := range []struct {
 			what string

@@ -78,8 +78,8 @@ func TestHandoffTagged(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := strings.Fields(n.Payload)
-	if len(f) != 5 || f[2] != fmt.Sprint(tok+1) {
-		t.Fatalf("handoff payload %q: want wkey wait_id token(%d) expiry_us tag", n.Payload, tok+1)
+	if len(f) != 6 || f[2] != fmt.Sprint(tok+1) {
+		t.Fatalf("handoff payload %q: want wkey wait_id token(%d) expiry_us left_us tag", n.Payload, tok+1)
 	}
 
 	// A later wait of w: the same queue key (its row is reused), a new wait
@@ -170,30 +170,98 @@ func TestHandoffTaggedLongWait(t *testing.T) {
 func TestCheckHandoff(t *testing.T) {
 	k := sha256.Sum256([]byte("handoff key"))
 	other := sha256.Sum256([]byte("another key"))
-	const msg = "17 42 7 1796544816584376"
+	const msg = "17 42 7 1796544816584376 29000000"
 	good := msg + " " + hex.EncodeToString(handoffTag(k[:], msg))
 	tagged := func(m string) string { return m + " " + hex.EncodeToString(handoffTag(k[:], m)) }
-	if tok, exp, ok := checkHandoff(good, 17, 42, k[:]); !ok || tok != 7 || exp != 1796544816584376 {
-		t.Fatalf("good payload: %d %d %v", tok, exp, ok)
+	if tok, exp, left, ok := checkHandoff(good, 17, 42, k[:]); !ok || tok != 7 || exp != 1796544816584376 || left != 29000000 {
+		t.Fatalf("good payload: %d %d %d %v", tok, exp, left, ok)
 	}
 	for what, p := range map[string]string{
 		"another key's tag":   msg + " " + hex.EncodeToString(handoffTag(other[:], msg)),
 		"no tag":              msg,
-		"another wkey":        tagged("18 42 7 1796544816584376"),
-		"another wait id":     tagged("17 43 7 1796544816584376"),
-		"token 0":             tagged("17 42 0 1796544816584376"),
-		"negative token":      tagged("17 42 -7 1796544816584376"),
-		"token not a number":  tagged("17 42 x 1796544816584376"),
-		"expiry not a number": tagged("17 42 7 soon"),
+		"another wkey":        tagged("18 42 7 1796544816584376 29000000"),
+		"another wait id":     tagged("17 43 7 1796544816584376 29000000"),
+		"token 0":             tagged("17 42 0 1796544816584376 29000000"),
+		"negative token":      tagged("17 42 -7 1796544816584376 29000000"),
+		"token not a number":  tagged("17 42 x 1796544816584376 29000000"),
+		"expiry not a number": tagged("17 42 7 soon 29000000"),
+		"nothing left":        tagged("17 42 7 1796544816584376 0"),
+		"a negative left":     tagged("17 42 7 1796544816584376 -5"),
+		"a field less":        tagged("17 42 7 1796544816584376"),
 		"a field more":        tagged(msg + " 1"),
 		"a short tag":         msg + " " + hex.EncodeToString(handoffTag(k[:], msg))[:62],
 		"a tag not hex":       msg + " " + strings.Repeat("zz", 32),
-		"the tag of another token": "17 42 8 1796544816584376 " +
+		"the tag of another token": "17 42 8 1796544816584376 29000000 " +
 			hex.EncodeToString(handoffTag(k[:], msg)),
 		"empty": "",
 	} {
-		if tok, exp, ok := checkHandoff(p, 17, 42, k[:]); ok {
-			t.Errorf("%s (%q): accepted, token %d expiry %d", what, p, tok, exp)
+		if tok, exp, left, ok := checkHandoff(p, 17, 42, k[:]); ok {
+			t.Errorf("%s (%q): accepted, token %d expiry %d left %d", what, p, tok, exp, left)
 		}
+	}
+}
+
+// A handoff's expiry counts from the start of the releasing transaction,
+// which may come before the waiter queued (a release batch that waited for
+// row locks, a slow server). A waiter that counted its TTL from its queueing
+// would hold on past the lease's end; it counts what the payload says is
+// left instead, so its deadline comes no later than the expiry. Server and
+// test share one machine: its clock compares the two.
+func TestHandoffTaggedReleaseStartedEarlier(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, time.Minute)
+	const name = "handoff-tagged-early"
+	const ttl = 10 * time.Second
+	owner := newLocker(t, pool, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+
+	rel, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rel.Close(context.Background()) })
+	tx, err := rel.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var began time.Time
+	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&began); err != nil {
+		t.Fatal(err)
+	}
+	// The condition under test: the release's transaction is a second old
+	// when the waiter queues.
+	time.Sleep(time.Second)
+
+	w := newLocker(t, pool, &Config{Holder: "w", PollInterval: 30 * time.Second})
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	res := acquireAsync(ctx, w, name, ttl)
+	<-sig
+	var handed bool
+	if err := tx.QueryRow(ctx, "SELECT handed_off FROM pgfence.lock_release($1, $2, $3)", name, held.Token(), held.Key()).Scan(&handed); err != nil || !handed {
+		t.Fatalf("release in the old transaction: handed %v, %v", handed, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if n := w.handedReads.Load(); n != 0 {
+		t.Fatalf("%d HandedLock reads: the payload was not used, the test shows nothing", n)
+	}
+	if !r.lease.ExpiresAt().Equal(began.Add(ttl)) {
+		t.Fatalf("expiry %v, want the release transaction's start %v + %v", r.lease.ExpiresAt(), began, ttl)
+	}
+	if d := r.lease.Deadline(); d.After(r.lease.ExpiresAt()) {
+		t.Fatalf("local deadline %v is after the lease's expiry %v (by %v)", d, r.lease.ExpiresAt(), d.Sub(r.lease.ExpiresAt()))
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

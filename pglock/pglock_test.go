@@ -608,17 +608,18 @@ func TestReleaseNotifiesChannel(t *testing.T) {
 	}
 	// The release hands the lease to the queued waiter and notifies it alone,
 	// by its queue key and the id of its wait, with the new token and
-	// expiry, and the tag: "wkey wait_id token expiry_us tag".
+	// expiry, what is left of it, and the tag: "wkey wait_id token expiry_us
+	// left_us tag".
 	n, err = conn.WaitForNotification(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := strings.Fields(n.Payload)
-	if n.Channel != handoffChannel || len(f) != 5 {
-		t.Fatalf("notification %q %q, want %s with \"wkey wait_id token expiry_us tag\"", n.Channel, n.Payload, handoffChannel)
+	if n.Channel != handoffChannel || len(f) != 6 {
+		t.Fatalf("notification %q %q, want %s with \"wkey wait_id token expiry_us left_us tag\"", n.Channel, n.Payload, handoffChannel)
 	}
-	if tag, herr := hex.DecodeString(f[4]); herr != nil || len(tag) != sha256.Size {
-		t.Errorf("payload %q: tag %q is not the hex of %d bytes", n.Payload, f[4], sha256.Size)
+	if tag, herr := hex.DecodeString(f[5]); herr != nil || len(tag) != sha256.Size {
+		t.Errorf("payload %q: tag %q is not the hex of %d bytes", n.Payload, f[5], sha256.Size)
 	}
 	if _, perr := strconv.ParseInt(f[0], 10, 64); perr != nil {
 		t.Errorf("payload %q: queue key %q is not an integer", n.Payload, f[0])
