@@ -137,9 +137,11 @@ func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration
 	}()
 	woken, losses, waits := false, 0, 0 // the last sleep ended with a wake-up; wake-ups lost in a row; sleeps
 	// queuedAt is taken before the first QueueGrant of this waiter is sent:
-	// a lease handed to it was granted after its queue row existed, so it
-	// ends no earlier than queuedAt + ttl (the same rule as a grant's send
-	// time + ttl).
+	// a release that hands it a lease sees its queue row, so it measures
+	// what is left of the lease (a tagged payload's left_us) after
+	// queuedAt. The lease ends no earlier than queuedAt + left_us; not
+	// queuedAt + ttl, since its expiry counts from the start of the
+	// releasing transaction, which may come before queuedAt (handoff.go).
 	var queuedAt time.Time
 	if l.lis != nil && l.isHot(name) {
 		// Waited for last time: queue at once (QueueGrant grants a free lock
