@@ -205,8 +205,7 @@ func TestCheckHandoff(t *testing.T) {
 // which may come before the waiter queued (a release batch that waited for
 // row locks, a slow server). A waiter that counted its TTL from its queueing
 // would hold on past the lease's end; it counts what the payload says is
-// left instead, so its deadline comes no later than the expiry. Server and
-// test share one machine: its clock compares the two.
+// left instead, so its deadline comes no later than the expiry.
 func TestHandoffTaggedReleaseStartedEarlier(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -230,6 +229,9 @@ func TestHandoffTaggedReleaseStartedEarlier(t *testing.T) {
 	if err := tx.QueryRow(ctx, "SELECT now()").Scan(&began); err != nil {
 		t.Fatal(err)
 	}
+	// The transaction began before this instant, so the lease it hands
+	// over ends no later than startedBy + ttl, on any clock.
+	startedBy := time.Now()
 	// The condition under test: the release's transaction is a second old
 	// when the waiter queues.
 	time.Sleep(time.Second)
@@ -258,8 +260,8 @@ func TestHandoffTaggedReleaseStartedEarlier(t *testing.T) {
 	if !r.lease.ExpiresAt().Equal(began.Add(ttl)) {
 		t.Fatalf("expiry %v, want the release transaction's start %v + %v", r.lease.ExpiresAt(), began, ttl)
 	}
-	if d := r.lease.Deadline(); d.After(r.lease.ExpiresAt()) {
-		t.Fatalf("local deadline %v is after the lease's expiry %v (by %v)", d, r.lease.ExpiresAt(), d.Sub(r.lease.ExpiresAt()))
+	if d := r.lease.Deadline(); d.After(startedBy.Add(ttl)) {
+		t.Fatalf("local deadline %v is after the latest the lease can end, %v (by %v)", d, startedBy.Add(ttl), d.Sub(startedBy.Add(ttl)))
 	}
 	if err := r.lease.Release(ctx); err != nil {
 		t.Fatal(err)
