@@ -1,6 +1,7 @@
 package history
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -126,6 +127,7 @@ func Check(ops []Op) ([]Violation, Summary) {
 					byKey[k][i].Input.Budget = b
 					byKey[k][i].Input.granted = g
 				}
+				handTargets(byKey[k])
 			}
 		}
 		nm := m.model
@@ -157,6 +159,43 @@ func Check(ops []Op) ([]Violation, Summary) {
 	out = append(out, realTime(ops)...)
 	sum.Took = time.Since(start)
 	return out, sum
+}
+
+// handTargets sets the waits each release of ops (one lock's) may have
+// handed the lease to: a release hands it to the first live queue row of the
+// lock, in the same statement, and the waiter may never read it (paused past
+// its expiry, cut). A queue row lives while its acquire call does (and, for
+// a cut call, until its bounded return: see BoundCutAcquires); once the call
+// returned a lease, its row is served. So the targets are the holders and
+// TTLs of the acquires whose call overlaps the release's.
+func handTargets(ops []Op) {
+	var acq []Op
+	for _, o := range ops {
+		if o.Input.Kind == Acquire {
+			acq = append(acq, o)
+		}
+	}
+	slices.SortFunc(acq, func(a, b Op) int { return cmp.Compare(a.Call, b.Call) })
+	for i := range ops {
+		r := &ops[i]
+		if r.Input.Kind != Release {
+			continue
+		}
+		seen := map[handTarget]bool{}
+		for _, a := range acq {
+			if a.Call > r.Return {
+				break
+			}
+			if a.Return < r.Call {
+				continue
+			}
+			t := handTarget{Holder: a.Input.Holder, Floor: r.CallWall + a.Input.TTL.Microseconds()}
+			if !seen[t] {
+				seen[t] = true
+				r.Input.handTo = append(r.Input.handTo, t)
+			}
+		}
+	}
 }
 
 // unseenBudget counts the tokens of one lock, up to the highest any output

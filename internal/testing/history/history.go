@@ -91,6 +91,17 @@ type Input struct {
 	// granted (acquire, ghost) holds the tokens of the lock that a returned
 	// grant has, set by the checker: no unseen grant can have one of them.
 	granted *tokenSet
+	// handTo (release) are the waits the release may have handed the lease
+	// to, set by the checker: see handTargets.
+	handTo []handTarget
+}
+
+// handTarget is a wait a release may hand the lease to: its holder, and
+// the earliest the handed lease can expire (the release's call + the wait's
+// TTL, µs on the database clock).
+type handTarget struct {
+	Holder string
+	Floor  int64
 }
 
 // tokenSet is a set of tokens of one lock.

@@ -86,6 +86,30 @@ func TestCheckHistories(t *testing.T) {
 			grant(1, 2, 1500, "w", 3, 1400*1000, ttl), // waited from 2 ms; handed token 2 at 5 ms, paused past its expiry
 			release(0, 4, 5, "a", 1, OK),
 		}, ""},
+		{"a waiter handed the lease twice, another client's grant between", []Op{
+			// w queued at 1 ms and was paused: the release at 2 ms handed
+			// it 2, which expired unread; b took 3 and its release handed
+			// w 4, which expired unread too; c took 5 and its release
+			// handed w 6, which w returned.
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 1, 2300, "w", 6, 2152*1000, ttl),
+			op(5, 500, 501, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 2, Holder: "w", Expires: 2000 + sec, DBNow: 500 * 1000}),
+			grant(2, 1100, 1101, "b", 3, 1100*1000, ttl), release(2, 1102, 1103, "b", 3, OK),
+			op(5, 1200, 1201, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 4, Holder: "w", Expires: 1102*1000 + sec, DBNow: 1200 * 1000}),
+			grant(3, 2150, 2151, "c", 5, 2150*1000, ttl), release(3, 2152, 2153, "c", 5, OK),
+		}, ""},
+		{"a grant before a lease handed to a waiter could expire", []Op{
+			// The release at 2 ms handed w token 2 (an inspect saw it),
+			// which expires no earlier than 2 ms + w's TTL: b's grant at
+			// 200 ms comes before, and w gave back at most one handoff.
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 1, 900, "w", 7, 850*1000, ttl),
+			op(5, 100, 101, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 2, Holder: "w", Expires: 2000 + sec, DBNow: 100 * 1000}),
+			grant(2, 200, 201, "b", 3, 200*1000, ttl), release(2, 202, 203, "b", 3, OK),
+			op(5, 300, 301, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 4, Holder: "w", Expires: 202*1000 + sec, DBNow: 300 * 1000}),
+			grant(3, 400, 401, "c", 5, 400*1000, ttl), release(3, 402, 403, "c", 5, OK),
+			op(5, 500, 501, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 6, Holder: "w", Expires: 402*1000 + sec, DBNow: 500 * 1000}),
+		}, "lease"},
 		{"a grant after an unseen grant given back before its expiry", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			op(1, 4, -1, Input{Kind: Acquire, Key: "L", Holder: "b", TTL: ttl}, Output{Outcome: Unknown}), // granted 2 too late, gave it back

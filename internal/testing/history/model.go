@@ -20,6 +20,10 @@ type leaseState struct {
 	Expires int64  // µs on the database clock; unknownExpiry = not known
 	Unseen  int64  // unseen grants so far (see ghost)
 	Ghost   bool   // the current grant is an unseen one (see giveBack)
+	// Floor (held until an unknown expiry) is the earliest the expiry can
+	// be: a lease a release handed over expires no earlier than the
+	// release's call + the waiter's TTL.
+	Floor int64
 }
 
 // exact reports whether s's expiry is known.
@@ -34,16 +38,17 @@ func (s leaseState) held(holder string, token int64) bool {
 func grantTime(out Output, ttl int64) int64 { return out.Expires - ttl }
 
 // ghost is the kind of the companions the checker adds to every acquire:
-// the grants a call may have had without returning them. pglock takes a
-// lease and gives it back inside one call when the answer came too late to
-// use or when the wait ended as a release handed it over; a handoff expires
-// unread when the waiter was paused or its notification was lost with a
-// killed connection; a cut waiter's queue row is handed a lease that nobody
-// reads. Such a grant was never used (a write with its token fails the
-// "granted" check), but it takes a token. A companion lets up to maxGhosts
-// of them happen during its call, while the lease was free and no later than
-// the call's return, held by the call's holder until an unknown expiry or
-// given back. A call whose outcome is unknown forks the same way itself.
+// the grants a call's own statements may have taken without returning them.
+// pglock takes a lease and gives it back inside one call when the answer
+// came too late to use or when the wait ended as a release handed it over;
+// a cut call's statement may have granted. Such a grant was never used (a
+// write with its token fails the "granted" check), but it takes a token. A
+// companion lets up to maxGhosts of them happen during its call, while the
+// lease was free and no later than the call's return, held by the call's
+// holder until an unknown expiry or given back. A call whose outcome is
+// unknown forks the same way itself. A lease a release handed to a wait
+// that never read it (paused past its expiry, its notification lost, its
+// call cut) is the release's fork: see handed.
 const ghost Kind = "ghost"
 
 // giveBack is the kind of a second companion of every acquire: an unseen
@@ -73,13 +78,31 @@ func ghosts(s leaseState, holder string, returnWall, budget int64, granted *toke
 		if cur.Unseen >= budget || granted.has(cur.Token+1) {
 			return out
 		}
-		if cur.Holder != "" && cur.Expires != unknownExpiry && cur.Expires > returnWall {
+		if cur.Holder != "" && (cur.Expires != unknownExpiry && cur.Expires > returnWall || cur.Expires == unknownExpiry && cur.Floor > returnWall) {
 			return out // held past the call's return: no grant inside it
 		}
 		// Held by the call's holder until an unknown expiry, or given back.
 		next := leaseState{Token: cur.Token + 1, Holder: holder, Expires: unknownExpiry, Unseen: cur.Unseen + 1, Ghost: true}
 		out = append(out, next, leaseState{Token: cur.Token + 1, Unseen: cur.Unseen + 1})
 		cur = next
+	}
+	return out
+}
+
+// handed adds to out the states after release in of s handed the lease
+// over, unseen, to one of the waits in.handTo: the next token, held by its
+// holder until an unknown expiry no earlier than the release's call + the
+// wait's TTL (the release's now() is after its call). The waiter may return that
+// grant (then it is an acquire's), or never read it (paused past its
+// expiry, cut): such a grant takes a token no returned grant has, within
+// the budget.
+func handed(s leaseState, in Input, out []any) []any {
+	if len(in.handTo) == 0 || s.Unseen >= in.Budget || in.granted.has(s.Token+1) {
+		return out
+	}
+	for _, t := range in.handTo {
+		out = append(out, leaseState{Token: s.Token + 1, Holder: t.Holder, Expires: unknownExpiry,
+			Unseen: s.Unseen + 1, Ghost: true, Floor: t.Floor})
 	}
 	return out
 }
@@ -105,6 +128,9 @@ func leaseStep(st any, input any, output any) []any {
 			}
 			if s.Holder != "" && s.Expires != unknownExpiry && grantTime(out, in.TTL.Microseconds()) < s.Expires {
 				return nil
+			}
+			if s.Holder != "" && s.Expires == unknownExpiry && grantTime(out, in.TTL.Microseconds()) < s.Floor {
+				return nil // before a handed lease's earliest expiry
 			}
 			next.Expires = out.Expires
 			if in.KeepAlive {
@@ -168,16 +194,16 @@ func leaseStep(st any, input any, output any) []any {
 				return nil
 			}
 			if in.Lossy {
-				return []any{leaseState{Token: s.Token, Unseen: s.Unseen}, s}
+				return handed(s, in, []any{leaseState{Token: s.Token, Unseen: s.Unseen}, s})
 			}
-			return []any{leaseState{Token: s.Token, Unseen: s.Unseen}}
+			return handed(s, in, []any{leaseState{Token: s.Token, Unseen: s.Unseen}})
 		case Lost:
 			return []any{s}
 		case Unknown:
 			if !s.held(in.Holder, in.Token) {
 				return []any{s}
 			}
-			return []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}}
+			return handed(s, in, []any{s, leaseState{Token: s.Token, Unseen: s.Unseen}})
 		}
 	case Bump:
 		// The new primary may have lost acknowledged grants (asynchronous
