@@ -584,6 +584,8 @@ var rewrites = map[string][]string{
 	"00009_pgfence_lock_renew_order.sql": {"lock_renew_many"},
 	// lock_release tags its handoff notifications.
 	"00010_pgfence_handoff_tag.sql": {"lock_release"},
+	// guard() gives the reentrant mark trigger a WHEN clause.
+	"00011_pgfence_guard_mark_when.sql": {"guard"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
