@@ -408,3 +408,37 @@ func TestGhostsSkipReturnedTokens(t *testing.T) {
 		t.Errorf("ghosts with no returned tokens: %d states, want %d", len(got), 1+2*maxGhosts)
 	}
 }
+
+// A release may hand the lease only to a wait whose acquire call overlaps
+// it (a cut call's for as long as its return is open or bounded), and the
+// handed lease cannot expire before the release's call + that wait's TTL.
+func TestHandTargets(t *testing.T) {
+	ttl, short := time.Second, 200*time.Millisecond
+	ops := []Op{
+		grant(0, 0, 1, "a", 1, 0, ttl),
+		release(0, 100, 101, "a", 1, OK),
+		op(1, 50, 150, Input{Kind: Acquire, Key: "L", Holder: "w", TTL: short}, Output{Outcome: OK, Token: 2, Expires: 101*1000 + short.Microseconds()}),
+		op(2, 90, -1, Input{Kind: Acquire, Key: "L", Holder: "cut", TTL: ttl}, Output{Outcome: Unknown}),
+		op(3, 102, 103, Input{Kind: Acquire, Key: "L", Holder: "later", TTL: ttl}, Output{Outcome: Busy, Holder: "w"}),
+		op(4, 2, 3, Input{Kind: Acquire, Key: "L", Holder: "earlier", TTL: ttl}, Output{Outcome: Busy, Holder: "a"}),
+	}
+	handTargets(ops)
+	got := ops[1].Input.handTo
+	want := []handTarget{
+		{Holder: "w", Floor: 100*1000 + short.Microseconds()},
+		{Holder: "cut", Floor: 100*1000 + ttl.Microseconds()},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("targets of the release: %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("target %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	for i, o := range ops {
+		if o.Input.Kind != Release && o.Input.handTo != nil {
+			t.Errorf("op %d (%s) has hand targets", i, o.Input.Kind)
+		}
+	}
+}
