@@ -90,6 +90,14 @@ func outboxHolderMain(mode string) int {
 		return fail(fmt.Errorf("no history journal: %v", err))
 	}
 	c := rec.NewClient()
+	// The transaction's connection first: opening one after the grant
+	// (a new connection on a busy machine) could outlast the lease before
+	// the parent stops this process, and the scenario would not happen.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	lease, err := c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
 	for retry := 0; errors.Is(err, pgfence.ErrSlowGrant) && retry < 5; retry++ {
 		lease, err = c.Acquire(ctx, locker, os.Getenv(envOutboxLock), ttl, true)
@@ -99,11 +107,6 @@ func outboxHolderMain(mode string) int {
 	}
 	stdin := bufio.NewScanner(os.Stdin)
 	fmt.Printf("granted %d\n", lease.Token())
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, "INSERT INTO settlements (key, token) VALUES ($1, $2)", os.Getenv(envOutboxKey), lease.Token()); err != nil {
 		return fail(err)
 	}
@@ -361,7 +364,10 @@ func TestOutboxPausedHolder(t *testing.T) {
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 
-	const ttl = 300 * time.Millisecond
+	// Long enough for the old holder's two statements between its grant
+	// and the pause on a busy machine; the new holder waits it out once
+	// per round.
+	const ttl = time.Second
 	want := map[string]int64{}
 	stale := map[string]bool{}
 	rec := history.New()
