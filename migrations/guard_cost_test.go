@@ -90,37 +90,10 @@ func TestGuardCostMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	role := fmt.Sprintf("pgfence_gc_%d_%04d", time.Now().UnixNano()%1_000_000, rand.IntN(10000))
-	roleID := pgx.Identifier{role}.Sanitize()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin := pgtest.PoolFor(t, dsn)
-		if _, err := admin.Exec(ctx, "DROP OWNED BY "+roleID+" CASCADE"); err != nil {
-			t.Logf("drop owned by %s: %v", role, err)
-		}
-		if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+roleID); err != nil {
-			t.Logf("drop role %s: %v", role, err)
-		}
-	})
-	mustExecPool(t, ctx, pool, "CREATE ROLE "+roleID+" NOLOGIN")
+	role, roleID := tempRole(t, ctx, pool, dsn, "pgfence_gc")
 	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.locks (name, token) VALUES ('gc:one', 10), ('gc:two', 20)`)
 	for _, tb := range guardCostTables {
-		cols := "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0"
-		if strings.HasPrefix(tb.ddl, "fence ") {
-			cols = "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, " + tb.ddl
-		} else if tb.ddl != "" {
-			cols += ", " + tb.ddl
-		}
-		mustExecPool(t, ctx, pool, fmt.Sprintf("CREATE TABLE %s (%s)", tb.name, cols))
-		// Rows written before the guard: fences at, below and above nothing
-		// in particular, one negative (and, where the column allows it, NULL).
-		mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES
-			(1, 'gc:one', 10), (2, 'gc:one', 7), (3, 'gc:two', 0), (4, 'gc:none', 5), (5, 'gc:one', -3)`, tb.name))
-		if strings.HasPrefix(tb.ddl, "fence ") {
-			mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES (6, 'gc:one', NULL)`, tb.name))
-		}
-		mustExecPool(t, ctx, pool, fmt.Sprintf("SELECT pgfence.guard('%s', %s)", tb.name, tb.guard))
+		guardCostTable(t, ctx, pool, tb.name, tb.ddl, tb.guard)
 	}
 	// A guard another role attached: it owns the table and the functions.
 	mustExecPool(t, ctx, pool, "ALTER TABLE gc_owned_reentrant OWNER TO "+roleID)
@@ -327,6 +300,49 @@ func compareOutcomes(t *testing.T, nameA string, a []string, nameB string, b []s
 	} else {
 		t.Logf("%d transactions end alike under %s and %s", len(statements), nameA, nameB)
 	}
+}
+
+// guardCostTable creates table name of guardCostTables (ddl: extra columns,
+// or the fence column itself), writes its rows and attaches its guard.
+func guardCostTable(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name, ddl, guard string) {
+	t.Helper()
+	cols := "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0"
+	if strings.HasPrefix(ddl, "fence ") {
+		cols = "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, " + ddl
+	} else if ddl != "" {
+		cols += ", " + ddl
+	}
+	mustExecPool(t, ctx, pool, fmt.Sprintf("CREATE TABLE %s (%s)", name, cols))
+	// Rows written before the guard: fences at, below and above nothing
+	// in particular, one negative (and, where the column allows it, NULL).
+	mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES
+		(1, 'gc:one', 10), (2, 'gc:one', 7), (3, 'gc:two', 0), (4, 'gc:none', 5), (5, 'gc:one', -3)`, name))
+	if strings.HasPrefix(ddl, "fence ") {
+		mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES (6, 'gc:one', NULL)`, name))
+	}
+	mustExecPool(t, ctx, pool, fmt.Sprintf("SELECT pgfence.guard('%s', %s)", name, guard))
+}
+
+// tempRole creates a NOLOGIN role named prefix_<random> for the test and
+// drops it (and what it owns) when the test ends. It returns the name and
+// the name quoted as an identifier.
+func tempRole(t *testing.T, ctx context.Context, pool *pgxpool.Pool, dsn, prefix string) (role, roleID string) {
+	t.Helper()
+	role = fmt.Sprintf("%s_%d_%04d", prefix, time.Now().UnixNano()%1_000_000, rand.IntN(10000))
+	roleID = pgx.Identifier{role}.Sanitize()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		admin := pgtest.PoolFor(t, dsn)
+		if _, err := admin.Exec(ctx, "DROP OWNED BY "+roleID+" CASCADE"); err != nil {
+			t.Logf("drop owned by %s: %v", role, err)
+		}
+		if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+roleID); err != nil {
+			t.Logf("drop role %s: %v", role, err)
+		}
+	})
+	mustExecPool(t, ctx, pool, "CREATE ROLE "+roleID+" NOLOGIN")
+	return role, roleID
 }
 
 func mustExecPool(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql string) {

@@ -49,19 +49,7 @@ func TestGuardMarkWhen(t *testing.T) {
 		if tb.name == "gc_domain_reentrant" || tb.name == "gc_owned_reentrant" {
 			continue // TestGuardCostMigration's cases of 00007
 		}
-		cols := "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, fence bigint NOT NULL DEFAULT 0"
-		if strings.HasPrefix(tb.ddl, "fence ") {
-			cols = "id int PRIMARY KEY, lock text NOT NULL, v int NOT NULL DEFAULT 0, " + tb.ddl
-		} else if tb.ddl != "" {
-			cols += ", " + tb.ddl
-		}
-		mustExecPool(t, ctx, pool, fmt.Sprintf("CREATE TABLE %s (%s)", tb.name, cols))
-		mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES
-			(1, 'gc:one', 10), (2, 'gc:one', 7), (3, 'gc:two', 0), (4, 'gc:none', 5), (5, 'gc:one', -3)`, tb.name))
-		if strings.HasPrefix(tb.ddl, "fence ") {
-			mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES (6, 'gc:one', NULL)`, tb.name))
-		}
-		mustExecPool(t, ctx, pool, fmt.Sprintf("SELECT pgfence.guard('%s', %s)", tb.name, tb.guard))
+		guardCostTable(t, ctx, pool, tb.name, tb.ddl, tb.guard)
 		tables = append(tables, tb.name)
 		reentrant[tb.name] = tb.reentrant
 	}

@@ -3,12 +3,9 @@ package migrations_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -24,20 +21,7 @@ func TestGuardNeedsOwner(t *testing.T) {
 	defer cancel()
 	dsn := pgtest.DSN(t)
 	pool := pgtest.PoolFor(t, dsn)
-	role := fmt.Sprintf("pgfence_go_%d_%04d", time.Now().UnixNano()%1_000_000, rand.IntN(10000))
-	roleID := pgx.Identifier{role}.Sanitize()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		admin := pgtest.PoolFor(t, dsn)
-		if _, err := admin.Exec(ctx, "DROP OWNED BY "+roleID+" CASCADE"); err != nil {
-			t.Logf("drop owned by %s: %v", role, err)
-		}
-		if _, err := admin.Exec(ctx, "DROP ROLE IF EXISTS "+roleID); err != nil {
-			t.Logf("drop role %s: %v", role, err)
-		}
-	})
-	mustExecPool(t, ctx, pool, "CREATE ROLE "+roleID+" NOLOGIN")
+	_, roleID := tempRole(t, ctx, pool, dsn, "pgfence_go")
 	mustExecPool(t, ctx, pool, "CREATE TABLE go_owned (id int PRIMARY KEY, lock text NOT NULL, fence bigint NOT NULL DEFAULT 0)")
 	mustExecPool(t, ctx, pool, "ALTER TABLE go_owned OWNER TO "+roleID)
 	mustExecPool(t, ctx, pool, "GRANT USAGE ON SCHEMA pgfence TO "+roleID)
