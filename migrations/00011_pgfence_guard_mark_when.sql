@@ -20,8 +20,9 @@
 -- calls it after attaching. The Up gives every such guard the WHEN clause;
 -- a guard whose table the migrating role may not change keeps its trigger
 -- (it refuses and accepts the same changes, at the old cost), with a
--- WARNING. The Down removes the WHEN clauses and restores pgfence.guard as
--- 00001 defined it.
+-- WARNING. The Down removes the WHEN clauses (again with a WARNING for a
+-- table the migrating role may not change, which keeps its clause) and
+-- restores pgfence.guard as 00001 defined it.
 
 -- +goose Up
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -144,8 +145,15 @@ DO $when$
 DECLARE
     g record;
 BEGIN
+    -- Only mark triggers with a WHEN clause: one the Up could not change
+    -- is left alone here too.
     FOR g IN SELECT t.relid::pg_catalog.regclass AS tbl FROM pgfence.guarded_tables t
-              WHERE t.mode OPERATOR(pg_catalog.=) 'reentrant' ORDER BY t.relid
+              WHERE t.mode OPERATOR(pg_catalog.=) 'reentrant'
+                AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                             WHERE tg.tgrelid OPERATOR(pg_catalog.=) t.relid
+                               AND tg.tgname OPERATOR(pg_catalog.=) 'pgfence_guard_a_mark'
+                               AND tg.tgqual IS NOT NULL)
+              ORDER BY t.relid
     LOOP
         BEGIN
             PERFORM pgfence.set_mark_trigger(g.tbl, false);
