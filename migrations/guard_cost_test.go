@@ -64,26 +64,7 @@ func TestGuardCostMigration(t *testing.T) {
 	before := fmt.Sprintf("version %d", guardCostVersion-1)
 	after := fmt.Sprintf("version %d", guardCostVersion)
 	dsn := pgtest.DSN(t)
-	var (
-		mu       sync.Mutex
-		warnings []string
-	)
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		if n.Severity == "WARNING" {
-			mu.Lock()
-			warnings = append(warnings, n.Message)
-			mu.Unlock()
-		}
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, takeWarnings := warningPool(t, ctx, dsn)
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if err := migrations.DownTo(ctx, db, guardCostVersion-1); err != nil {
@@ -125,9 +106,7 @@ func TestGuardCostMigration(t *testing.T) {
 	if err := migrations.UpPool(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	got := slices.Clone(warnings)
-	mu.Unlock()
+	got := takeWarnings()
 	if len(got) != 1 || !strings.Contains(got[0], "gc_domain_reentrant") || !strings.Contains(got[0], "keeps the trigger functions it had") {
 		t.Errorf("warnings of migration 00007: %q, want one for gc_domain_reentrant", got)
 	}
@@ -321,6 +300,39 @@ func guardCostTable(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name,
 		mustExecPool(t, ctx, pool, fmt.Sprintf(`INSERT INTO %s (id, lock, fence) VALUES (6, 'gc:one', NULL)`, name))
 	}
 	mustExecPool(t, ctx, pool, fmt.Sprintf("SELECT pgfence.guard('%s', %s)", name, guard))
+}
+
+// warningPool returns a pool on dsn, closed when t ends, and a function
+// that returns the WARNINGs its connections received since its last call.
+func warningPool(t *testing.T, ctx context.Context, dsn string) (*pgxpool.Pool, func() []string) {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		warnings []string
+	)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if n.Severity == "WARNING" {
+			mu.Lock()
+			warnings = append(warnings, n.Message)
+			mu.Unlock()
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		w := warnings
+		warnings = nil
+		return w
+	}
 }
 
 // tempRole creates a NOLOGIN role named prefix_<random> for the test and

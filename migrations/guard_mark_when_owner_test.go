@@ -5,12 +5,9 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -43,33 +40,7 @@ func TestGuardMarkWhenOtherOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.User(owner)
-	cfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu       sync.Mutex
-		warnings []string
-	)
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		if n.Severity == "WARNING" {
-			mu.Lock()
-			warnings = append(warnings, n.Message)
-			mu.Unlock()
-		}
-	}
-	takeWarnings := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		w := slices.Clone(warnings)
-		warnings = nil
-		return w
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, takeWarnings := warningPool(t, ctx, u.String())
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if queryString(t, ctx, pool, "SELECT rolsuper::text FROM pg_roles WHERE rolname = current_user") != "false" {
