@@ -83,14 +83,14 @@ func TestGuardMarkWhenOtherOwner(t *testing.T) {
 	// After the guard was attached, the table changed owner.
 	mustExecPool(t, ctx, admin, "ALTER TABLE "+moved+" OWNER TO "+otherID)
 
-	before := "version 10, the owner's"
+	before := "version 10, all tables the owner's but one"
 	checkMarkWhen(t, ctx, admin, before, tables, func(string) bool { return false })
 	beforeOutcomes := guardOutcomes(t, ctx, admin, statements)
 
 	if err := migrations.UpPool(ctx, pool); err != nil {
 		t.Fatalf("migration %d as the owner, one guarded table not its own: %v", guardMarkWhenVersion, err)
 	}
-	after := "version 11, one table not the owner's"
+	after := "after the Up, one table not the owner's"
 	if w := takeWarnings(); len(w) != 1 || !strings.Contains(w[0], moved) ||
 		!strings.Contains(w[0], "keeps its mark trigger without a WHEN clause") {
 		t.Errorf("warnings of the Up: %q, want one for %s", w, moved)

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -21,6 +23,8 @@ import (
 type planCounter struct {
 	mu    sync.Mutex
 	n     int
+	flags int      // plans whose text shows their JIT flags
+	jit   int      // plans that would be JIT-compiled (jitFlags not 0)
 	plans []string // the first lines of the plans counted since the last reset
 }
 
@@ -31,6 +35,12 @@ func (c *planCounter) onNotice(_ *pgconn.PgConn, n *pgconn.Notice) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.n++
+	if m := jitFlags.FindStringSubmatch(n.Detail); m != nil {
+		c.flags++
+		if m[1] != "0" {
+			c.jit++
+		}
+	}
 	if len(c.plans) < 5 {
 		d := n.Detail
 		if len(d) > 2000 {
@@ -40,10 +50,23 @@ func (c *planCounter) onNotice(_ *pgconn.PgConn, n *pgconn.Notice) {
 	}
 }
 
+// jitFlags finds a plan's JIT flags in its debug_print_plan text: not 0
+// means the plan's cost passed jit_above_cost and its expressions would be
+// compiled (tens to hundreds of milliseconds per statement).
+var jitFlags = regexp.MustCompile(`:jitFlags (\d+)`)
+
 func (c *planCounter) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.n, c.plans = 0, nil
+	c.n, c.flags, c.jit, c.plans = 0, 0, 0, nil
+}
+
+// jitted returns how many plans were counted since the last reset, how many
+// of them show their JIT flags, and how many would be JIT-compiled.
+func (c *planCounter) jitted() (n, flags, jit int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, c.flags, c.jit
 }
 
 func (c *planCounter) get() (int, string) {
@@ -140,6 +163,116 @@ func TestLockPathPlansOnce(t *testing.T) {
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("batches", func(t *testing.T) {
+		// The many-leases functions, as a Locker sends them while a few
+		// callers wait: batches of 2 to 5 names, granted, renewed and
+		// released. Their array parameters made the plan cache plan every
+		// statement of the function again in every call (custom plans
+		// looked cheaper for small arrays) until migration 00012 pinned
+		// plan_cache_mode to force_generic_plan.
+		pool, plans := planCountingPool(t, ctx, dsn, 1)
+		l := newLocker(t, pool, &Config{Holder: "planner-batches", PollOnly: true})
+		round := func(i int) {
+			n := 2 + i%4
+			names, ttls := make([]string, n), make([]int64, n)
+			for j := range n {
+				names[j], ttls[j] = fmt.Sprintf("plans-batch-%d-%d", i%7, j), time.Minute.Microseconds()
+			}
+			granted, err := l.q.GrantLocks(ctx, pool, dbsqlc.GrantLocksParams{Names: names, Holder: l.holder, TtlsUs: ttls, Key: l.key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tokens := make([]int64, n)
+			for _, g := range granted {
+				if g.Token <= 0 {
+					t.Fatalf("batch %d: element %d not granted: %+v", i, g.I, g)
+				}
+				tokens[g.I-1] = g.Token
+			}
+			renewed, err := l.q.RenewLocks(ctx, pool, dbsqlc.RenewLocksParams{Names: names, Tokens: tokens, Key: l.key, TtlsUs: ttls})
+			if err != nil || len(renewed) != n {
+				t.Fatalf("batch %d: renewed %d of %d: %v", i, len(renewed), n, err)
+			}
+			released, err := l.q.ReleaseLocks(ctx, pool, dbsqlc.ReleaseLocksParams{Names: names, Tokens: tokens, Key: l.key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range released {
+				if !r.Released {
+					t.Fatalf("batch %d: element %d not released", i, r.I)
+				}
+			}
+		}
+		for i := range 20 {
+			round(i) // warm-up: each statement is planned once
+		}
+		switch n, flags, jit := plans.jitted(); {
+		case n == 0 || flags != n:
+			t.Errorf("warm-up: %d plans, %d of them with their JIT flags: the JIT check below would see nothing", n, flags)
+		case jit != 0:
+			_, first := plans.get()
+			t.Errorf("%d of %d plans of the many-leases functions would be JIT-compiled; first plans:\n%s", jit, n, first)
+		default:
+			t.Logf("warm-up: %d plans, none JIT-compiled", n)
+		}
+		plans.reset()
+		for i := range 20 {
+			round(i)
+		}
+		if n, first := plans.get(); n != 0 {
+			t.Errorf("20 rounds of grant, renew and release batches on one warm session made %d plans, want 0; first:\n%s", n, first)
+		}
+
+		// A release batch that hands one of its leases to a waiter runs
+		// lock_release for it, under the batch function's settings: its
+		// plans are not JIT-compiled either.
+		names := []string{"plans-batch-handoff-a", "plans-batch-handoff-b"}
+		ttls := []int64{time.Minute.Microseconds(), time.Minute.Microseconds()}
+		granted, err := l.q.GrantLocks(ctx, pool, dbsqlc.GrantLocksParams{Names: names, Holder: l.holder, TtlsUs: ttls, Key: l.key})
+		if err != nil || len(granted) != 2 {
+			t.Fatalf("grant: %d rows, %v", len(granted), err)
+		}
+		tokens := make([]int64, 2)
+		for _, g := range granted {
+			tokens[g.I-1] = g.Token
+		}
+		w := newLocker(t, pgtest.PoolFor(t, dsn), &Config{Holder: "planner-batches-waiter"})
+		queued := waitSignal(w)
+		res := acquireAsync(ctx, w, names[0], time.Minute)
+		select {
+		case <-queued:
+		case r := <-res:
+			t.Fatalf("the waiter did not wait: lease %v, %v", r.lease, r.err)
+		}
+		plans.reset()
+		released, err := l.q.ReleaseLocks(ctx, pool, dbsqlc.ReleaseLocksParams{Names: names, Tokens: tokens, Key: l.key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		handed := 0
+		for _, r := range released {
+			if r.HandedOff {
+				handed++
+			}
+		}
+		r := <-res
+		if r.err != nil || handed != 1 || r.lease.Token() != tokens[0]+1 {
+			t.Fatalf("handoff by a release batch: %d handed, waiter %v, %v; want one, token %d", handed, r.lease, r.err, tokens[0]+1)
+		}
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		switch n, flags, jit := plans.jitted(); {
+		case flags != n:
+			t.Errorf("handoff batch: %d plans, %d of them with their JIT flags", n, flags)
+		case jit != 0:
+			_, first := plans.get()
+			t.Errorf("handoff batch: %d of %d plans would be JIT-compiled; first plans:\n%s", jit, n, first)
+		default:
+			t.Logf("handoff batch: %d plans, none JIT-compiled", n)
 		}
 	})
 }
