@@ -181,17 +181,7 @@ func TestLockPathPlansOnce(t *testing.T) {
 			for j := range n {
 				names[j], ttls[j] = fmt.Sprintf("plans-batch-%d-%d", i%7, j), time.Minute.Microseconds()
 			}
-			granted, err := l.q.GrantLocks(ctx, pool, dbsqlc.GrantLocksParams{Names: names, Holder: l.holder, TtlsUs: ttls, Key: l.key})
-			if err != nil {
-				t.Fatal(err)
-			}
-			tokens := make([]int64, n)
-			for _, g := range granted {
-				if g.Token <= 0 {
-					t.Fatalf("batch %d: element %d not granted: %+v", i, g.I, g)
-				}
-				tokens[g.I-1] = g.Token
-			}
+			tokens := grantBatch(t, ctx, l, pool, names, ttls)
 			renewed, err := l.q.RenewLocks(ctx, pool, dbsqlc.RenewLocksParams{Names: names, Tokens: tokens, Key: l.key, TtlsUs: ttls})
 			if err != nil || len(renewed) != n {
 				t.Fatalf("batch %d: renewed %d of %d: %v", i, len(renewed), n, err)
@@ -209,15 +199,7 @@ func TestLockPathPlansOnce(t *testing.T) {
 		for i := range 20 {
 			round(i) // warm-up: each statement is planned once
 		}
-		switch n, flags, jit := plans.jitted(); {
-		case n == 0 || flags != n:
-			t.Errorf("warm-up: %d plans, %d of them with their JIT flags: the JIT check below would see nothing", n, flags)
-		case jit != 0:
-			_, first := plans.get()
-			t.Errorf("%d of %d plans of the many-leases functions would be JIT-compiled; first plans:\n%s", jit, n, first)
-		default:
-			t.Logf("warm-up: %d plans, none JIT-compiled", n)
-		}
+		checkNoJIT(t, plans, "warm-up of the many-leases functions")
 		plans.reset()
 		for i := range 20 {
 			round(i)
@@ -231,14 +213,7 @@ func TestLockPathPlansOnce(t *testing.T) {
 		// plans are not JIT-compiled either.
 		names := []string{"plans-batch-handoff-a", "plans-batch-handoff-b"}
 		ttls := []int64{time.Minute.Microseconds(), time.Minute.Microseconds()}
-		granted, err := l.q.GrantLocks(ctx, pool, dbsqlc.GrantLocksParams{Names: names, Holder: l.holder, TtlsUs: ttls, Key: l.key})
-		if err != nil || len(granted) != 2 {
-			t.Fatalf("grant: %d rows, %v", len(granted), err)
-		}
-		tokens := make([]int64, 2)
-		for _, g := range granted {
-			tokens[g.I-1] = g.Token
-		}
+		tokens := grantBatch(t, ctx, l, pool, names, ttls)
 		w := newLocker(t, pgtest.PoolFor(t, dsn), &Config{Holder: "planner-batches-waiter"})
 		queued := waitSignal(w)
 		res := acquireAsync(ctx, w, names[0], time.Minute)
@@ -265,14 +240,39 @@ func TestLockPathPlansOnce(t *testing.T) {
 		if err := r.lease.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		switch n, flags, jit := plans.jitted(); {
-		case flags != n:
-			t.Errorf("handoff batch: %d plans, %d of them with their JIT flags", n, flags)
-		case jit != 0:
-			_, first := plans.get()
-			t.Errorf("handoff batch: %d of %d plans would be JIT-compiled; first plans:\n%s", jit, n, first)
-		default:
-			t.Logf("handoff batch: %d plans, none JIT-compiled", n)
-		}
+		checkNoJIT(t, plans, "handoff by a release batch")
 	})
+}
+
+// grantBatch grants names (all free) in one lock_grant_many call and returns
+// their tokens, in the order of names.
+func grantBatch(t *testing.T, ctx context.Context, l *Locker, pool *pgxpool.Pool, names []string, ttls []int64) []int64 {
+	t.Helper()
+	granted, err := l.q.GrantLocks(ctx, pool, dbsqlc.GrantLocksParams{Names: names, Holder: l.holder, TtlsUs: ttls, Key: l.key})
+	if err != nil || len(granted) != len(names) {
+		t.Fatalf("grant of %v: %d rows, %v", names, len(granted), err)
+	}
+	tokens := make([]int64, len(names))
+	for _, g := range granted {
+		if g.Token <= 0 {
+			t.Fatalf("grant of %v: element %d not granted: %+v", names, g.I, g)
+		}
+		tokens[g.I-1] = g.Token
+	}
+	return tokens
+}
+
+// checkNoJIT fails t unless the plans counted since the last reset (at least
+// one) all show their JIT flags and none would be JIT-compiled.
+func checkNoJIT(t *testing.T, plans *planCounter, phase string) {
+	t.Helper()
+	switch n, flags, jit := plans.jitted(); {
+	case n == 0 || flags != n:
+		t.Errorf("%s: %d plans, %d of them with their JIT flags: the JIT check would see nothing", phase, n, flags)
+	case jit != 0:
+		_, first := plans.get()
+		t.Errorf("%s: %d of %d plans would be JIT-compiled; first plans:\n%s", phase, jit, n, first)
+	default:
+		t.Logf("%s: %d plans, none JIT-compiled", phase, n)
+	}
 }
