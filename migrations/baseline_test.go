@@ -586,6 +586,8 @@ var rewrites = map[string][]string{
 	"00010_pgfence_handoff_tag.sql": {"lock_release"},
 	// guard() gives the reentrant mark trigger a WHEN clause.
 	"00011_pgfence_guard_mark_when.sql": {"guard"},
+	// guard() attaches the mark trigger without the WHEN clause again.
+	"00013_pgfence_guard_mark_always.sql": {"guard"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

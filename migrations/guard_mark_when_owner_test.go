@@ -22,7 +22,8 @@ import (
 // one WARNING naming it, and both guards refuse and accept exactly what they
 // did before. The Down does the same the other way round: a table the owner
 // may no longer change keeps its clause (WARNING), and a trigger the Up left
-// alone is not touched again.
+// alone is not touched again. Migration 00013, which takes the clause away,
+// is checked the same way in between.
 func TestGuardMarkWhenOtherOwner(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -87,7 +88,7 @@ func TestGuardMarkWhenOtherOwner(t *testing.T) {
 	checkMarkWhen(t, ctx, admin, before, tables, func(string) bool { return false })
 	beforeOutcomes := guardOutcomes(t, ctx, admin, statements)
 
-	if err := migrations.UpPool(ctx, pool); err != nil {
+	if _, err := p.UpTo(ctx, guardMarkWhenVersion); err != nil {
 		t.Fatalf("migration %d as the owner, one guarded table not its own: %v", guardMarkWhenVersion, err)
 	}
 	after := "after the Up, one table not the owner's"
@@ -98,8 +99,31 @@ func TestGuardMarkWhenOtherOwner(t *testing.T) {
 	checkMarkWhen(t, ctx, admin, after, tables, func(tb string) bool { return tb == kept })
 	compareOutcomes(t, before, beforeOutcomes, after, guardOutcomes(t, ctx, admin, statements), statements)
 
-	// Now the other table changes owner too, and the owner rolls back.
+	// Now the other table changes owner too. Migration 00013 takes the
+	// clause away again: it may not change kept's trigger (WARNING) and has
+	// nothing to do for moved's; its Down may not give moved the clause
+	// (WARNING) and leaves kept's alone.
 	mustExecPool(t, ctx, admin, "ALTER TABLE "+kept+" OWNER TO "+otherID)
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		t.Fatalf("migration %d as the owner, no guarded table its own: %v", guardMarkAlwaysVersion, err)
+	}
+	always := "after 00013's Up, no table the owner's"
+	if w := takeWarnings(); len(w) != 1 || !strings.Contains(w[0], kept) ||
+		!strings.Contains(w[0], "keeps its mark trigger with its WHEN clause") {
+		t.Errorf("warnings of 00013's Up: %q, want one for %s", w, kept)
+	}
+	checkMarkWhen(t, ctx, admin, always, tables, func(tb string) bool { return tb == kept })
+	compareOutcomes(t, before, beforeOutcomes, always, guardOutcomes(t, ctx, admin, statements), statements)
+	if err := migrations.DownTo(ctx, db, guardMarkWhenVersion); err != nil {
+		t.Fatalf("Down of %d as the owner, no guarded table its own: %v", guardMarkAlwaysVersion, err)
+	}
+	if w := takeWarnings(); len(w) != 1 || !strings.Contains(w[0], moved) ||
+		!strings.Contains(w[0], "keeps its mark trigger without a WHEN clause") {
+		t.Errorf("warnings of 00013's Down: %q, want one for %s (and none for %s, whose trigger has the clause)", w, moved, kept)
+	}
+	checkMarkWhen(t, ctx, admin, always+" and its Down", tables, func(tb string) bool { return tb == kept })
+
+	// The owner rolls back 00011.
 	if err := migrations.DownTo(ctx, db, guardMarkWhenVersion-1); err != nil {
 		t.Fatalf("Down of %d as the owner, no guarded table its own: %v", guardMarkWhenVersion, err)
 	}

@@ -62,7 +62,11 @@ func TestGuardMarkWhen(t *testing.T) {
 	checkMarkWhen(t, ctx, pool, before, tables, func(string) bool { return false })
 	beforeOutcomes := guardOutcomes(t, ctx, pool, statements)
 
-	if err := migrations.UpPool(ctx, pool); err != nil {
+	p, err := migrations.NewProvider(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, guardMarkWhenVersion); err != nil {
 		t.Fatal(err)
 	}
 	checkMarkWhen(t, ctx, pool, after, tables, func(table string) bool { return reentrant[table] })
@@ -70,40 +74,13 @@ func TestGuardMarkWhen(t *testing.T) {
 
 	// One trigger function call per row for a raised fence, two for a
 	// fence kept equal (the mark, then the check).
-	calls := func(sql string) string {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		if _, err := tx.Exec(ctx, "SET LOCAL track_functions = 'pl'"); err != nil {
-			t.Fatal(err)
-		}
-		// The backend's counts not yet reported (earlier transactions'
-		// too): the difference across the statement is its own.
-		read := func() (check, mark int64) {
-			if err := tx.QueryRow(ctx, `SELECT
-					coalesce(sum(calls) FILTER (WHERE funcname NOT LIKE '%\_mark'), 0),
-					coalesce(sum(calls) FILTER (WHERE funcname LIKE '%\_mark'), 0)
-				FROM pg_stat_xact_user_functions WHERE schemaname = 'pgfence' AND funcname LIKE 'guard\_%'`).Scan(&check, &mark); err != nil {
-				t.Fatal(err)
-			}
-			return check, mark
-		}
-		c0, m0 := read()
-		if _, err := tx.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		c1, m1 := read()
-		return fmt.Sprintf("check=%d mark=%d", c1-c0, m1-m0)
-	}
 	for _, c := range []struct{ sql, want string }{
 		{"UPDATE gc_column_reentrant_null SET v = v + 1, fence = 10 WHERE id = 2", "check=1 mark=0"}, // 7 -> 10: raised
 		{"UPDATE gc_column_reentrant_null SET v = v + 1, fence = 10 WHERE id = 1", "check=1 mark=1"}, // 10 -> 10: kept
 		{"UPDATE gc_column_reentrant_null SET v = v + 1, fence = 10 WHERE id IN (1, 2)", "check=2 mark=1"},
 		{"UPDATE gc_column_strict SET v = v + 1, fence = 10 WHERE id = 2", "check=1 mark=0"},
 	} {
-		if got := calls(c.sql); got != c.want {
+		if got := guardCalls(t, ctx, pool, c.sql); got != c.want {
 			t.Errorf("%s: trigger function calls %q, want %q", c.sql, got, c.want)
 		}
 	}
@@ -144,4 +121,35 @@ func checkMarkWhen(t *testing.T, ctx context.Context, pool *pgxpool.Pool, phase 
 			t.Errorf("%s: mark trigger of %s: %q, want one without WHEN", phase, tb, def)
 		}
 	}
+}
+
+// guardCalls runs sql in a transaction it rolls back and says how many times
+// it called guard check and mark functions: "check=N mark=M".
+func guardCalls(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql string) string {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL track_functions = 'pl'"); err != nil {
+		t.Fatal(err)
+	}
+	// The backend's counts not yet reported (earlier transactions'
+	// too): the difference across the statement is its own.
+	read := func() (check, mark int64) {
+		if err := tx.QueryRow(ctx, `SELECT
+				coalesce(sum(calls) FILTER (WHERE funcname NOT LIKE '%\_mark'), 0),
+				coalesce(sum(calls) FILTER (WHERE funcname LIKE '%\_mark'), 0)
+			FROM pg_stat_xact_user_functions WHERE schemaname = 'pgfence' AND funcname LIKE 'guard\_%'`).Scan(&check, &mark); err != nil {
+			t.Fatal(err)
+		}
+		return check, mark
+	}
+	c0, m0 := read()
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	c1, m1 := read()
+	return fmt.Sprintf("check=%d mark=%d", c1-c0, m1-m0)
 }
