@@ -3,13 +3,9 @@ package migrations_test
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -29,34 +25,9 @@ func TestGuardMarkAlways(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := fs.Stat(migrations.FS(), fmt.Sprintf("%05d_pgfence_guard_mark_always.sql", guardMarkAlwaysVersion)); err != nil {
-		t.Fatalf("guardMarkAlwaysVersion %d is not the mark-always migration: %v", guardMarkAlwaysVersion, err)
-	}
-	pool := pgtest.PoolFor(t, pgtest.DSN(t))
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
+	pool, db, tables, reentrant, statements := markWhenSetup(t, ctx, "guard_mark_always", guardMarkAlwaysVersion)
 	before := fmt.Sprintf("version %d", guardMarkAlwaysVersion-1)
 	after := fmt.Sprintf("version %d", guardMarkAlwaysVersion)
-	if err := migrations.DownTo(ctx, db, guardMarkAlwaysVersion-1); err != nil {
-		t.Fatal(err)
-	}
-	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.locks (name, token) VALUES ('gc:one', 10), ('gc:two', 20)`)
-	var tables []string
-	reentrant := map[string]bool{}
-	for _, tb := range guardCostTables {
-		if tb.name == "gc_domain_reentrant" || tb.name == "gc_owned_reentrant" {
-			continue // TestGuardCostMigration's cases of 00007
-		}
-		guardCostTable(t, ctx, pool, tb.name, tb.ddl, tb.guard)
-		tables = append(tables, tb.name)
-		reentrant[tb.name] = tb.reentrant
-	}
-	var statements []guardCostTx
-	for _, s := range guardCostStatements() {
-		if _, ok := reentrant[s.table]; ok {
-			statements = append(statements, s)
-		}
-	}
 	isReentrant := func(table string) bool { return reentrant[table] }
 	none := func(string) bool { return false }
 	checkMarkWhen(t, ctx, pool, before, tables, isReentrant)

@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"io/fs"
 	"strings"
@@ -31,34 +32,9 @@ func TestGuardMarkWhen(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := fs.Stat(migrations.FS(), fmt.Sprintf("%05d_pgfence_guard_mark_when.sql", guardMarkWhenVersion)); err != nil {
-		t.Fatalf("guardMarkWhenVersion %d is not the mark-when migration: %v", guardMarkWhenVersion, err)
-	}
-	pool := pgtest.PoolFor(t, pgtest.DSN(t))
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
+	pool, db, tables, reentrant, statements := markWhenSetup(t, ctx, "guard_mark_when", guardMarkWhenVersion)
 	before := fmt.Sprintf("version %d", guardMarkWhenVersion-1)
 	after := fmt.Sprintf("version %d", guardMarkWhenVersion)
-	if err := migrations.DownTo(ctx, db, guardMarkWhenVersion-1); err != nil {
-		t.Fatal(err)
-	}
-	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.locks (name, token) VALUES ('gc:one', 10), ('gc:two', 20)`)
-	var tables []string
-	reentrant := map[string]bool{}
-	for _, tb := range guardCostTables {
-		if tb.name == "gc_domain_reentrant" || tb.name == "gc_owned_reentrant" {
-			continue // TestGuardCostMigration's cases of 00007
-		}
-		guardCostTable(t, ctx, pool, tb.name, tb.ddl, tb.guard)
-		tables = append(tables, tb.name)
-		reentrant[tb.name] = tb.reentrant
-	}
-	var statements []guardCostTx
-	for _, s := range guardCostStatements() {
-		if _, ok := reentrant[s.table]; ok {
-			statements = append(statements, s)
-		}
-	}
 	checkMarkWhen(t, ctx, pool, before, tables, func(string) bool { return false })
 	beforeOutcomes := guardOutcomes(t, ctx, pool, statements)
 
@@ -152,4 +128,40 @@ func guardCalls(t *testing.T, ctx context.Context, pool *pgxpool.Pool, sql strin
 	}
 	c1, m1 := read()
 	return fmt.Sprintf("check=%d mark=%d", c1-c0, m1-m0)
+}
+
+// markWhenSetup checks that migration version is named
+// <version>_pgfence_<name>.sql, rolls a test database back to the version
+// before it and guards the tables of guardCostTables (but
+// TestGuardCostMigration's cases of 00007) there. It returns the pool, a
+// *sql.DB over it, the tables, which of them are reentrant and the
+// transactions of guardCostStatements on them.
+func markWhenSetup(t *testing.T, ctx context.Context, name string, version int64) (
+	pool *pgxpool.Pool, db *sql.DB, tables []string, reentrant map[string]bool, statements []guardCostTx) {
+	t.Helper()
+	if _, err := fs.Stat(migrations.FS(), fmt.Sprintf("%05d_pgfence_%s.sql", version, name)); err != nil {
+		t.Fatalf("version %d is not migration %s: %v", version, name, err)
+	}
+	pool = pgtest.PoolFor(t, pgtest.DSN(t))
+	db = stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	if err := migrations.DownTo(ctx, db, version-1); err != nil {
+		t.Fatal(err)
+	}
+	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.locks (name, token) VALUES ('gc:one', 10), ('gc:two', 20)`)
+	reentrant = map[string]bool{}
+	for _, tb := range guardCostTables {
+		if tb.name == "gc_domain_reentrant" || tb.name == "gc_owned_reentrant" {
+			continue // TestGuardCostMigration's cases of 00007
+		}
+		guardCostTable(t, ctx, pool, tb.name, tb.ddl, tb.guard)
+		tables = append(tables, tb.name)
+		reentrant[tb.name] = tb.reentrant
+	}
+	for _, s := range guardCostStatements() {
+		if _, ok := reentrant[s.table]; ok {
+			statements = append(statements, s)
+		}
+	}
+	return pool, db, tables, reentrant, statements
 }
