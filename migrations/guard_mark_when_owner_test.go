@@ -104,7 +104,7 @@ func TestGuardMarkWhenOtherOwner(t *testing.T) {
 	// nothing to do for moved's; its Down may not give moved the clause
 	// (WARNING) and leaves kept's alone.
 	mustExecPool(t, ctx, admin, "ALTER TABLE "+kept+" OWNER TO "+otherID)
-	if err := migrations.UpPool(ctx, pool); err != nil {
+	if _, err := p.UpTo(ctx, guardMarkAlwaysVersion); err != nil {
 		t.Fatalf("migration %d as the owner, no guarded table its own: %v", guardMarkAlwaysVersion, err)
 	}
 	always := "after 00013's Up, no table the owner's"
