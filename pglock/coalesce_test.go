@@ -19,13 +19,26 @@ import (
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
-// doorCounter counts the grant and release statements a pool sends.
-type doorCounter struct{ grant, grantMany, release, releaseMany atomic.Int64 }
+// doorCounter counts the grant and release statements a pool sends, and
+// the names each lock_grant_many carries.
+type doorCounter struct {
+	grant, grantMany, release, releaseMany atomic.Int64
+
+	mu        sync.Mutex
+	manySizes []int
+}
 
 func (c *doorCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	switch {
 	case strings.Contains(d.SQL, "pgfence.lock_grant_many("):
 		c.grantMany.Add(1)
+		if len(d.Args) > 0 {
+			if names, ok := d.Args[0].([]string); ok {
+				c.mu.Lock()
+				c.manySizes = append(c.manySizes, len(names))
+				c.mu.Unlock()
+			}
+		}
 	case strings.Contains(d.SQL, "pgfence.lock_grant("):
 		c.grant.Add(1)
 	case strings.Contains(d.SQL, "pgfence.lock_release_many("):
@@ -43,6 +56,9 @@ func (c *doorCounter) reset() {
 	c.grantMany.Store(0)
 	c.release.Store(0)
 	c.releaseMany.Store(0)
+	c.mu.Lock()
+	c.manySizes = nil
+	c.mu.Unlock()
 }
 
 func countingPool(t testing.TB, dsn string, c *doorCounter) *pgxpool.Pool {
@@ -323,6 +339,84 @@ func TestCoalesceBatch(t *testing.T) {
 // TestCoalesceLoneCaller: a caller alone is sent at once through the
 // single-lease statement: one lock_grant and one lock_release per cycle, no
 // batch statement, no timer.
+// TestCoalesceBatchBound: calls that queue beyond maxCoalesce while a
+// statement is out go out in further statements of at most maxCoalesce
+// calls each, one after another in the slot, and every caller gets its lease.
+func TestCoalesceBatchBound(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	var c doorCounter
+	pool := countingPool(t, dsn, &c)
+	l := newLocker(t, pool, &Config{PollOnly: true})
+	const ttl = time.Minute
+
+	blockNames := make([]string, maxInFlight)
+	for i := range blockNames {
+		blockNames[i] = fmt.Sprintf("cb-block-%d", i)
+		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := blockRows(t, admin, blockNames...)
+	c.reset()
+	const n = maxCoalesce + 10
+	queued := queuedSignal(l.grants, n)
+	first := make(chan error, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if err == nil {
+				err = s.Release(ctx)
+			}
+			first <- err
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+
+	leases := make([]*Lease, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leases[i], errs[i] = l.TryAcquire(ctx, fmt.Sprintf("cb-%03d", i), ttl)
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	b.unblock(t)
+	wg.Wait()
+	for range maxInFlight {
+		if err := <-first; err != nil {
+			t.Fatalf("TryAcquire(cb-block-*): %v", err)
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("TryAcquire(cb-%03d): %v", i, err)
+		}
+		if leases[i].Token() != 1 {
+			t.Errorf("cb-%03d: token %d, want 1", i, leases[i].Token())
+		}
+		if err := leases[i].Release(ctx); err != nil {
+			t.Fatalf("Release(cb-%03d): %v", i, err)
+		}
+	}
+	c.mu.Lock()
+	sizes := slices.Clone(c.manySizes)
+	c.mu.Unlock()
+	// The grants: one statement of maxCoalesce names, then one of the rest
+	// (the releases above go through the release coalescer).
+	if len(sizes) != 2 || sizes[0] != maxCoalesce || sizes[1] != n-maxCoalesce {
+		t.Errorf("lock_grant_many statements carried %v names, want [%d %d]", sizes, maxCoalesce, n-maxCoalesce)
+	}
+	if got := c.grant.Load(); got != maxInFlight {
+		t.Errorf("%d lock_grant statements, want %d (the blocked ones)", got, maxInFlight)
+	}
+}
+
 func TestCoalesceLoneCaller(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)

@@ -39,11 +39,11 @@
 // matching [pgfence.ErrLost]. Release keeps the row and its token. Grants and renewals
 // are durable once acknowledged, whatever the server's synchronous_commit.
 //
-// Concurrent calls of one Locker share statements: while two grant (release)
-// statements of a Locker are out, its further [Locker.TryAcquire], first
+// Concurrent calls of one Locker share statements: while a grant (release)
+// statement of a Locker is out, its further [Locker.TryAcquire], first
 // [Locker.Acquire] attempts ([Lease.Release] calls) queue and go out together
-// in one statement and one commit when one returns; a call alone is sent at
-// once. Each call gets its own lease or error, as with a statement of its
+// in one statement and one commit (at most 64 calls) when it returns; a call
+// that finds none out is sent at once. Each call gets its own lease or error, as with a statement of its
 // own; a statement that fails on its connection fails every call it carried
 // (their outcome is unknown).
 //
