@@ -59,7 +59,8 @@
 // [Guard] (SQL: pgfence.guard) attaches a trigger that makes the table refuse
 // any UPDATE, INSERT or DELETE without the latest token of the row's lock,
 // reported as [pgfence.ErrGuard] (or [pgfence.ErrStaleToken] for a
-// superseded holder). [Unguard] detaches it;
+// superseded holder, [pgfence.ErrInvalid] for a token the lock never
+// issued). [Unguard] detaches it;
 // [ListGuarded] lists guarded tables. Roll out in this order: add the fence
 // column (default 0), ship writers that send tokens, attach the guard last.
 //

@@ -51,8 +51,8 @@ type GuardOptions struct {
 //     transaction or statement ([Table.Delete] and the generated
 //     FencedDelete do).
 //
-// A token above the lock's latest is refused as [pgfence.ErrGuard] ("token
-// not issued"); one below it, a superseded holder's, as
+// A token above the lock's latest is refused as [pgfence.ErrInvalid]
+// (Reason "token not issued ..."); one below it, a superseded holder's, as
 // [pgfence.ErrStaleToken]. Attaching again replaces the previous guard.
 //
 // The table and columns are validated first ([pgfence.ErrInvalid] naming

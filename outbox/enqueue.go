@@ -34,8 +34,8 @@ type Intent struct {
 	// Topic says which [Dispatcher] delivers it: 1..100 bytes of
 	// ASCII letters, digits and . _ : / -.
 	Topic string
-	// Key is the idempotency key, unique across the outbox and sent to the
-	// receiver: 1..255 visible ASCII characters. Derive it from
+	// Key is the idempotency key, unique per lock (one intent per lock
+	// name and key) and sent to the receiver: 1..255 visible ASCII characters. Derive it from
 	// the business operation ("settle:store-7:2024-06-01"), not from the
 	// attempt, so that every holder that tries the same effect uses the same
 	// key.
