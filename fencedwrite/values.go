@@ -19,7 +19,7 @@ import (
 // Value is a row of pgfence.fenced_values, the small fenced key/value table
 // shipped with the migrations (checkpoints, cursors, a leader's decisions).
 type Value struct {
-	Key       string
+	Key       string          // the key the application chose, 1..512 bytes
 	Value     json.RawMessage // the stored JSON document
 	Fence     int64           // highest token the row accepted
 	UpdatedAt time.Time       // database time of the latest accepted write

@@ -51,7 +51,7 @@ func permanentStatus(status int) bool { return status == http.StatusUnprocessabl
 
 // HTTPStatusError is a failed attempt's answer: a status other than 2xx.
 type HTTPStatusError struct {
-	StatusCode int
+	StatusCode int    // the HTTP status of the answer
 	Body       string // the start of the answer's body (at most 512 bytes)
 }
 

@@ -10,6 +10,7 @@ import (
 // TopicStatus counts the intents of one topic (a row of the
 // pgfence.outbox_status view), on the database clock.
 type TopicStatus struct {
+	// Topic is the topic the counts are of.
 	Topic string
 	// Pending: due for delivery, not claimed.
 	Pending int64

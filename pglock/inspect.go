@@ -14,7 +14,7 @@ import (
 
 // LockInfo is a snapshot of one lock row, read with [Inspect].
 type LockInfo struct {
-	Name      string
+	Name      string    // the lock name, as given to Inspect
 	Token     int64     // latest grant's token; 0 = never granted
 	Holder    string    // "" when released
 	ExpiresAt time.Time // database clock; zero when released
