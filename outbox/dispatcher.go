@@ -54,12 +54,18 @@ type Delivery struct {
 type Handler func(ctx context.Context, d Delivery) error
 
 // Permanent wraps err so that the [Dispatcher] sends the intent to dead at
-// once instead of retrying it.
+// once instead of retrying it. Permanent(nil) is a permanent failure too,
+// recorded as "permanent failure".
 func Permanent(err error) error { return &permanentError{err} }
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Error() string {
+	if e.err == nil {
+		return "permanent failure"
+	}
+	return "permanent: " + e.err.Error()
+}
 
 func (e *permanentError) Unwrap() error { return e.err }
 

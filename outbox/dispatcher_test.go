@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,6 +146,41 @@ func TestDispatcherRetriesAndDead(t *testing.T) {
 	}
 	if got := m.get(metricdefs.RowsDeadTotal, outbox.QueuePrefix+"emails"); got != 4 {
 		t.Errorf("dead rows metric %v", got)
+	}
+}
+
+// TestDispatcherPermanentNil: a handler returning Permanent(nil) sends the
+// intent to dead at once, as Permanent(err) does, and the dispatcher goes on
+// (it used to call Error on the nil error and crash the process).
+func TestDispatcherPermanentNil(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := b.grant(t, "permnil")
+	res, err := outbox.Enqueue(b.ctx, b.pool, l, outbox.Intent{Topic: "permnil", Key: "k", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	d, err := outbox.NewDispatcher(b.pool, "permnil", func(context.Context, outbox.Delivery) error {
+		calls.Add(1)
+		return outbox.Permanent(nil)
+	}, &outbox.Config{Backoff: noBackoff, PollInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := d.Drain(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Dead != 1 || calls.Load() != 1 {
+		t.Fatalf("summary %+v after %d calls, want 1 dead after 1 call", sum, calls.Load())
+	}
+	var state, lastErr string
+	if err := b.pool.QueryRow(b.ctx, "SELECT state::text, last_error FROM pgfence.jobs WHERE id = $1", res.ID).Scan(&state, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if state != "dead" || lastErr != "permanent: permanent failure" {
+		t.Fatalf("intent's job: state %q, last_error %q; want dead, %q", state, lastErr, "permanent: permanent failure")
 	}
 }
 

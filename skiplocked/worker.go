@@ -45,12 +45,18 @@ type Handler func(ctx context.Context, job Job) error
 type TxHandler func(ctx context.Context, tx pgx.Tx, job Job) error
 
 // Permanent wraps err so that the [Worker] sends the job to dead at once
-// instead of retrying it.
+// instead of retrying it. Permanent(nil) is a permanent failure too, recorded
+// as "permanent failure".
 func Permanent(err error) error { return &permanentError{err} }
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Error() string {
+	if e.err == nil {
+		return "permanent failure"
+	}
+	return "permanent: " + e.err.Error()
+}
 
 func (e *permanentError) Unwrap() error { return e.err }
 

@@ -268,6 +268,7 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 	ids := enqueueN(t, pool, "retry", 1, 3)
 	permID := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"perm":true}`)})
 	panicID := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"panic":true}`), MaxAttempts: 1})
+	permNilID := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "retry", Payload: []byte(`{"permnil":true}`)})
 	var calls sync.Map
 	var backoffs []int
 	var mu sync.Mutex
@@ -279,6 +280,8 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 			return skiplocked.Permanent(errors.New("bad payload"))
 		case j.ID == panicID.ID:
 			panic("kaboom")
+		case j.ID == permNilID.ID:
+			return skiplocked.Permanent(nil)
 		}
 		return fmt.Errorf("attempt %d failed", k)
 	}, &skiplocked.Config{
@@ -291,7 +294,7 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 		},
 	})
 	stop := runWorker(t, w)
-	waitFor(t, "all jobs dead", func() bool { return countState(t, pool, "retry", skiplocked.StateDead) == 3 })
+	waitFor(t, "all jobs dead", func() bool { return countState(t, pool, "retry", skiplocked.StateDead) == 4 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -304,6 +307,10 @@ func TestWorkerRetriesThenDead(t *testing.T) {
 	}
 	if j := mustJob(t, pool, panicID.ID); j.Attempts != 1 || j.LastError != "panic: kaboom" {
 		t.Fatalf("panicking job = %+v", j)
+	}
+	// Permanent(nil) is a permanent failure too, not a panic of the worker.
+	if j := mustJob(t, pool, permNilID.ID); j.Attempts != 1 || j.LastError != "permanent failure" {
+		t.Fatalf("Permanent(nil) job = %+v", j)
 	}
 	mu.Lock()
 	defer mu.Unlock()
