@@ -10,6 +10,7 @@ import (
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/pgtext"
 )
 
 // maxLockExprBytes bounds GuardOptions.LockNameExpression (pgfence.guard
@@ -85,6 +86,12 @@ func Guard(ctx context.Context, db pgfence.DBTX, table string, opts GuardOptions
 	}
 	if len(opts.LockName) > maxKeyBytes {
 		return invalid("GuardOptions.LockName", "%d bytes, the limit is %d", len(opts.LockName), maxKeyBytes)
+	}
+	if p := pgtext.Problem(opts.LockName); p != "" {
+		return invalid("GuardOptions.LockName", "%s", p)
+	}
+	if p := pgtext.Problem(opts.LockNameExpression); p != "" {
+		return invalid("GuardOptions.LockNameExpression", "%s", p)
 	}
 	if err := checkIdent("fence column", opts.FenceColumn); err != nil {
 		return err

@@ -192,6 +192,11 @@ func TestGuardRejectsBadInput(t *testing.T) {
 		{"fence not bigint", "invoices", fencedwrite.GuardOptions{LockName: "l", FenceColumn: "status"}, invalidArg("fence column")},
 		{"unknown lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "nope"}, invalidArg("lock name column")},
 		{"bad lock column", "invoices", fencedwrite.GuardOptions{LockNameColumn: "a b"}, invalidArg("lock name column")},
+		{"bad mode", "invoices", fencedwrite.GuardOptions{LockName: "l", Mode: fencedwrite.Mode(7)}, invalidArg("GuardOptions.Mode")},
+		{"huge lock name", "invoices", fencedwrite.GuardOptions{LockName: strings.Repeat("l", 513)}, invalidArg("GuardOptions.LockName")},
+		{"lock name with a NUL byte", "invoices", fencedwrite.GuardOptions{LockName: "l\x00"}, invalidArg("GuardOptions.LockName")},
+		{"lock name not UTF-8", "invoices", fencedwrite.GuardOptions{LockName: "l\xff"}, invalidArg("GuardOptions.LockName")},
+		{"expression with a NUL byte", "invoices", fencedwrite.GuardOptions{LockNameExpression: "'store:' || \x00store"}, invalidArg("GuardOptions.LockNameExpression")},
 	}
 	for _, c := range cases {
 		if err := fencedwrite.Guard(ctx, pool, c.table, c.opts); !matches(err, c.want) {

@@ -14,6 +14,7 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/nilcheck"
 	"github.com/pgfence/pgfence/internal/pgerr"
+	"github.com/pgfence/pgfence/internal/pgtext"
 )
 
 // Value is a row of pgfence.fenced_values, the small fenced key/value table
@@ -38,11 +39,27 @@ func checkValueArgs(db any, key string, value json.RawMessage, token int64, need
 	if err := checkToken(token); err != nil {
 		return err
 	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if needValue {
+		if !json.Valid(value) {
+			return invalid("value", "not valid JSON")
+		}
+		if p := pgtext.JSONProblem(value); p != "" {
+			return invalid("value", "%s", p)
+		}
+	}
+	return nil
+}
+
+// checkKey refuses a key pgfence.fenced_values cannot hold.
+func checkKey(key string) error {
 	if key == "" || len(key) > maxKeyBytes {
 		return invalid("key", "must be 1..%d bytes (got %d)", maxKeyBytes, len(key))
 	}
-	if needValue && !json.Valid(value) {
-		return invalid("value", "not valid JSON")
+	if p := pgtext.Problem(key); p != "" {
+		return invalid("key", "%s", p)
 	}
 	return nil
 }
@@ -65,7 +82,10 @@ type valueRereader struct {
 // token). On success the row's fence becomes token. Otherwise it returns
 // [pgfence.ErrStaleToken], [pgfence.ErrAlreadyApplied] or
 // [pgfence.ErrNotFound], decided in the same round trip. Bad input
-// ([pgfence.ErrInvalid] naming the argument) is rejected before any SQL runs.
+// ([pgfence.ErrInvalid] naming the argument) is rejected before any SQL runs:
+// a token not above 0, a key that is not 1..512 bytes of UTF-8 without NUL,
+// a value that is not JSON or that jsonb does not store (invalid UTF-8, the
+// escape \u0000, a surrogate escape without its pair).
 // If ctx is cancelled while the statement runs, the write may or may not
 // have been applied: repeat it with the same token (in strict mode
 // [pgfence.ErrAlreadyApplied] means it was).
@@ -177,8 +197,8 @@ func GetValue(ctx context.Context, db pgfence.DBTX, key string) (_ Value, err er
 	if nilcheck.IsNil(db) {
 		return Value{}, errNilDB()
 	}
-	if key == "" || len(key) > maxKeyBytes {
-		return Value{}, invalid("key", "must be 1..%d bytes (got %d)", maxKeyBytes, len(key))
+	if err := checkKey(key); err != nil {
+		return Value{}, err
 	}
 	row, err := queries.GetFencedValue(ctx, db, key)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -131,6 +131,32 @@ func TestValuesBadInputChangesNothing(t *testing.T) {
 			_, err := fencedwrite.ModifyValue(ctx, pool, tok+1, "k", nil)
 			return err
 		}, invalidArg("fn")},
+		// What PostgreSQL would refuse is refused first, typed.
+		{"key with a NUL byte", func() error {
+			_, err := fencedwrite.UpsertValue(ctx, pool, tok+1, fencedwrite.Strict, "k\x00", json.RawMessage(`2`))
+			return err
+		}, invalidArg("key")},
+		{"key not UTF-8", func() error { _, err := fencedwrite.DeleteValue(ctx, pool, tok+1, "k\xff"); return err }, invalidArg("key")},
+		{"get: key with a NUL byte", func() error { _, err := fencedwrite.GetValue(ctx, pool, "\x00"); return err }, invalidArg("key")},
+		{"get: empty key", func() error { _, err := fencedwrite.GetValue(ctx, pool, ""); return err }, invalidArg("key")},
+		{"value with \\u0000", func() error {
+			_, err := fencedwrite.UpdateValue(ctx, pool, tok+1, fencedwrite.Strict, "k", json.RawMessage(`{"a":"\u0000"}`))
+			return err
+		}, invalidArg("value")},
+		{"value not UTF-8", func() error {
+			_, err := fencedwrite.UpsertValue(ctx, pool, tok+1, fencedwrite.Strict, "k", json.RawMessage("\"\xff\""))
+			return err
+		}, invalidArg("value")},
+		{"value with an unpaired surrogate", func() error {
+			_, err := fencedwrite.UpsertValue(ctx, pool, tok+1, fencedwrite.Reentrant, "k", json.RawMessage(`"\ud800"`))
+			return err
+		}, invalidArg("value")},
+		{"modify returning \\u0000", func() error {
+			_, err := fencedwrite.ModifyValue(ctx, pool, tok+1, "k", func(json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`"\u0000"`), nil
+			})
+			return err
+		}, invalidArg("value")},
 	}
 	for _, c := range cases {
 		if err := c.run(); !matches(err, c.want) {
@@ -140,6 +166,10 @@ func TestValuesBadInputChangesNothing(t *testing.T) {
 	v, err := fencedwrite.GetValue(ctx, pool, "k")
 	if err != nil || string(v.Value) != "1" || v.Fence != tok {
 		t.Fatalf("row changed by bad input: %+v %s, %v", v, v.Value, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pgfence.fenced_values").Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("%d rows in pgfence.fenced_values after bad input (%v), want 1", rows, err)
 	}
 }
 

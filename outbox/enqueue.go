@@ -9,6 +9,7 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgtext"
 	"github.com/pgfence/pgfence/internal/topic"
 	"github.com/pgfence/pgfence/pglock"
 )
@@ -40,8 +41,9 @@ type Intent struct {
 	// attempt, so that every holder that tries the same effect uses the same
 	// key.
 	Key string
-	// Payload is what to send, as JSON (at most 1 MiB). It is
-	// stored as jsonb: the delivery carries the same JSON value as
+	// Payload is what to send, as JSON (at most 1 MiB; not invalid UTF-8,
+	// the escape \u0000 or a surrogate escape without its pair, which jsonb
+	// does not store: [pgfence.ErrInvalid]). It is stored as jsonb: the delivery carries the same JSON value as
 	// PostgreSQL prints it, not these bytes (object keys sorted, the last of
 	// duplicate keys kept, whitespace as PostgreSQL writes it).
 	Payload json.RawMessage
@@ -95,6 +97,9 @@ func (in Intent) check(op string) error {
 		return invalid(op, "Intent.Payload", "%d bytes (key %s), the limit is %d", len(in.Payload), in.Key, maxPayloadBytes)
 	case !json.Valid(in.Payload):
 		return invalid(op, "Intent.Payload", "not valid JSON (key %s)", in.Key)
+	}
+	if p := pgtext.JSONProblem(in.Payload); p != "" {
+		return invalid(op, "Intent.Payload", "%s (key %s)", p, in.Key)
 	}
 	if in.MaxAttempts < 0 || in.MaxAttempts > joblimit.MaxMaxAttempts {
 		return invalid(op, "Intent.MaxAttempts", "%d not in 1..%d", in.MaxAttempts, joblimit.MaxMaxAttempts)

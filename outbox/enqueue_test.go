@@ -221,6 +221,9 @@ func TestEnqueueBadInput(t *testing.T) {
 		{"key with a newline", l, with(func(in *outbox.Intent) { in.Key = "a\r\nX-Evil: 1" }), "Intent.Key"},
 		{"nil payload", l, with(func(in *outbox.Intent) { in.Payload = nil }), "Intent.Payload"},
 		{"invalid JSON", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":`) }), "Intent.Payload"},
+		{"payload with \\u0000", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`{"a":"\u0000"}`) }), "Intent.Payload"},
+		{"payload not UTF-8", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage("[\"\xff\"]") }), "Intent.Payload"},
+		{"payload with an unpaired surrogate", l, with(func(in *outbox.Intent) { in.Payload = json.RawMessage(`"\ud83d"`) }), "Intent.Payload"},
 		{"huge payload", l, with(func(in *outbox.Intent) {
 			in.Payload = json.RawMessage(`"` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"`)
 		}), "Intent.Payload"},

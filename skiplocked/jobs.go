@@ -13,6 +13,7 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgtext"
 )
 
 // Limits checked before anything is sent to the database; the godoc of the
@@ -142,7 +143,9 @@ type EnqueueParams struct {
 	// Queue is the queue name, 1..128 bytes, no control characters.
 	Queue string
 	// Payload is the job's arguments as JSON. Defaults to {} when empty;
-	// invalid JSON is refused with [pgfence.ErrInvalid].
+	// invalid JSON, and JSON that jsonb does not store (invalid UTF-8, the
+	// escape \u0000, a surrogate escape without its pair), is refused with
+	// [pgfence.ErrInvalid].
 	Payload json.RawMessage
 	// Priority orders claims: lower first. Defaults to 0.
 	Priority int16
@@ -192,6 +195,8 @@ func (p EnqueueParams) normalize(i, n int) (EnqueueParams, error) {
 		p.Payload = json.RawMessage("{}")
 	} else if !json.Valid(p.Payload) {
 		return p, withName(invalid(opEnqueue, arg("Payload"), "not valid JSON"), p.Queue)
+	} else if prob := pgtext.JSONProblem(p.Payload); prob != "" {
+		return p, withName(invalid(opEnqueue, arg("Payload"), "%s", prob), p.Queue)
 	}
 	if p.MaxAttempts == 0 {
 		p.MaxAttempts = joblimit.DefaultMaxAttempts
@@ -259,10 +264,14 @@ func Enqueue(ctx context.Context, db pgfence.DBTX, ps ...EnqueueParams) ([]int64
 	return ids, nil
 }
 
-// GetJob returns one job, or an error matching [pgfence.ErrNotFound].
+// GetJob returns one job, or an error matching [pgfence.ErrNotFound]; an id
+// not above 0 is refused with [pgfence.ErrInvalid] before any SQL runs.
 func GetJob(ctx context.Context, db pgfence.DBTX, id int64) (Job, error) {
 	if nilcheck.IsNil(db) {
 		return Job{}, nilDB(opGetJob)
+	}
+	if id <= 0 {
+		return Job{}, invalid(opGetJob, "id", "%d: must be > 0", id)
 	}
 	row, err := queries.GetJob(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -52,7 +52,10 @@ func checkTTL(op, arg string, d time.Duration) error {
 	return nil
 }
 
+// cutError makes an error text storable: at most maxErrorLen bytes of valid
+// UTF-8 (invalid bytes become "?") without NUL bytes (they become "?" too).
 func cutError(s string) string {
+	s = strings.ReplaceAll(s, "\x00", "?")
 	if len(s) <= maxErrorLen {
 		return strings.ToValidUTF8(s, "?")
 	}

@@ -105,6 +105,26 @@ func TestBadInputChangesNothing(t *testing.T) {
 			_, err := skiplocked.DeleteFinished(ctx, pool, time.Now(), 0)
 			return err
 		}(), pgfence.ErrInvalid, "limit"},
+		{"delete finished: limit over 10000", func() error {
+			_, err := skiplocked.DeleteFinished(ctx, pool, time.Now(), 10001)
+			return err
+		}(), pgfence.ErrInvalid, "limit"},
+		// What PostgreSQL would refuse is refused first, typed.
+		{"enqueue: payload with \\u0000", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`{"a":"\u0000"}`)}), pgfence.ErrInvalid, "Payload"},
+		{"enqueue: payload not UTF-8", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage("{\"a\":\"\xff\"}")}), pgfence.ErrInvalid, "Payload"},
+		{"enqueue: payload with an unpaired surrogate", enqueue(skiplocked.EnqueueParams{Queue: "v", Payload: json.RawMessage(`["\udc00"]`)}), pgfence.ErrInvalid, "Payload"},
+		{"enqueue: 129-byte queue", enqueue(skiplocked.EnqueueParams{Queue: strings.Repeat("q", 129)}), pgfence.ErrInvalid, "queue"},
+		{"enqueue: queue with a newline", enqueue(skiplocked.EnqueueParams{Queue: "v\n"}), pgfence.ErrInvalid, "queue"},
+		{"enqueue: max attempts over the limit", enqueue(skiplocked.EnqueueParams{Queue: "v", MaxAttempts: 1_000_001}), pgfence.ErrInvalid, "MaxAttempts"},
+		{"claim: 513-byte holder", claim(func(p *skiplocked.ClaimParams) { p.Holder = strings.Repeat("w", 513) }), pgfence.ErrInvalid, "holder"},
+		{"claim: holder not UTF-8", claim(func(p *skiplocked.ClaimParams) { p.Holder = "w\xff" }), pgfence.ErrInvalid, "holder"},
+		{"claim: holder with a NUL byte", claim(func(p *skiplocked.ClaimParams) { p.Holder = "w\x00" }), pgfence.ErrInvalid, "holder"},
+		{"fail: retry over a year", func() error {
+			_, err := skiplocked.Fail(ctx, pool, held[0].Ref(), skiplocked.FailParams{RetryIn: 366 * 24 * time.Hour})
+			return err
+		}(), pgfence.ErrInvalid, "FailParams.RetryIn"},
+		{"get job: id 0", func() error { _, err := skiplocked.GetJob(ctx, pool, 0); return err }(), pgfence.ErrInvalid, "id"},
+		{"get job: negative id", func() error { _, err := skiplocked.GetJob(ctx, pool, -7); return err }(), pgfence.ErrInvalid, "id"},
 	}
 	for _, c := range cases {
 		if !errors.Is(c.err, c.want) || (c.want == pgfence.ErrInvalid && !isInvalid(c.err, c.arg)) {
@@ -305,3 +325,23 @@ func pgerrCode(err error) string {
 // maxPayloadBytes is the largest payload a job may have: 1 MiB, the table's
 // limit (EnqueueParams.MaxPayloadBytes).
 const maxPayloadBytes = 1 << 20
+
+// TestFailErrorTextStorable: an error text PostgreSQL would refuse (a NUL
+// byte, invalid UTF-8) is stored with "?" in their place instead of failing
+// the Fail call, which would leave the job claimed until its claim expires.
+func TestFailErrorTextStorable(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	job := enqueueOne(t, pool, skiplocked.EnqueueParams{Queue: "nul"})
+	held, err := skiplocked.Claim(ctx, pool, skiplocked.ClaimParams{Queue: "nul", Holder: "w", Limit: 1, TTL: time.Minute})
+	if err != nil || len(held) != 1 || held[0].ID != job.ID {
+		t.Fatal(held, err)
+	}
+	if _, err := skiplocked.Fail(ctx, pool, held[0].Ref(), skiplocked.FailParams{Error: "a\x00b\xffc"}); err != nil {
+		t.Fatalf("Fail with a NUL byte and invalid UTF-8 in its error text: %v", err)
+	}
+	if j := mustJob(t, pool, job.ID); j.State != skiplocked.StateAvailable || j.LastError != "a?b?c" {
+		t.Fatalf("job after Fail = %+v, want available with last error %q", j, "a?b?c")
+	}
+}
