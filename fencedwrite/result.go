@@ -30,9 +30,16 @@ type Result struct {
 // [pgfence.ErrAlreadyApplied], or a refusal without Kind when the fence read
 // in the statement's snapshot cannot explain the refusal (a concurrent
 // writer; re-read and decide). Check returns nil only when the write was
-// applied.
+// applied. An unknown mode or a token not above 0 is [pgfence.ErrInvalid]
+// naming it, whatever the other arguments.
 func Check(mode Mode, token int64, applied bool, fence int64, err error) (cerr error) {
 	defer withOp(&cerr, "fencedwrite.Check", "")
+	if !mode.valid() {
+		return invalid("mode", "unknown mode %v", mode)
+	}
+	if cerr := checkToken(token); cerr != nil {
+		return cerr
+	}
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFoundError(token)

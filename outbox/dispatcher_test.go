@@ -208,6 +208,23 @@ func TestNewDispatcherBadInput(t *testing.T) {
 			t.Errorf("HTTP config %+v: %v", c, err)
 		}
 	}
+	// Headers net/http would refuse in every attempt are refused at once.
+	for _, h := range []http.Header{
+		{"Bad Name": {"x"}},
+		{"": {"x"}},
+		{"X-Na\xc3\xafve": {"x"}},
+		{"Authorization": {"Bearer a\r\nX-Evil: 1"}},
+		{"X-Ok": {"fine", "bad\x00"}},
+		{"X-Del": {"\x7f"}},
+	} {
+		if _, err := outbox.NewHTTPHandler(outbox.HTTPConfig{URL: "http://x", Header: h}); !isInvalid(err, "HTTPConfig.Header") {
+			t.Errorf("header %q: %v, want ErrInvalid naming HTTPConfig.Header", h, err)
+		}
+	}
+	ok := http.Header{"Authorization": {"Bearer abc"}, "X-Tab": {"a\tb"}, "X-Token.Chars_~!#$%&'*+^`|": {"v"}}
+	if _, err := outbox.NewHTTPHandler(outbox.HTTPConfig{URL: "http://x", Header: ok}); err != nil {
+		t.Errorf("header %q: %v, want accepted", ok, err)
+	}
 }
 
 // TestHTTPHandler: a receiver on loopback gets each intent with its

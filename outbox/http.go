@@ -36,7 +36,11 @@ type HTTPConfig struct {
 	// a timeout is a failed attempt, retried. 1ms..10m.
 	// Defaults to 10s. Keep it well below the dispatcher's ClaimTTL.
 	Timeout time.Duration
-	// Header is added to every request (authorization, for example).
+	// Header is added to every request (authorization, for example). Names
+	// must be HTTP tokens and values free of control characters other than
+	// tab ([pgfence.ErrInvalid] otherwise: such a request would fail every
+	// attempt). The headers the handler sets itself replace any of the same
+	// name.
 	Header http.Header
 	// Permanent says which answers send the intent to dead at once instead
 	// of retrying it. Defaults to treating 422 Unprocessable Content as permanent.
@@ -93,6 +97,16 @@ func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 	if cfg.Permanent == nil {
 		cfg.Permanent = permanentStatus
 	}
+	for name, values := range cfg.Header {
+		if !validHeaderName(name) {
+			return nil, invalid("outbox.NewHTTPHandler", "HTTPConfig.Header", "name %q is not an HTTP token", cutForError(name))
+		}
+		for _, v := range values {
+			if !validHeaderValue(v) {
+				return nil, invalid("outbox.NewHTTPHandler", "HTTPConfig.Header", "value of %s contains a control character", name)
+			}
+		}
+	}
 	target := u.String()
 	header := cfg.Header.Clone()
 	return func(ctx context.Context, d Delivery) error {
@@ -130,4 +144,33 @@ func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 		}
 		return serr
 	}, nil
+}
+
+// validHeaderName reports whether name is an HTTP field name: a token
+// (RFC 9110, section 5.6.2).
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v holds no control character but tab
+// (RFC 9110, section 5.5): no CR or LF that would end the field.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
