@@ -46,3 +46,58 @@ func TestNilDatabaseHandle(t *testing.T) {
 }
 
 func keep(v json.RawMessage) (json.RawMessage, error) { return v, nil }
+
+// TestTableBadCalls: a prepared Table's methods refuse a nil database handle,
+// a Read with the wrong number of destinations and a Modify without a
+// function, with ErrInvalid naming the argument, and change nothing.
+func TestTableBadCalls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := invoicesPool(t)
+	tbl := prepare(t, pool, fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"pdf_url"}, Read: []string{"pdf_url", "status"}})
+	const tok = 5
+	key, set := []any{int64(1)}, []any{"x.pdf"}
+	var nilPool *pgxpool.Pool
+	var nilBeginner fencedwrite.Beginner
+	var a, b string
+	calls := []struct {
+		name string
+		err  error
+		want invalidArg
+	}{}
+	add := func(name string, want invalidArg, err error) {
+		calls = append(calls, struct {
+			name string
+			err  error
+			want invalidArg
+		}{name, err, want})
+	}
+	for _, db := range []pgfence.DBTX{nil, nilPool} {
+		_, err := tbl.Update(ctx, db, tok, key, set)
+		add("Update(nil db)", "db", err)
+		_, err = tbl.Upsert(ctx, db, tok, key, set)
+		add("Upsert(nil db)", "db", err)
+		_, err = tbl.Delete(ctx, db, tok, key)
+		add("Delete(nil db)", "db", err)
+		_, err = tbl.Read(ctx, db, tok, key, &a, &b)
+		add("Read(nil db)", "db", err)
+	}
+	_, err := tbl.Modify(ctx, nilBeginner, tok, key, func(cur []any) ([]any, error) { return []any{"y.pdf"}, nil })
+	add("Modify(nil db)", "db", err)
+	_, err = tbl.Read(ctx, pool, tok, key, &a)
+	add("Read(one destination for two columns)", "dest", err)
+	_, err = tbl.Read(ctx, pool, tok, key, &a, &b, &a)
+	add("Read(three destinations for two columns)", "dest", err)
+	_, err = tbl.Modify(ctx, pool, tok, key, nil)
+	add("Modify(nil fn)", "fn", err)
+	for _, c := range calls {
+		if !matches(c.err, c.want) {
+			t.Errorf("%s = %v, want ErrInvalid naming %s", c.name, c.err, string(c.want))
+		}
+	}
+	var fence int64
+	var pdf *string
+	if err := pool.QueryRow(ctx, "SELECT fence, pdf_url FROM invoices WHERE id = 1").Scan(&fence, &pdf); err != nil || fence != 0 || pdf != nil {
+		t.Fatalf("row 1 after refused calls: fence %d, pdf_url %v, %v; want 0, NULL", fence, pdf, err)
+	}
+}

@@ -75,8 +75,9 @@ func TestValidationBeforeSQL(t *testing.T) {
 			if _, err := lk.RenewToken(ctx, "x", 1, ttl); !isInvalid(err, "lease duration") {
 				t.Errorf("RenewToken(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
-			if _, err := lk.NewElector("x", &ElectionConfig{LeaseDuration: ttl, RenewDeadline: time.Second, RetryPeriod: time.Millisecond}); err == nil && ttl != 0 {
-				t.Errorf("NewElector(ttl %s) accepted", what)
+			// LeaseDuration 0 is the default (15s).
+			if _, err := lk.NewElector("x", &ElectionConfig{LeaseDuration: ttl, RenewDeadline: time.Second, RetryPeriod: time.Millisecond}); ttl != 0 && !isInvalid(err, "lease duration") {
+				t.Errorf("NewElector(ttl %s) = %v, want ErrInvalid (lease duration)", what, err)
 			}
 		}
 		for _, tok := range []int64{0, -1, -1 << 63} {
@@ -94,16 +95,31 @@ func TestValidationBeforeSQL(t *testing.T) {
 	if _, err := l.AcquireMany(ctx, nil, time.Second); !isInvalid(err, "lock names") {
 		t.Errorf("AcquireMany(nil) = %v, want ErrInvalid (lock name)", err)
 	}
-	for _, cfg := range []*Config{
-		{Holder: strings.Repeat("h", maxHolderBytes+1)},
-		{Holder: "bad\xff"},
-		{KeepAliveFraction: 0.9},
-		{KeepAliveFraction: -1},
-		{PollInterval: -time.Second},
-		{PollInterval: 5 * time.Millisecond},
+	for _, c := range []struct {
+		cfg Config
+		arg string
+	}{
+		{Config{Holder: strings.Repeat("h", maxHolderBytes+1)}, "holder"},
+		{Config{Holder: "bad\xff"}, "holder"},
+		{Config{Holder: "nul\x00"}, "holder"},
+		{Config{Key: make([]byte, minKeyBytes-1)}, "Config.Key"},
+		{Config{Key: make([]byte, maxKeyBytes+1)}, "Config.Key"},
+		{Config{Key: []byte{}}, "Config.Key"},
+		{Config{KeepAliveFraction: 0.9}, "Config.KeepAliveFraction"},
+		{Config{KeepAliveFraction: -1}, "Config.KeepAliveFraction"},
+		{Config{PollInterval: -time.Second}, "Config.PollInterval"},
+		{Config{PollInterval: 5 * time.Millisecond}, "Config.PollInterval"},
 	} {
-		if _, err := New(pool, cfg); err == nil {
-			t.Errorf("New(%+v) accepted", *cfg)
+		if _, err := New(pool, &c.cfg); !isInvalid(err, c.arg) {
+			t.Errorf("New(%+v) = %v, want ErrInvalid (%s)", c.cfg, err, c.arg)
+		}
+	}
+	for _, n := range []int{minKeyBytes, maxKeyBytes} {
+		l, err := New(pool, &Config{Key: make([]byte, n)})
+		if err != nil {
+			t.Errorf("New(Config.Key of %d bytes) = %v, want accepted", n, err)
+		} else {
+			_ = l.Close()
 		}
 	}
 	if _, err := New(nil, nil); !isInvalid(err, "pool") {

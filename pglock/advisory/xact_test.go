@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -336,6 +337,45 @@ func TestLockTx(t *testing.T) {
 	}
 	if err := advisory.TryLockTx(ctx, nil, advisory.Key{}, advisory.Exclusive); !isInvalid(err, "tx") {
 		t.Errorf("TryLockTx(nil tx) = %v", err)
+	}
+	// A zero Key or an unknown Mode on a live transaction: refused before any
+	// SQL, and the transaction stays usable (nothing was sent).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for _, c := range []struct {
+		name string
+		key  advisory.Key
+		mode advisory.Mode
+		arg  string
+	}{
+		{"zero key", advisory.Key{}, advisory.Exclusive, "key"},
+		{"unknown mode", key, advisory.Mode(2), "mode"},
+	} {
+		if err := advisory.LockTx(ctx, tx, c.key, c.mode); !isInvalid(err, c.arg) {
+			t.Errorf("LockTx(%s) = %v, want ErrInvalid (%s)", c.name, err, c.arg)
+		}
+		if err := advisory.TryLockTx(ctx, tx, c.key, c.mode); !isInvalid(err, c.arg) {
+			t.Errorf("TryLockTx(%s) = %v, want ErrInvalid (%s)", c.name, err, c.arg)
+		}
+	}
+	var one int
+	if err := tx.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("transaction after refused calls: %v", err)
+	}
+	requireNoLocks(t, pool)
+	fn := func(pgx.Tx) error { return nil }
+	var nilPool *pgxpool.Pool
+	if err := advisory.TryXact(ctx, nilPool, key, advisory.Exclusive, fn); !isInvalid(err, "db") {
+		t.Errorf("TryXact(nil db) = %v, want ErrInvalid (db)", err)
+	}
+	if err := advisory.TryXact(ctx, pool, key, advisory.Exclusive, nil); !isInvalid(err, "fn") {
+		t.Errorf("TryXact(nil fn) = %v, want ErrInvalid (fn)", err)
+	}
+	if err := advisory.Xact(ctx, pool, advisory.Key{}, advisory.Exclusive, fn); !isInvalid(err, "key") {
+		t.Errorf("Xact(zero key) = %v, want ErrInvalid (key)", err)
 	}
 }
 
