@@ -101,12 +101,25 @@ func TestHandoffTagged(t *testing.T) {
 	if _, err := pool.Exec(ctx, "SELECT pg_notify($1, $2)", handoffChannel, n.Payload); err != nil {
 		t.Fatal(err)
 	}
+	// Woken, read, asleep again. Another wake-up may come first: the
+	// release of w's first lease above notifies pgfence_lock_released (w had
+	// waited), and on a busy machine that notification can reach w after its
+	// second wait began; w then asks again (no HandedLock read) and sleeps.
+	// So wait, sleep by sleep, for the read the replay causes.
+	timeout := time.After(20 * time.Second)
+	for w.handedReads.Load() == 0 {
+		select {
+		case <-sig:
+		case r := <-res2:
+			t.Fatalf("a replayed payload made Acquire return (%v, %v)", r.lease, r.err)
+		case <-timeout:
+			t.Fatal("the replayed payload did not wake the waiter to read its wait")
+		}
+	}
 	select {
-	case <-sig: // woken, read, asleep again
 	case r := <-res2:
 		t.Fatalf("a replayed payload made Acquire return (%v, %v)", r.lease, r.err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("the replayed payload did not wake the waiter")
+	default:
 	}
 	if got := w.handedReads.Load(); got != 1 {
 		t.Fatalf("%d HandedLock reads after a replayed payload, want 1", got)

@@ -166,12 +166,17 @@ func TestEscapeEveryCommand(t *testing.T) {
 	}
 	// Commands that print no string read from the database, and why.
 	noDatabaseText := map[string]string{
-		"pgfence":              "prints its help only",
-		"pgfence migrate":      "a group: prints its help only",
-		"pgfence migrate down": "prints migration file names and versions compiled into pgfence (run above as up and status on the same table)",
-		"pgfence gen":          "a group: prints its help only",
-		"pgfence advisory":     "a group: prints its help only",
-		"pgfence version":      "prints build information compiled into the binary",
+		"pgfence":                       "prints its help only",
+		"pgfence migrate":               "a group: prints its help only",
+		"pgfence migrate down":          "prints migration file names and versions compiled into pgfence (run above as up and status on the same table)",
+		"pgfence gen":                   "a group: prints its help only",
+		"pgfence advisory":              "a group: prints its help only",
+		"pgfence completion":            "a group (cobra's): prints its help only",
+		"pgfence completion bash":       "prints a shell completion script generated from the command tree",
+		"pgfence completion fish":       "prints a shell completion script generated from the command tree",
+		"pgfence completion powershell": "prints a shell completion script generated from the command tree",
+		"pgfence completion zsh":        "prints a shell completion script generated from the command tree",
+		"pgfence version":               "prints build information compiled into the binary",
 		"pgfence exporter": "prints its listen address; its log lines are log/slog text records, which quote values " +
 			"with control or format characters; the metrics go over HTTP",
 		"pgfence demo": "prints what it creates itself (its own lock, table and integer balances), " +

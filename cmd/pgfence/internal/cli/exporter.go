@@ -69,6 +69,9 @@ min_version; basic_auth_users: user -> bcrypt hash); other keys are refused.`,
 					return withCode(ExitUsage, err)
 				}
 			}
+			if _, _, err := net.SplitHostPort(listen); err != nil {
+				return usageErr("--listen %q: want host:port (%v)", listen, err)
+			}
 			pool, err := a.connectMigrated(ctx)
 			if err != nil {
 				return err

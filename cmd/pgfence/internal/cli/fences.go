@@ -71,6 +71,26 @@ FORGED.`,
 			if limit <= 0 {
 				return usageErr("--limit must be > 0")
 			}
+			// The names, before connecting: exit 2 with or without a database.
+			if _, err := splitTable(table); err != nil {
+				return err
+			}
+			if len(keys) == 0 {
+				return usageErr("--key needs at least one column")
+			}
+			for _, c := range append([]string{fenceCol, lockCol}, keys...) {
+				if c == lockCol && c == "" {
+					continue
+				}
+				if err := checkIdent(c); err != nil {
+					return err
+				}
+			}
+			if lockName != "" {
+				if err := checkLockName(lockName); err != nil {
+					return err
+				}
+			}
 			ctx := cmd.Context()
 			pool, err := a.connectMigrated(ctx)
 			if err != nil {
@@ -216,7 +236,7 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 				c, ident.Sanitize(), typ)
 		}
 		if c == fenceCol && typ != "bigint" {
-			return nil, fmt.Errorf("column %q of %s is %s, want bigint (a fence column)", c, ident.Sanitize(), typ)
+			return nil, withCode(ExitNotFound, fmt.Errorf("column %q of %s is %s, want bigint (a fence column)", c, ident.Sanitize(), typ))
 		}
 	}
 

@@ -69,6 +69,16 @@ files and writes nothing.`,
 			if guardLock != "" && guardLockCol != "" {
 				return usageErr("give at most one of --guard-lock and --guard-lock-column")
 			}
+			// Flags that would be ignored are refused: the user meant them.
+			if guardReentrant && guardLock == "" && guardLockCol == "" {
+				return usageErr("--guard-reentrant needs --guard-lock or --guard-lock-column (it sets the mode of the guard they attach)")
+			}
+			if cmd.Flags().Changed("fence-column") && opts.FenceColumn == "" {
+				return usageErr("--fence-column is empty (leave it out for the default, fence)")
+			}
+			if sqlcBlock != "" && sqlcConfig == "" && migDir != "" && queryDir != "" {
+				return usageErr("--sqlc-block selects a block of the sqlc configuration, which is not read when --migrations-dir and --queries-dir are both given (add --sqlc-config, or leave --sqlc-block out)")
+			}
 			if guardLock != "" || guardLockCol != "" {
 				g := &fencedwrite.GuardOptions{LockName: guardLock, LockNameColumn: guardLockCol}
 				if guardReentrant {

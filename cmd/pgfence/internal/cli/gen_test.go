@@ -417,3 +417,29 @@ func TestGenFencedRefusesPgfenceModule(t *testing.T) {
 		t.Errorf("wrote %s", got)
 	}
 }
+
+// TestGenFencedIgnoredFlags: flags that would be ignored are refused (exit
+// 2) and nothing is written: --guard-reentrant without a guard lock, an
+// empty --fence-column (it meant the default), --sqlc-block when both
+// directories are given and no --sqlc-config is read.
+func TestGenFencedIgnoredFlags(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	dirs := []string{"--migrations-dir", "m", "--queries-dir", "q"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(gen(dirs...), "--guard-reentrant"), "--guard-reentrant needs --guard-lock"},
+		{append(gen(dirs...), "--fence-column", ""), "--fence-column is empty"},
+		{append(gen(dirs...), "--sqlc-block", "app"), "--sqlc-block selects a block"},
+	} {
+		r := run(t, "", c.args...)
+		if r.code != ExitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("pgfence %q: %+v, want exit %d naming %q", c.args, r, ExitUsage, c.want)
+		}
+	}
+	if got := tree(t, dir); got != "" {
+		t.Errorf("wrote: %s", got)
+	}
+}

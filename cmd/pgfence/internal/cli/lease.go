@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtext"
 	"github.com/pgfence/pgfence/pglock"
 )
 
@@ -33,10 +34,62 @@ func (a *app) addLeaseCommands(root *cobra.Command) {
 	root.AddCommand(a.runCommand(), a.acquireCommand(), a.renewCommand(), a.releaseCommand())
 }
 
+// The lease commands check their flags as pglock does, before connecting:
+// exit 2 for bad input whether or not the database can be reached (pglock
+// checks again after, as for any caller).
+const (
+	maxLockNameBytes = 512 // pglock: 1..512 bytes of UTF-8 without NUL
+	minLeaseKeyBytes = 16  // pglock.Config.Key: 16..64 bytes
+	maxLeaseKeyBytes = 64
+)
+
+// check refuses a lock name, TTL or holder pglock would refuse.
+func (f *leaseFlags) check() error {
+	if err := checkLockName(f.lock); err != nil {
+		return err
+	}
+	if err := checkLeaseTTL(f.ttl); err != nil {
+		return err
+	}
+	if f.holder != "" {
+		if len(f.holder) > maxLockNameBytes {
+			return usageErr("--holder: %d bytes, more than %d", len(f.holder), maxLockNameBytes)
+		}
+		if p := pgtext.Problem(f.holder); p != "" {
+			return usageErr("--holder: %s", p)
+		}
+	}
+	return nil
+}
+
+func checkLockName(name string) error { return checkNamed("--lock", name) }
+
+// checkNamed refuses a lock name pglock would refuse; what names it in the
+// message (a flag, or "lock name" for an argument).
+func checkNamed(what, name string) error {
+	switch {
+	case name == "":
+		return usageErr("%s is required", what)
+	case len(name) > maxLockNameBytes:
+		return usageErr("%s: %d bytes, more than %d", what, len(name), maxLockNameBytes)
+	}
+	if p := pgtext.Problem(name); p != "" {
+		return usageErr("%s: %s", what, p)
+	}
+	return nil
+}
+
+func checkLeaseTTL(ttl time.Duration) error {
+	if ttl < pglock.MinTTL || ttl > pglock.MaxTTL {
+		return usageErr("--ttl %v: must be between %v and %v", ttl, pglock.MinTTL, pglock.MaxTTL)
+	}
+	return nil
+}
+
 // takeLease connects, builds a Locker and acquires (or try-acquires) f.lock.
 func (a *app) takeLease(ctx context.Context, f *leaseFlags, keepAlive bool) (*pglock.Locker, *pglock.Lease, func(), error) {
-	if f.lock == "" {
-		return nil, nil, nil, usageErr("--lock is required")
+	if err := f.check(); err != nil {
+		return nil, nil, nil, err
 	}
 	pool, err := a.connectMigrated(ctx)
 	if err != nil {
@@ -197,9 +250,18 @@ func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, f
 	if f.lock == "" || f.key == "" || f.token == 0 {
 		return nil, nil, usageErr("--lock, --token and --key are required")
 	}
+	if err := checkLockName(f.lock); err != nil {
+		return nil, nil, err
+	}
+	if f.token < 0 {
+		return nil, nil, usageErr("--token %d: must be > 0", f.token)
+	}
 	key, err := hex.DecodeString(f.key)
 	if err != nil {
 		return nil, nil, usageErr("--key is not hex: %v", err)
+	}
+	if len(key) < minLeaseKeyBytes || len(key) > maxLeaseKeyBytes {
+		return nil, nil, usageErr("--key: %d bytes, want %d to %d (the key acquire printed)", len(key), minLeaseKeyBytes, maxLeaseKeyBytes)
 	}
 	pool, err := a.connectMigrated(ctx)
 	if err != nil {
@@ -231,6 +293,9 @@ func (a *app) renewCommand() *cobra.Command {
 		Short: "Renew a lease taken with 'pgfence acquire' (exit 76 if it was lost)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkLeaseTTL(f.ttl); err != nil {
+				return err
+			}
 			locker, cleanup, err := a.tokenLocker(cmd.Context(), &f)
 			if err != nil {
 				return err

@@ -107,6 +107,9 @@ database's clock. With no state flag every state is listed; state flags combine.
 		Short: "Show one lock in detail (exit 3 if there is no such lock)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkNamed("lock name", args[0]); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			pool, err := a.connectMigrated(ctx)
 			if err != nil {

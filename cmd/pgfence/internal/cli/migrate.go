@@ -62,6 +62,14 @@ func (a *app) migrateCommand() *cobra.Command {
 		Short: "Roll back the latest migration (--to N rolls back to version N, --all to 0)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Checked before connecting: --to with --all would roll back
+			// everything.
+			switch {
+			case all && cmd.Flags().Changed("to"):
+				return usageErr("give at most one of --to N and --all")
+			case to < 0:
+				return usageErr("--to must be >= 0")
+			}
 			return a.withProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider) error {
 				var results []*goose.MigrationResult
 				var err error
@@ -69,9 +77,6 @@ func (a *app) migrateCommand() *cobra.Command {
 				case all:
 					results, err = p.DownTo(ctx, 0)
 				case cmd.Flags().Changed("to"):
-					if to < 0 {
-						return usageErr("--to must be >= 0")
-					}
 					results, err = p.DownTo(ctx, to)
 				default:
 					var r *goose.MigrationResult

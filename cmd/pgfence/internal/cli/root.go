@@ -143,7 +143,30 @@ run: 126 command not executable, 127 command not found, else the command's statu
 	)
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)
+	root.InitDefaultCompletionCmd()
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every command that only groups others
+// (migrate, gen, advisory, completion) refuse an argument that names none of
+// them, with exit 2. cobra shows such a group's help and exits 0, so a typo
+// in a deploy script ("pgfence migrate upp") would pass for success. With no
+// argument the group still shows its help.
+func refuseUnknownSubcommands(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		refuseUnknownSubcommands(sub)
+	}
+	if !c.HasParent() || !c.HasSubCommands() || c.Runnable() {
+		return
+	}
+	c.Args = cobra.ArbitraryArgs
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+	}
 }
 
 // loadDatabaseURLFile reads --database-url-file into databaseURL, before any

@@ -183,8 +183,8 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 	if grace <= 0 {
 		return usageErr("--grace must be > 0")
 	}
-	if f.lock == "" {
-		return usageErr("--lock is required")
+	if err := f.check(); err != nil {
+		return err
 	}
 	path, err := resolveCommand(args[0])
 	if err != nil {
