@@ -54,6 +54,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgtext"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
 	"github.com/pgfence/pgfence/migrations"
 	"github.com/pgfence/pgfence/pglock"
@@ -140,6 +141,7 @@ func New(t testing.TB) *DB {
 // on name is live.
 func (db *DB) ExpireNow(t testing.TB, name string) {
 	t.Helper()
+	checkName(t, "ExpireNow", name)
 	if token := db.expire(t, "SELECT pgfence.test_expire_lease($1)", name); token == 0 {
 		t.Fatalf("pgfencetest.ExpireNow(%q): no live lease on the lock", name)
 	}
@@ -152,8 +154,29 @@ func (db *DB) ExpireNow(t testing.TB, name string) {
 // pgfence.ErrLost. t fails if the job has no live claim.
 func (db *DB) ExpireClaim(t testing.TB, jobID int64) {
 	t.Helper()
+	checkJobID(t, "ExpireClaim", jobID)
 	if token := db.expire(t, "SELECT pgfence.test_expire_claim($1)", jobID); token == 0 {
 		t.Fatalf("pgfencetest.ExpireClaim(%d): the job has no live claim", jobID)
+	}
+}
+
+// checkName fails t, naming helper, for a lock name no lease can have (pglock:
+// 1 to 512 bytes of UTF-8 without NUL), instead of the server's error.
+func checkName(t testing.TB, helper, name string) {
+	t.Helper()
+	switch {
+	case name == "" || len(name) > 512:
+		t.Fatalf("pgfencetest.%s: lock name of %d bytes; a lock name is 1 to 512 bytes", helper, len(name))
+	case pgtext.Problem(name) != "":
+		t.Fatalf("pgfencetest.%s(%q): lock name %s", helper, name, pgtext.Problem(name))
+	}
+}
+
+// checkJobID fails t, naming helper, for a job id no job has.
+func checkJobID(t testing.TB, helper string, id int64) {
+	t.Helper()
+	if id <= 0 {
+		t.Fatalf("pgfencetest.%s(%d): a job id is above 0", helper, id)
 	}
 }
 
@@ -175,6 +198,7 @@ func (db *DB) expire(t testing.TB, sql string, arg any) int64 {
 // waiters queued for name, for up to 30 seconds.
 func (db *DB) TakeOver(t testing.TB, name string) *pglock.Lease {
 	t.Helper()
+	checkName(t, "TakeOver", name)
 	db.expire(t, "SELECT pgfence.test_expire_lease($1)", name)
 	db.lockerOnce.Do(func() {
 		db.locker, db.lockerErr = pglock.New(db.Pool, &pglock.Config{Holder: "pgfencetest"})
@@ -272,6 +296,7 @@ func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want 
 // database clock, and returns the lease's token.
 func (db *DB) RequireHeld(t testing.TB, name, holder string) int64 {
 	t.Helper()
+	checkName(t, "RequireHeld", name)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var (
@@ -302,6 +327,7 @@ func (db *DB) RequireHeld(t testing.TB, name, holder string) int64 {
 // available or running (a lost completion), or dead.
 func (db *DB) RequireCompletedOnce(t testing.TB, jobID int64) {
 	t.Helper()
+	checkJobID(t, "RequireCompletedOnce", jobID)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var (

@@ -191,6 +191,13 @@ func TestExpireNowAndTakeOver(t *testing.T) {
 	}
 	fails(t, "has ended", func(tb testing.TB) { db.RequireHeld(tb, "report", "worker-a") })
 	fails(t, "no live lease", func(tb testing.TB) { db.ExpireNow(tb, "report") })
+	// A name no lease can have fails with what is wrong with it, before SQL.
+	fails(t, "a lock name is 1 to 512 bytes", func(tb testing.TB) { db.ExpireNow(tb, "") })
+	fails(t, "a lock name is 1 to 512 bytes", func(tb testing.TB) { db.RequireHeld(tb, strings.Repeat("n", 513), "x") })
+	fails(t, "lock name contains a NUL byte", func(tb testing.TB) { db.TakeOver(tb, "a\x00b") })
+	fails(t, "lock name not valid UTF-8", func(tb testing.TB) { db.ExpireNow(tb, "a\xff") })
+	fails(t, "a job id is above 0", func(tb testing.TB) { db.ExpireClaim(tb, 0) })
+	fails(t, "a job id is above 0", func(tb testing.TB) { db.RequireCompletedOnce(tb, -1) })
 
 	newer := db.TakeOver(t, "report")
 	if newer.Token() != lease.Token()+1 || newer.Holder() != "pgfencetest" {
