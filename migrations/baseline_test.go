@@ -588,6 +588,9 @@ var rewrites = map[string][]string{
 	"00011_pgfence_guard_mark_when.sql": {"guard"},
 	// guard() attaches the mark trigger without the WHEN clause again.
 	"00013_pgfence_guard_mark_always.sql": {"guard"},
+	// lock_handed and lock_leave refuse NULL wkey or wait_id; fence_refused
+	// refuses a bad mode, row_found or fence with PF011.
+	"00014_pgfence_door_nulls.sql": {"lock_handed", "lock_leave", "fence_refused"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -72,7 +72,7 @@ var PFCodes = []PFCode{
 	{Code: TokenSuperseded, Kind: ErrStaleToken, Meaning: "the guard: the token is not the latest grant of the row's lock", RaisedBy: "the guard's triggers"},
 	{Code: "PF009", Retired: true, Meaning: "retired before the first release (a forged lease change)"},
 	{Code: "PF010", Retired: true, Meaning: "retired before the first release (a forged lease change)"},
-	{Code: BadArgument, Kind: ErrInvalid, Meaning: "bad argument; the message names it and the rule", RaisedBy: "the lease, job, fenced value and outbox functions"},
+	{Code: BadArgument, Kind: ErrInvalid, Meaning: "bad argument; the message names it and the rule", RaisedBy: "the lease, job, fenced value and outbox functions, fence_refused"},
 	{Code: LeaseNotHeld, Kind: ErrLost, Meaning: "the lease is not held with this key (released, expired, another key)", RaisedBy: "outbox_enqueue"},
 	{Code: EpochGateClosed, Retryable: true, Meaning: "a promoted server's epoch bump has not run yet: no grant or claim", RaisedBy: "grants and claims, once ha_enable ran"},
 }
