@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -303,6 +304,7 @@ type importerProc struct {
 	awaiting    map[[2]int64]bool // (job, token) of resolved traps whose lost claim it has not reported yet
 	chaosPaused bool              // stopped by the chaos loop
 	killed      bool
+	startedAt   int64 // on the recorder's clock, before the process started
 	summary     map[string]int
 	lost        int
 	exitErr     error
@@ -365,10 +367,11 @@ func (r *importRun) start() (*importerProc, error) {
 		return nil, err
 	}
 	cmd.Stderr = io.Discard
+	startedAt := r.rec.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	p := &importerProc{name: name, cmd: cmd, stdin: stdin, done: make(chan struct{}), awaiting: map[[2]int64]bool{}}
+	p := &importerProc{name: name, cmd: cmd, stdin: stdin, done: make(chan struct{}), awaiting: map[[2]int64]bool{}, startedAt: startedAt}
 	r.mu.Lock()
 	r.procs = append(r.procs, p)
 	r.mu.Unlock()
@@ -538,7 +541,8 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 		trap := i%every == every/2
 		ps[i] = skiplocked.EnqueueParams{Queue: queue, MaxAttempts: 1000, Payload: json.RawMessage(fmt.Sprintf(`{"n":%d,"trap":%v}`, i, trap))}
 	}
-	if _, err := skiplocked.Enqueue(ctx, admin, ps...); err != nil {
+	enqueued, err := skiplocked.Enqueue(ctx, admin, ps...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	r := &importRun{t: t, dsn: dsn, queue: queue, mode: mode, ttl: time.Second + 100*rtt, admin: admin,
@@ -675,11 +679,24 @@ func runImport(t *testing.T, mode string, jobs, traps int) importOutcome {
 	default:
 	}
 
-	// The history of every process, killed ones included.
+	// The history of every process, killed ones included. A process journals
+	// a claim when the job's handler starts: the jobs a killed process had
+	// claimed and not yet handled have no claim in its journal, though their
+	// claims superseded the one before (a holder paused past its claim then
+	// finds its completion refused, correctly). So each killed process may
+	// have claimed any job, any time after it started, with a token nobody
+	// knows: an open claim per job, as history records a cut claim.
 	r.mu.Lock()
 	for _, p := range r.procs {
 		if err := r.rec.ReadJournal(filepath.Join(r.journals, p.name)); err != nil {
 			t.Fatal(err)
+		}
+		if !p.killed {
+			continue
+		}
+		for _, j := range enqueued {
+			r.rec.Add(history.Op{Client: r.rec.Client(), Input: history.Input{Kind: history.Claim, Key: history.JobKey(j), Holder: p.name, TTL: r.ttl},
+				Output: history.Output{Outcome: history.Unknown}, Call: p.startedAt, Return: math.MaxInt64, ReturnWall: math.MaxInt64})
 		}
 	}
 	r.mu.Unlock()
