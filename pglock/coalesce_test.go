@@ -148,6 +148,21 @@ func waitClosed(t testing.TB, ch <-chan struct{}, what string) {
 	}
 }
 
+// slotNames returns maxInFlight lock names, prefix-0 and on, each granted by
+// l once and released: rows exist for blockRows to lock, so that a grant of
+// each waits in the database and holds a statement slot of l.
+func slotNames(t *testing.T, ctx context.Context, l *Locker, prefix string, ttl time.Duration) []string {
+	t.Helper()
+	names := make([]string, maxInFlight)
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		if err := mustAcquire(t, l, names[i], ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return names
+}
+
 // TestCoalesceBatch: the calls that queue while a statement is out go out
 // together in one lock_grant_many (one lock_release_many), and each caller
 // gets its own result: distinct names are granted with their own tokens, a
@@ -168,13 +183,7 @@ func TestCoalesceBatch(t *testing.T) {
 	const ttl = time.Minute
 
 	// maxInFlight grants wait on row locks: every grant after them queues.
-	blockNames := make([]string, maxInFlight)
-	for i := range blockNames {
-		blockNames[i] = fmt.Sprintf("co-block-%d", i)
-		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	blockNames := slotNames(t, ctx, l, "co-block", ttl)
 	held := mustAcquire(t, other, "co-held", ttl)
 	// co-dup has a row and is free: the first of its two callers in the
 	// batch is granted it, the second finds it held.
@@ -352,13 +361,7 @@ func TestCoalesceBatchBound(t *testing.T) {
 	l := newLocker(t, pool, &Config{PollOnly: true})
 	const ttl = time.Minute
 
-	blockNames := make([]string, maxInFlight)
-	for i := range blockNames {
-		blockNames[i] = fmt.Sprintf("cb-block-%d", i)
-		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	blockNames := slotNames(t, ctx, l, "cb-block", ttl)
 	b := blockRows(t, admin, blockNames...)
 	c.reset()
 	const n = maxCoalesce + 10
@@ -599,13 +602,7 @@ func TestCoalesceConnectionLost(t *testing.T) {
 	g := newGatedPool(t, dsn)
 	l := newLocker(t, g.Pool, &Config{PollOnly: true})
 	const ttl = time.Minute
-	blockNames := make([]string, maxInFlight)
-	for i := range blockNames {
-		blockNames[i] = fmt.Sprintf("zz-block-%d", i)
-		if err := mustAcquire(t, l, blockNames[i], ttl).Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	blockNames := slotNames(t, ctx, l, "zz-block", ttl)
 	b := blockRows(t, admin, blockNames...)
 	const n = 10
 	queued := queuedSignal(l.grants, n+1)
