@@ -160,9 +160,10 @@ type result struct {
 // jobs of queue. It does no I/O. cfg may be nil.
 //
 // On a busy queue the worker overlaps up to three claim statements and two
-// outcome statements when pool has the connections for them (MaxConns of 8
-// or more; one is the listener's); with fewer it sends fewer at once, down
-// to one of each with pgxpool's default of 4 on a small machine.
+// outcome statements when pool has the connections for them (MaxConns of 7
+// or more: one connection is the listener's and one the renewals'); with
+// fewer it sends fewer at once, down to one of each with pgxpool's default
+// of 4 on a small machine.
 func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worker, error) {
 	if h == nil {
 		return nil, invalid(opNewWorker, "h", "nil handler")
