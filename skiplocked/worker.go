@@ -115,9 +115,17 @@ type Worker struct {
 	// the one a package built on the Worker gave it (package workerclaim).
 	claimRows workerclaim.Func
 
-	mu       sync.Mutex
-	inflight map[int64]*held
-	lostMu   sync.Mutex // one OnClaimLost call at a time
+	mu sync.Mutex
+	// inflight holds the claims whose outcome is not written yet, by claim:
+	// a job this worker claims again (its failure retried at once, or its
+	// claim expired and taken back) while the outcome of its earlier claim
+	// is still being written has an entry per claim, each renewed and
+	// removed on its own.
+	inflight map[ClaimRef]*held
+	// outcomesHook, when set (tests), is called by an outcome writer after
+	// it removed a batch's claims from inflight.
+	outcomesHook func()
+	lostMu       sync.Mutex // one OnClaimLost call at a time
 }
 
 func init() {
@@ -410,15 +418,29 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 				return
 			}
 		}
+		if ctx.Err() != nil {
+			for range n {
+				<-slots
+			}
+			return
+		}
+		// The claim statement is not cut when Run stops (or another
+		// fetcher finds the queue drained): cut, it may still commit on
+		// the server, and its jobs would stay claimed, an attempt counted,
+		// until the claim expired. Let it answer (its result is useless
+		// after ClaimTTL), and the jobs go the way of every claimed job
+		// not started at shutdown: released at once.
 		start := time.Now()
-		claimed, err := claim(ctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL}, w.claimRows)
+		cctx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.ClaimTTL)
+		claimed, err := claim(cctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL}, w.claimRows)
+		cancelClaim()
 		m := metricdefs.OrNop(w.cfg.Metrics)
 		m.Observe(ctx, metricdefs.ClaimSeconds, time.Since(start).Seconds(), w.queue)
 		if len(claimed) > 0 {
 			m.Add(ctx, metricdefs.RowsClaimedTotal, float64(len(claimed)), w.queue)
 			w.stats.claimed.Add(int64(len(claimed)))
 		}
-		if err != nil && ctx.Err() == nil {
+		if err != nil {
 			w.cfg.Logger.Warn("skiplocked: claim failed", "queue", w.queue, "err", err)
 		}
 		for range n - len(claimed) {
@@ -428,7 +450,7 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 		w.mu.Lock()
 		for i, j := range claimed {
 			hs[i] = held{ref: j.Ref(), job: j}
-			w.inflight[j.ID] = &hs[i]
+			w.inflight[hs[i].ref] = &hs[i]
 		}
 		idle := len(w.inflight) == 0
 		w.mu.Unlock()

@@ -148,5 +148,5 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	metricdefs.InitQueue(context.Background(), metricdefs.OrNop(c.Metrics), queue)
-	return &Worker{pool: pool, queue: queue, cfg: c, inflight: map[int64]*held{}}, nil
+	return &Worker{pool: pool, queue: queue, cfg: c, inflight: map[ClaimRef]*held{}}, nil
 }

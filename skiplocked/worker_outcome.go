@@ -81,10 +81,14 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 		}
 		w.mu.Lock()
 		for _, r := range batch {
-			delete(w.inflight, r.h.ref.JobID)
+			delete(w.inflight, r.h.ref)
 		}
 		idle := len(w.inflight) == 0
+		hook := w.outcomesHook
 		w.mu.Unlock()
+		if hook != nil {
+			hook()
+		}
 		if drain && idle {
 			poke(wake) // the fetcher checks whether the queue is drained
 		}

@@ -43,8 +43,8 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			}
 			w.mu.Lock()
 			for i, r := range lost {
-				h, ok := w.inflight[r.JobID]
-				if !ok || h.ref != r {
+				h, ok := w.inflight[r]
+				if !ok {
 					continue
 				}
 				d := details[i]

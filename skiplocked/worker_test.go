@@ -479,3 +479,75 @@ func TestWorkerCompletesAfterTerminatedConnections(t *testing.T) {
 		t.Errorf("handler ran %d times, want 1", c)
 	}
 }
+
+// A claim statement out when Run stops is let answer, and its jobs are
+// released at once like every claimed job whose handler has not started.
+// Cut instead, it still committed on the server (the client only dropped
+// its connection): the job stayed claimed by a worker that had stopped,
+// its attempt counted, until the claim expired (its last attempt would
+// then have sent it to dead without running it).
+func TestWorkerShutdownDuringClaim(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	ids := enqueueN(t, pool, "cutclaim", 1, 1)
+	// The claim waits for an advisory lock the test holds.
+	if _, err := pool.Exec(ctx, `
+CREATE FUNCTION pgfence.test_claim_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state = 'available' AND NEW.state = 'running' THEN
+        PERFORM pg_advisory_xact_lock(424242);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_claim_gate BEFORE UPDATE ON pgfence.jobs FOR EACH ROW EXECUTE FUNCTION pgfence.test_claim_gate();`); err != nil {
+		t.Fatal(err)
+	}
+	gate, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Release()
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_lock(424242)`); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan int64, 1)
+	w := newWorker(t, pool, "cutclaim", func(_ context.Context, j skiplocked.Job) error {
+		ran <- j.ID
+		return nil
+	}, &skiplocked.Config{Concurrency: 1, PollOnly: true, PollInterval: time.Hour})
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Run(runCtx) }()
+	waitFor(t, "the claim to wait for the gate", func() bool {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%job_claim%'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	})
+	cancel() // before the claim can answer
+	if _, err := gate.Exec(ctx, `SELECT pg_advisory_unlock(424242)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	// A handler that took the job before the worker saw the stop ran it to
+	// completion; otherwise the claim was given back. Never left claimed.
+	j := mustJob(t, pool, ids[0])
+	sum := w.Summary()
+	select {
+	case <-ran:
+		if j.State != skiplocked.StateCompleted || sum.Completed != 1 {
+			t.Fatalf("the job ran during the stop: job %s, summary completed %d; want completed, 1", j.State, sum.Completed)
+		}
+	default:
+		if j.State != skiplocked.StateAvailable || j.Attempts != 0 || sum.Claimed != 1 || sum.Released != 1 {
+			t.Fatalf("after a stop during the claim: job %s, attempts %d, summary claimed %d released %d; want available, 0, 1, 1",
+				j.State, j.Attempts, sum.Claimed, sum.Released)
+		}
+	}
+}
