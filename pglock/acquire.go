@@ -35,6 +35,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err == nil && locked != nil {
 		err = locked
 	}
+	lease, err = l.giveBackIfClosed(ctx, op, lease, err)
 	l.recordAcquire(ctx, name, start, false, lease, err)
 	if err != nil {
 		return nil, err
@@ -94,18 +95,54 @@ func (l *Locker) acquireWaited(ctx context.Context, op, name string, ttl time.Du
 	return lease, waited, err
 }
 
+// giveBackIfClosed returns lease and err, unless lease was granted after
+// the Locker closed (Close had ended it before it could be registered):
+// nobody could use it, so it is released in the database, and the call
+// gets an error matching pgfence.ErrClosed instead of an ended lease.
+func (l *Locker) giveBackIfClosed(ctx context.Context, op string, lease *Lease, err error) (*Lease, error) {
+	if lease == nil || !lease.bornClosed {
+		return lease, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
+	defer cancel()
+	if rerr := l.release(rctx, op, lease.name, lease.token); rerr != nil {
+		l.log.Warn("pglock: release of a lease granted after Close", "name", lease.name, "token", lease.token, "err", rerr)
+	}
+	return nil, closedError(op, lease.name)
+}
+
 // waitOpts adjust acquire for the election campaign.
 type waitOpts struct {
 	cap      time.Duration // longest single sleep; 0 = Config.PollInterval
 	retryErr time.Duration // > 0: retry database errors after this long instead of returning them
 	onErr    func(error)
 	onWait   func() // called before each sleep
+	// finish, when set, lets each grant statement (and read of a handed
+	// lease) answer when ctx ends while it is out, bounded by the TTL: a
+	// grant is then returned, never lost, and the caller gives it back.
+	finish bool
+}
+
+// statementCtx is the context of one grant statement: ctx, or with
+// o.finish, ctx without its cancellation, bounded by ttl (a later answer is
+// of no use: grant gives it back).
+func (o *waitOpts) statementCtx(ctx context.Context, ttl time.Duration) (context.Context, context.CancelFunc) {
+	if !o.finish {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), ttl)
 }
 
 // op is the exported call, for errors: a separate argument, not a field of
 // o, so that o (whose onWait closure the caller keeps on its stack) does not
 // escape with it (escape analysis does not tell a struct's fields apart).
 func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
+	lease, err := l.acquireTurns(ctx, op, name, ttl, o)
+	return l.giveBackIfClosed(ctx, op, lease, err)
+}
+
+// acquireTurns is acquire's loop of attempts and waits.
+func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
 	var w *waiter
 	queued, got := false, false // QueueGrant ran (the waiter may be in the queue); a lease is returned
 	defer func() {
@@ -165,7 +202,9 @@ func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration
 				queuedAt = time.Now()
 			}
 		}
-		lease, locked, wait, err := l.grant(ctx, op, name, ttl, kind, w)
+		sctx, cancel := o.statementCtx(ctx, ttl)
+		lease, locked, wait, err := l.grant(sctx, op, name, ttl, kind, w)
+		cancel()
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -251,7 +290,9 @@ func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration
 				l.setHot(name, true)
 				return lease, nil
 			}
-			lease, err := l.handed(ctx, op, name, ttl, w.wkey, w.waitID)
+			sctx, cancel := o.statementCtx(ctx, ttl)
+			lease, err := l.handed(sctx, op, name, ttl, w.wkey, w.waitID)
+			cancel()
 			if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 				return nil, err
 			}

@@ -109,7 +109,15 @@ type coalescer[Req, Res any] struct {
 	queuedHook func(n int)
 	// orphanHook, when set (tests), is called after orphan returns.
 	orphanHook func()
+	// abandon, when set, makes a queued call give up as if its context
+	// ended once it is closed, with errCoalescerClosed: the grant
+	// coalescer's calls give up when the Locker closes (the releases are
+	// still sent).
+	abandon <-chan struct{}
 }
+
+// errCoalescerClosed is a queued call's error when abandon closed.
+var errCoalescerClosed = errors.New("pglock: Locker closed")
 
 // do runs r and returns its result and the send time of its statement.
 func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, error) {
@@ -119,6 +127,11 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 		// takes the queue before it frees its slot): send at once.
 		c.inFlight++
 		c.mu.Unlock()
+		// The slot is freed however the statement ends: user code runs
+		// under onLiveConn (pool hooks, tracers), and a panic recovered
+		// above would otherwise hold the slot, and queue every later call
+		// of the kind, for good.
+		defer c.next()
 		var (
 			res  Res
 			sent time.Time
@@ -128,7 +141,6 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 			res, err = c.one(ctx, conn, r)
 			return err
 		})
-		c.next()
 		return res, sent, err
 	}
 	call := &coalesceCall[Req, Res]{req: r, done: make(chan struct{})}
@@ -138,10 +150,14 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	if hook != nil {
 		hook(n)
 	}
+	gone := error(nil)
 	select {
 	case <-call.done:
 		return call.res, call.sent, call.err
 	case <-ctx.Done():
+		gone = ctx.Err()
+	case <-c.abandon:
+		gone = errCoalescerClosed
 	}
 	c.mu.Lock()
 	select {
@@ -165,7 +181,7 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	c.mu.Unlock()
 	// call's fields are the sender's from here on.
 	var zero Res
-	return zero, time.Time{}, ctx.Err()
+	return zero, time.Time{}, gone
 }
 
 // next sends the queued calls in the slot of the statement that just
@@ -296,9 +312,10 @@ type releaseReq struct {
 
 func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 	return &coalescer[grantReq, grantRes]{
-		l:      l,
-		name:   func(r grantReq) string { return r.name },
-		orphan: l.releaseOrphan,
+		l:       l,
+		abandon: l.closedCh,
+		name:    func(r grantReq) string { return r.name },
+		orphan:  l.releaseOrphan,
 		one: func(ctx context.Context, conn *pgxpool.Conn, r grantReq) (grantRes, error) {
 			row, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: r.name, Holder: l.holder, TtlUs: r.ttlUs, Key: l.key})
 			return grantRes{fastGrantRow: row}, err

@@ -1031,3 +1031,130 @@ func TestCoalesceAbandonedGrantReleased(t *testing.T) {
 		t.Errorf("ab-x acquired again: token %d, want 3", s.Token())
 	}
 }
+
+// Close ends the wait of the grants queued behind a statement (they get
+// ErrClosed, never sent), and a grant whose statement answers after Close
+// is given back and its caller gets ErrClosed: before, the queued calls
+// waited on (Close did not stop them) and were granted after Close
+// returned, each caller getting an ended Lease with a nil error while the
+// name stayed held in the database until its TTL.
+func TestCoalesceClose(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	l, err := New(pgtest.PoolFor(t, dsn), &Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Minute
+	blockNames := slotNames(t, ctx, l, "cc-block", ttl)
+	queued := queuedSignal(l.grants, 2)
+	b := blockRows(t, admin, blockNames...)
+	first := make(chan error, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if s != nil {
+				t.Errorf("TryAcquire %s granted after Close: %v (Err %v)", name, s.Token(), s.Err())
+			}
+			first <- err
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	rest := make(chan error, 2)
+	for _, name := range []string{"cc-b", "cc-c"} {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if s != nil {
+				t.Errorf("TryAcquire %s: a lease (token %d, Err %v) after Close", name, s.Token(), s.Err())
+			}
+			rest <- err
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case err := <-rest:
+			if !errors.Is(err, pgfence.ErrClosed) {
+				t.Errorf("queued TryAcquire after Close: %v, want ErrClosed", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("queued grants still waiting after Close")
+		}
+	}
+	b.unblock(t) // the statement out answers: granted after Close
+	for range maxInFlight {
+		if err := <-first; !errors.Is(err, pgfence.ErrClosed) {
+			t.Errorf("TryAcquire answered after Close: %v, want ErrClosed", err)
+		}
+	}
+	for _, name := range append(slices.Clone(blockNames), "cc-b", "cc-c") {
+		if info := inspect(t, admin, name); info.Held {
+			t.Errorf("%s after Close: held with token %d, want free", name, info.Token)
+		}
+	}
+}
+
+// A panic under a lone call's statement (here a pgx tracer's; user code
+// also runs in pool hooks) frees the call's statement slot and its
+// connection: before, the slot stayed taken and every later TryAcquire of
+// the Locker queued behind a statement that would never return.
+func TestCoalescePanicFreesSlot(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &panicTracer{}
+	cfg.ConnConfig.Tracer = tr
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not deferred: a connection the panic left taken would hang it.
+	l, err := New(pool, &Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // more panics than connections: none may stay taken
+		tr.panicNext.Store(true)
+		func() {
+			defer func() {
+				if r := recover(); r == nil {
+					t.Fatal("TryAcquire did not panic")
+				}
+			}()
+			_, _ = l.TryAcquire(ctx, "ps-a", time.Minute)
+		}()
+	}
+	tctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	s, err := l.TryAcquire(tctx, "ps-b", time.Minute)
+	if err != nil {
+		t.Fatalf("TryAcquire after recovered panics: %v", err)
+	}
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.Close()
+	pool.Close()
+}
+
+// panicTracer panics in the next grant statement's TraceQueryStart when
+// panicNext is set.
+type panicTracer struct{ panicNext atomic.Bool }
+
+func (p *panicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lock_grant") && p.panicNext.CompareAndSwap(true, false) {
+		panic("tracer")
+	}
+	return ctx
+}
+
+func (p *panicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -76,7 +76,9 @@
 // Every method that does I/O takes a context first. Cancelling it abandons
 // the round trip (pgx closes that connection). A grant whose outcome is
 // therefore unknown stays held by this Locker's holder until its TTL passes
-// ([Inspect] and [Locker.Adopt] reconcile it). A lease's lifetime does not
+// ([Inspect] and [Locker.Adopt] reconcile it); [Elector.Run] lets its grant
+// statements answer instead and gives back a grant that arrives as its
+// context ends. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.
 //
 // # Errors

@@ -126,10 +126,19 @@ func (e *Elector) Run(ctx context.Context) error {
 			onErr: func(err error) {
 				e.l.log.Warn("pglock: election campaign attempt failed", "name", e.name, "err", err)
 			},
+			finish: true, // a grant is never lost to ctx: it is given back below
 		})
+		if lease != nil && ctx.Err() != nil {
+			// Granted while ctx ended: resign before leading.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
+			if err := lease.Release(rctx); err != nil {
+				e.l.log.Warn("pglock: release of a lease granted as the campaign was cancelled", "name", e.name, "token", lease.Token(), "err", err)
+			}
+			cancel()
+			return ctx.Err()
+		}
 		if err != nil {
 			if ctx.Err() != nil {
-				e.releaseOrphan(ctx)
 				return ctx.Err()
 			}
 			return err
@@ -144,22 +153,8 @@ func (e *Elector) Run(ctx context.Context) error {
 	}
 }
 
-// releaseOrphan gives back a grant whose answer was lost when ctx ended
-// during the campaign's last statement: it committed, but no Lease was made
-// for it, so nobody would release it before its TTL. Only a row held by this
-// Locker's holder with no live Lease in the Locker is released, conditional
-// on its token. Best effort, bounded by a few seconds.
-func (e *Elector) releaseOrphan(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	info, err := inspectAs(rctx, "pglock.Run", e.l.pool, e.name)
-	if err != nil || info.Holder != e.l.holder || e.l.hasLive(e.name, info.Token) {
-		return
-	}
-	if err := e.l.release(rctx, "pglock.Run", e.name, info.Token); err == nil {
-		e.l.log.Info("pglock: released a grant whose answer was lost when the campaign was cancelled", "name", e.name, "token", info.Token)
-	}
-}
+// resignTimeout bounds the release of a lease when Run's ctx ends.
+const resignTimeout = 5 * time.Second
 
 // lead runs one term.
 func (e *Elector) lead(ctx context.Context, lease *Lease) {
@@ -183,7 +178,7 @@ loop:
 	for {
 		select {
 		case <-ctx.Done():
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
 			if err := lease.Release(rctx); err != nil {
 				e.l.log.Warn("pglock: resign failed; the lease expires at its TTL", "name", e.name, "err", err)
 				lease.end(lease.lost("pglock.Run", err))

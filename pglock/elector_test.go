@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
@@ -227,4 +229,82 @@ func TestElectionResignWakesCandidate(t *testing.T) {
 	}
 	cancel2()
 	<-done
+}
+
+// A candidate whose Run is cancelled while another Locker with the same
+// Holder and Key (as processes sharing a key for Adopt are configured)
+// leads leaves the leader's lease alone. Before, Run's end released any
+// lease of the name held under its holder string that its own Locker had
+// no Lease for, guessing it was a grant whose answer the cancellation had
+// lost: it released the leader's lease, and the next candidate was granted
+// the name while the leader still led.
+func TestElectionCancelledCandidateLeavesLeader(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	pool := pgtest.Pool(t)
+	key := []byte("0123456789abcdef-shared")
+	cfg := &ElectionConfig{LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, RetryPeriod: 10 * time.Second}
+	l1 := newLocker(t, pool, &Config{Holder: "svc", Key: key})
+	l2 := newLocker(t, pool, &Config{Holder: "svc", Key: key})
+	started := make(chan int64, 1)
+	c1 := *cfg
+	c1.OnStartedLeading = func(ctx context.Context, s *Lease) { started <- s.Token(); <-ctx.Done() }
+	e1, err := l1.NewElector("shared-holder", &c1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2, err := l2.NewElector("shared-holder", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx1, cancel1 := context.WithCancel(ctx)
+	done1 := make(chan error, 1)
+	go func() { done1 <- e1.Run(ctx1) }()
+	defer func() { cancel1(); <-done1 }()
+	var tok int64
+	select {
+	case tok = <-started:
+	case <-ctx.Done():
+		t.Fatal("e1 never led")
+	}
+	ctx2, cancel2 := context.WithCancel(ctx)
+	done2 := make(chan error, 1)
+	go func() { done2 <- e2.Run(ctx2) }()
+	// e2 finds the name held (its first attempt's answer) before it is
+	// cancelled: wait for its wait to be queued in the database.
+	waitQueued(t, pool, "shared-holder")
+	cancel2()
+	if err := <-done2; !errors.Is(err, context.Canceled) {
+		t.Fatalf("e2.Run: %v, want context.Canceled", err)
+	}
+	info, err := Inspect(ctx, pool, "shared-holder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Held || info.Token != tok {
+		t.Fatalf("after the candidate's Run ended: %+v, want held by the leader with token %d", info, tok)
+	}
+	if e1.Lease() == nil {
+		t.Fatal("the leader lost its lease")
+	}
+}
+
+// waitQueued returns once a wait for name is queued in pgfence.lock_queue
+// (another Locker's: there is no signal for it, it is looked up).
+func waitQueued(t testing.TB, db *pgxpool.Pool, name string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int
+		if err := db.QueryRow(context.Background(), `SELECT count(*) FROM pgfence.lock_queue WHERE name = $1`, name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no wait for %q queued after 30s", name)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -64,6 +64,9 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 			}
 			changed = !granted && !r.HasHolder
 		}
+		if errors.Is(err, errCoalescerClosed) {
+			return nil, nil, 0, closedError(op, name)
+		}
 		if err != nil {
 			return nil, nil, 0, translateGrantError(op, name, err)
 		}

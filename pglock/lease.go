@@ -31,6 +31,7 @@ type Lease struct {
 	renewMu sync.Mutex // serialises renewals so the last sent is the last committed
 
 	grantedAt    time.Time // local, for the hold-time metric
+	bornClosed   bool      // made after the Locker closed, and ended at once (set before it is returned)
 	renewFailing bool      // the latest renewal failed with a connection error (under mu)
 
 	mu        sync.Mutex
@@ -58,6 +59,7 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		s.bornClosed = true
 		s.end(closedError("pglock.Close", name))
 		return s
 	}

@@ -174,8 +174,11 @@ func (l *Locker) Listen(ctx context.Context) error {
 // Close stops the listener and every keep-alive, and ends the Context of each
 // live lease with a cause matching [pgfence.ErrClosed]. It does not release
 // leases in the database (Close does no SQL): release them first, or they
-// stay held until their TTL passes. Waiting Acquire calls return an error
-// matching [pgfence.ErrClosed]. Close is safe to call more than once.
+// stay held until their TTL passes. Waiting Acquire calls, and TryAcquire
+// calls queued behind another grant statement of the Locker, return an error
+// matching [pgfence.ErrClosed]; a grant whose statement answers after Close
+// is released by its own call, which returns that error too. Close is safe
+// to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {

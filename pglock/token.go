@@ -117,9 +117,12 @@ func (l *Locker) onLiveConn(ctx context.Context, f func(*pgxpool.Conn) error) er
 		if err != nil {
 			return err
 		}
-		err = f(conn)
-		retry := err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
-		conn.Release()
+		retry := false
+		func() {
+			defer conn.Release() // also if f panics (user code runs under it: tracers)
+			err = f(conn)
+			retry = err != nil && deadConns < maxDeadConns && ctx.Err() == nil && deadConnection(conn, err)
+		}()
 		if !retry {
 			return err
 		}
