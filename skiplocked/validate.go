@@ -55,13 +55,18 @@ func checkTTL(op, arg string, d time.Duration) error {
 // cutError makes an error text storable: at most maxErrorLen bytes of valid
 // UTF-8 (invalid bytes become "?") without NUL bytes (they become "?" too).
 func cutError(s string) string {
-	s = strings.ReplaceAll(s, "\x00", "?")
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "?"), "?")
 	if len(s) <= maxErrorLen {
-		return strings.ToValidUTF8(s, "?")
+		return s
 	}
+	// s is valid UTF-8: only the rune the cut splits can be invalid.
 	s = s[:maxErrorLen]
-	for len(s) > 0 && !utf8.ValidString(s) {
-		s = s[:len(s)-1]
+	if r, size := utf8.DecodeLastRuneInString(s); r == utf8.RuneError && size <= 1 {
+		i := len(s) - 1
+		for i > 0 && !utf8.RuneStart(s[i]) {
+			i--
+		}
+		s = s[:i]
 	}
 	return s
 }
