@@ -344,3 +344,98 @@ func TestKeepAliveOneStatementPerTick(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// renewErrors counts the lock_renew_many statements that ended with an
+// error, and the largest batch sent.
+type renewErrors struct{ failed, most atomic.Int64 }
+
+type renewArgsKey struct{}
+
+func (c *renewErrors) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, "pgfence.lock_renew_many(") {
+		return ctx
+	}
+	for _, a := range d.Args {
+		if names, ok := a.([]string); ok {
+			for n := int64(len(names)); ; {
+				m := c.most.Load()
+				if n <= m || c.most.CompareAndSwap(m, n) {
+					break
+				}
+			}
+		}
+	}
+	return context.WithValue(ctx, renewArgsKey{}, true)
+}
+
+func (c *renewErrors) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(renewArgsKey{}) != nil && d.Err != nil {
+		c.failed.Add(1)
+	}
+}
+
+// A renewal statement shared by a lease about to end and a long one runs
+// until the long one's deadline, not the short one's: before, the short
+// lease's deadline cut the statement (and closed its connection), so the
+// long lease's renewal failed with it, tick after tick while a lease near
+// its end shared its statements.
+func TestKeepAliveShortLeaseDoesNotCutBatch(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c renewErrors
+	cfg.ConnConfig.Tracer = &c
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l := newLocker(t, pool, &Config{KeepAlive: true, PollOnly: true})
+	long := mustAcquire(t, l, "kb-long", time.Minute)
+	short := mustAcquire(t, l, "kb-short", 2*time.Second)
+	exp0 := long.ExpiresAt()
+	// The long lease's row is locked: the next renewal of both waits.
+	b := blockRows(t, admin, "kb-long")
+	l.keeper.mu.Lock()
+	now := time.Now()
+	l.keeper.due[long], l.keeper.due[short] = now, now
+	l.keeper.mu.Unlock()
+	select {
+	case l.keeper.wake <- struct{}{}:
+	default:
+	}
+	waitLockWait(t, admin, "lock_renew_many", 1)
+	// The short lease ends at its local deadline while the statement waits.
+	select {
+	case <-short.Done():
+	case <-ctx.Done():
+		t.Fatal("the short lease did not end")
+	}
+	b.unblock(t)
+	// The statement answers: the long lease is renewed (in it, or before
+	// the change, in the retry after it was cut).
+	deadline := time.Now().Add(30 * time.Second)
+	for !long.ExpiresAt().After(exp0) {
+		if time.Now().After(deadline) {
+			t.Fatalf("long lease not renewed: expiry %v, as granted", long.ExpiresAt())
+		}
+		time.Sleep(10 * time.Millisecond) // no signal for a renewal
+	}
+	if c.most.Load() < 2 {
+		t.Fatalf("largest renewal batch %d, want the two leases in one statement", c.most.Load())
+	}
+	if n := c.failed.Load(); n != 0 {
+		t.Fatalf("%d renewal statements failed: the short lease's deadline cut the long lease's renewal", n)
+	}
+	if !errors.Is(short.Err(), pgfence.ErrLost) {
+		t.Errorf("short lease: %v, want ErrLost", short.Err())
+	}
+	if long.Err() != nil {
+		t.Errorf("long lease: %v", long.Err())
+	}
+}

@@ -198,7 +198,7 @@ func (k *keeper) renewChunk(ctx context.Context, chunk []*Lease) {
 			k.reschedule(s, time.Now().Add(k.retry(s)))
 			continue
 		}
-		if deadline.IsZero() || d.Before(deadline) {
+		if d.After(deadline) {
 			deadline = d
 		}
 		live = append(live, s)
@@ -209,8 +209,11 @@ func (k *keeper) renewChunk(ctx context.Context, chunk []*Lease) {
 	if len(live) == 0 {
 		return
 	}
-	// The statement may not outlast the earliest local deadline among them:
-	// an answer after it could not extend that lease anyway.
+	// The statement may not outlast the latest local deadline among them: an
+	// answer after it could extend none of them. (Not the earliest: one
+	// lease about to end would cut the statement of every lease it shares,
+	// tick after tick; a lease whose deadline passes while the statement is
+	// out ends below, whatever the answer.)
 	rctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	var (
