@@ -274,8 +274,12 @@ func (s *Lease) Renew(ctx context.Context) error {
 // changes and Release returns a [*pgfence.Error] matching [pgfence.ErrLost].
 // It is sent even after the local deadline passed (the database may still
 // hold the lease); a second Release after a successful one returns nil
-// without SQL. A connection error is a [*pgfence.Error] with no Kind whose
-// cause is the driver's error, and the lease stays as it was.
+// without SQL. A connection error, or ctx ending while the statement is
+// out, is a [*pgfence.Error] with no Kind whose cause is the driver's (or
+// ctx's) error: the release may have happened or not (a statement that
+// carries other Releases of the Locker goes on for them). The Lease stays
+// live locally, kept alive again with KeepAlive (a renewal of a lease that
+// was released is refused, and ends it); call Release again to know.
 func (s *Lease) Release(ctx context.Context) error {
 	const op = "pglock.Release"
 	s.renewMu.Lock()
