@@ -3,6 +3,7 @@ package fencedwrite_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -169,6 +170,51 @@ func TestGuardReentrantWithLockColumn(t *testing.T) {
 	_, err = pool.Exec(ctx, "UPDATE invoices SET fence = -3 WHERE id = 3")
 	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
 	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != "bc:1,y:1,new:0" {
+		t.Fatalf("rows = %s", got)
+	}
+}
+
+// A reentrant guard checks a fence kept equal against the lock as well: a
+// holder superseded by a newer grant can no longer write (or read with a
+// fenced read) the rows it wrote under its old token, and an UPDATE that
+// assigns the fence to itself is refused unless the fence is the lock's
+// latest token. Before migration 00015 all of these went through.
+func TestGuardReentrantSuperseded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := invoicesPool(t)
+	mustExec(t, pool, "UPDATE invoices SET store = 'store-' || id")
+	if err := fencedwrite.Guard(ctx, pool, "public.invoices", fencedwrite.GuardOptions{LockNameColumn: "store", Mode: fencedwrite.Reentrant}); err != nil {
+		t.Fatal(err)
+	}
+	tbl := prepare(t, pool, fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"status"},
+		Mode: fencedwrite.Reentrant, Read: []string{"status"}})
+	old := grant(t, pool, "store-1")
+	if _, err := tbl.Update(ctx, pool, old, []any{1}, []any{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	// Still the latest grant: writing again with it, and a statement that
+	// assigns the fence to itself, pass.
+	if _, err := tbl.Update(ctx, pool, old, []any{1}, []any{"b"}); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, pool, "UPDATE invoices SET status = 'c', fence = fence WHERE id = 1")
+	cur := grant(t, pool, "store-1")
+	_, err := tbl.Update(ctx, pool, old, []any{1}, []any{"stale"})
+	wantGuard(t, err, superseded)
+	var st string
+	_, err = tbl.Read(ctx, pool, old, []any{1}, &st)
+	wantGuard(t, err, superseded)
+	_, err = pool.Exec(ctx, "UPDATE invoices SET status = 'tool', fence = fence WHERE id = 1")
+	wantGuard(t, fencedwrite.TranslateError(err), superseded)
+	// A fence kept at 0 carries no token.
+	_, err = pool.Exec(ctx, "UPDATE invoices SET status = 'tool', fence = fence WHERE id = 3")
+	wantGuard(t, fencedwrite.TranslateError(err), notRaised)
+	// The new holder writes.
+	if _, err := tbl.Update(ctx, pool, cur, []any{1}, []any{"d"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, pool, "SELECT string_agg(status || ':' || fence, ',' ORDER BY id) FROM invoices"); got != fmt.Sprintf("d:%d,new:0,new:0", cur) {
 		t.Fatalf("rows = %s", got)
 	}
 }
