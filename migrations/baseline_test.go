@@ -590,8 +590,9 @@ var rewrites = map[string][]string{
 	"00013_pgfence_guard_mark_always.sql": {"guard"},
 	// lock_handed and lock_leave refuse NULL wkey or wait_id; fence_refused
 	// refuses a bad mode, row_found or fence with PF011.
-	"00014_pgfence_door_nulls.sql": {"lock_handed", "lock_leave", "fence_refused"},
+	"00014_pgfence_door_nulls.sql":             {"lock_handed", "lock_leave", "fence_refused"},
 	"00015_pgfence_guard_reentrant_latest.sql": {"attach_guard"},
+	"00016_pgfence_release_lock_order.sql":     {"lock_release"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
