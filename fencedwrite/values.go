@@ -294,7 +294,8 @@ func valueError(err error) error {
 }
 
 // inTx runs fn in a transaction begun on db and commits it; it rolls back on
-// any error, including a panic in fn.
+// any error, a panic in fn, and fn ending its goroutine (runtime.Goexit, as
+// t.Fatal does), which neither returns nor panics.
 func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error) {
 	if nilcheck.IsNil(db) {
 		return errNilDB()
@@ -303,22 +304,26 @@ func inTx(ctx context.Context, db Beginner, fn func(tx pgx.Tx) error) (err error
 	if err != nil {
 		return translateErr(err)
 	}
+	done := false
 	defer func() {
-		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if done {
+			return
 		}
-	}()
-	defer func() {
-		if p := recover(); p != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-			panic(p)
-		}
+		// On a context that outlives the caller's, bounded.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.Rollback(rctx)
+		cancel()
 	}()
 	if err = fn(tx); err != nil {
 		return err
 	}
+	done = true
 	if err = tx.Commit(ctx); err != nil {
 		return translateErr(err)
 	}
 	return nil
 }
+
+// rollbackTimeout bounds the rollback of a transaction whose caller's
+// context may have ended.
+const rollbackTimeout = 10 * time.Second

@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
@@ -279,4 +283,48 @@ func TestDroppedConnection(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || !errors.As(err, &pe) || pe.Kind != nil {
 		t.Fatalf("err = %v, want a database failure caused by context.Canceled", err)
 	}
+}
+
+// A ModifyValue whose fn ends its goroutine (runtime.Goexit, as t.Fatal
+// does in a test) rolls its transaction back and gives its connection back:
+// before, the connection stayed out of the pool, idle in a transaction that
+// held the value's row lock.
+func TestModifyValueGoexitRollsBack(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := grant(t, pool, "goexit")
+	if _, err := fencedwrite.UpsertValue(ctx, pool, tok, fencedwrite.Strict, "goexit", json.RawMessage(`1`)); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		_, _ = fencedwrite.ModifyValue(ctx, pool, tok, "goexit", func(json.RawMessage) (json.RawMessage, error) {
+			runtime.Goexit()
+			return nil, nil
+		})
+	}()
+	<-ended
+	actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+	defer acancel()
+	conn, err := pool.Acquire(actx)
+	if err != nil {
+		t.Fatalf("the pool's one connection after fn's Goexit: %v (not given back)", err)
+	}
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT value::text FROM pgfence.fenced_values WHERE key = 'goexit'`).Scan(&v); err != nil || v != "1" {
+		t.Errorf("value after the rolled-back ModifyValue: %q, %v; want 1", v, err)
+	}
+	conn.Release()
+	pool.Close()
 }
