@@ -213,8 +213,8 @@ func (t *Table) build(ti *pgident.Table) {
 	t.upsert = "WITH pgfence_w AS (INSERT INTO " + t.name + " AS pgfence_t (" + strings.Join(cols, ", ") + ") VALUES (" +
 		strings.Join(vals, ", ") + ") ON CONFLICT (" + strings.Join(conflict, ", ") + ") DO UPDATE SET " +
 		strings.Join(excl, ", ") + " WHERE pgfence_t." + fence + " " + s.Mode.op() + " excluded." + fence +
-		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax OPERATOR(pg_catalog.=) 0) AS inserted)" +
-		"\nSELECT true, " + fence + ", inserted FROM pgfence_w" + refusedBranch(", false")
+		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax OPERATOR(pg_catalog.=) 0) AS pgfence_inserted)" +
+		"\nSELECT true, " + fence + ", pgfence_inserted FROM pgfence_w" + refusedBranch(", false")
 
 	// The delete names its token with pgfence.use_token, which a guarded
 	// table's trigger reads (a DELETE has no new row to carry it).

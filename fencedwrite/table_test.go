@@ -327,3 +327,24 @@ func TestModifyInOneTransaction(t *testing.T) {
 	}
 	var _ pgx.Tx = tx
 }
+
+// A fence column named like a column of the statements' own results
+// ("inserted") works: Upsert named its inserted flag "inserted" too, and
+// every Upsert of such a table failed with 42702 (ambiguous column).
+func TestUpsertFenceNamedInserted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	mustExec(t, pool, `CREATE TABLE odd_fence (id int PRIMARY KEY, v text, inserted bigint NOT NULL DEFAULT 0)`)
+	tbl := prepare(t, pool, fencedwrite.Spec{Table: "odd_fence", Key: []string{"id"}, Set: []string{"v"}, FenceColumn: "inserted"})
+	tok := grant(t, pool, "odd")
+	res, err := tbl.Upsert(ctx, pool, tok, []any{1}, []any{"a"})
+	if err != nil || !res.Inserted || res.Fence != tok {
+		t.Fatalf("Upsert of a new row: %+v, %v; want inserted with fence %d", res, err, tok)
+	}
+	tok2 := grant(t, pool, "odd")
+	res, err = tbl.Upsert(ctx, pool, tok2, []any{1}, []any{"b"})
+	if err != nil || res.Inserted || res.Fence != tok2 {
+		t.Fatalf("Upsert of an existing row: %+v, %v; want updated with fence %d", res, err, tok2)
+	}
+}
