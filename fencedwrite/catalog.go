@@ -75,7 +75,7 @@ func checkColumns(t *pgident.Table, what string, cols []string) error {
 }
 
 // checkFenceColumn reports [pgfence.ErrInvalid] naming the fence column
-// unless t has column name of type bigint.
+// unless t has column name of type bigint NOT NULL.
 func checkFenceColumn(t *pgident.Table, name string) error {
 	if p := t.FenceColumnProblem(name); p != "" {
 		e := invalid("fence column", "%q of %s: %s", name, t.Qualified(), p)

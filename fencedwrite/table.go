@@ -60,12 +60,12 @@ type Table struct {
 }
 
 // Prepare validates spec (identifiers first, then the catalog: the table
-// exists, has a bigint fence column, the named columns exist, the key is a
+// exists, has a bigint NOT NULL fence column, the named columns exist, the key is a
 // primary key or unique index) and builds the fenced statements, with every
 // identifier quoted by pgx.Identifier. Values are always bound parameters.
 //
 // Errors: [pgfence.ErrInvalid], its Reason naming the argument (an invalid
-// name, an unknown table or column, no bigint fence column, key columns that
+// name, an unknown table or column, no bigint NOT NULL fence column, key columns that
 // are not a unique key, an incomplete spec), or a database failure. Prepare
 // only reads the catalog.
 func Prepare(ctx context.Context, db pgfence.DBTX, spec Spec) (_ *Table, err error) {

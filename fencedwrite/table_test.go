@@ -140,6 +140,7 @@ func TestPrepareRejects(t *testing.T) {
 	mustExec(t, pool, `CREATE TABLE nofence (id int PRIMARY KEY, v text)`)
 	mustExec(t, pool, `CREATE TABLE textfence (id int PRIMARY KEY, v text, fence text)`)
 	mustExec(t, pool, `CREATE TABLE nokey (id int, v text, fence bigint NOT NULL DEFAULT 0)`)
+	mustExec(t, pool, `CREATE TABLE nullfence (id int PRIMARY KEY, v text, fence bigint DEFAULT 0)`)
 	mustExec(t, pool, `CREATE VIEW invoices_v AS SELECT * FROM invoices`)
 	good := fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"status"}}
 	with := func(f func(*fencedwrite.Spec)) fencedwrite.Spec { s := good; f(&s); return s }
@@ -169,6 +170,8 @@ func TestPrepareRejects(t *testing.T) {
 		{"unknown read column", with(func(s *fencedwrite.Spec) { s.Read = []string{"nope"} }), invalidArg("read column")},
 		{"no fence column", with(func(s *fencedwrite.Spec) { s.Table = "nofence"; s.Set = []string{"v"} }), invalidArg("fence column")},
 		{"text fence column", with(func(s *fencedwrite.Spec) { s.Table = "textfence"; s.Set = []string{"v"} }), invalidArg("fence column")},
+		// A NULL fence is never below a token: its row could not be written.
+		{"nullable fence column", with(func(s *fencedwrite.Spec) { s.Table = "nullfence"; s.Set = []string{"v"} }), invalidArg("fence column")},
 		{"key not unique", with(func(s *fencedwrite.Spec) { s.Table = "nokey"; s.Set = []string{"v"} }), invalidArg("Spec.Key")},
 		{"key part of pk", with(func(s *fencedwrite.Spec) { s.Key = []string{"store"}; s.Set = []string{"status"} }), invalidArg("Spec.Key")},
 	}

@@ -136,8 +136,8 @@ func Lookup(ctx context.Context, q Querier, t TableName) (*Table, error) {
 }
 
 // FenceColumnProblem says why column name of t cannot be a fence column
-// (missing, or not bigint), with the statement that adds it when it is
-// missing; "" when it is a bigint column.
+// (missing, not bigint, or nullable), with the statements that fix it; ""
+// when it is a bigint NOT NULL column.
 func (t *Table) FenceColumnProblem(name string) string {
 	c, ok := t.Column(name)
 	if !ok {
@@ -146,6 +146,12 @@ func (t *Table) FenceColumnProblem(name string) string {
 	}
 	if c.Type != "bigint" {
 		return "type is " + c.Type + ", want bigint"
+	}
+	if !c.NotNull {
+		// A NULL fence is never below a token: its row could not be
+		// written, and reading it back would fail.
+		return "nullable, want NOT NULL; fix it with: UPDATE " + t.Qualified() + " SET " + Quote(name) + " = 0 WHERE " +
+			Quote(name) + " IS NULL; ALTER TABLE " + t.Qualified() + " ALTER COLUMN " + Quote(name) + " SET NOT NULL"
 	}
 	return ""
 }
