@@ -103,11 +103,7 @@ func (l *Locker) giveBackIfClosed(ctx context.Context, op string, lease *Lease, 
 	if lease == nil || !lease.bornClosed {
 		return lease, err
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
-	defer cancel()
-	if rerr := l.release(rctx, op, lease.name, lease.token); rerr != nil {
-		l.log.Warn("pglock: release of a lease granted after Close", "name", lease.name, "token", lease.token, "err", rerr)
-	}
+	l.giveBack(ctx, op, lease.name, lease.token, "pglock: release of a lease granted after Close")
 	return nil, closedError(op, lease.name)
 }
 

@@ -360,10 +360,18 @@ func (l *Locker) releaseOrphan(r grantReq, res grantRes) {
 	if res.Token <= 0 || res.Exhausted {
 		return // not granted
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), orphanReleaseTimeout)
+	l.giveBack(context.Background(), "pglock.Acquire", r.name, res.Token, "pglock: release of a lease granted after its caller gave up")
+}
+
+// giveBack releases (name, token), a grant nobody holds a Lease for, on a
+// context that outlives ctx's cancellation, bounded by orphanReleaseTimeout.
+// A failure is only logged (with msg): the lease then expires as any lease
+// whose holder is gone.
+func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
 	defer cancel()
-	if err := l.release(ctx, "pglock.Acquire", r.name, res.Token); err != nil {
-		l.log.Warn("pglock: release of a lease granted after its caller gave up", "name", r.name, "token", res.Token, "err", err)
+	if err := l.release(rctx, op, name, token); err != nil {
+		l.log.Warn(msg, "name", name, "token", token, "err", err)
 	}
 }
 
