@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence"
@@ -59,7 +60,10 @@ written or none (on failure the files of this run are removed again).
 
 Then run your own 'goose up' and 'sqlc generate'. Names are checked (and
 quoted in the output); with --check the table and columns are also looked up
-in the database given by --database-url / DATABASE_URL. --dry-run prints the
+in the database given by --database-url / DATABASE_URL. The queries compare
+key columns with pg_catalog's "=", which an operator planted on the
+search_path cannot replace; with --check, a key whose type is not built in
+(citext, a domain, an enum) keeps its type's own "=". --dry-run prints the
 files and writes nothing.`,
 		Example: `  pgfence gen fenced --table invoices --key id --set pdf_url,status   # dirs from ./sqlc.yaml
   pgfence gen fenced --table public.catalogue --key store_id,sku --set price \
@@ -90,6 +94,21 @@ files and writes nothing.`,
 			if err != nil {
 				return genErr(err)
 			}
+			// With --check, the key columns' types decide which "=" the
+			// queries compare them with (fencegen.Options.OwnEqualKeys).
+			var pool *pgxpool.Pool
+			if checkSchema {
+				if pool, err = a.connect(cmd.Context()); err != nil {
+					return err
+				}
+				defer pool.Close()
+				if opts.OwnEqualKeys, err = fencegen.OwnEqualKeys(cmd.Context(), pool, opts); err != nil {
+					return genErr(err)
+				}
+				if files, err = fencegen.Generate(opts); err != nil {
+					return genErr(err)
+				}
+			}
 			dirs, err := a.genDirs(migDir, queryDir, sqlcConfig, sqlcBlock)
 			if err != nil {
 				return err
@@ -98,14 +117,8 @@ files and writes nothing.`,
 			if err != nil {
 				return genErr(err)
 			}
-			if checkSchema {
-				ctx := cmd.Context()
-				pool, err := a.connect(ctx)
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				if err := plan.Validate(ctx, pool); err != nil {
+			if pool != nil {
+				if err := plan.Validate(cmd.Context(), pool); err != nil {
 					return genErr(err)
 				}
 			}

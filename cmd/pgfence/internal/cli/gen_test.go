@@ -443,3 +443,41 @@ func TestGenFencedIgnoredFlags(t *testing.T) {
 		t.Errorf("wrote: %s", got)
 	}
 }
+
+// TestGenFencedKeyOperator: the query file compares a built-in key with
+// pg_catalog's "="; with --check, a key whose type brings its own "="
+// (citext) keeps it, and without --check (no types known) it does not.
+func TestGenFencedKeyOperator(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	if _, err := pgtest.PoolFor(t, dsn).Exec(context.Background(),
+		"CREATE EXTENSION citext; CREATE TABLE tags (tenant int, name citext, label text, PRIMARY KEY (tenant, name))"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		check bool
+		want  []string
+	}{
+		{true, []string{`t."tenant" OPERATOR(pg_catalog.=) @tenant`, `t."name" = @name`, `c."name" = @name`}},
+		{false, []string{`t."tenant" OPERATOR(pg_catalog.=) @tenant`, `t."name" OPERATOR(pg_catalog.=) @name`, `c."name" OPERATOR(pg_catalog.=) @name`}},
+	} {
+		dir := t.TempDir()
+		args := []string{"gen", "fenced", "--table", "tags", "--key", "tenant,name", "--set", "label",
+			"--migrations-dir", dir, "--queries-dir", dir, "--version", "00001"}
+		if c.check {
+			args = append(args, "--check")
+		}
+		if r := run(t, dsn, args...); r.code != 0 {
+			t.Fatalf("gen (check %v): %+v", c.check, r)
+		}
+		q, err := os.ReadFile(filepath.Join(dir, "fenced_tags.sql"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(string(q), w) {
+				t.Errorf("check %v: query file lacks %q:\n%s", c.check, w, q)
+			}
+		}
+	}
+}

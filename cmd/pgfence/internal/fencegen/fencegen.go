@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,15 @@ type Options struct {
 	// version of the first migration written; the guard migration gets the
 	// next one when the fence-column migration is written in the same run.
 	Version string
+	// OwnEqualKeys lists the key columns compared with their type's own
+	// "=", resolved with the application's search_path. Every other key
+	// column is compared with OPERATOR(pg_catalog.=), which an operator
+	// planted in a schema on the path cannot replace. List a key whose type
+	// is not built in and brings its own "=" (citext, an extension's type):
+	// pg_catalog's would compare it through a cast, or not at all.
+	// [OwnEqualKeys] reads the list from the catalog (pgfence gen fenced
+	// --check does).
+	OwnEqualKeys []string
 }
 
 // FileKind tells the generated files apart.
@@ -129,6 +139,7 @@ type plan struct {
 	fence   string
 	name    string
 	params  map[string]string // column -> sqlc parameter name
+	ownEq   map[string]bool   // key column -> compared with its type's own "="
 	version string
 }
 
@@ -175,6 +186,13 @@ func check(opts Options) (*plan, error) {
 			usedParams[pn] = true
 			p.params[c] = pn
 		}
+	}
+	p.ownEq = map[string]bool{}
+	for _, c := range opts.OwnEqualKeys {
+		if !slices.Contains(opts.Key, c) {
+			return nil, fmt.Errorf("%w: own-equality column %q is not a key column", ErrInvalidOptions, c)
+		}
+		p.ownEq[c] = true
 	}
 	p.name = opts.Name
 	if p.name == "" {

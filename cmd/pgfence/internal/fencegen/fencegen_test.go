@@ -53,6 +53,7 @@ func TestGenerateRejects(t *testing.T) {
 		{"bad go name", with(func(o *fencegen.Options) { o.Name = "invoice" }), fencegen.ErrInvalidOptions},
 		{"quote in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a'); drop table y; --"} }), fencegen.ErrInvalidOptions},
 		{"two locks", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a", LockNameColumn: "b"} }), fencegen.ErrInvalidOptions},
+		{"own = not a key", with(func(o *fencegen.Options) { o.OwnEqualKeys = []string{"status"} }), fencegen.ErrInvalidOptions},
 	}
 	for _, c := range cases {
 		files, err := fencegen.Generate(c.opts)
@@ -112,11 +113,21 @@ func TestGenerateOutput(t *testing.T) {
 		"-- name: FencedReadInvoices :one",
 		`t."fence" OPERATOR(pg_catalog.<) @token::bigint`,
 		`t."fence" OPERATOR(pg_catalog.<=) @token::bigint`,
-		`t."token" = @token_value`, // a column named token does not clash with the fencing token
+		`t."token" OPERATOR(pg_catalog.=) @token_value`, // a column named token does not clash with the fencing token
+		`c."id" OPERATOR(pg_catalog.=) @id`,
 	} {
 		if !strings.Contains(qs, want) {
 			t.Errorf("queries lack %q:\n%s", want, qs)
 		}
+	}
+	// A key listed in OwnEqualKeys keeps its type's own "=", the others not.
+	own := opts
+	own.OwnEqualKeys = []string{"token"}
+	if f, err := fencegen.Generate(own); err != nil {
+		t.Fatal(err)
+	} else if q := string(f.Queries.Data); !strings.Contains(q, `t."token" = @token_value`) || !strings.Contains(q, `c."token" = @token_value`) ||
+		!strings.Contains(q, `t."id" OPERATOR(pg_catalog.=) @id`) || strings.Contains(q, `"id" = @id`) {
+		t.Errorf("OwnEqualKeys [token]: queries:\n%s", q)
 	}
 	// Column already there: only the guard, with the version as given.
 	opts.HasFenceColumn = true

@@ -67,3 +67,23 @@ func checkFenceColumn(t *pgident.Table, name string) error {
 	}
 	return nil
 }
+
+// OwnEqualKeys returns the key columns of opts whose type is not built in
+// (a domain, an enum, citext or another extension's type), for
+// Options.OwnEqualKeys: their comparisons keep the type's own "=" instead of
+// pg_catalog's, as [fencedwrite.Table] does. It only reads the catalog;
+// a table or key column the database does not have is left to [Validate]
+// to report (a missing column is not listed).
+func OwnEqualKeys(ctx context.Context, db pgfence.DBTX, opts Options) ([]string, error) {
+	t, err := lookup(ctx, db, opts.Table)
+	if err != nil {
+		return nil, err
+	}
+	var own []string
+	for _, k := range opts.Key {
+		if c, ok := t.Column(k); ok && !c.Builtin {
+			own = append(own, k)
+		}
+	}
+	return own, nil
+}

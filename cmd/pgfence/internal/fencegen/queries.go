@@ -13,8 +13,16 @@ func (p *plan) queries() string {
 	f := q(p.fence)
 	var keyW, curW, sets, ret, retCur, keyCols, keyParams, cols, vals, excl []string
 	for _, k := range p.opts.Key {
-		keyW = append(keyW, "t."+q(k)+" = @"+p.params[k])
-		curW = append(curW, "c."+q(k)+" = @"+p.params[k])
+		// Qualified unless the key's type brings its own "=" (see
+		// Options.OwnEqualKeys): a bare "=" on a varchar key would run an
+		// "=(varchar, varchar)" planted anywhere on the search_path, which
+		// wins over pg_catalog's text "=" because it needs no cast.
+		eq := " OPERATOR(pg_catalog.=) @"
+		if p.ownEq[k] {
+			eq = " = @"
+		}
+		keyW = append(keyW, "t."+q(k)+eq+p.params[k])
+		curW = append(curW, "c."+q(k)+eq+p.params[k])
 		keyCols = append(keyCols, q(k))
 		keyParams = append(keyParams, "'"+strings.ReplaceAll(k, "'", "''")+"', @"+p.params[k])
 	}
