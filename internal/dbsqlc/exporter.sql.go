@@ -114,8 +114,8 @@ SELECT COALESCE(t.queue, $1::pg_catalog.text)::pg_catalog.text AS label,
        pg_catalog.sum(k.available)::bigint AS available,
        pg_catalog.sum(k.running)::bigint AS running,
        pg_catalog.sum(k.expired)::bigint AS expired_claims,
-       COALESCE(extract(epoch FROM (now() OPERATOR(pg_catalog.-) pg_catalog.min(k.oldest_ready))), 0)::pg_catalog.float8 AS ready_age_seconds,
-       COALESCE(extract(epoch FROM (now() OPERATOR(pg_catalog.-) pg_catalog.min(k.oldest_expiry))), 0)::pg_catalog.float8 AS claim_expired_seconds,
+       COALESCE(extract(epoch FROM (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(k.oldest_ready))), 0)::pg_catalog.float8 AS ready_age_seconds,
+       COALESCE(extract(epoch FROM (pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(k.oldest_expiry))), 0)::pg_catalog.float8 AS claim_expired_seconds,
        COALESCE(pg_catalog.min(t.rank), 0)::bigint AS rank
 FROM queues k
 LEFT JOIN top t ON (t.queue OPERATOR(pg_catalog.=) k.queue)

@@ -583,6 +583,17 @@ func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	run("gen", "fenced", "--table", "public.accounts", "--key", "id", "--set", "balance", "--has-fence-column",
 		"--check", "--dry-run", "--migrations-dir", mig, "--queries-dir", q)
 	run("release", "--lock", lock, "--token", tok, "--key", lease.Key)
+	// A job left ready: the exporter's queue statistics compute ages
+	// (now() - oldest) only for a queue that has jobs.
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: fmt.Sprintf("cli-scrape-%d", i),
+		RunAt: time.Now().Add(-time.Minute)}); err != nil {
+		t.Fatalf("enqueue a job for the scrape: %v", err)
+	}
 	scrapeExporter(t, ctx, bin, dsn)
 }
 
@@ -652,6 +663,11 @@ func scrapeExporter(t *testing.T, ctx context.Context, bin, dsn string) {
 	resp.Body.Close()
 	if err != nil || resp.StatusCode != 200 || !strings.Contains(string(body), "pgfence_") {
 		t.Fatalf("exporter scrape: %d %v %.300s", resp.StatusCode, err, body)
+	}
+	// Every collection succeeded: a plant that ran and tried to write (in
+	// the exporter's read-only transaction) fails it and sets pgfence_up 0.
+	if !strings.Contains(string(body), "\npgfence_up 1\n") {
+		t.Fatalf("exporter scrape: pgfence_up is not 1:\n%s\n%s", body, errb.String())
 	}
 	if err := stop(); err != nil {
 		t.Fatalf("pgfence exporter: %v\n%s", err, errb.String())
