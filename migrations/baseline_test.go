@@ -593,6 +593,8 @@ var rewrites = map[string][]string{
 	"00014_pgfence_door_nulls.sql":             {"lock_handed", "lock_leave", "fence_refused"},
 	"00015_pgfence_guard_reentrant_latest.sql": {"attach_guard"},
 	"00016_pgfence_release_lock_order.sql":     {"lock_release"},
+	// lock_wait refuses a wkey queued under another key (PF013).
+	"00017_pgfence_wait_key_taken.sql": {"lock_wait"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

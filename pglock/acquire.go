@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // TryAcquire makes one attempt to take the lock name for ttl. It returns the
@@ -169,6 +170,7 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 		}
 	}()
 	woken, losses, waits := false, 0, 0 // the last sleep ended with a wake-up; wake-ups lost in a row; sleeps
+	retakes := 0                        // new wkeys taken because another key queued under one (PF013)
 	// queuedAt is taken before the first QueueGrant of this waiter is sent:
 	// a release that hands it a lease sees its queue row, so it measures
 	// what is left of the lease (a tagged payload's left_us) after
@@ -201,6 +203,15 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 		sctx, cancel := o.statementCtx(ctx, ttl)
 		lease, locked, wait, err := l.grant(sctx, op, name, ttl, kind, w)
 		cancel()
+		if w != nil && retakes < maxRetakes && pgerr.Code(err) == pgerr.WaitKeyTaken {
+			// Another key queued under this wait's wkey (wkeys are in
+			// every handoff payload): nothing changed; wait under a new
+			// random one, and never use this one again.
+			retakes++
+			l.lis.unregister(w)
+			w, queuedAt = l.lis.registerFresh(name), time.Time{}
+			continue
+		}
 		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
 			return nil, err
 		}
@@ -300,6 +311,12 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 		}
 	}
 }
+
+// maxRetakes bounds the new queue keys one Acquire takes when its wkey is
+// queued under another key (PF013): a fresh random key cannot have been
+// seen by anyone, so one is enough unless something else is wrong, and then
+// the error is returned.
+const maxRetakes = 3
 
 // maxHot bounds the names a Locker remembers as hot.
 const maxHot = 4096

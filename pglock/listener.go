@@ -75,7 +75,16 @@ func newListener(l *Locker) *listener {
 // name that its Locker kept (takeSlot) or else a fresh random one, and a
 // fresh random wait id, and starts the connection on first use.
 func (ls *listener) register(name string) *waiter {
-	wkey := ls.l.takeSlot(name)
+	return ls.registerKey(name, ls.l.takeSlot(name))
+}
+
+// registerFresh adds a waiter for name with a fresh random queue key (the
+// one it had is queued under another key).
+func (ls *listener) registerFresh(name string) *waiter { return ls.registerKey(name, 0) }
+
+// registerKey adds a waiter for name with queue key wkey, or a fresh random
+// one if wkey is 0.
+func (ls *listener) registerKey(name string, wkey int64) *waiter {
 	if wkey == 0 {
 		wkey = randNonZero()
 	}

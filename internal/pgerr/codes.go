@@ -37,6 +37,7 @@ const (
 	TokenSuperseded  = "PF008" // the guard: a newer grant of the row's lock exists
 	BadArgument      = "PF011" // a function of the door refused an argument
 	LeaseNotHeld     = "PF012" // the lease is not held with this key
+	WaitKeyTaken     = "PF013" // lock_wait: the wkey is queued under another key
 	EpochGateClosed  = "PFHA1" // a promoted server's epoch bump has not run yet
 )
 
@@ -74,6 +75,7 @@ var PFCodes = []PFCode{
 	{Code: "PF010", Retired: true, Meaning: "retired before the first release (a forged lease change)"},
 	{Code: BadArgument, Kind: ErrInvalid, Meaning: "bad argument; the message names it and the rule", RaisedBy: "the lease, job, fenced value and outbox functions, fence_refused"},
 	{Code: LeaseNotHeld, Kind: ErrLost, Meaning: "the lease is not held with this key (released, expired, another key)", RaisedBy: "outbox_enqueue"},
+	{Code: WaitKeyTaken, Kind: ErrInvalid, Meaning: "the wait's `wkey` is queued under another key: wait with a new random `wkey`", RaisedBy: "lock_wait"},
 	{Code: EpochGateClosed, Retryable: true, Meaning: "a promoted server's epoch bump has not run yet: no grant or claim", RaisedBy: "grants and claims, once ha_enable ran"},
 }
 
