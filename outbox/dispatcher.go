@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -143,6 +144,9 @@ type Dispatcher struct {
 	// intent, the Worker reports its claim lost, or Run returns.
 	mu      sync.Mutex
 	claimed map[int64]claimedIntent
+	// ran: Run or Drain was called (only the first call runs; the ones
+	// the Worker refuses must not forget the running call's intents).
+	ran atomic.Bool
 }
 
 // claimedIntent is an intent read by the claim of its job: the Delivery
@@ -201,7 +205,9 @@ func (d *Dispatcher) Holder() string { return d.worker.Holder() }
 // (see [skiplocked.Worker.Run]) and returns nil. Run or Drain may be called
 // once per Dispatcher.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	defer d.forgetAll()
+	if d.ran.CompareAndSwap(false, true) {
+		defer d.forgetAll()
+	}
 	return d.worker.Run(ctx)
 }
 
@@ -209,7 +215,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // returns what it did (see [skiplocked.Worker.Drain]): for batch jobs and
 // tests.
 func (d *Dispatcher) Drain(ctx context.Context) (skiplocked.Summary, error) {
-	defer d.forgetAll()
+	if d.ran.CompareAndSwap(false, true) {
+		defer d.forgetAll()
+	}
 	return d.worker.Drain(ctx)
 }
 

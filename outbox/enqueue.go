@@ -51,6 +51,8 @@ type Intent struct {
 	// dead, 1..1,000,000. Defaults to 25.
 	MaxAttempts int
 	// NotBefore delays the first delivery. Defaults to now (database clock).
+	// Its year (UTC) must be 1..9999 ([pgfence.ErrInvalid] otherwise); a
+	// "never" such as time.Unix(math.MaxInt64, 0) is refused, not stored.
 	NotBefore time.Time
 }
 
@@ -103,6 +105,9 @@ func (in Intent) check(op string) error {
 	}
 	if in.MaxAttempts < 0 || in.MaxAttempts > joblimit.MaxMaxAttempts {
 		return invalid(op, "Intent.MaxAttempts", "%d not in 1..%d", in.MaxAttempts, joblimit.MaxMaxAttempts)
+	}
+	if p := joblimit.RunAtProblem(in.NotBefore); p != "" {
+		return invalid(op, "Intent.NotBefore", "%s (key %s)", p, in.Key)
 	}
 	return nil
 }

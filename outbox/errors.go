@@ -80,6 +80,9 @@ func translate(op string, lease *pglock.Lease, err error) error {
 		}
 		return e
 	}
+	if pgerr.PayloadNumberOutOfRange(err) {
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: lock, Reason: "Intent.Payload: " + pgerr.PayloadNumberReason, Err: err}
+	}
 	if pgerr.PayloadTooLarge(err) {
 		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: lock,
 			Reason: fmt.Sprintf("payload: larger than the server's limit of %d bytes (text form)", maxPayloadBytes), Err: err}

@@ -108,7 +108,13 @@ func NewHTTPHandler(cfg HTTPConfig) (Handler, error) {
 		}
 	}
 	target := u.String()
-	header := cfg.Header.Clone()
+	// Names in their canonical form, so that the handler's own headers
+	// replace a user's of the same name however it was spelled
+	// ("idempotency-key" would otherwise go out beside Idempotency-Key).
+	header := make(http.Header, len(cfg.Header))
+	for name, values := range cfg.Header {
+		header[http.CanonicalHeaderKey(name)] = append(header[http.CanonicalHeaderKey(name)], values...)
+	}
 	return func(ctx context.Context, d Delivery) error {
 		ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 		defer cancel()

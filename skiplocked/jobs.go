@@ -13,6 +13,7 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/joblimit"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtext"
 )
 
@@ -150,7 +151,9 @@ type EnqueueParams struct {
 	// Priority orders claims: lower first. Defaults to 0.
 	Priority int16
 	// RunAt is the earliest time the job may be claimed. Defaults to now()
-	// on the database clock when zero.
+	// on the database clock when zero. Its year (UTC) must be 1..9999
+	// ([pgfence.ErrInvalid] otherwise): a "never" such as
+	// time.Unix(math.MaxInt64, 0) is refused, not stored.
 	RunAt time.Time
 	// MaxAttempts is the number of attempts before the job goes dead,
 	// 1..1,000,000. Defaults to 25 when 0.
@@ -204,6 +207,9 @@ func (p EnqueueParams) normalize(i, n int) (EnqueueParams, error) {
 	if p.MaxAttempts < 1 || p.MaxAttempts > joblimit.MaxMaxAttempts {
 		return p, withName(invalid(opEnqueue, arg("MaxAttempts"), "%d not in 1..%d", p.MaxAttempts, joblimit.MaxMaxAttempts), p.Queue)
 	}
+	if prob := joblimit.RunAtProblem(p.RunAt); prob != "" {
+		return p, withName(invalid(opEnqueue, arg("RunAt"), "%s", prob), p.Queue)
+	}
 	return p, nil
 }
 
@@ -252,6 +258,11 @@ func Enqueue(ctx context.Context, db pgfence.DBTX, ps ...EnqueueParams) ([]int64
 		if len(ps) == 1 {
 			name = ps[0].Queue
 		}
+		if pgerr.PayloadNumberOutOfRange(err) {
+			e := invalid(opEnqueue, "Payload", "%s", pgerr.PayloadNumberReason)
+			e.Name, e.Err = name, err
+			return nil, e
+		}
 		return nil, dbError(opEnqueue, name, "", err)
 	}
 	if len(rows) != len(ps) {
@@ -284,14 +295,17 @@ func GetJob(ctx context.Context, db pgfence.DBTX, id int64) (Job, error) {
 }
 
 // DeleteFinished deletes up to limit completed or dead jobs that finished
-// before the given time and returns how many it deleted. Call it in a loop
-// to prune a large backlog in small transactions.
+// before the given time (its year, UTC, in 1..9999) and returns how many it
+// deleted. Call it in a loop to prune a large backlog in small transactions.
 func DeleteFinished(ctx context.Context, db pgfence.DBTX, before time.Time, limit int) (int64, error) {
 	if nilcheck.IsNil(db) {
 		return 0, nilDB(opDeleteFinished)
 	}
 	if err := checkLimit(opDeleteFinished, "limit", limit); err != nil {
 		return 0, err
+	}
+	if p := joblimit.RunAtProblem(before); p != "" {
+		return 0, invalid(opDeleteFinished, "before", "%s", p)
 	}
 	n, err := queries.DeleteFinishedJobs(ctx, db, before, int32(limit))
 	if err != nil {

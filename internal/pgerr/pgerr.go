@@ -110,6 +110,16 @@ func PayloadTooLarge(err error) bool {
 	return false
 }
 
+// PayloadNumberOutOfRange reports whether err is the server's refusal of a
+// JSON number that jsonb cannot store (numeric's range: more than 131,072
+// digits before the decimal point or 16,383 after): 22003 from an enqueue,
+// whose only numeric input is the payload.
+func PayloadNumberOutOfRange(err error) bool { return Code(err) == NumericValueOutOfRange }
+
+// PayloadNumberReason is the Reason of the ErrInvalid returned for
+// [PayloadNumberOutOfRange].
+const PayloadNumberReason = "holds a number jsonb cannot store (numeric's range: at most 131,072 digits before the decimal point and 16,383 after)"
+
 // SessionGone reports whether a SQLSTATE means the server ended the session:
 // class 08, or 57P01/57P02/57P03.
 func SessionGone(code string) bool {
