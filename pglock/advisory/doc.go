@@ -50,8 +50,9 @@
 // session mode); [pgfence.ErrLocked] when another session holds the key
 // (the Try variants, or lock_timeout: then Err is the server's error);
 // [pgfence.ErrLost] for a session lock whose connection died or changed
-// backend (Err is the cause); [pgfence.ErrReleased] after
-// [SessionLock.Release]. A database or connection failure has no Kind and
+// backend (Err is the cause) or that pg_advisory_unlock found not held (Err
+// is nil); [pgfence.ErrReleased] after [SessionLock.Release] (but
+// [SessionLock.Err] keeps ErrLost for a lock lost before). A database or connection failure has no Kind and
 // the driver's error as Err; [pgfence.IsRetryable] says whether to try
 // again. [Xact] returns fn's own error unchanged.
 package advisory

@@ -182,7 +182,7 @@ func keyFromLocks(classid, objid uint32, objsubid int16) Key {
 }
 
 // checkName refuses a name that cannot be a key's (pgfence.ErrInvalid, the
-// name in Name, cut to 64 bytes).
+// name in Name, cut to at most 64 bytes at a character boundary).
 func checkName(op, name string) error {
 	var why string
 	switch {
@@ -196,11 +196,27 @@ func checkName(op, name string) error {
 		return nil
 	}
 	e := invalid(op, "key name", "%s", why)
-	e.Name = name
-	if len(name) > 64 {
-		e.Name = name[:64] + "..."
-	}
+	e.Name = cutName(name, 64)
 	return e
+}
+
+// cutName returns name cut to at most n bytes followed by "..." when it is
+// longer: before the UTF-8 character the cut would split, if any. Invalid
+// bytes are no character and are cut where they are.
+func cutName(name string, n int) string {
+	if len(name) <= n {
+		return name
+	}
+	cut := n
+	for i := n; i >= 0 && i > n-utf8.UTFMax; i-- {
+		if utf8.RuneStart(name[i]) {
+			if r, size := utf8.DecodeRuneInString(name[i:]); (r != utf8.RuneError || size > 1) && i+size > n {
+				cut = i
+			}
+			break
+		}
+	}
+	return name[:cut] + "..."
 }
 
 func hash64(name string) int64 {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"pgregory.net/rapid"
 
@@ -279,4 +280,33 @@ func TestNameValidation(t *testing.T) {
 		t.Errorf("SQL-looking name refused: %v", err)
 	}
 	_ = time.Second
+}
+
+// TestNameValidationCutsAtCharacter: the Name of a refused key name is cut to
+// 64 bytes before the UTF-8 character the cut would split, never inside it.
+func TestNameValidationCutsAtCharacter(t *testing.T) {
+	t.Parallel()
+	x := strings.Repeat("x", 64)
+	long := strings.Repeat("y", advisory.MaxNameBytes) // makes the name too long
+	cases := []struct {
+		name, want string
+	}{
+		{x[:63] + "é" + long, x[:63] + "..."},           // é is bytes 63-64
+		{x[:61] + "😀" + long, x[:61] + "..."},           // 😀 is bytes 61-64
+		{x[:62] + "😀" + long, x[:62] + "..."},           // 😀 is bytes 62-65
+		{x[:63] + "€" + "\x00", x[:63] + "..."},         // € is bytes 63-65; NUL refused
+		{x + "é" + long, x + "..."},                     // the cut splits nothing
+		{x[:62] + "é" + "\xff" + long, x[:62] + "é..."}, // an invalid byte is cut where it is
+		{x + "\x80x", x + "..."},                        // a stray continuation byte, not a character
+	}
+	for _, c := range cases {
+		_, err := advisory.Name(c.name)
+		got := "<no *pgfence.Error>"
+		if pe := pfError(err); pe != nil {
+			got = pe.Name
+		}
+		if !isInvalid(err, "key name") || got != c.want || !utf8.ValidString(got) {
+			t.Errorf("Name(%q): error %v with Name %q, want ErrInvalid with Name %q", c.name[:min(len(c.name), 70)], err, got, c.want)
+		}
+	}
 }

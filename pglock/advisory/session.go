@@ -35,9 +35,10 @@ type SessionConfig struct {
 	// the network hangs) after the connection dies. Defaults to
 	// 5s; at least 10ms.
 	PingInterval time.Duration
-	// PingTimeout bounds each check. A check that times out counts as a lost
-	// lock (the connection is closed, which frees it), so keep it above the
-	// server's worst response time. Defaults to 5s; at
+	// PingTimeout bounds each check and the unlock statement of Release. A
+	// check that times out counts as a lost lock, and an unlock that times
+	// out fails (the connection is closed either way, which frees the lock),
+	// so keep it above the server's worst response time. Defaults to 5s; at
 	// least 10ms.
 	PingTimeout time.Duration
 	// AllowPooler accepts a connection through a pooler. Set it only for a
@@ -266,9 +267,11 @@ func (l *SessionLock) PID() uint32 { return l.pid }
 // advisory: the connection can die right after a successful check.
 func (l *SessionLock) Done() <-chan struct{} { return l.done }
 
-// Err returns nil while the lock is held, an error matching [pgfence.ErrLost]
-// after the lock was lost (its Err is the failed check's error), and one
-// matching [pgfence.ErrReleased] after Release.
+// Err returns nil while the lock is held. Once a check has found the lock
+// lost it returns an error matching [pgfence.ErrLost] (its Err is the failed
+// check's error), and it keeps returning that error after Release.
+// Otherwise, after Release it returns an error matching
+// [pgfence.ErrReleased], whatever Release returned.
 func (l *SessionLock) Err() error {
 	l.errMu.Lock()
 	defer l.errMu.Unlock()
@@ -281,30 +284,30 @@ func (l *SessionLock) Err() error {
 // instead (ending the backend frees the lock): a failed statement is a
 // database failure (no Kind; Err is the driver's error), an unlock PostgreSQL
 // did not confirm (the backend did not hold the lock) matches
-// [pgfence.ErrLost].
+// [pgfence.ErrLost] (Err is nil; Reason says pg_advisory_unlock returned
+// false).
 //
 // If the lock had been lost, Release frees what is left and returns the
 // error matching [pgfence.ErrLost], so a caller learns that its exclusive
 // section was not exclusive. Calling Release again returns an error matching
 // [pgfence.ErrReleased].
 //
-// If ctx ends before a running check finishes, Release returns an error
-// matching ctx.Err() and the lock is still held: call Release again. If ctx
-// ends during the unlock statement, pgx closes the connection, which frees
-// the lock; the error then matches ctx.Err() too.
+// Release is final whatever ctx says: when it returns, the lock is released,
+// the pinger has stopped and the connection is back in the pool or closed.
+// It keeps ctx's values but not its cancellation or deadline, so that
+// defer lock.Release(ctx) frees the lock also after ctx ended. It waits for a
+// check in progress (at most [SessionConfig.PingTimeout], plus closing the
+// connection if the check failed), then runs the unlock statement bounded by
+// PingTimeout; an unlock that times out is a failed statement (its error
+// matches [context.DeadlineExceeded]) and the connection is destroyed.
 func (l *SessionLock) Release(ctx context.Context) error {
 	const op = "advisory.SessionLock.Release"
 	if l == nil {
 		return invalid(op, "lock", "nil *SessionLock")
 	}
-	if err := ctx.Err(); err != nil {
-		return dbError(op, "unlock", l.key, err)
-	}
-	select {
-	case l.sem <- struct{}{}:
-	case <-ctx.Done():
-		return dbError(op, "unlock", l.key, ctx.Err())
-	}
+	// Not abandoned when ctx ends: a check holds sem for at most PingTimeout
+	// (plus closeTimeout), and an unlock for at most PingTimeout.
+	l.sem <- struct{}{}
 	defer func() { <-l.sem }()
 
 	switch l.state {
@@ -318,14 +321,16 @@ func (l *SessionLock) Release(ctx context.Context) error {
 	close(l.stop)
 	l.wg.Wait() // the pinger is not using conn: we hold sem
 
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.PingTimeout)
+	defer cancel()
 	sql, args := unlockSQL(l.key, l.mode)
 	var ok bool
-	err := l.conn.QueryRow(ctx, sql, args...).Scan(&ok)
+	err := l.conn.QueryRow(uctx, sql, args...).Scan(&ok)
 	if err != nil || !ok {
 		destroy(l.conn)
 		l.finish(errReleased)
 		if err != nil {
-			return dbError(op, "unlock (the connection was closed, which frees the lock)", l.key, ctxErr(ctx, err))
+			return dbError(op, "unlock (the connection was closed, which frees the lock)", l.key, ctxErr(uctx, err))
 		}
 		return &pgfence.Error{Op: op, Kind: pgfence.ErrLost, Name: keyName(l.key),
 			Reason: fmt.Sprintf("pg_advisory_unlock returned false: backend %d did not hold the lock", l.pid)}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
@@ -347,34 +348,109 @@ func TestSessionValidation(t *testing.T) {
 	}
 }
 
-// TestSessionUnlockCancelledWhileChecking: Unlock with an ended context does
-// not release anything and can be retried.
+// TestSessionUnlockContextDone: Release with an ended context is final, as
+// defer lock.Release(ctx) in a job whose ctx was cancelled needs: the lock is
+// freed, Done is closed, and the connection goes back to the pool clean.
 func TestSessionUnlockContextDone(t *testing.T) {
 	t.Parallel()
 	pool := pgtest.Pool(t)
 	ctx := testCtx(t)
 	key := advisory.MustName("unlock-ctx")
-	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, nil)
+	jobCtx, cancel := context.WithCancel(ctx)
+	l, err := advisory.Acquire(jobCtx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	err = l.Release(cctx)
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Unlock(cancelled) = %v", err)
+	// Runs before the pool's cleanup, which waits for the lock's connection:
+	// without it a Release that kept the lock would hang the test instead of
+	// failing it.
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	cancel() // the job ends with its ctx cancelled; its deferred Release runs
+	if err := l.Release(jobCtx); err != nil {
+		t.Fatalf("Release(ended ctx) = %v, want nil (released)", err)
 	}
-	// Either the statement never ran (lock still held, retry works) or pgx
-	// closed the connection (lock freed, Done closed).
 	select {
 	case <-l.Done():
-		waitLocks(t, pool, "want no locks", func(l []advisory.LockInfo) bool { return len(l) == 0 })
-		return
 	default:
+		t.Fatal("Done not closed after Release(ended ctx): the pinger still runs")
 	}
-	requireLocked(t, pool, key)
-	if err := l.Release(ctx); err != nil {
+	if !errors.Is(l.Err(), pgfence.ErrReleased) {
+		t.Fatalf("Err after Release(ended ctx) = %v, want ErrReleased", l.Err())
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("AcquiredConns = %d after Release(ended ctx), want 0", got)
+	}
+	requireFree(t, pool, key)
+	requireNoLocks(t, pool)
+	// The unlock ran (the connection was not merely closed): it is back in
+	// the pool.
+	back := false
+	for _, c := range pool.AcquireAllIdle(ctx) {
+		back = back || c.Conn().PgConn().PID() == l.PID()
+		c.Release()
+	}
+	if !back {
+		t.Error("the lock's connection was not returned to the pool")
+	}
+	if err := l.Release(jobCtx); !errors.Is(err, pgfence.ErrReleased) {
+		t.Fatalf("second Release = %v, want ErrReleased", err)
+	}
+}
+
+// TestSessionUnlockNotHeld: when pg_advisory_unlock finds the lock not held
+// (here the lock's own session dropped it behind the package's back),
+// Release reports ErrLost with no cause and a Reason that says so, destroys
+// the connection, and Err says ErrReleased, as documented.
+func TestSessionUnlockNotHeld(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
 		t.Fatal(err)
 	}
-	requireNoLocks(t, pool)
+	var last atomic.Pointer[pgx.Conn] // the connection handed out last
+	cfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { last.Store(c); return true, nil }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	key := advisory.MustName("unlock-not-held")
+	// No check runs: the test uses the lock's connection while it is idle.
+	l, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, &advisory.SessionConfig{PingInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	c := last.Load()
+	if c == nil || c.PgConn().PID() != l.PID() {
+		t.Fatal("did not capture the lock's connection")
+	}
+	if _, err := c.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		t.Fatal(err)
+	}
+	err = l.Release(ctx)
+	pe := pfError(err)
+	if !errors.Is(err, pgfence.ErrLost) || pe.Err != nil || pe.Name != key.String() ||
+		!strings.Contains(pe.Reason, "pg_advisory_unlock returned false") ||
+		!strings.Contains(pe.Reason, fmt.Sprintf("backend %d ", l.PID())) {
+		t.Fatalf("Release of a lock not held = %v, want ErrLost naming pg_advisory_unlock and the backend, no cause", err)
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("Done not closed")
+	}
+	if !errors.Is(l.Err(), pgfence.ErrReleased) {
+		t.Fatalf("Err = %v, want ErrReleased", l.Err())
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Fatalf("AcquiredConns = %d", got)
+	}
+	for _, c := range pool.AcquireAllIdle(ctx) {
+		if c.Conn().PgConn().PID() == l.PID() {
+			t.Error("the connection went back to the pool")
+		}
+		c.Release()
+	}
 }

@@ -11,8 +11,8 @@ import (
 )
 
 // Beginner starts a transaction. *pgxpool.Pool and *pgx.Conn satisfy it; so
-// does pgx.Tx, in which case the helpers run in a savepoint and the lock is
-// held until the outer transaction ends (see [Xact]).
+// does pgx.Tx, in which case fn runs in a savepoint and the lock is taken in
+// the outer transaction and held until it ends (see [Xact]).
 type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
@@ -35,8 +35,16 @@ const rollbackTimeout = 10 * time.Second
 //
 // If ctx ends while Xact waits for the lock, pgx closes the connection:
 // nothing is held, fn is not called, and the error matches ctx.Err(). fn
-// should use the caller's ctx for its statements. When db is a pgx.Tx, fn
-// runs in a savepoint and the lock lasts until the outer transaction ends.
+// should use the caller's ctx for its statements.
+//
+// When db is a pgx.Tx, the lock is taken in that outer transaction and lasts
+// until it ends, whatever fn returns; fn runs in a savepoint, which is
+// released when fn returns nil and rolled back (undoing only fn's writes)
+// when fn returns an error or panics. The wait for the lock runs in a
+// savepoint of its own: if it fails (lock_timeout, for example) nothing is
+// held and the outer transaction stays usable. Holding the lock past fn is
+// what keeps fn's writes protected until they commit with the outer
+// transaction.
 //
 // The error is fn's own error (unchanged, so errors.Is works on it), or an
 // error from beginning, locking or committing.
@@ -47,7 +55,9 @@ func Xact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.T
 // TryXact is like [Xact] but does not wait: when another session holds a
 // conflicting lock on key it rolls back at once and returns an error matching
 // [pgfence.ErrLocked] without calling fn. It uses
-// pg_try_advisory_xact_lock or pg_try_advisory_xact_lock_shared.
+// pg_try_advisory_xact_lock or pg_try_advisory_xact_lock_shared. When db is
+// a pgx.Tx, the try runs in the outer transaction, which a refusal leaves
+// unchanged and usable; a lock taken lasts until the outer transaction ends.
 func TryXact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
 	return runXact(ctx, "advisory.TryXact", db, key, mode, true, fn)
 }
@@ -65,6 +75,14 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 	if err := mode.valid(op); err != nil {
 		return err
 	}
+	// In a caller's transaction, lock in that transaction before the
+	// savepoint of fn: rolling back a savepoint frees the locks taken in it.
+	outer, nested := db.(pgx.Tx)
+	if nested {
+		if err := lockOuter(ctx, op, outer, key, mode, try); err != nil {
+			return err
+		}
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return dbError(op, "begin transaction", key, ctxErr(ctx, err))
@@ -75,24 +93,24 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 			return
 		}
 		// Error or panic: roll back on a context that survives the caller's.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		rbErr := tx.Rollback(rctx)
-		cancel()
+		rbErr := rollback(ctx, tx)
 		if p := recover(); p != nil {
 			panic(p)
 		}
-		if rbErr != nil && !errors.Is(rbErr, pgx.ErrTxClosed) {
+		if rbErr != nil {
 			err = errors.Join(err, dbError(op, "roll back", key, rbErr))
 		}
 	}()
 
-	if try {
-		err = tryLockTx(ctx, op, tx, key, mode)
-	} else {
-		err = lockTx(ctx, op, tx, key, mode)
-	}
-	if err != nil {
-		return err
+	if !nested {
+		if try {
+			err = tryLockTx(ctx, op, tx, key, mode)
+		} else {
+			err = lockTx(ctx, op, tx, key, mode)
+		}
+		if err != nil {
+			return err
+		}
 	}
 
 	if err := fn(tx); err != nil {
@@ -105,10 +123,48 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 	return nil
 }
 
+// lockOuter takes the lock in outer, a caller's transaction, so that it lasts
+// until outer ends. A try needs no savepoint: a refusal is a result, not an
+// error. A wait runs in a savepoint released once the lock is granted (its
+// locks pass to outer), so that a wait ended by lock_timeout leaves outer
+// usable.
+func lockOuter(ctx context.Context, op string, outer pgx.Tx, key Key, mode Mode, try bool) error {
+	if try {
+		return tryLockTx(ctx, op, outer, key, mode)
+	}
+	sp, err := outer.Begin(ctx)
+	if err != nil {
+		return dbError(op, "begin savepoint", key, ctxErr(ctx, err))
+	}
+	if err := lockTx(ctx, op, sp, key, mode); err != nil {
+		if rbErr := rollback(ctx, sp); rbErr != nil {
+			err = errors.Join(err, dbError(op, "roll back", key, rbErr))
+		}
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return dbError(op, "release savepoint", key, ctxErr(ctx, err))
+	}
+	return nil
+}
+
+// rollback rolls tx back on a context that survives the caller's, bounded by
+// rollbackTimeout. A transaction already closed is not an error.
+func rollback(ctx context.Context, tx pgx.Tx) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if err := tx.Rollback(rctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
 // LockTx takes the transaction-scoped advisory lock on key in mode inside a
 // transaction the caller already has, waiting as long as ctx allows. The lock
-// is released when tx ends; there is no unlock. As with [Xact], only writes
-// made through tx are protected.
+// is released when tx ends; there is no unlock. When tx is a savepoint (a
+// pgx.Tx begun from another), rolling it back frees the lock and committing
+// it passes the lock to the enclosing transaction. As with [Xact], only
+// writes made through tx are protected.
 //
 // If ctx ends while waiting, pgx cancels the wait and closes the connection,
 // so tx is unusable afterwards; the error matches ctx.Err(). If the session's

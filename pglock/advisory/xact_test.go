@@ -291,6 +291,99 @@ func TestXactInsideTx(t *testing.T) {
 	requireFree(t, pool, key)
 }
 
+// TestXactInsideTxError: with a pgx.Tx as db, the lock outlives fn's
+// savepoint also when fn fails (the savepoint is rolled back), until the outer
+// transaction ends; the outer transaction stays usable and keeps its own
+// writes.
+func TestXactInsideTxError(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	errBoom := errors.New("boom")
+	for name, run := range map[string]func(context.Context, advisory.Beginner, advisory.Key, advisory.Mode, func(pgx.Tx) error) error{
+		"Xact": advisory.Xact, "TryXact": advisory.TryXact,
+	} {
+		key := advisory.MustName("nested-error:" + name)
+		outer, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Before the pool's cleanup, which waits for the connection.
+		t.Cleanup(func() { _ = outer.Rollback(context.Background()) })
+		if _, err := outer.Exec(ctx, "CREATE TABLE kept (x int)"); err != nil {
+			t.Fatal(err)
+		}
+		err = run(ctx, outer, key, advisory.Exclusive, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "CREATE TABLE undone (x int)"); err != nil {
+				return err
+			}
+			return errBoom
+		})
+		if !errors.Is(err, errBoom) {
+			t.Fatalf("%s in a tx: %v, want fn's error", name, err)
+		}
+		requireLocked(t, pool, key)
+		var ok bool
+		if err := outer.QueryRow(ctx, "SELECT to_regclass('kept') IS NOT NULL AND to_regclass('undone') IS NULL").Scan(&ok); err != nil || !ok {
+			t.Fatalf("%s in a tx: outer transaction after fn's error: ok %v err %v, want usable with only its own write", name, ok, err)
+		}
+		requireLocked(t, pool, key)
+		if err := outer.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		requireFree(t, pool, key)
+	}
+	requireNoLocks(t, pool)
+}
+
+// TestXactInsideTxRefused: with a pgx.Tx as db, a refused TryXact and an
+// Xact whose wait lock_timeout ends leave the outer transaction usable, hold
+// nothing and do not run fn.
+func TestXactInsideTxRefused(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t)
+	key := advisory.MustName("nested-refused")
+	holder, err := advisory.Acquire(ctx, pool, key, advisory.Exclusive, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = holder.Release(context.Background()) })
+	outer, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = outer.Rollback(context.Background()) })
+	if _, err := outer.Exec(ctx, "SET LOCAL lock_timeout = '50ms'"); err != nil {
+		t.Fatal(err)
+	}
+	for name, run := range map[string]func(context.Context, advisory.Beginner, advisory.Key, advisory.Mode, func(pgx.Tx) error) error{
+		"Xact": advisory.Xact, "TryXact": advisory.TryXact,
+	} {
+		ran := false
+		err := run(ctx, outer, key, advisory.Shared, func(pgx.Tx) error { ran = true; return nil })
+		if !isLocked(err, key, advisory.Shared) || ran {
+			t.Fatalf("%s in a tx on a held key: err %v ran %v, want ErrLocked and fn not run", name, err, ran)
+		}
+		var n int
+		if err := outer.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("%s in a tx on a held key: outer transaction holds %d advisory locks (%v), want usable and none", name, n, err)
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The key is free now: the same outer transaction takes it.
+	if err := advisory.Xact(ctx, outer, key, advisory.Shared, func(pgx.Tx) error { return nil }); err != nil {
+		t.Fatalf("Xact in the outer transaction after the refusals: %v", err)
+	}
+	requireLocked(t, pool, key)
+	if err := outer.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	requireNoLocks(t, pool)
+}
+
 // TestLockTx: the lock taken in a caller's transaction lasts exactly as long
 // as that transaction.
 func TestLockTx(t *testing.T) {
