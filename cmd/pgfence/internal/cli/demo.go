@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/internal/testing/localpg"
@@ -86,9 +85,9 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 		}()
 		dsn = cluster.DSN()
 	}
-	pool, err := pgxpool.New(ctx, dsn)
+	pool, err := connectDSN(ctx, dsn)
 	if err != nil {
-		return fmt.Errorf("cannot connect to database: %s", oneLine(err))
+		return err
 	}
 	defer pool.Close()
 	if err := migrations.UpPool(ctx, pool); err != nil {
@@ -192,14 +191,30 @@ func (d *demoRun) logf(who, format string, args ...any) {
 	fmt.Fprintf(d.out, "%+6.2fs  %s: %s\n", time.Since(d.start).Seconds(), who, fmt.Sprintf(format, args...))
 }
 
-func (d *demoRun) startWorker(ctx context.Context, name string, amount int) (*demoWorker, error) {
-	args := []string{"demo-worker", "--database-url", d.dsn, "--name", name, "--lock", d.lock,
+// workerCommand is the command of one worker. The connection string goes
+// in its environment (DATABASE_URL), never in its arguments: a command line
+// is visible to every user of the machine (ps, /proc/PID/cmdline), for as
+// long as worker A is paused and after; an environment only to the same
+// user.
+func (d *demoRun) workerCommand(ctx context.Context, name string, amount int) *exec.Cmd {
+	args := []string{"demo-worker", "--name", name, "--lock", d.lock,
 		"--table", d.table, "--amount", fmt.Sprint(amount), "--ttl", d.ttl.String()}
 	if d.fenced {
 		args = append(args, "--fenced")
 	}
 	cmd := exec.CommandContext(ctx, d.exe, args...)
-	cmd.Env = os.Environ()
+	env := make([]string, 0, len(os.Environ())+1)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "DATABASE_URL="+d.dsn)
+	return cmd
+}
+
+func (d *demoRun) startWorker(ctx context.Context, name string, amount int) (*demoWorker, error) {
+	cmd := d.workerCommand(ctx, name, amount)
 	cmd.Stderr = prefixWriter(&d.mu, d.out, "        "+name+" stderr: ")
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -20,11 +21,11 @@ const maxIdentBytes = 63
 
 // fenceRow is one row of `pgfence fences`.
 type fenceRow struct {
-	Key       []string `json:"key"`
-	Fence     int64    `json:"fence"`
-	LockName  *string  `json:"lock"`
-	LockToken *int64   `json:"lock_token"`
-	Status    string   `json:"status"`
+	Key       []*string `json:"key"` // nil: the key column is NULL (JSON null)
+	Fence     int64     `json:"fence"`
+	LockName  *string   `json:"lock"`
+	LockToken *int64    `json:"lock_token"`
+	Status    string    `json:"status"`
 }
 
 // Statuses of a fenced row compared with its lock's current token.
@@ -57,7 +58,12 @@ row accepted) and the current token of the lock that governs it, with a status:
 
 The governing lock is one name for the whole table (--lock) or a column of the
 table holding the lock name per row (--lock-column). Exit code 5 when any row is
-FORGED.`,
+FORGED.
+
+Only ordinary and partitioned tables are read (a view, materialized view,
+foreign table or sequence exits 3: a view's query could call any function as
+you), in a READ ONLY transaction. A NULL key is null under --json and NULL in
+the table, where a key that is the text NULL or holds a comma is quoted.`,
 		Example: `  pgfence fences --table public.invoices --key id --lock invoices
   pgfence fences --table catalogue --key store_id,sku --lock-column store_lock --json`,
 		Args: cobra.NoArgs,
@@ -78,11 +84,16 @@ FORGED.`,
 			if len(keys) == 0 {
 				return usageErr("--key needs at least one column")
 			}
-			for _, c := range append([]string{fenceCol, lockCol}, keys...) {
-				if c == lockCol && c == "" {
-					continue
+			if err := checkFlagIdent("--fence-column", fenceCol); err != nil {
+				return err
+			}
+			if lockCol != "" {
+				if err := checkFlagIdent("--lock-column", lockCol); err != nil {
+					return err
 				}
-				if err := checkIdent(c); err != nil {
+			}
+			for _, c := range keys {
+				if err := checkFlagIdent("--key", c); err != nil {
 					return err
 				}
 			}
@@ -125,7 +136,7 @@ FORGED.`,
 					}
 					key := make([]string, len(r.Key))
 					for i, k := range r.Key {
-						key[i] = termSafe(k) // values from the table: no terminal escapes, no forged rows
+						key[i] = keySafe(k) // values from the table: no terminal escapes, no forged rows
 					}
 					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", strings.Join(key, ","), r.Fence, termSafeOr(r.LockName, "-"), tok, r.Status)
 				}
@@ -148,6 +159,28 @@ FORGED.`,
 	f.IntVar(&limit, "limit", 1000, "maximum rows")
 	f.BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
+}
+
+// keySafe returns a key value of `pgfence fences` for its table output:
+// NULL, bare, for SQL NULL; otherwise [termSafe] of the text, also quoted as
+// a Go string when it is the text "NULL" or holds a comma (which separates
+// the columns of a composite key), so that a printed key is never ambiguous.
+func keySafe(k *string) string {
+	switch {
+	case k == nil:
+		return "NULL"
+	case *k == "NULL" || strings.Contains(*k, ","):
+		return strconv.Quote(*k)
+	}
+	return termSafe(*k)
+}
+
+// checkFlagIdent is checkIdent for a column named by flag, named in the error.
+func checkFlagIdent(flag, s string) error {
+	if err := checkIdent(s); err != nil {
+		return usageErr("%s: %v", flag, err)
+	}
+	return nil
 }
 
 // splitTable turns "schema.table" or "table" into a pgx.Identifier. Quoting is
@@ -178,10 +211,31 @@ func checkIdent(s string) error {
 	return nil
 }
 
+// Relation kinds `pgfence fences` reads: ordinary and partitioned tables,
+// the only relations a fenced write updates. Anything else is refused: a
+// view (selecting from it runs its query, in which the view's owner may call
+// any function, as the role running pgfence), a foreign table (its wrapper
+// runs), and also a materialized view, which would be safe to read (stored
+// rows) but is never a fenced table (it cannot be updated) and cannot be
+// locked with LOCK TABLE, which closes the window between the checks and
+// the read.
+const fenceRelkinds = "rp"
+
+// queryFences reads the fences of table in a READ ONLY transaction that
+// first takes ACCESS SHARE on the table (so its kind, row-level security and
+// column types checked below cannot change before the read), and refuses
+// whatever would run code of the table's owner as the reader: a relation
+// that is not a table or materialized view, row-level security policies, a
+// column of a type whose output function is not built in. The READ ONLY
+// transaction is defence in depth: should code of someone else run anyway,
+// it cannot write.
 func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string, keys []string, lockName, lockCol string, limit int) ([]fenceRow, error) {
 	ident, err := splitTable(table)
 	if err != nil {
 		return nil, err
+	}
+	if len(keys) == 0 {
+		return nil, usageErr("--key needs at least one column")
 	}
 	var regclass *uint32
 	if err := pool.QueryRow(ctx, "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid", ident.Sanitize()).Scan(&regclass); err != nil {
@@ -190,10 +244,54 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 	if regclass == nil {
 		return nil, withCode(ExitNotFound, fmt.Errorf("no table %s", ident.Sanitize()))
 	}
+	var kind string
+	if err := pool.QueryRow(ctx, "SELECT c.relkind::pg_catalog.text FROM pg_catalog.pg_class c WHERE (c.oid OPERATOR(pg_catalog.=) $1)", *regclass).Scan(&kind); err != nil {
+		return nil, err
+	}
+	if err := checkFenceRelkind(ident, kind); err != nil {
+		return nil, err
+	}
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// ACCESS SHARE, the lock the read takes anyway: from here on nobody can
+	// turn the table into something else, enable row-level security or
+	// change a column's type until the read is done. Checked again under
+	// the lock: the name may now resolve to another relation.
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+ident.Sanitize()+" IN ACCESS SHARE MODE"); err != nil {
+		return nil, err
+	}
+	var locked *uint32
+	if err := tx.QueryRow(ctx, `SELECT c.oid, c.relkind::pg_catalog.text FROM pg_catalog.pg_class c
+		WHERE (c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1))`, ident.Sanitize()).Scan(&locked, &kind); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	if locked == nil || *locked != *regclass {
+		return nil, fmt.Errorf("table %s was replaced while pgfence read it: run again", ident.Sanitize())
+	}
+	if err := checkFenceRelkind(ident, kind); err != nil {
+		return nil, err
+	}
+	// Reading a partitioned or inheritance parent reads its descendants
+	// (locked too by LOCK TABLE): each must be a table as well.
+	var other *string
+	if err := tx.QueryRow(ctx, `WITH RECURSIVE d(oid) AS (
+			SELECT i.inhrelid FROM pg_catalog.pg_inherits i WHERE (i.inhparent OPERATOR(pg_catalog.=) $1)
+			UNION SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN d ON (i.inhparent OPERATOR(pg_catalog.=) d.oid))
+		SELECT pg_catalog.format('%s (relkind %s)', c.oid::pg_catalog.regclass, c.relkind)
+		FROM d JOIN pg_catalog.pg_class c ON (c.oid OPERATOR(pg_catalog.=) d.oid)
+		WHERE c.relkind::pg_catalog.text OPERATOR(pg_catalog.<>) ALL ('{r,p}'::pg_catalog.text[]) LIMIT 1`, *regclass).Scan(&other); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	if other != nil {
+		return nil, fmt.Errorf("table %s has a partition or child that is not a table, %s: not read, reading it could run code of its owner", ident.Sanitize(), termSafe(*other))
+	}
 	// Row-level security policies are the table owner's code, run as the
 	// reader; a superuser bypasses them.
 	var rls bool
-	if err := pool.QueryRow(ctx, `SELECT c.relrowsecurity AND (c.relowner OPERATOR(pg_catalog.<>) r.oid) AND NOT r.rolsuper
+	if err := tx.QueryRow(ctx, `SELECT c.relrowsecurity AND (c.relowner OPERATOR(pg_catalog.<>) r.oid) AND NOT r.rolsuper
 		FROM pg_catalog.pg_class c, pg_catalog.pg_roles r
 		WHERE (c.oid OPERATOR(pg_catalog.=) $1) AND (r.rolname OPERATOR(pg_catalog.=) current_user)`, *regclass).Scan(&rls); err != nil {
 		return nil, err
@@ -204,9 +302,6 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 	cols := append([]string{fenceCol}, keys...)
 	if lockCol != "" {
 		cols = append(cols, lockCol)
-	}
-	if len(keys) == 0 {
-		return nil, usageErr("--key needs at least one column")
 	}
 	for _, c := range cols {
 		if err := checkIdent(c); err != nil {
@@ -219,7 +314,7 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 			typ              string
 			builtin, textual bool
 		)
-		err := pool.QueryRow(ctx, `SELECT pg_catalog.format_type(a.atttypid, a.atttypmod),
+		err := tx.QueryRow(ctx, `SELECT pg_catalog.format_type(a.atttypid, a.atttypmod),
 				(t.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace) AND (t.typtype OPERATOR(pg_catalog.<>) 'd'),
 				(a.atttypid OPERATOR(pg_catalog.=) ANY ('{pg_catalog.text,pg_catalog.varchar,pg_catalog.bpchar,pg_catalog.name}'::pg_catalog.regtype[]::pg_catalog.oid[]))
 			FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON (t.oid OPERATOR(pg_catalog.=) a.atttypid)
@@ -240,9 +335,11 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		}
 	}
 
+	// Keys as text; NULL stays NULL (JSON null, NULL in the table) and sorts
+	// last.
 	keyExprs := make([]string, len(keys))
 	for i, k := range keys {
-		keyExprs[i] = "COALESCE(t." + pgx.Identifier{k}.Sanitize() + "::pg_catalog.text, 'NULL')"
+		keyExprs[i] = "t." + pgx.Identifier{k}.Sanitize() + "::pg_catalog.text"
 	}
 	fence := "t." + pgx.Identifier{fenceCol}.Sanitize()
 	var lockExpr string
@@ -259,7 +356,7 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		strings.Join(keyExprs, ", "), fence, lockExpr,
 		ident.Sanitize(), lockExpr,
 		strings.Join(keyExprs, ", "), limit)
-	rows, err := pool.Query(ctx, q, args...)
+	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -283,5 +380,23 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		}
 		return r, nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, tx.Commit(ctx)
+}
+
+// checkFenceRelkind refuses a relation `pgfence fences` does not read (see
+// fenceRelkinds), exit 3 as for a name that is no table.
+func checkFenceRelkind(ident pgx.Identifier, kind string) error {
+	if len(kind) == 1 && strings.Contains(fenceRelkinds, kind) {
+		return nil
+	}
+	what := map[string]string{"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence", "i": "an index", "I": "a partitioned index",
+		"c": "a composite type", "t": "a TOAST table"}[kind]
+	if what == "" {
+		what = fmt.Sprintf("a relation of kind %q", kind)
+	}
+	return withCode(ExitNotFound, fmt.Errorf("%s is %s, not a table: not read (fences reads tables and partitioned tables: a view's query, for one, would run as this role)",
+		ident.Sanitize(), what))
 }

@@ -3,7 +3,10 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -61,6 +64,13 @@ finished ones included.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if cmd.Flags().Changed("queue") {
+				// Before connecting: exit 2 with or without a database
+				// (skiplocked checks again).
+				if err := checkQueueName(queue); err != nil {
+					return err
+				}
+			}
 			var depths []skiplocked.Depth
 			pool, err := a.connectMigrated(ctx)
 			if err != nil {
@@ -105,4 +115,23 @@ finished ones included.`,
 	f.StringVar(&queue, "queue", "", "only this queue")
 	f.BoolVar(&jsonOut, "json", false, "print JSON (an array, one object per queue)")
 	return cmd
+}
+
+// maxQueueBytes is skiplocked's limit on a queue name.
+const maxQueueBytes = 128
+
+// checkQueueName refuses a queue name skiplocked would refuse (its rule:
+// 1 to 128 bytes of valid UTF-8 without control characters).
+func checkQueueName(q string) error {
+	switch {
+	case q == "":
+		return usageErr("--queue: empty")
+	case len(q) > maxQueueBytes:
+		return usageErr("--queue: %d bytes, at most %d", len(q), maxQueueBytes)
+	case !utf8.ValidString(q):
+		return usageErr("--queue: not valid UTF-8")
+	case strings.IndexFunc(q, unicode.IsControl) >= 0:
+		return usageErr("--queue: %q contains control characters", q)
+	}
+	return nil
 }

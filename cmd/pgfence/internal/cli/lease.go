@@ -207,7 +207,8 @@ func (a *app) acquireCommand() *cobra.Command {
 The lease is not renewed after pgfence exits: renew it with 'pgfence renew'
 before it expires and release it with 'pgfence release', passing the token and
 the key. PGFENCE_KEY is the lease key (hex): whoever knows it can renew and
-release the lease, so keep it out of logs; the token alone is not enough.`,
+release the lease, so keep it out of logs; the token alone is not enough. If
+the output cannot be written, acquire releases the lease and exits 1.`,
 		Example: `  eval "$(pgfence acquire --lock nightly --ttl 5m)"
   ./job --fence-token "$PGFENCE_TOKEN"
   pgfence release --lock "$PGFENCE_LOCK" --token "$PGFENCE_TOKEN" --key "$PGFENCE_KEY"`,
@@ -219,13 +220,27 @@ release the lease, so keep it out of logs; the token alone is not enough.`,
 			}
 			defer cleanup()
 			key := hex.EncodeToString(lease.Key())
+			var werr error
 			if jsonOut {
-				return writeJSON(a.env.Stdout, map[string]any{
+				werr = writeJSON(a.env.Stdout, map[string]any{
 					"lock": lease.Name(), "token": lease.Token(), "key": key, "holder": lease.Holder(), "expires_at": lease.ExpiresAt(),
 				})
+			} else {
+				_, werr = fmt.Fprintf(a.env.Stdout, "PGFENCE_LOCK=%s\nPGFENCE_TOKEN=%d\nPGFENCE_KEY=%s\nPGFENCE_HOLDER=%s\nPGFENCE_EXPIRES_AT=%s\n",
+					shellQuote(lease.Name()), lease.Token(), key, shellQuote(lease.Holder()), lease.ExpiresAt().UTC().Format(time.RFC3339Nano))
 			}
-			fmt.Fprintf(a.env.Stdout, "PGFENCE_LOCK=%s\nPGFENCE_TOKEN=%d\nPGFENCE_KEY=%s\nPGFENCE_HOLDER=%s\nPGFENCE_EXPIRES_AT=%s\n",
-				shellQuote(lease.Name()), lease.Token(), key, shellQuote(lease.Holder()), lease.ExpiresAt().UTC().Format(time.RFC3339Nano))
+			if werr != nil {
+				// Nobody got the key: nobody could renew or release the
+				// lease, which would stay held for its TTL. Give it back,
+				// even when ctx is cancelled, within a bound.
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), releaseTimeout)
+				defer cancel()
+				if rerr := lease.Release(rctx); rerr != nil {
+					return fmt.Errorf("cannot write the lease to stdout: %w; releasing it failed too (it expires at %s): %v",
+						werr, lease.ExpiresAt().UTC().Format(time.RFC3339), oneLine(rerr))
+				}
+				return fmt.Errorf("cannot write the lease to stdout: %w; the lease was released", werr)
+			}
 			return nil
 		},
 	}
@@ -233,6 +248,9 @@ release the lease, so keep it out of logs; the token alone is not enough.`,
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "print JSON")
 	return cmd
 }
+
+// releaseTimeout bounds the release of a lease pgfence could not hand over.
+const releaseTimeout = 10 * time.Second
 
 type tokenFlags struct {
 	lock, key string
@@ -275,7 +293,15 @@ func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, f
 	return locker, func() { _ = locker.Close(); pool.Close() }, nil
 }
 
+// leaseErr gives the exit code of an error of RenewToken or ReleaseToken.
+// The holder pglock puts in the message is dropped: it is the holder of
+// this process's Locker (random, never stored), not the lease's.
 func leaseErr(err error) error {
+	if pe, ok := err.(*pgfence.Error); ok && pe.Holder != "" {
+		c := *pe
+		c.Holder, c.ExpiresAt = "", time.Time{}
+		err = &c
+	}
 	switch {
 	case errors.Is(err, pgfence.ErrLost):
 		return withCode(ExitLeaseLost, err)
@@ -305,10 +331,15 @@ func (a *app) renewCommand() *cobra.Command {
 			if err != nil {
 				return leaseErr(err)
 			}
+			var werr error
 			if jsonOut {
-				return writeJSON(a.env.Stdout, map[string]any{"lock": f.lock, "token": f.token, "expires_at": exp})
+				werr = writeJSON(a.env.Stdout, map[string]any{"lock": f.lock, "token": f.token, "expires_at": exp})
+			} else {
+				_, werr = fmt.Fprintf(a.env.Stdout, "PGFENCE_EXPIRES_AT=%s\n", exp.UTC().Format(time.RFC3339Nano))
 			}
-			fmt.Fprintf(a.env.Stdout, "PGFENCE_EXPIRES_AT=%s\n", exp.UTC().Format(time.RFC3339Nano))
+			if werr != nil {
+				return fmt.Errorf("renewed until %s, but cannot write to stdout: %w", exp.UTC().Format(time.RFC3339Nano), werr)
+			}
 			return nil
 		},
 	}
@@ -333,7 +364,9 @@ func (a *app) releaseCommand() *cobra.Command {
 			if err := locker.ReleaseToken(cmd.Context(), f.lock, f.token); err != nil {
 				return leaseErr(err)
 			}
-			fmt.Fprintf(a.env.Stdout, "released %s (token %d)\n", termSafe(f.lock), f.token)
+			if _, err := fmt.Fprintf(a.env.Stdout, "released %s (token %d)\n", termSafe(f.lock), f.token); err != nil {
+				return fmt.Errorf("released, but cannot write to stdout: %w", err)
+			}
 			return nil
 		},
 	}

@@ -112,10 +112,17 @@ func (a *app) migrateCommand() *cobra.Command {
 		Short: "List the migrations and whether each is applied",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider) error {
-				st, err := p.Status(ctx)
-				if err != nil {
-					return err
+			return a.withReadProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider, migrated bool) error {
+				var st []*goose.MigrationStatus
+				if migrated {
+					var err error
+					if st, err = p.Status(ctx); err != nil {
+						return err
+					}
+				} else {
+					for _, src := range p.ListSources() {
+						st = append(st, &goose.MigrationStatus{Source: src, State: goose.StatePending})
+					}
 				}
 				type row struct {
 					Version   int64      `json:"version"`
@@ -155,20 +162,28 @@ func (a *app) migrateCommand() *cobra.Command {
 		Short: "Print the applied schema version and the latest known one",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.withProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider) error {
-				v, err := p.GetDBVersion(ctx)
-				if err != nil {
-					return err
+			return a.withReadProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider, migrated bool) error {
+				v := int64(0)
+				if migrated {
+					var err error
+					if v, err = p.GetDBVersion(ctx); err != nil {
+						return err
+					}
 				}
 				srcs := p.ListSources()
 				latest := int64(0)
 				if len(srcs) > 0 {
 					latest = srcs[len(srcs)-1].Version
 				}
+				var err error
 				if jsonOut {
-					return writeJSON(a.env.Stdout, map[string]int64{"version": v, "latest": latest})
+					err = writeJSON(a.env.Stdout, map[string]int64{"version": v, "latest": latest})
+				} else {
+					_, err = fmt.Fprintf(a.env.Stdout, "version %d (latest %d)\n", v, latest)
 				}
-				fmt.Fprintf(a.env.Stdout, "version %d (latest %d)\n", v, latest)
+				if err != nil {
+					return fmt.Errorf("cannot write to stdout: %w", err)
+				}
 				return nil
 			})
 		},
@@ -192,4 +207,42 @@ func (a *app) withProvider(ctx context.Context, fn func(context.Context, *goose.
 		return err
 	}
 	return fn(ctx, p)
+}
+
+// withReadProvider is withProvider for migrate status and version, which
+// only read: on a database without pgfence's version table it creates
+// nothing (migrations.NewProvider would create schema pgfence and the
+// table, owned by whoever looked, so that the migrating role could then not
+// migrate) and calls fn with a provider that only lists the embedded
+// migrations and migrated false: nothing is applied, the version is 0.
+func (a *app) withReadProvider(ctx context.Context, fn func(context.Context, *goose.Provider, bool) error) error {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var exists bool
+	if err := pool.QueryRow(ctx, "SELECT pg_catalog.to_regclass($1) IS NOT NULL", migrations.VersionTable).Scan(&exists); err != nil {
+		return err
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer func(db *sql.DB) { _ = db.Close() }(db)
+	if exists {
+		// A migrated database: NewProvider creates nothing (it looks for
+		// the version table again, under the migration lock).
+		p, err := migrations.NewProvider(ctx, db)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, p, true)
+	}
+	// goose.NewProvider reads the embedded files only; the provider is
+	// used for ListSources, never for a method that touches the database.
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS(),
+		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	fmt.Fprintf(a.env.Stderr, "pgfence: not migrated: the database has no %s; run: pgfence migrate up\n", migrations.VersionTable)
+	return fn(ctx, p, false)
 }

@@ -84,25 +84,18 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return ExitOK
 	}
+	// The exit code is the one the error was tagged with where it arose:
+	// cobra's own errors (flags, arguments, unknown commands) are tagged
+	// ExitUsage by tagUsageErrors and refuseUnknownSubcommands, never
+	// recognised by their text, which may come from the database or from a
+	// name the user gave.
 	var ee *exitError
 	code := ExitError
 	if errors.As(err, &ee) {
 		code = ee.code
-	} else if isUsage(err) {
-		code = ExitUsage
 	}
 	fmt.Fprintf(env.Stderr, "pgfence: %s\n", termLine(err.Error())) // errors may carry database strings
 	return code
-}
-
-func isUsage(err error) bool {
-	s := err.Error()
-	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires at least", "invalid argument", "flag needs an argument", "required flag"} {
-		if strings.Contains(s, p) {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *app) rootCommand() *cobra.Command {
@@ -145,19 +138,21 @@ run: 126 command not executable, 127 command not found, else the command's statu
 	a.addDemoCommands(root)
 	root.InitDefaultCompletionCmd()
 	refuseUnknownSubcommands(root)
+	tagUsageErrors(root)
 	return root
 }
 
 // refuseUnknownSubcommands makes every command that only groups others
-// (migrate, gen, advisory, completion) refuse an argument that names none of
-// them, with exit 2. cobra shows such a group's help and exits 0, so a typo
-// in a deploy script ("pgfence migrate upp") would pass for success. With no
-// argument the group still shows its help.
+// (pgfence itself, migrate, gen, advisory, completion) refuse an argument
+// that names none of them, with exit 2. cobra shows such a group's help and
+// exits 0, so a typo in a deploy script ("pgfence migrate upp") would pass
+// for success; for pgfence itself cobra's own error would carry no exit
+// code. With no argument the group still shows its help.
 func refuseUnknownSubcommands(c *cobra.Command) {
 	for _, sub := range c.Commands() {
 		refuseUnknownSubcommands(sub)
 	}
-	if !c.HasParent() || !c.HasSubCommands() || c.Runnable() {
+	if !c.HasSubCommands() || c.Runnable() {
 		return
 	}
 	c.Args = cobra.ArbitraryArgs
@@ -165,7 +160,31 @@ func refuseUnknownSubcommands(c *cobra.Command) {
 		if len(args) == 0 {
 			return cmd.Help()
 		}
-		return usageErr("unknown command %q for %q", args[0], cmd.CommandPath())
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if cmd.SuggestionsMinimumDistance <= 0 {
+			cmd.SuggestionsMinimumDistance = 2 // cobra's default
+		}
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
+		}
+		return usageErr("%s", msg)
+	}
+}
+
+// tagUsageErrors gives cobra's own errors about c and its subcommands the
+// usage exit code where they arise: flag parsing (unknown flag, bad value,
+// missing value) through the flag error function, which subcommands inherit,
+// and argument counts through each command's Args validator. Errors a
+// command's RunE returns keep the code they were given (1 when none).
+func tagUsageErrors(c *cobra.Command) {
+	if !c.HasParent() {
+		c.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(ExitUsage, err) })
+	}
+	if v := c.Args; v != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error { return withCode(ExitUsage, v(cmd, args)) }
+	}
+	for _, sub := range c.Commands() {
+		tagUsageErrors(sub)
 	}
 }
 
@@ -201,7 +220,13 @@ func (a *app) dsn() string {
 
 // connect opens a pool and checks the server answers. Errors are one line.
 func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
-	dsn := a.dsn()
+	return connectDSN(ctx, a.dsn())
+}
+
+// connectDSN is connect for a given connection string: the one path that
+// parses a connection string, so that an error about it never prints its
+// password and exits 2.
+func connectDSN(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", redactSecrets(dsn, oneLine(err))))
