@@ -9,10 +9,11 @@
 // answers (image postgres:15-alpine, or PGFENCE_TEST_IMAGE); the PostgreSQL
 // server binaries installed on the machine (initdb, postgres), as a
 // throwaway cluster. If none can be had, the test fails and says what to
-// install; it is never skipped. Each process migrates one template database,
-// named after pgfence's newest migration, and every test gets a clone of it,
-// so tests may call t.Parallel(). A test that fails keeps its database and
-// logs its name.
+// install; it is never skipped. Each process migrates one template database
+// of the server's user, named after pgfence's newest migration, the contents
+// of the migration files and the user, and every test gets a clone of it, so
+// tests may call t.Parallel(). A test that fails keeps its database and logs
+// its name.
 //
 // Expiry runs on the database's clock, which no fake clock in Go can move:
 // [DB.ExpireNow] and [DB.ExpireClaim] end a lease or a claim now, through
@@ -36,6 +37,9 @@ package pgfencetest
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -90,10 +94,11 @@ var (
 )
 
 // New returns a database of t's own with pgfence's migrations applied: a
-// clone of a template migrated once per process (once per server for a
-// server given by PGFENCE_TEST_DATABASE_URL). t fails if no server can be
-// had. When t ends the database is dropped; if t failed it is kept and its
-// name logged, to look at with psql.
+// clone of a template migrated once per process (once per server, role and
+// version of the migration files for a server given by
+// PGFENCE_TEST_DATABASE_URL). t fails if no server can be had. When t ends
+// the database is dropped; if t failed it is kept and its name logged, to
+// look at with psql. If the drop fails, t fails, naming the database.
 func New(t testing.TB) *DB {
 	t.Helper()
 	s := server(t)
@@ -123,7 +128,9 @@ func New(t testing.TB) *DB {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := adminExec(ctx, s, "DROP DATABASE IF EXISTS "+ident(name)+" WITH (FORCE)"); err != nil {
-			t.Logf("pgfencetest: drop database %s: %v", name, err)
+			// A failure, not a log line shown only with -v: the database
+			// stays on the server, unseen, until someone drops it.
+			t.Errorf("pgfencetest: drop database %s of the passing test (left on the server): %v", name, err)
 		}
 	})
 	pool, err := pgxpool.New(ctx, db.DSN)
@@ -142,7 +149,7 @@ func New(t testing.TB) *DB {
 func (db *DB) ExpireNow(t testing.TB, name string) {
 	t.Helper()
 	checkName(t, "ExpireNow", name)
-	if token := db.expire(t, "SELECT pgfence.test_expire_lease($1)", name); token == 0 {
+	if token := db.expire(t, "SELECT pgfence.test_expire_lease($1::pg_catalog.text)", name); token == 0 {
 		t.Fatalf("pgfencetest.ExpireNow(%q): no live lease on the lock", name)
 	}
 }
@@ -155,7 +162,7 @@ func (db *DB) ExpireNow(t testing.TB, name string) {
 func (db *DB) ExpireClaim(t testing.TB, jobID int64) {
 	t.Helper()
 	checkJobID(t, "ExpireClaim", jobID)
-	if token := db.expire(t, "SELECT pgfence.test_expire_claim($1)", jobID); token == 0 {
+	if token := db.expire(t, "SELECT pgfence.test_expire_claim($1::pg_catalog.int8)", jobID); token == 0 {
 		t.Fatalf("pgfencetest.ExpireClaim(%d): the job has no live claim", jobID)
 	}
 }
@@ -194,12 +201,13 @@ func (db *DB) expire(t testing.TB, sql string, arg any) int64 {
 // TakeOver makes another holder ("pgfencetest") take the lock name over: the
 // live lease on it, if any, ends now ([DB.ExpireNow]), and the lock is
 // granted to the other holder for a minute (token + 1). It returns the other
-// holder's lease; it is released when the test ends. TakeOver waits behind
+// holder's lease; it is released when t ends, unless the test released it
+// or it was lost before (to another TakeOver, say). TakeOver waits behind
 // waiters queued for name, for up to 30 seconds.
 func (db *DB) TakeOver(t testing.TB, name string) *pglock.Lease {
 	t.Helper()
 	checkName(t, "TakeOver", name)
-	db.expire(t, "SELECT pgfence.test_expire_lease($1)", name)
+	db.expire(t, "SELECT pgfence.test_expire_lease($1::pg_catalog.text)", name)
 	db.lockerOnce.Do(func() {
 		db.locker, db.lockerErr = pglock.New(db.Pool, &pglock.Config{Holder: "pgfencetest"})
 	})
@@ -212,6 +220,15 @@ func (db *DB) TakeOver(t testing.TB, name string) *pglock.Lease {
 	if err != nil {
 		t.Fatalf("pgfencetest.TakeOver(%q): %v", name, err)
 	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		// Release after a Release is nil; a lease lost meanwhile is not
+		// held, which is what the release is for.
+		if err := lease.Release(ctx); err != nil && !errors.Is(err, pgfence.ErrLost) {
+			t.Logf("pgfencetest.TakeOver(%q): release at the end of the test: %v", name, err)
+		}
+	})
 	return lease
 }
 
@@ -258,6 +275,11 @@ func RequireAccepted(t testing.TB, err error) {
 // values in key has the fence want (the token of the grant that wrote it
 // last; 0 for a row no fenced write changed). table may be qualified
 // ("schema.table"); the fence column is "fence", pgfence's default.
+//
+// A key column of a built-in type is compared with pg_catalog's =, so no =
+// another role creates on the search_path runs; one of a type from another
+// schema (an extension's citext, a domain of the application) with its own
+// type's =, as fencedwrite compares it.
 func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want int64) {
 	t.Helper()
 	if len(key) == 0 {
@@ -268,16 +290,40 @@ func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want 
 		cols = append(cols, c)
 	}
 	slices.Sort(cols)
+	name := ident(strings.Split(table, ".")...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rows, err := db.Pool.Query(ctx, keyTypesSQL, name)
+	if err != nil {
+		t.Fatalf("pgfencetest.RequireFence(%s): %v", table, err)
+	}
+	builtin := map[string]bool{} // column: its type is pg_catalog's
+	var (
+		col string
+		b   bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&col, &b}, func() error { builtin[col] = b; return nil }); err != nil {
+		t.Fatalf("pgfencetest.RequireFence(%s): %v", table, err)
+	}
+	if len(builtin) == 0 {
+		t.Fatalf("pgfencetest.RequireFence(%s): relation %s does not exist", table, name)
+	}
 	var where []string
 	var args []any
 	for i, c := range cols {
-		where = append(where, ident(c)+" = $"+strconv.Itoa(i+1))
+		ours, ok := builtin[c]
+		if !ok {
+			t.Fatalf("pgfencetest.RequireFence(%s): column %q does not exist", table, c)
+		}
+		eq := " = "
+		if ours {
+			eq = " OPERATOR(pg_catalog.=) "
+		}
+		where = append(where, ident(c)+eq+"$"+strconv.Itoa(i+1))
 		args = append(args, key[c])
 	}
-	sql := "SELECT fence FROM " + ident(strings.Split(table, ".")...) + " WHERE " + strings.Join(where, " AND ")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	rows, err := db.Pool.Query(ctx, sql, args...)
+	sql := "SELECT fence FROM " + name + " WHERE " + strings.Join(where, " AND ")
+	rows, err = db.Pool.Query(ctx, sql, args...)
 	if err != nil {
 		t.Fatalf("pgfencetest.RequireFence(%s): %v", table, err)
 	}
@@ -292,6 +338,15 @@ func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want 
 	}
 }
 
+// keyTypesSQL returns the columns of the relation named $1 (quoted, resolved
+// through the search_path as the query on it is) and whether each one's
+// type is pg_catalog's.
+const keyTypesSQL = `SELECT a.attname::pg_catalog.text,
+	(ty.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
+FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON (ty.oid OPERATOR(pg_catalog.=) a.atttypid)
+WHERE (a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text))
+	AND (a.attnum OPERATOR(pg_catalog.>) 0) AND NOT a.attisdropped`
+
 // RequireHeld fails t unless the lock name is held by holder now, on the
 // database clock, and returns the lease's token.
 func (db *DB) RequireHeld(t testing.TB, name, holder string) int64 {
@@ -304,8 +359,8 @@ func (db *DB) RequireHeld(t testing.TB, name, holder string) int64 {
 		token int64
 		live  bool
 	)
-	err := db.Pool.QueryRow(ctx, `SELECT holder, token, coalesce(expires_at > now(), false)
-		FROM pgfence.locks WHERE name = $1`, name).Scan(&h, &token, &live)
+	err := db.Pool.QueryRow(ctx, `SELECT holder, token, COALESCE(expires_at OPERATOR(pg_catalog.>) pg_catalog.now(), false)
+		FROM pgfence.locks WHERE name OPERATOR(pg_catalog.=) $1::pg_catalog.text`, name).Scan(&h, &token, &live)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		t.Fatalf("pgfencetest.RequireHeld(%q): the lock was never granted", name)
@@ -335,7 +390,7 @@ func (db *DB) RequireCompletedOnce(t testing.TB, jobID int64) {
 		attempts int
 		outcome  *string
 	)
-	err := db.Pool.QueryRow(ctx, `SELECT state, attempts, claim_outcome FROM pgfence.jobs WHERE id = $1`, jobID).
+	err := db.Pool.QueryRow(ctx, `SELECT state, attempts, claim_outcome FROM pgfence.jobs WHERE id OPERATOR(pg_catalog.=) $1::pg_catalog.int8`, jobID).
 		Scan(&state, &attempts, &outcome)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -383,9 +438,9 @@ func stopServer() {
 // lock on the server's maintenance database).
 const templateLock = 0x7066_7465_7374 // "pftest"
 
-// template returns the name of the template database for pgfence's newest
-// migration, creating and migrating it first if no process has, and the
-// clause of CREATE DATABASE that copies it fastest.
+// template returns the name of the template database of the server's user
+// for pgfence's migrations, creating and migrating it first if no process
+// has, and the clause of CREATE DATABASE that copies it fastest.
 func template(s *pgserver.Server) (name, strategy string, err error) {
 	tplMu.Lock()
 	defer tplMu.Unlock()
@@ -395,12 +450,12 @@ func template(s *pgserver.Server) (name, strategy string, err error) {
 	return tplName, tplCopy, err
 }
 
+// makeTemplate finds or makes the template database of the user of s.DSN.
+// Every statement names what it applies (pg_catalog's functions, operators
+// and types): it runs as the server's user, often a superuser, and a
+// function or operator another role planted in a schema on the search_path
+// must not run as that user.
 func makeTemplate(s *pgserver.Server) (string, string, error) {
-	version, err := newestMigration()
-	if err != nil {
-		return "", "", err
-	}
-	name := fmt.Sprintf("pgfencetest_tpl_v%d", version)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, s.DSN)
@@ -408,18 +463,33 @@ func makeTemplate(s *pgserver.Server) (string, string, error) {
 		return "", "", err
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", templateLock); err != nil {
+	var role string
+	if err := admin.QueryRow(ctx, "SELECT CURRENT_USER::pg_catalog.text").Scan(&role); err != nil {
 		return "", "", err
 	}
-	defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", templateLock) //nolint:errcheck // the session ends next
+	name, err := templateName(migrations.FS(), role)
+	if err != nil {
+		return "", "", err
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", templateLock); err != nil {
+		return "", "", err
+	}
+	defer admin.Exec(context.Background(), "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", templateLock) //nolint:errcheck // the session ends next
 	strategy := ""
 	if admin.PgConn().ParameterStatus("server_version") >= "15" {
 		strategy = " STRATEGY FILE_COPY"
 	}
-	var ready *bool
-	err = admin.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&ready)
+	var (
+		ready bool
+		owner string
+	)
+	err = admin.QueryRow(ctx, `SELECT datistemplate, pg_catalog.pg_get_userbyid(datdba)::pg_catalog.text
+		FROM pg_catalog.pg_database WHERE datname OPERATOR(pg_catalog.=) $1::pg_catalog.name`, name).Scan(&ready, &owner)
 	switch {
-	case err == nil && ready != nil && *ready:
+	case err == nil && owner != role:
+		// Its schema would be owner's, which role may not use.
+		return "", "", fmt.Errorf("template database %s belongs to role %s, not %s: drop it", name, owner, role)
+	case err == nil && ready:
 		return name, strategy, nil
 	case err == nil:
 		// Left half-made by a process that died: make it again.
@@ -447,30 +517,61 @@ func makeTemplate(s *pgserver.Server) (string, string, error) {
 	return name, strategy, nil
 }
 
+// templateName names role's template database for the migrations in fsys:
+// pgfencetest_tpl_v, the newest migration's number, then 8 hex digits of a
+// hash of the migration files (names and contents) and 8 of a hash of role.
+// A migration edited under its number (while it is developed) names another
+// template instead of reusing one migrated with its old text, and each role
+// has its own, whose schema it owns.
+func templateName(fsys fs.FS, role string) (string, error) {
+	version, sum, err := migrationFiles(fsys)
+	if err != nil {
+		return "", err
+	}
+	r := sha256.Sum256([]byte(role))
+	return fmt.Sprintf("pgfencetest_tpl_v%d_%s_%s", version, sum, hex.EncodeToString(r[:4])), nil
+}
+
 // newestMigration returns the number of pgfence's newest migration.
 func newestMigration() (int64, error) {
-	names, err := fs.Glob(migrations.FS(), "*.sql")
+	newest, _, err := migrationFiles(migrations.FS())
+	return newest, err
+}
+
+// migrationFiles returns the number of the newest migration in fsys and 8
+// hex digits of a SHA-256 of the files' names and contents.
+func migrationFiles(fsys fs.FS) (newest int64, sum string, err error) {
+	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	var newest int64
+	slices.Sort(names)
+	h := sha256.New()
 	for _, n := range names {
 		num, _, _ := strings.Cut(path.Base(n), "_")
 		v, err := strconv.ParseInt(num, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("migration %s: %w", n, err)
+			return 0, "", fmt.Errorf("migration %s: %w", n, err)
 		}
 		newest = max(newest, v)
+		b, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return 0, "", err
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(b))
+		h.Write(b)
 	}
 	if newest == 0 {
-		return 0, errors.New("no migrations embedded")
+		return 0, "", errors.New("no migrations embedded")
 	}
-	return newest, nil
+	return newest, hex.EncodeToString(h.Sum(nil)[:4]), nil
 }
 
 // dbName names t's database: pgfencetest_, then the test's name (letters,
-// digits and _ only, shortened), then a number unique in the process and
-// the process id.
+// digits and _ only, shortened), a number unique in the process, and 8
+// random hex digits, so that no other process sharing the server (in
+// another PID namespace, say) and no database kept by an earlier run has
+// the name. It stays within PostgreSQL's 63 bytes.
 func dbName(t testing.TB) string {
 	var b strings.Builder
 	for _, r := range strings.ToLower(t.Name()) {
@@ -483,7 +584,9 @@ func dbName(t testing.TB) string {
 			b.WriteByte('_')
 		}
 	}
-	return fmt.Sprintf("pgfencetest_%s_%d_%d", b.String(), os.Getpid(), seq.Add(1))
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:]) // never fails (crypto/rand.Read)
+	return fmt.Sprintf("pgfencetest_%s_%d_%s", b.String(), seq.Add(1), hex.EncodeToString(suffix[:]))
 }
 
 func adminExec(ctx context.Context, s *pgserver.Server, sql string) error {
@@ -507,10 +610,91 @@ func withDatabase(dsn, db string) string {
 	return dsn + " dbname=" + db
 }
 
-// redact hides the password of a URL-style DSN.
+// dsnNotShown stands for a DSN redact cannot read (and so cannot redact).
+const dsnNotShown = "(DSN not shown)"
+
+// redact hides the password of a DSN, for a log: a URL's (user:password@,
+// ?password=) and a keyword/value DSN's (password=..., quoted or not). A DSN
+// it cannot read is not shown at all.
 func redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		hidden := false
+		for k := range q {
+			if strings.EqualFold(k, "password") {
+				q[k] = []string{"xxxxx"}
+				hidden = true
+			}
+		}
+		if hidden {
+			u.RawQuery = q.Encode()
+		}
 		return u.Redacted()
 	}
-	return dsn
+	if strings.Contains(dsn, "://") {
+		return dsnNotShown
+	}
+	return redactKeywords(dsn)
+}
+
+// redactKeywords replaces the value of each password keyword of a
+// keyword/value DSN with xxxxx, reading it as libpq does: key = value, the
+// value in single quotes or up to the next white space, a backslash
+// escaping the next character.
+func redactKeywords(dsn string) string {
+	space := func(c byte) bool { return strings.IndexByte(" \t\n\r\f\v", c) >= 0 }
+	var out strings.Builder
+	for i := 0; ; {
+		start := i
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		if i == len(dsn) {
+			out.WriteString(dsn[start:])
+			return out.String()
+		}
+		k := i
+		for i < len(dsn) && dsn[i] != '=' && !space(dsn[i]) {
+			i++
+		}
+		key := dsn[k:i]
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		if i == len(dsn) || dsn[i] != '=' {
+			return dsnNotShown
+		}
+		i++
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		out.WriteString(dsn[start:i])
+		v := i
+		if i < len(dsn) && dsn[i] == '\'' {
+			for i++; ; i++ {
+				if i >= len(dsn) {
+					return dsnNotShown // no closing quote
+				}
+				if dsn[i] == '\\' {
+					i++
+				} else if dsn[i] == '\'' {
+					i++
+					break
+				}
+			}
+		} else {
+			for i < len(dsn) && !space(dsn[i]) {
+				if dsn[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			i = min(i, len(dsn))
+		}
+		if strings.EqualFold(key, "password") {
+			out.WriteString("xxxxx")
+		} else {
+			out.WriteString(dsn[v:i])
+		}
+	}
 }
