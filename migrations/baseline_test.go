@@ -595,6 +595,8 @@ var rewrites = map[string][]string{
 	"00016_pgfence_release_lock_order.sql":     {"lock_release"},
 	// lock_wait refuses a wkey queued under another key (PF013).
 	"00017_pgfence_wait_key_taken.sql": {"lock_wait"},
+	// job_purge keeps the dead job of an outbox intent.
+	"00018_pgfence_purge_keeps_dead_intents.sql": {"job_purge"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -296,7 +296,9 @@ func GetJob(ctx context.Context, db pgfence.DBTX, id int64) (Job, error) {
 
 // DeleteFinished deletes up to limit completed or dead jobs that finished
 // before the given time (its year, UTC, in 1..9999) and returns how many it
-// deleted. Call it in a loop to prune a large backlog in small transactions.
+// deleted. The dead job of an outbox intent stays until the intent is
+// deleted from pgfence.outbox (see package outbox). Call it in a loop to
+// prune a large backlog in small transactions.
 func DeleteFinished(ctx context.Context, db pgfence.DBTX, before time.Time, limit int) (int64, error) {
 	if nilcheck.IsNil(db) {
 		return 0, nilDB(opDeleteFinished)
