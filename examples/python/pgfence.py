@@ -83,6 +83,17 @@ class Lease:
         return self.remaining() > 0
 
 
+def _require_idle_autocommit(conn, what):
+    # docs/sql.md rule 1: a lease function times the lease from now(), the
+    # start of its transaction, and makes its grant durable at commit. In a
+    # transaction begun earlier the lease is older than the send time, so
+    # the local deadline would fall after the database's expiry, and the
+    # grant would not be durable until the caller commits.
+    if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise ValueError(f"pgfence.{what} needs a connection in autocommit mode with no open transaction "
+                         "(psycopg.connect(..., autocommit=True), outside 'with conn.transaction()')")
+
+
 def _deadline(sent, ttl, expires_at, db_now):
     # The database's expiry measured on its own clock, moved to ours from the
     # send time: the grant was made after we sent it, so this is never late.
@@ -93,8 +104,10 @@ def acquire(conn, name, ttl, holder):
     """Grant lease name to holder for ttl seconds if it is free or expired.
 
     Returns a Lease with a fresh 16-byte key; raises LeaseHeld if someone else
-    holds it. conn should be in autocommit mode.
+    holds it. conn must be in autocommit mode with no open transaction
+    (ValueError otherwise), as for renew and release.
     """
+    _require_idle_autocommit(conn, "acquire")
     key = secrets.token_bytes(KEY_BYTES)
     for _ in range(10):
         sent = time.monotonic()
@@ -113,6 +126,7 @@ def acquire(conn, name, ttl, holder):
 
 def renew(conn, lease, ttl=None):
     """Extend the lease by ttl seconds (default: its TTL); raises LeaseLost."""
+    _require_idle_autocommit(conn, "renew")
     ttl = lease.ttl if ttl is None else ttl
     sent = time.monotonic()
     expires_at, db_now = conn.execute(
@@ -128,6 +142,7 @@ def renew(conn, lease, ttl=None):
 
 def release(conn, lease):
     """Give the lease back (the token stays in the row); raises LeaseLost."""
+    _require_idle_autocommit(conn, "release")
     (released,) = conn.execute(
         "SELECT released FROM pgfence.lock_release(%s::text, %s::bigint, %s::bytea)",
         (lease.name, lease.token, lease.key),
@@ -182,13 +197,14 @@ def enqueue(conn, queue, payloads):
 def claim(conn, queue, holder, ttl, max_jobs):
     """Claim up to max_jobs jobs of queue for ttl seconds (database clock), with a fresh key."""
     key = secrets.token_bytes(KEY_BYTES)
+    ttl_ms = int(ttl * 1000)  # what the database is told; the deadline must not exceed it
     sent = time.monotonic()
     rows = conn.execute(
         "SELECT id, claim_token, payload, attempts"
         " FROM pgfence.job_claim(%s::text, %s::text, %s::bigint, %s::integer, %s::bytea)",
-        (queue, holder, int(ttl * 1000), max_jobs, key),
+        (queue, holder, ttl_ms, max_jobs, key),
     ).fetchall()
-    return [Claim(i, t, key, p, a, sent + ttl) for i, t, p, a in rows]
+    return [Claim(i, t, key, p, a, sent + ttl_ms / 1000) for i, t, p, a in rows]
 
 
 def complete(conn, claims):
