@@ -9,7 +9,7 @@
 // for a histogram. An instrument has the catalog's name (so an OpenTelemetry
 // pipeline that exports to Prometheus keeps pgfence's metric names) and its
 // help text as description; *_seconds metrics have unit "s" and explicit
-// bucket boundaries from 0.5 ms to 300 s (OpenTelemetry's default boundaries
+// bucket boundaries from 0.5 ms to 1 day (OpenTelemetry's default boundaries
 // are made for milliseconds). Label values become attributes named by the
 // catalog's label names.
 //
@@ -41,7 +41,7 @@ const ScopeName = "github.com/pgfence/pgfence"
 
 // bounds are the explicit bucket boundaries of every *_seconds histogram, in
 // seconds (the same as promobserve's buckets).
-var bounds = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+var bounds = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400}
 
 // Metrics records pgfence's metrics into OpenTelemetry instruments created by
 // [New]. It is safe for concurrent use.

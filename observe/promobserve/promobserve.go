@@ -14,6 +14,7 @@ package promobserve
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"unicode/utf8"
 
@@ -24,13 +25,15 @@ import (
 )
 
 // buckets are the histogram buckets of every *_seconds metric, in seconds:
-// from half a millisecond (a local round trip) to five minutes (a long wait
-// for a lock).
-var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+// from half a millisecond (a local round trip) to a day (a leader's lease
+// held, a long wait for a lock).
+var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400}
 
 // Metrics records pgfence's metrics into Prometheus collectors registered at
-// construction. A name outside [observe.Catalog], or a call with the wrong
-// number of label values, records nothing (no panic).
+// construction. A name outside [observe.Catalog], a call with the wrong
+// number of label values, a counter delta that is negative, NaN or +Inf
+// (Prometheus panics on a negative one, and one NaN or +Inf spoils the
+// series for good), or a NaN observation records nothing (no panic).
 type Metrics struct {
 	counters   map[string]*prometheus.CounterVec
 	histograms map[string]*prometheus.HistogramVec
@@ -84,7 +87,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 // Add implements observe.Metrics.
 func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValues ...string) {
 	v, ok := m.counters[name]
-	if !ok {
+	if !ok || !(delta >= 0) || math.IsInf(delta, 1) {
 		return
 	}
 	c, err := v.GetMetricWithLabelValues(labelValues...)
@@ -103,7 +106,7 @@ func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValu
 // Observe implements observe.Metrics.
 func (m *Metrics) Observe(ctx context.Context, name string, value float64, labelValues ...string) {
 	v, ok := m.histograms[name]
-	if !ok {
+	if !ok || math.IsNaN(value) {
 		return
 	}
 	h, err := v.GetMetricWithLabelValues(labelValues...)

@@ -3,6 +3,7 @@ package promobserve_test
 import (
 	"bytes"
 	"context"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -31,6 +32,12 @@ func TestAdapter(t *testing.T) {
 	m.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items") // wrong label count: ignored
 	m.Observe(ctx, metricdefs.FencedRefusedTotal, 1, "a", "b")   // a counter observed: ignored
 	m.Observe(ctx, metricdefs.LeaseAcquireSeconds, 0.002, metricdefs.OutcomeGranted)
+	// Deltas Prometheus panics on (negative) or that spoil the series for
+	// good (NaN, +Inf), and a NaN observation: ignored, no panic.
+	for _, d := range []float64{-1, math.NaN(), math.Inf(1), math.Inf(-1)} {
+		m.Add(ctx, metricdefs.FencedRefusedTotal, d, "public.items", metricdefs.RefusedStale)
+	}
+	m.Observe(ctx, metricdefs.LeaseAcquireSeconds, math.NaN(), metricdefs.OutcomeGranted)
 
 	want := `
 # HELP pgfence_fenced_write_refused_total Fenced writes refused, by table (schema.name) and reason (stale, already_applied, not_found, guard).
@@ -43,6 +50,17 @@ pgfence_fenced_write_refused_total{reason="stale",table="public.items"} 3
 	}
 	if n := testutil.CollectAndCount(reg, metricdefs.LeaseAcquireSeconds); n != 1 {
 		t.Fatalf("acquire histogram series = %d", n)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == metricdefs.LeaseAcquireSeconds {
+			if h := mf.GetMetric()[0].GetHistogram(); h.GetSampleCount() != 1 || h.GetSampleSum() != 0.002 {
+				t.Fatalf("acquire histogram: count %d sum %v, want 1 and 0.002 (the NaN observation ignored)", h.GetSampleCount(), h.GetSampleSum())
+			}
+		}
 	}
 	// Registering twice on one registry is an error, not a panic.
 	if _, err := promobserve.New(reg); err == nil {
