@@ -601,6 +601,9 @@ var rewrites = map[string][]string{
 	// job_complete and job_release lock a batch in id order; job_renew
 	// never moves an expiry earlier.
 	"00019_pgfence_job_batches.sql": {"job_complete", "job_release", "job_renew"},
+	// job_complete_tx and job_fail_tx change only a row this transaction
+	// can hold.
+	"00020_pgfence_job_tx_held.sql": {"job_complete_tx", "job_fail_tx"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -116,10 +116,11 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, er
 }
 
 // CompleteTx marks a job claimed by [ClaimTx] completed, in the same
-// transaction. It returns an error matching [pgfence.ErrNotFound] if no available
-// job has that id.
-// It must run in the transaction that claimed the job: the row lock is what
-// makes it safe.
+// transaction. It returns an error matching [pgfence.ErrNotFound] if no
+// available job that tx can hold has that id: none at all, one not due yet,
+// or one another transaction holds (another worker's claim, which is left
+// alone). It must run in the transaction that claimed the job: the row lock
+// is what makes it safe.
 func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	if nilcheck.IsNil(tx) {
 		return nilDB(opCompleteTx)
@@ -140,6 +141,8 @@ func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 // FailTx records a failed attempt of a job claimed by [ClaimTx], in
 // the same transaction: attempts + 1, then available at now() + p.RetryIn, or
 // dead when no attempts are left or p.GiveUp. The change commits with tx.
+// As [CompleteTx], it changes only a job tx can hold ([pgfence.ErrNotFound]
+// otherwise).
 func FailTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
 	if nilcheck.IsNil(tx) {
 		return Job{}, nilDB(opFailTx)
