@@ -86,6 +86,9 @@ func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
 
 // Add implements observe.Metrics.
 func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValues ...string) {
+	if m == nil { // a typed nil *Metrics in a Config: records nothing
+		return
+	}
 	v, ok := m.counters[name]
 	if !ok || !(delta >= 0) || math.IsInf(delta, 1) {
 		return
@@ -105,6 +108,9 @@ func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValu
 
 // Observe implements observe.Metrics.
 func (m *Metrics) Observe(ctx context.Context, name string, value float64, labelValues ...string) {
+	if m == nil {
+		return
+	}
 	v, ok := m.histograms[name]
 	if !ok || math.IsNaN(value) {
 		return

@@ -51,6 +51,10 @@ pgfence_fenced_write_refused_total{reason="stale",table="public.items"} 3
 	if n := testutil.CollectAndCount(reg, metricdefs.LeaseAcquireSeconds); n != 1 {
 		t.Fatalf("acquire histogram series = %d", n)
 	}
+	// A typed nil *Metrics (put in a Config by mistake) records nothing.
+	var nilMetrics *promobserve.Metrics
+	nilMetrics.Add(ctx, metricdefs.FencedRefusedTotal, 1, "public.items", metricdefs.RefusedStale)
+	nilMetrics.Observe(ctx, metricdefs.LeaseAcquireSeconds, 1, metricdefs.OutcomeGranted)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
