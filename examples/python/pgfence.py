@@ -57,6 +57,14 @@ class StaleToken(Exception):
         self.table, self.key, self.token, self.fence = table, key, token, fence
 
 
+class AlreadyApplied(StaleToken):
+    """A fenced write changed no row because this token already wrote it (fence == token).
+
+    The strict rule allows one write per row per grant; a StaleToken, so
+    code that catches StaleToken still stops.
+    """
+
+
 @dataclass
 class Lease:
     """A granted lease. token fences every write; key renews and releases it.
@@ -156,7 +164,8 @@ def fenced_update(conn, table, key_column, key, values, token, fence_column="fen
 
     The strict fence rule: one write per row per grant, and none once a newer
     token wrote the row. 0 rows changed raises StaleToken (with the row's
-    fence, None if there is no such row). Identifiers are quoted; values and
+    fence, None if there is no such row), AlreadyApplied (a StaleToken) when
+    this token wrote the row already; ValueError if key_column is not unique. Identifiers are quoted; values and
     token are parameters.
     """
     sets = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values]
@@ -165,10 +174,15 @@ def fenced_update(conn, table, key_column, key, values, token, fence_column="fen
         sql.Identifier(*table.split(".")), sql.SQL(", ").join(sets),
         sql.Identifier(key_column), sql.Identifier(fence_column))
     cur = conn.execute(stmt, [*values.values(), token, key, token])
+    if cur.rowcount > 1:
+        raise ValueError(f"fenced_update: {cur.rowcount} rows of {table} have {key_column} = {key!r}: "
+                         "key_column must be unique")
     if cur.rowcount != 1:
         row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} = %s").format(
             sql.Identifier(fence_column), sql.Identifier(*table.split(".")), sql.Identifier(key_column)),
             (key,)).fetchone()
+        if row and row[0] == token:
+            raise AlreadyApplied(table, key, token, row[0])
         raise StaleToken(table, key, token, row[0] if row else None)
 
 

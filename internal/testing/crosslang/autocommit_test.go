@@ -71,3 +71,39 @@ with psycopg.connect(dsn, autocommit=True) as conn:
 		t.Fatalf("lock rows %q, want only idle:b, released", got)
 	}
 }
+
+// TestPythonFencedUpdateRefusals: the Python client tells a write this
+// token made already (AlreadyApplied, a StaleToken) from one a newer token
+// made (StaleToken), and refuses a key column that is not unique.
+func TestPythonFencedUpdateRefusals(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	py := python(t)
+	_, roleDSN := setup(t, ctx, `CREATE TABLE refusals (id int PRIMARY KEY, grp int NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO refusals VALUES (1, 1, 'a', 0), (2, 7, 'b', 0), (3, 7, 'c', 0)`,
+		"GRANT SELECT, UPDATE ON refusals TO %s")
+	script := `
+import sys
+sys.path.insert(0, sys.argv[1])
+import psycopg, pgfence
+with psycopg.connect(sys.argv[2], autocommit=True) as conn:
+    pgfence.fenced_update(conn, "refusals", "id", 1, {"v": "x"}, 5)
+    for token in (5, 4):
+        try:
+            pgfence.fenced_update(conn, "refusals", "id", 1, {"v": "y"}, token)
+            print(token, "accepted")
+        except pgfence.StaleToken as e:
+            print(token, type(e).__name__, e.fence)
+    try:
+        pgfence.fenced_update(conn, "refusals", "grp", 7, {"v": "z"}, 9)
+    except ValueError:
+        print("not unique: ValueError")
+`
+	out, err := exec.CommandContext(ctx, py.exe, "-c", script, filepath.Dir(clientPath(t)), roleDSN).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python: %v\n%s", err, out)
+	}
+	if want := "5 AlreadyApplied 5\n4 StaleToken 5\nnot unique: ValueError\n"; string(out) != want {
+		t.Fatalf("python printed\n%s\nwant\n%s", out, want)
+	}
+}
