@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -24,6 +25,62 @@ func sqlState(err error) string {
 		return pe.Code
 	}
 	return ""
+}
+
+// beforeMigration returns a pool of 8 connections to a new database
+// migrated to the version before version, and a provider to migrate it on
+// with. Both are closed when the test ends.
+func beforeMigration(t *testing.T, ctx context.Context, version int64) (*pgxpool.Pool, *goose.Provider) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 8
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = db.Close() })
+	p, err := migrations.NewProvider(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.DownTo(ctx, db, version-1); err != nil {
+		t.Fatal(err)
+	}
+	return pool, p
+}
+
+// awaitLockWait waits until another backend whose statement contains call
+// waits for a lock, or until done (when not nil) has a value, which it puts
+// back and reports as false. No signal exists for another backend's lock
+// wait: it is looked up in pg_stat_activity. It fails the test after 30 s.
+func awaitLockWait[T any](t *testing.T, ctx context.Context, pool *pgxpool.Pool, call string, done chan T) (waiting bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`, call).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return true
+		}
+		if done != nil {
+			select {
+			case v := <-done:
+				done <- v
+				return false
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no statement calling %s waited for a lock within 30 s", call)
+		}
+	}
 }
 
 // TestDoorNulls: after migration 00014, lock_leave and lock_handed refuse a

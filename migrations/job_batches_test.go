@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -29,25 +25,7 @@ func TestJobBatches(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := migrations.NewProvider(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.DownTo(ctx, db, jobBatchesVersion-1); err != nil {
-		t.Fatal(err)
-	}
+	pool, p := beforeMigration(t, ctx, jobBatchesVersion)
 	const key = `\x000102030405060708090a0b0c0d0e0f`
 	// Enough running jobs that the plan looks each id of a batch up in
 	// the order of its array.
@@ -84,18 +62,8 @@ func TestJobBatches(t *testing.T) {
 				[]int64{first, second}, []int64{first, second})
 			done <- err
 		}()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-				AND wait_event_type = 'Lock' AND query LIKE '%job_complete%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("version %d: the batch never waited for the held row", version)
-			}
+		if !awaitLockWait(t, ctx, pool, "job_complete", done) {
+			t.Fatalf("version %d: the batch returned without waiting for the held row: %v", version, <-done)
 		}
 		pr, err := pool.Begin(ctx)
 		if err != nil {

@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -27,25 +23,7 @@ func TestJobTxHeld(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := migrations.NewProvider(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.DownTo(ctx, db, jobTxHeldVersion-1); err != nil {
-		t.Fatal(err)
-	}
+	pool, p := beforeMigration(t, ctx, jobTxHeldVersion)
 	enqueue := func(queue string, later bool) (id int64) {
 		t.Helper()
 		runAt := "NULL"
@@ -100,26 +78,7 @@ func TestJobTxHeld(t *testing.T) {
 		// At 19 the second caller waits for the row; at 20 it skips it and
 		// returns at once. Either way A commits only once the call waits
 		// or has returned.
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-				AND wait_event_type = 'Lock' AND query LIKE '%job_complete_tx%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				break
-			}
-			select {
-			case err := <-done:
-				done <- err
-			default:
-				if time.Now().After(deadline) {
-					t.Fatalf("version %d: the second caller neither waited nor returned", version)
-				}
-				continue
-			}
-			break
-		}
+		awaitLockWait(t, ctx, pool, "job_complete_tx", done)
 		if err := a.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}

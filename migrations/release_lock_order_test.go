@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
 )
 
@@ -27,25 +23,7 @@ func TestReleaseLockOrder(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 8
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	p, err := migrations.NewProvider(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.DownTo(ctx, db, releaseLockOrderVersion-1); err != nil {
-		t.Fatal(err)
-	}
+	pool, p := beforeMigration(t, ctx, releaseLockOrderVersion)
 	const (
 		key  = `\x000102030405060708090a0b0c0d0e0f`
 		wkey = `\x100102030405060708090a0b0c0d0e0f`
@@ -81,19 +59,8 @@ func TestReleaseLockOrder(t *testing.T) {
 			}
 			handed <- err
 		}()
-		// No signal exists for another backend's lock wait: it is looked up.
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(2 * time.Millisecond) {
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-				AND wait_event_type = 'Lock' AND query LIKE '%lock_release%' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("version %d: the release never waited for the lock row", version)
-			}
+		if !awaitLockWait(t, ctx, pool, "lock_release", handed) {
+			t.Fatalf("version %d: the release returned without waiting for the lock row: %v", version, <-handed)
 		}
 		pr, err := pool.Begin(ctx)
 		if err != nil {
