@@ -6,7 +6,9 @@
 -- the wkey for its next wait of the name). The waiter's calls then changed
 -- nothing (the queue row's ON CONFLICT ... WHERE key_hash matched nothing)
 -- and reported it queued: no release handed it the lease, and it waited for
--- the holder's expiry instead of its turn. Answers for a wkey not held by
+-- the holder's expiry instead of its turn. It is checked again after the wait's
+-- statement, in a snapshot of its own, for a row that another key's
+-- transaction committed while the statement waited for it. Answers for a wkey not held by
 -- another key, the signature and grants do not change; the Down restores
 -- 00001's body and comment.
 
@@ -145,6 +147,15 @@ BEGIN
         FROM cur LEFT JOIN m ON true
         WHERE m.holder IS NOT NULL OR cur.waiting_since > now() - interval '30 seconds'
     ) AS r CROSS JOIN dur;
+    -- Checked again in a snapshot of its own: a row of another key under
+    -- this wkey that committed while the statement above waited for it
+    -- made the queueing do nothing, and this wait is queued nowhere. The
+    -- error undoes what the statement did.
+    IF lock_wait.granted IS FALSE AND NOT EXISTS (SELECT 1 FROM pgfence.lock_queue AS e
+                                                  WHERE e.wkey = lock_wait.wkey AND e.key_hash = kh) THEN
+        RAISE EXCEPTION 'pgfence.lock_wait: wkey % is queued under another key: wait with a new random wkey',
+            lock_wait.wkey USING ERRCODE = 'PF013';
+    END IF;
 END
 $fn$;
 -- +goose StatementEnd

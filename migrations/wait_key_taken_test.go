@@ -104,3 +104,56 @@ func TestWaitKeyTaken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWaitKeyTakenRace: another key's row under the wkey that commits while
+// the victim's lock_wait waits for it (its first check saw nothing) is
+// found by the check after the statement: PF013, and the victim is queued
+// nowhere and told so (before, it answered "queued").
+func TestWaitKeyTakenRace(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.PoolFor(t, pgtest.DSN(t))
+	const (
+		holderKey = `\x000102030405060708090a0b0c0d0e0f`
+		squatKey  = `\x100102030405060708090a0b0c0d0e0f`
+		victimKey = `\x200102030405060708090a0b0c0d0e0f`
+		wkey      = 4242
+	)
+	for _, n := range []string{"race", "other"} {
+		if _, err := pool.Exec(ctx, `SELECT pgfence.lock_grant($1, 'holder', 3600000000, '`+holderKey+`')`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sq, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sq.Rollback(ctx) }()
+	if _, err := sq.Exec(ctx, `SELECT pgfence.lock_wait('other', 'squatter', 3600000000, '`+squatKey+`', $1, 1)`, wkey); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		var g *bool
+		err := pool.QueryRow(ctx, `SELECT granted FROM pgfence.lock_wait('race', 'victim', 3600000000, '`+victimKey+`', $1, 2)`, wkey).Scan(&g)
+		if err == nil {
+			err = fmt.Errorf("granted %v (NULL: %v), no error", g != nil && *g, g == nil)
+		}
+		done <- err
+	}()
+	if !awaitLockWait(t, ctx, pool, "lock_wait('race'", done) {
+		t.Fatalf("the victim's lock_wait did not wait for the squatter's row: %v", <-done)
+	}
+	if err := sq.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	var queued int
+	if err2 := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lock_queue WHERE name = 'race'`).Scan(&queued); err2 != nil {
+		t.Fatal(err2)
+	}
+	if sqlState(err) != "PF013" || queued != 0 {
+		t.Fatalf("victim: %v (queue rows for its name: %d); want PF013 and none", err, queued)
+	}
+}

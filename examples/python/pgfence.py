@@ -165,7 +165,8 @@ def fenced_update(conn, table, key_column, key, values, token, fence_column="fen
     The strict fence rule: one write per row per grant, and none once a newer
     token wrote the row. 0 rows changed raises StaleToken (with the row's
     fence, None if there is no such row), AlreadyApplied (a StaleToken) when
-    this token wrote the row already; ValueError if key_column is not unique. Identifiers are quoted; values and
+    this token wrote the row already; ValueError (nothing written) if key_column
+    matched several rows. Identifiers are quoted; values and
     token are parameters.
     """
     sets = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values]
@@ -173,10 +174,11 @@ def fenced_update(conn, table, key_column, key, values, token, fence_column="fen
     stmt = sql.SQL("UPDATE {} SET {} WHERE {} = %s AND {} < %s").format(
         sql.Identifier(*table.split(".")), sql.SQL(", ").join(sets),
         sql.Identifier(key_column), sql.Identifier(fence_column))
-    cur = conn.execute(stmt, [*values.values(), token, key, token])
-    if cur.rowcount > 1:
-        raise ValueError(f"fenced_update: {cur.rowcount} rows of {table} have {key_column} = {key!r}: "
-                         "key_column must be unique")
+    with conn.transaction():  # a refusal below rolls the UPDATE back
+        cur = conn.execute(stmt, [*values.values(), token, key, token])
+        if cur.rowcount > 1:
+            raise ValueError(f"fenced_update: {cur.rowcount} rows of {table} have {key_column} = {key!r}: "
+                             "key_column must be unique; nothing was written")
     if cur.rowcount != 1:
         row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} = %s").format(
             sql.Identifier(fence_column), sql.Identifier(*table.split(".")), sql.Identifier(key_column)),

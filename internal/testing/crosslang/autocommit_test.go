@@ -79,7 +79,7 @@ func TestPythonFencedUpdateRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	py := python(t)
-	_, roleDSN := setup(t, ctx, `CREATE TABLE refusals (id int PRIMARY KEY, grp int NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
+	admin, roleDSN := setup(t, ctx, `CREATE TABLE refusals (id int PRIMARY KEY, grp int NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
 		INSERT INTO refusals VALUES (1, 1, 'a', 0), (2, 7, 'b', 0), (3, 7, 'c', 0)`,
 		"GRANT SELECT, UPDATE ON refusals TO %s")
 	script := `
@@ -105,5 +105,13 @@ with psycopg.connect(sys.argv[2], autocommit=True) as conn:
 	}
 	if want := "5 AlreadyApplied 5\n4 StaleToken 5\nnot unique: ValueError\n"; string(out) != want {
 		t.Fatalf("python printed\n%s\nwant\n%s", out, want)
+	}
+	// The refused write to the rows of group 7 changed nothing.
+	var rows string
+	if err := admin.QueryRow(ctx, "SELECT string_agg(id || '=' || v || '/' || fence, ' ' ORDER BY id) FROM refusals").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != "1=x/5 2=b/0 3=c/0" {
+		t.Fatalf("rows after the refusals: %s, want 1=x/5 2=b/0 3=c/0", rows)
 	}
 }
