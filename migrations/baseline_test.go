@@ -604,6 +604,8 @@ var rewrites = map[string][]string{
 	// job_complete_tx and job_fail_tx change only a row this transaction
 	// can hold.
 	"00020_pgfence_job_tx_held.sql": {"job_complete_tx", "job_fail_tx"},
+	// Counting a dead job waits for no other transaction.
+	"00021_pgfence_dead_counts_no_wait.sql": {"jobs_count_dead"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -11,7 +11,11 @@ import (
 
 const exporterDeadCounts = `-- name: ExporterDeadCounts :many
 SELECT d.queue, d.dead, (pg_catalog.sum(d.dead) OVER ())::bigint AS total
-FROM pgfence.job_dead_counts d
+FROM (
+    SELECT c.queue, pg_catalog.sum(c.dead)::bigint AS dead
+    FROM pgfence.job_dead_counts c
+    GROUP BY c.queue
+) d
 ORDER BY d.dead DESC, d.queue COLLATE pg_catalog."C"
 LIMIT $1::bigint
 `
@@ -24,7 +28,8 @@ type ExporterDeadCountsRow struct {
 
 // ExporterDeadCounts returns the top_n queues with the most dead jobs
 // (counted by the trigger jobs_count_dead, never decremented) and, on every
-// row, the total over all queues.
+// row, the total over all queues. A queue's count is the sum over its rows
+// (it has several while transactions that counted its dead jobs are open).
 func (q *Queries) ExporterDeadCounts(ctx context.Context, db DBTX, topN int64) ([]ExporterDeadCountsRow, error) {
 	rows, err := db.Query(ctx, exporterDeadCounts, topN)
 	if err != nil {

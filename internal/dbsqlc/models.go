@@ -107,15 +107,15 @@ type PgfenceJob struct {
 	ClaimKeyHash []byte
 }
 
-// Jobs that went dead, per queue, counted by trigger (jobs_count_dead) since the schema was created. Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.
+// Jobs that went dead, per queue, counted by trigger (jobs_count_dead) since the schema was created: a queue's total is the sum of dead over its rows (a queue has more than one row while transactions that counted its dead jobs are open, so that none waits for another). Never decremented: deleting finished jobs does not lower it. Read by pgfence exporter (pgfence_jobs_dead_total); the application role needs no grant on it.
 type PgfenceJobDeadCount struct {
 	// Queue name, as in pgfence.jobs.queue.
 	Queue string
-	// Number of times a job of this queue went to state dead (a job revived by hand and dead again counts twice).
+	// This row's part of the number of times a job of this queue went to state dead (a job revived by hand and dead again counts twice); sum over the queue's rows for the total.
 	Dead int64
-	// Database time at which this queue's first counted job went dead.
+	// Database time at which the first job counted in this row went dead.
 	FirstAt time.Time
-	// Database time of the latest job of this queue that went dead.
+	// Database time of the latest job counted in this row that went dead.
 	UpdatedAt time.Time
 }
 

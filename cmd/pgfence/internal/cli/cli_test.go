@@ -306,6 +306,9 @@ func TestBadInputBeforeConnecting(t *testing.T) {
 		{"jobs", "bogus"},
 		{"outbox", "bogus"},
 		{"completion", "nosuch"},
+		// help for a command that does not exist said so and exited 0.
+		{"help", "nosuch"},
+		{"help", "migrate", "upp"},
 		// --to with --all rolled every migration back.
 		{"migrate", "down", "--to", "3", "--all"},
 		{"migrate", "down", "--to", "-1"},
@@ -343,5 +346,15 @@ func TestBadInputBeforeConnecting(t *testing.T) {
 	// A group without a subcommand still shows its help.
 	if r := run(t, closed, "migrate"); r.code != ExitOK || !strings.Contains(r.stdout, "pgfence migrate [command]") {
 		t.Errorf("pgfence migrate: code %d, stdout %q", r.code, r.stdout)
+	}
+	// help for a command that exists shows its help.
+	for _, args := range [][]string{{"help"}, {"help", "migrate"}, {"help", "migrate", "up"}, {"help", "locks", "show"}} {
+		want := "pgfence " + strings.Join(args[1:], " ")
+		if len(args) == 1 {
+			want = "pgfence [command]"
+		}
+		if r := run(t, closed, args...); r.code != ExitOK || !strings.Contains(r.stdout, want) {
+			t.Errorf("pgfence %q: code %d, stdout %q; want 0 and %q", args, r.code, r.stdout, want)
+		}
 	}
 }

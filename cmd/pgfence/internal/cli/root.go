@@ -137,6 +137,7 @@ run: 126 command not executable, 127 command not found, else the command's statu
 	a.addLeaseCommands(root)
 	a.addDemoCommands(root)
 	root.InitDefaultCompletionCmd()
+	root.SetHelpCommand(helpCommand())
 	refuseUnknownSubcommands(root)
 	tagUsageErrors(root)
 	return root
@@ -168,6 +169,27 @@ func refuseUnknownSubcommands(c *cobra.Command) {
 			msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
 		}
 		return usageErr("%s", msg)
+	}
+}
+
+// helpCommand is `pgfence help [command]`. cobra's own prints "Unknown help
+// topic" for a command that does not exist and exits 0; this one exits 2,
+// as the command itself would.
+func helpCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		Long:  "Help provides help for any command in the application.\nSimply type pgfence help [path to command] for full details.",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || cmd == nil || (len(rest) > 0 && cmd.HasSubCommands()) {
+				return usageErr("unknown help topic %q", strings.Join(args, " "))
+			}
+			cmd.InitDefaultHelpFlag()
+			cmd.InitDefaultVersionFlag()
+			return cmd.Help()
+		},
 	}
 }
 
