@@ -111,9 +111,17 @@ func renew(ctx context.Context, db pgfence.DBTX, ttl time.Duration, refs []Claim
 	if err != nil {
 		return nil, nil, nil, 0, err
 	}
+	// exp is by job id: a lost ref of a job whose live claim (another ref)
+	// was extended gets no expiry.
+	isLost := make(map[ClaimRef]bool, len(lost))
+	for _, r := range lost {
+		isLost[r] = true
+	}
 	expires = make([]time.Time, len(refs))
 	for i, r := range refs {
-		expires[i] = exp[r.JobID]
+		if !isLost[r] {
+			expires[i] = exp[r.JobID]
+		}
 	}
 	for _, e := range expires {
 		if e.IsZero() {
@@ -249,6 +257,19 @@ func conditional(ctx context.Context, db pgfence.DBTX, op string, refs []ClaimRe
 	ok := make(map[int64]bool, len(done))
 	for _, id := range done {
 		ok[id] = true
+	}
+	// A changed id says which ref changed only when refs name its job with
+	// one ref. With two claims of one job (a lost claim and the live one: a
+	// Worker that claimed its own expired job again holds both; or one token
+	// with two keys) the statement changed the job under one of them, and
+	// the claim read below tells which.
+	refOf := make(map[int64]ClaimRef, len(refs))
+	for _, r := range refs {
+		if first, seen := refOf[r.JobID]; !seen {
+			refOf[r.JobID] = r
+		} else if first != r {
+			ok[r.JobID] = false
+		}
 	}
 	var unchanged []ClaimRef
 	for _, r := range refs {

@@ -108,7 +108,7 @@ func (w *Worker) callTx(ctx context.Context, tx pgx.Tx, j Job) (err error) {
 // runTx runs a TxHandler: begin, handler, completion conditional on the
 // claim token in the same transaction, commit. A refused completion rolls
 // the effect back.
-func (w *Worker) runTx(jctx context.Context, h *held) result {
+func (w *Worker) runTx(jctx context.Context, h *held) (r result) {
 	tx, err := w.pool.Begin(jctx)
 	if err != nil {
 		return w.decide(jctx, h, dbError(opWorker, w.queue, "begin the handler's transaction", err))
@@ -140,13 +140,32 @@ func (w *Worker) runTx(jctx context.Context, h *held) result {
 	w.mu.Lock()
 	h.completing = true
 	w.mu.Unlock()
+	defer func() {
+		// The transaction is over: unless it completed the job (or may
+		// have), the claim is still held and renewed until the outcome
+		// writer records the failure.
+		if r.outcome != outCompleted && r.outcome != outUnknown {
+			w.mu.Lock()
+			h.completing = false
+			w.mu.Unlock()
+		}
+	}()
 	done, err := queries.CompleteJobs(cctx, tx, dbsqlc.CompleteJobsParams{Ids: []int64{h.ref.JobID}, ClaimTokens: []int64{h.ref.Token}, Keys: [][]byte{h.ref.Key[:]}})
 	if err != nil {
 		rollback()
 		return result{h: h, outcome: outFail, err: dbError(opWorker, w.queue, "complete in the handler's transaction", err)}
 	}
 	if len(done) == 0 {
-		st := w.readClaim(h.ref)
+		// Read through tx: a completion the handler made in tx itself
+		// (Complete(ctx, tx, ref)) is seen only there.
+		st, err := claimState(cctx, tx, opWorker, h.ref)
+		if err != nil {
+			rollback()
+			if errors.Is(err, pgfence.ErrNotFound) {
+				return result{h: h, outcome: outLost, lost: orBare(nil, h.ref)}
+			}
+			return result{h: h, outcome: outFail, err: err}
+		}
 		if st != nil && alreadyDone(opComplete, h.ref, st) {
 			// Completed under this very claim by another call (the handler
 			// called Complete itself): nobody else can run the job, so the
