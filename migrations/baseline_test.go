@@ -606,6 +606,8 @@ var rewrites = map[string][]string{
 	"00020_pgfence_job_tx_held.sql": {"job_complete_tx", "job_fail_tx"},
 	// Counting a dead job waits for no other transaction.
 	"00021_pgfence_dead_counts_no_wait.sql": {"jobs_count_dead"},
+	// Renewals never move a lease's expiry earlier.
+	"00022_pgfence_lock_renew_monotonic.sql": {"lock_renew", "lock_renew_many"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
