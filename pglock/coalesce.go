@@ -78,7 +78,12 @@ const (
 )
 
 // flight is one batch statement out, with the number of its calls still
-// waiting for it: when all of them gave up, its context is cancelled.
+// waiting for it: when all of them gave up, its context is cancelled, unless
+// the coalescer has an orphan handler (the grants): cancelling a statement
+// does not stop the server from committing it (pgx closes the connection,
+// it sends no cancel request), and a grant committed so would stay held by
+// nobody until its TTL. Such a statement runs to its end, bounded by bound,
+// and the grants of the calls that gave up are released.
 type flight struct {
 	waiting int
 	cancel  context.CancelFunc
@@ -97,6 +102,9 @@ type coalescer[Req, Res any] struct {
 	// statement was out): the grant coalescer releases such a lease, which
 	// nobody holds a Lease for. It runs on the sending goroutine.
 	orphan func(Req, Res)
+	// bound, when set, bounds the statement of a batch: the longest bound
+	// of its calls (a grant's TTL: a later answer is given back anyway).
+	bound func(Req) time.Duration
 
 	mu       sync.Mutex
 	inFlight int // statements out (at most maxInFlight)
@@ -173,7 +181,7 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 		// Its statement is out: the outcome is unknown, as when a single
 		// statement's context ends. The statement goes on for the others;
 		// if none waits any more, it is cancelled.
-		if call.flight.waiting--; call.flight.waiting == 0 {
+		if call.flight.waiting--; call.flight.waiting == 0 && c.orphan == nil {
 			call.flight.cancel()
 		}
 	}
@@ -222,6 +230,14 @@ func (c *coalescer[Req, Res]) loop() {
 			return
 		}
 		ctx, cancel := context.WithCancel(context.Background())
+		if c.bound != nil {
+			var d time.Duration
+			for _, call := range batch {
+				d = max(d, c.bound(call.req))
+			}
+			cancel()
+			ctx, cancel = context.WithTimeout(context.Background(), d)
+		}
 		f := &flight{waiting: len(batch), cancel: cancel}
 		for _, call := range batch {
 			call.state, call.flight = callSent, f
@@ -316,6 +332,7 @@ func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 		abandon: l.closedCh,
 		name:    func(r grantReq) string { return r.name },
 		orphan:  l.releaseOrphan,
+		bound:   func(r grantReq) time.Duration { return time.Duration(r.ttlUs) * time.Microsecond },
 		one: func(ctx context.Context, conn *pgxpool.Conn, r grantReq) (grantRes, error) {
 			row, err := fastGrantLock(ctx, conn, dbsqlc.GrantLockParams{Name: r.name, Holder: l.holder, TtlUs: r.ttlUs, Key: l.key})
 			return grantRes{fastGrantRow: row}, err

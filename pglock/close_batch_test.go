@@ -1,0 +1,89 @@
+package pglock
+
+import (
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
+)
+
+// TestCloseBatchOutReleasesGrants: a lock_grant_many batch out when the
+// Locker closes (its callers return ErrClosed) runs to its end, and the
+// grants it made are released: nobody holds a Lease for them. The batch's
+// context was cancelled once none of its callers waited, but pgx then only
+// closes the connection: the server went on, committed the grants, and no
+// release followed, so the names stayed held by the closed Locker until
+// their TTL.
+func TestCloseBatchOutReleasesGrants(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	l, err := New(pgtest.PoolFor(t, dsn), &Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const ttl = time.Minute
+	var orphans atomic.Int32
+	orphaned := make(chan struct{})
+	l.grants.orphanHook = func() {
+		if orphans.Add(1) == 2 {
+			close(orphaned)
+		}
+	}
+	blockNames := slotNames(t, ctx, l, "closebatch-block", ttl)
+	if err := mustAcquire(t, l, "closebatch-x", ttl).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := blockRows(t, admin, blockNames...)
+	bx := blockRows(t, admin, "closebatch-x")
+	first := make(chan *Lease, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if err != nil {
+				t.Errorf("TryAcquire %s: %v", name, err)
+			}
+			first <- s
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	queued := queuedSignal(l.grants, 2)
+	rest := make(chan error, 2)
+	for _, name := range []string{"closebatch-x", "closebatch-y"} {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if s != nil {
+				t.Errorf("TryAcquire %s: a lease after Close", name)
+			}
+			rest <- err
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	b.unblock(t) // the lone statements answer; the batch [x, y] goes out and waits on x
+	for range maxInFlight {
+		if s := <-first; s != nil {
+			_ = s.Release(ctx)
+		}
+	}
+	waitLockWait(t, admin, "lock_grant_many", 1)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-rest; !errors.Is(err, pgfence.ErrClosed) {
+			t.Errorf("batched TryAcquire at Close: %v, want ErrClosed", err)
+		}
+	}
+	bx.unblock(t) // the batch goes on
+	waitClosed(t, orphaned, "the batch's grants to be given back")
+	for _, name := range []string{"closebatch-x", "closebatch-y"} {
+		if info := inspect(t, admin, name); info.Held {
+			t.Errorf("%s after Close: held by %q (token %d) though its caller got ErrClosed", name, info.Holder, info.Token)
+		}
+	}
+}
