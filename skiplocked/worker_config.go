@@ -34,8 +34,8 @@ type Config struct {
 	// after at most ClaimTTL. Defaults to 30s.
 	ClaimTTL time.Duration
 	// RenewInterval is how often the claims held are extended, in one
-	// statement, by ClaimTTL. Must be shorter than ClaimTTL. Defaults to
-	// ClaimTTL / 3.
+	// statement, by ClaimTTL. At least 10ms and shorter than ClaimTTL.
+	// Defaults to ClaimTTL / 3.
 	RenewInterval time.Duration
 	// PollInterval is how often the worker claims when no notification
 	// arrives (the fallback when a NOTIFY is missed, and the only trigger in
@@ -126,8 +126,8 @@ func newWorker(pool *pgxpool.Pool, queue string, cfg *Config, tx bool) (*Worker,
 	if c.RenewInterval == 0 {
 		c.RenewInterval = c.ClaimTTL / 3
 	}
-	if c.RenewInterval <= 0 || c.RenewInterval >= c.ClaimTTL {
-		return nil, invalid(op, "Config.RenewInterval", "%s must be in (0, ClaimTTL %s)", c.RenewInterval, c.ClaimTTL)
+	if c.RenewInterval < 10*time.Millisecond || c.RenewInterval >= c.ClaimTTL {
+		return nil, invalid(op, "Config.RenewInterval", "%s must be at least 10ms and shorter than ClaimTTL %s", c.RenewInterval, c.ClaimTTL)
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second

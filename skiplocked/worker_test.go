@@ -403,6 +403,7 @@ func TestWorkerConfigValidation(t *testing.T) {
 		"huge TTL":             {skiplocked.Config{ClaimTTL: 48 * time.Hour}, "Config.ClaimTTL"},
 		"heartbeat >= TTL":     {skiplocked.Config{ClaimTTL: time.Second, RenewInterval: time.Second}, "Config.RenewInterval"},
 		"negative heartbeat":   {skiplocked.Config{RenewInterval: -time.Second}, "Config.RenewInterval"},
+		"tiny heartbeat":       {skiplocked.Config{RenewInterval: time.Nanosecond}, "Config.RenewInterval"},
 		"tiny poll":            {skiplocked.Config{PollInterval: time.Millisecond}, "Config.PollInterval"},
 		"negative shutdown":    {skiplocked.Config{ShutdownTimeout: -time.Second}, "Config.ShutdownTimeout"},
 		"control in worker id": {skiplocked.Config{Holder: "a\nb"}, "Config.Holder"},
