@@ -22,7 +22,8 @@ type Spec struct {
 	// Table is "name" (resolved through search_path) or "schema.name".
 	Table string
 	// Key lists the columns that identify one row. They must be exactly the
-	// columns of the primary key or of a unique index.
+	// columns of the primary key or of a unique index that identifies one
+	// row (see [Prepare]).
 	Key []string
 	// Set lists the columns a write changes. It may not contain a key column
 	// or the fence column.
@@ -61,12 +62,24 @@ type Table struct {
 
 // Prepare validates spec (identifiers first, then the catalog: the table
 // exists, has a bigint NOT NULL fence column, the named columns exist, the key is a
-// primary key or unique index) and builds the fenced statements, with every
+// primary key or unique index that identifies one row) and builds the fenced statements, with every
 // identifier quoted by pgx.Identifier. Values are always bound parameters.
+//
+// A unique index counts as a key only without predicate or expressions,
+// not DEFERRABLE, with each key column under its own collation and its
+// type's default btree operator class, and with every key column NOT NULL
+// (or the index NULLS NOT DISTINCT): otherwise one key value could match
+// several rows, or none that ON CONFLICT finds.
+//
+// The statements write the named table's own rows: an ordinary table's
+// inheritance children (CREATE TABLE ... INHERITS) are not reached (they are
+// tables of their own, to prepare on their own); a partitioned table's rows
+// are in its partitions, which are.
 //
 // Errors: [pgfence.ErrInvalid], its Reason naming the argument (an invalid
 // name, an unknown table or column, no bigint NOT NULL fence column, key columns that
-// are not a unique key, an incomplete spec), or a database failure. Prepare
+// are not a unique key, or whose unique index cannot identify one row (the
+// Reason says why), an incomplete spec), or a database failure. Prepare
 // only reads the catalog.
 func Prepare(ctx context.Context, db pgfence.DBTX, spec Spec) (_ *Table, err error) {
 	defer withOp(&err, "fencedwrite.Prepare", spec.Table)
@@ -92,6 +105,10 @@ func Prepare(ctx context.Context, db pgfence.DBTX, spec Spec) (_ *Table, err err
 	if !pgident.IsUniqueKey(ti.UniqueKeys, spec.Key) {
 		e := invalid("Spec.Key", "(%s) is not a primary key or unique index of %s (without predicate or expressions)",
 			strings.Join(spec.Key, ", "), ti.Qualified())
+		if p := ti.UnusableKeyProblem(spec.Key); p != "" {
+			e = invalid("Spec.Key", "(%s) is a unique index of %s that cannot identify one row: %s",
+				strings.Join(spec.Key, ", "), ti.Qualified(), p)
+		}
 		e.Name = ti.Schema + "." + ti.Name
 		return nil, e
 	}
@@ -151,15 +168,28 @@ func param(n int) string { return "$" + strconv.Itoa(n) }
 // row as the statement's snapshot saw it (the UNION ALL branch gated by NOT
 // EXISTS runs only when the write changed nothing).
 //
+// An ordinary table is named ONLY in the UPDATE, DELETE and SELECT
+// statements, which would otherwise also reach the rows of its inheritance
+// children: the key is unique in the table, not across its children, so one
+// key could match a row the fence refuses and another it accepts. A
+// partitioned table is named without ONLY: its rows are in its partitions.
+//
 // Every operator on the fence, on xmax and on a key column of a built-in
-// type is named OPERATOR(pg_catalog.op), so no operator another role
-// creates on the caller's search_path runs. A key column of a type from
-// another schema (an extension's citext, a domain of the application) keeps
-// the bare = of its own type, resolved as the application's own statements
-// resolve it.
+// type, or of a domain over one, is named OPERATOR(pg_catalog.op), so no
+// operator another role creates on the caller's search_path runs (a domain's
+// values are compared as its base type's). A key column of a type from
+// another schema (an extension's citext, an enum) keeps the bare = of its
+// own type, resolved as the application's own statements resolve it.
+//
+// The CTEs name their columns (pgfence_w (fence, inserted)), so that no
+// column of the table, whatever its name, makes the outer SELECT ambiguous.
 func (t *Table) build(ti *pgident.Table) {
 	s := t.spec
 	fence := ident(s.FenceColumn)
+	from := t.name // the table in UPDATE, DELETE FROM and SELECT ... FROM
+	if !ti.Partitioned {
+		from = "ONLY " + t.name
+	}
 	eq := func(col string) string {
 		if c, _ := ti.Column(col); c.Builtin {
 			return " OPERATOR(pg_catalog.=) "
@@ -178,7 +208,7 @@ func (t *Table) build(ti *pgident.Table) {
 		sets = append(sets, ident(c)+" = "+param(2+len(s.Key)+i))
 	}
 	refusedBranch := func(extra string) string {
-		return "\nUNION ALL\nSELECT false, pgfence_c." + fence + extra + " FROM " + t.name + " AS pgfence_c WHERE " +
+		return "\nUNION ALL\nSELECT false, pgfence_c." + fence + extra + " FROM " + from + " AS pgfence_c WHERE " +
 			curWhere + " AND NOT EXISTS (SELECT 1 FROM pgfence_w)"
 	}
 
@@ -187,7 +217,7 @@ func (t *Table) build(ti *pgident.Table) {
 	// no row and run reads the row to say why (one more round trip, only
 	// then).
 	update := func(m Mode) string {
-		return "UPDATE " + t.name + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " +
+		return "UPDATE " + from + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " +
 			fence + " = $1 WHERE " + keyWhere + " AND pgfence_t." + fence + " " + m.op() + " $1 RETURNING true, pgfence_t." + fence
 	}
 	t.update = update(s.Mode)
@@ -210,25 +240,44 @@ func (t *Table) build(ti *pgident.Table) {
 	for _, k := range s.Key {
 		conflict = append(conflict, ident(k))
 	}
-	t.upsert = "WITH pgfence_w AS (INSERT INTO " + t.name + " AS pgfence_t (" + strings.Join(cols, ", ") + ") VALUES (" +
-		strings.Join(vals, ", ") + ") ON CONFLICT (" + strings.Join(conflict, ", ") + ") DO UPDATE SET " +
-		strings.Join(excl, ", ") + " WHERE pgfence_t." + fence + " " + s.Mode.op() + " excluded." + fence +
-		" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax OPERATOR(pg_catalog.=) 0) AS pgfence_inserted)" +
-		"\nSELECT true, " + fence + ", pgfence_inserted FROM pgfence_w" + refusedBranch(", false")
+	insert := "INSERT INTO " + t.name + " AS pgfence_t (" + strings.Join(cols, ", ") + ") VALUES (" +
+		strings.Join(vals, ", ") + ") ON CONFLICT (" + strings.Join(conflict, ", ") + ")"
+	if !ti.Partitioned {
+		// xmax is 0 in a row the INSERT inserted, and the updating
+		// transaction's id in one its DO UPDATE wrote.
+		t.upsert = "WITH pgfence_w (fence, inserted) AS (" + insert + " DO UPDATE SET " +
+			strings.Join(excl, ", ") + " WHERE pgfence_t." + fence + " " + s.Mode.op() + " excluded." + fence +
+			" RETURNING pgfence_t." + fence + ", (pgfence_t.xmax OPERATOR(pg_catalog.=) 0))" +
+			"\nSELECT true, fence, inserted FROM pgfence_w" + refusedBranch(", false")
+	} else {
+		// A partitioned table's INSERT cannot return a system column
+		// (0A000), so xmax cannot tell an insert from an update. The upsert
+		// is an INSERT ... DO NOTHING and, only when it inserted nothing, the
+		// fenced UPDATE: inserted is true exactly when the INSERT returned the
+		// row. A row that another transaction inserted after this statement's
+		// snapshot stops the INSERT but is not seen by the UPDATE (READ
+		// COMMITTED): nothing is written, and run's re-read explains it (a
+		// newer fence) or reports a retryable refusal.
+		t.upsert = "WITH pgfence_i (fence) AS (" + insert + " DO NOTHING RETURNING pgfence_t." + fence + ")" +
+			", pgfence_u (fence) AS (UPDATE " + from + " AS pgfence_t SET " + strings.Join(sets, ", ") + ", " + fence + " = $1 WHERE " +
+			keyWhere + " AND pgfence_t." + fence + " " + s.Mode.op() + " $1 AND NOT EXISTS (SELECT 1 FROM pgfence_i) RETURNING pgfence_t." + fence + ")" +
+			", pgfence_w (fence, inserted) AS (SELECT fence, true FROM pgfence_i UNION ALL SELECT fence, false FROM pgfence_u)" +
+			"\nSELECT true, fence, inserted FROM pgfence_w" + refusedBranch(", false")
+	}
 
 	// The delete names its token with pgfence.use_token, which a guarded
 	// table's trigger reads (a DELETE has no new row to carry it).
-	t.delete = "WITH pgfence_tok AS MATERIALIZED (SELECT pgfence.use_token($1) AS token), pgfence_w AS (DELETE FROM " +
-		t.name + " AS pgfence_t USING pgfence_tok WHERE " + keyWhere +
+	t.delete = "WITH pgfence_tok (token) AS MATERIALIZED (SELECT pgfence.use_token($1)), pgfence_w (fence) AS (DELETE FROM " +
+		from + " AS pgfence_t USING pgfence_tok WHERE " + keyWhere +
 		" AND pgfence_t." + fence + " OPERATOR(pg_catalog.<=) pgfence_tok.token RETURNING pgfence_t." + fence + ")" +
-		"\nSELECT true, " + fence + " FROM pgfence_w" + refusedBranch("")
+		"\nSELECT true, fence FROM pgfence_w" + refusedBranch("")
 
 	var ret, retCur []string
 	for _, c := range s.Read {
 		ret = append(ret, "pgfence_t."+ident(c))
 		retCur = append(retCur, "pgfence_c."+ident(c))
 	}
-	t.read = "WITH pgfence_w AS (UPDATE " + t.name + " AS pgfence_t SET " + fence + " = $1 WHERE " + keyWhere +
+	t.read = "WITH pgfence_w AS (UPDATE " + from + " AS pgfence_t SET " + fence + " = $1 WHERE " + keyWhere +
 		" AND pgfence_t." + fence + " OPERATOR(pg_catalog.<=) $1 RETURNING pgfence_t." + fence + ", " + strings.Join(ret, ", ") + ")" +
 		"\nSELECT true, pgfence_w.* FROM pgfence_w" + refusedBranch(", "+strings.Join(retCur, ", "))
 
@@ -236,7 +285,7 @@ func (t *Table) build(ti *pgident.Table) {
 	for i, k := range s.Key {
 		rk = append(rk, ident(k)+eq(k)+param(1+i))
 	}
-	t.reread = "SELECT " + fence + " FROM " + t.name + " WHERE " + strings.Join(rk, " AND ")
+	t.reread = "SELECT " + fence + " FROM " + from + " WHERE " + strings.Join(rk, " AND ")
 }
 
 func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
@@ -245,6 +294,14 @@ func (t *Table) args(token int64, key, set []any, wantSet bool) ([]any, error) {
 	}
 	if len(key) != len(t.spec.Key) {
 		return nil, invalid("key", "%d key values for %d key columns", len(key), len(t.spec.Key))
+	}
+	for i, v := range key {
+		// A NULL key is never equal to anything: Update, Delete and Read
+		// would find no row, and Upsert would insert one on every call,
+		// never refused.
+		if nilcheck.IsNil(v) {
+			return nil, invalid("key", "value %d (column %q) is nil: a key identifies one row only with non-NULL values", i, t.spec.Key[i])
+		}
 	}
 	if wantSet && len(set) != len(t.spec.Set) {
 		return nil, invalid("set", "%d set values for %d set columns", len(set), len(t.spec.Set))
@@ -270,7 +327,7 @@ func (t *Table) rereader(db pgfence.DBTX, key []any) func(context.Context) (bool
 }
 
 // Update sets the Set columns of the row identified by key to set (values in
-// the order of Spec.Key and Spec.Set) and its fence to token, if the row's
+// the order of Spec.Key and Spec.Set; a nil key value is [pgfence.ErrInvalid]) and its fence to token, if the row's
 // fence allows it (Strict: fence < token; Reentrant: fence <= token).
 // Otherwise it returns [pgfence.ErrStaleToken], [pgfence.ErrAlreadyApplied]
 // or [pgfence.ErrNotFound]; a guard refusal is [pgfence.ErrGuard]. An
@@ -297,6 +354,15 @@ func (t *Table) Update(ctx context.Context, db pgfence.DBTX, token int64, key, s
 // existing row under the fence check of Spec.Mode. It never returns
 // [pgfence.ErrNotFound]; Result.Inserted reports an insert. Columns not in
 // Key or Set get their defaults on insert.
+//
+// On a partitioned table, whose INSERT ... ON CONFLICT cannot say whether it
+// inserted, Upsert is an INSERT ... ON CONFLICT DO NOTHING followed, in the
+// same statement, by the fenced update when nothing was inserted. Under READ
+// COMMITTED, a row another transaction inserted (and committed) after the
+// statement began is then neither inserted nor updated: the write is refused
+// with [pgfence.ErrStaleToken] or [pgfence.ErrAlreadyApplied] when that
+// row's fence explains it, and otherwise with an error without Kind
+// ([pgfence.IsRetryable] is true): nothing was written, send it again.
 func (t *Table) Upsert(ctx context.Context, db pgfence.DBTX, token int64, key, set []any) (_ Result, err error) {
 	defer withOp(&err, "fencedwrite.Upsert", t.label)
 	args, err := t.args(token, key, set, true)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,18 +63,26 @@ func TestLookupTable(t *testing.T) {
 			{Name: "qty", Type: "integer", Builtin: true},
 			{Name: "Mixed", Type: "integer", Builtin: true},
 			{Name: "doubled", Type: "integer", HasDefault: true, Generated: true, Builtin: true},
-			{Name: "label", Type: "item_label"}, // a domain of schema public
+			{Name: "label", Type: "item_label", Builtin: true}, // a domain of schema public over text
 		}
 		if !reflect.DeepEqual(got.Columns, wantCols) {
 			t.Errorf("columns\n got %+v\nwant %+v", got.Columns, wantCols)
 		}
 		// Primary key first, then unique indexes in creation order, key
 		// columns in index order; INCLUDE columns, partial and expression
-		// indexes left out. The foreign key's internal triggers live on
-		// items too and are not listed.
-		wantKeys := [][]string{{"id"}, {"code", "tenant"}, {"qty"}}
+		// indexes left out; the index on nullable qty is unusable. The
+		// foreign key's internal triggers live on items too and are not
+		// listed.
+		wantKeys := [][]string{{"id"}, {"code", "tenant"}}
 		if !reflect.DeepEqual(got.UniqueKeys, wantKeys) {
 			t.Errorf("unique keys = %v, want %v", got.UniqueKeys, wantKeys)
+		}
+		if len(got.UnusableKeys) != 1 || !reflect.DeepEqual(got.UnusableKeys[0].Columns, []string{"qty"}) ||
+			got.UnusableKeyProblem([]string{"qty"}) == "" || got.UnusableKeyProblem([]string{"id"}) != "" {
+			t.Errorf("unusable keys = %+v, want the index on qty", got.UnusableKeys)
+		}
+		if got.Partitioned {
+			t.Errorf("items is reported partitioned")
 		}
 		if want := []string{"a_trg", "z_trg"}; !reflect.DeepEqual(got.Triggers, want) {
 			t.Errorf("triggers = %v, want %v", got.Triggers, want)
@@ -106,7 +115,7 @@ func TestLookupEmptyAndPartitionedTables(t *testing.T) {
 	}
 	for _, name := range []string{"parts", "parts_2025"} {
 		got, err := Lookup(ctx, pool, TableName{Name: name})
-		if err != nil || len(got.Columns) != 2 || !IsUniqueKey(got.UniqueKeys, []string{"at", "id"}) {
+		if err != nil || len(got.Columns) != 2 || !IsUniqueKey(got.UniqueKeys, []string{"at", "id"}) || got.Partitioned != (name == "parts") {
 			t.Fatalf("Lookup(%s) = %+v, %v", name, got, err)
 		}
 	}
@@ -206,5 +215,84 @@ func TestLookupReturnsDatabaseErrors(t *testing.T) {
 	_, err := Lookup(cancelled, pool, TableName{Name: "x"})
 	if err == nil || errors.Is(err, ErrUnknownTable) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Lookup with a cancelled context = %v", err)
+	}
+}
+
+// TestLookupUnusableKeys: a unique index is a key only if "=" on its
+// columns finds at most one row: not DEFERRABLE, each column under its own
+// collation and its type's default btree operator class, every column NOT
+// NULL unless NULLS NOT DISTINCT. The others are listed with the reason. A
+// domain's columns, through domains over domains, are Builtin when the base
+// type is; an enum's are not.
+func TestLookupUnusableKeys(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	if _, err := pool.Exec(ctx, `
+		CREATE DOMAIN acct AS bigint;
+		CREATE DOMAIN vip_acct AS acct;
+		CREATE TYPE color AS ENUM ('red', 'green');
+		CREATE TABLE k (
+			id     vip_acct PRIMARY KEY,
+			c      text COLLATE "C" NOT NULL,
+			p      text NOT NULL,
+			d      int NOT NULL,
+			n      text,
+			v      varchar(10) NOT NULL,
+			col    color NOT NULL,
+			arr    int[] NOT NULL,
+			vd     acct NOT NULL
+		);
+		CREATE UNIQUE INDEX k_c ON k (c COLLATE "default");
+		CREATE UNIQUE INDEX k_p ON k (p text_pattern_ops);
+		ALTER TABLE k ADD CONSTRAINT k_d UNIQUE (d) DEFERRABLE INITIALLY IMMEDIATE;
+		CREATE UNIQUE INDEX k_n ON k (n);
+		CREATE UNIQUE INDEX k_v ON k (v);
+		CREATE UNIQUE INDEX k_col ON k (col);
+		CREATE UNIQUE INDEX k_arr ON k (arr);
+		CREATE UNIQUE INDEX k_vd ON k (vd);
+		CREATE UNIQUE INDEX k_c_ok ON k (c, p);`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Lookup(ctx, pool, TableName{Name: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantKeys := [][]string{{"id"}, {"v"}, {"col"}, {"arr"}, {"vd"}, {"c", "p"}}
+	if !reflect.DeepEqual(got.UniqueKeys, wantKeys) {
+		t.Errorf("unique keys = %v, want %v", got.UniqueKeys, wantKeys)
+	}
+	for col, want := range map[string]string{
+		"c": "collation",
+		"p": "operator class",
+		"d": "DEFERRABLE",
+		"n": `"n" is nullable`,
+	} {
+		if p := got.UnusableKeyProblem([]string{col}); !strings.Contains(p, want) {
+			t.Errorf("problem of the index on %s = %q, want it to say %q", col, p, want)
+		}
+	}
+	if len(got.UnusableKeys) != 4 {
+		t.Errorf("unusable keys = %+v, want 4", got.UnusableKeys)
+	}
+	for name, builtin := range map[string]bool{"id": true, "vd": true, "col": false, "arr": true, "v": true} {
+		if c, _ := got.Column(name); c.Builtin != builtin {
+			t.Errorf("column %s (%s): Builtin = %v, want %v", name, c.Type, c.Builtin, builtin)
+		}
+	}
+
+	var version int
+	if err := pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		return
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE nnd (a text NOT NULL, b text, UNIQUE NULLS NOT DISTINCT (a, b))`); err != nil {
+		t.Fatal(err)
+	}
+	got, err = Lookup(ctx, pool, TableName{Name: "nnd"})
+	if err != nil || !IsUniqueKey(got.UniqueKeys, []string{"b", "a"}) {
+		t.Fatalf("Lookup(nnd) = %+v, %v; want (a, b) a key: NULLS NOT DISTINCT", got, err)
 	}
 }

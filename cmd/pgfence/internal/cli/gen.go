@@ -95,7 +95,8 @@ files and writes nothing.`,
 				return genErr(err)
 			}
 			// With --check, the key columns' types decide which "=" the
-			// queries compare them with (fencegen.Options.OwnEqualKeys).
+			// queries compare them with (fencegen.Options.OwnEqualKeys), and
+			// the table's kind whether they name it ONLY.
 			var pool *pgxpool.Pool
 			if checkSchema {
 				if pool, err = a.connect(cmd.Context()); err != nil {
@@ -103,6 +104,11 @@ files and writes nothing.`,
 				}
 				defer pool.Close()
 				if opts.OwnEqualKeys, err = fencegen.OwnEqualKeys(cmd.Context(), pool, opts); err != nil {
+					return genErr(err)
+				}
+				// A partitioned table is named without ONLY (its rows are
+				// in its partitions); an ordinary one with ONLY.
+				if opts.Partitioned, err = fencegen.Partitioned(cmd.Context(), pool, opts); err != nil {
 					return genErr(err)
 				}
 				if files, err = fencegen.Generate(opts); err != nil {

@@ -72,12 +72,20 @@ type Options struct {
 	// OwnEqualKeys lists the key columns compared with their type's own
 	// "=", resolved with the application's search_path. Every other key
 	// column is compared with OPERATOR(pg_catalog.=), which an operator
-	// planted in a schema on the path cannot replace. List a key whose type
-	// is not built in and brings its own "=" (citext, an extension's type):
-	// pg_catalog's would compare it through a cast, or not at all.
+	// planted in a schema on the path cannot replace (a domain over a
+	// built-in type is compared as its base type). List a key whose type is
+	// not built in and brings its own "=" (citext, an extension's type, an
+	// enum): pg_catalog's would compare it through a cast, or not at all.
 	// [OwnEqualKeys] reads the list from the catalog (pgfence gen fenced
 	// --check does).
 	OwnEqualKeys []string
+	// Partitioned says the table is partitioned: the statements then name
+	// it without ONLY, so that they reach the rows in its partitions. An
+	// ordinary table is named ONLY, so that they never reach the rows of
+	// its inheritance children (tables of their own, whose rows its key
+	// does not cover). [Validate] refuses a Partitioned that does not match
+	// the table; [Partitioned] reads it from the catalog.
+	Partitioned bool
 }
 
 // FileKind tells the generated files apart.
@@ -275,14 +283,17 @@ func goName(s string) bool {
 	return true
 }
 
-// Validate checks opts against a live database schema: the table exists, the
-// key and set columns exist, the key is a primary key or unique index, and
+// Validate checks opts against a live database schema: the table exists (and
+// is partitioned exactly when Options.Partitioned says so), the
+// key and set columns exist, the key is a primary key or unique index that
+// identifies one row (as [fencedwrite.Prepare] requires), and
 // the fence column is absent (or, with HasFenceColumn, present as bigint);
 // with a guard, that the lock name column exists. It only reads the catalog.
 // Errors are *pgfence.Errors: [pgfence.ErrNotFound] for a table or column
 // the database does not have (or a fence column that is not bigint),
-// [pgfence.ErrInvalid] for key columns that are not a unique key (the Reason
-// names the argument), or [ErrInvalidOptions].
+// [pgfence.ErrInvalid] for key columns that are not a unique key or a
+// Partitioned that does not match the table (the Reason names the
+// argument), or [ErrInvalidOptions].
 func Validate(ctx context.Context, db pgfence.DBTX, opts Options) error {
 	p, err := check(opts)
 	if err != nil {
@@ -311,8 +322,18 @@ func (p *plan) validate(ctx context.Context, db pgfence.DBTX, migrated bool) err
 		}
 	}
 	if !pgident.IsUniqueKey(ti.UniqueKeys, opts.Key) {
-		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: ti.Schema + "." + ti.Name,
-			Reason: fmt.Sprintf("key: (%s) is not a primary key or unique index of %s", strings.Join(opts.Key, ", "), ti.Qualified())}
+		reason := fmt.Sprintf("key: (%s) is not a primary key or unique index of %s", strings.Join(opts.Key, ", "), ti.Qualified())
+		if p := ti.UnusableKeyProblem(opts.Key); p != "" {
+			reason = fmt.Sprintf("key: (%s) is a unique index of %s that cannot identify one row: %s", strings.Join(opts.Key, ", "), ti.Qualified(), p)
+		}
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: ti.Schema + "." + ti.Name, Reason: reason}
+	}
+	if ti.Partitioned != opts.Partitioned {
+		reason := "table: " + ti.Qualified() + " is partitioned, and the statements generated without Options.Partitioned name it ONLY: they would reach no row"
+		if !ti.Partitioned {
+			reason = "table: " + ti.Qualified() + " is not partitioned, and the statements generated with Options.Partitioned do not name it ONLY: they would also reach its inheritance children's rows"
+		}
+		return &pgfence.Error{Op: op, Kind: pgfence.ErrInvalid, Name: ti.Schema + "." + ti.Name, Reason: reason}
 	}
 	_, has := ti.Column(p.fence)
 	switch {

@@ -69,7 +69,8 @@ func checkFenceColumn(t *pgident.Table, name string) error {
 }
 
 // OwnEqualKeys returns the key columns of opts whose type is not built in
-// (a domain, an enum, citext or another extension's type), for
+// (an enum, citext or another extension's type, or a domain over one; a
+// domain over a built-in type counts as built in), for
 // Options.OwnEqualKeys: their comparisons keep the type's own "=" instead of
 // pg_catalog's, as [fencedwrite.Table] does. It only reads the catalog;
 // a table or key column the database does not have is left to [Validate]
@@ -86,4 +87,14 @@ func OwnEqualKeys(ctx context.Context, db pgfence.DBTX, opts Options) ([]string,
 		}
 	}
 	return own, nil
+}
+
+// Partitioned reports whether opts.Table is a partitioned table, for
+// Options.Partitioned. It only reads the catalog.
+func Partitioned(ctx context.Context, db pgfence.DBTX, opts Options) (bool, error) {
+	t, err := lookup(ctx, db, opts.Table)
+	if err != nil {
+		return false, err
+	}
+	return t.Partitioned, nil
 }

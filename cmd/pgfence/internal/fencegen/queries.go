@@ -8,15 +8,27 @@ import (
 // then its RETURNING row or, only when the write changed nothing (NOT EXISTS
 // gates the branch), a call to pgfence.fence_refused, which raises a class PF
 // error: every refused write is an error (fail closed).
+//
+// UPDATE, DELETE and the refusal's SELECT name the table ONLY unless
+// Options.Partitioned: a key is unique in the table itself, not across its
+// inheritance children, whose rows a write would otherwise also reach (one
+// key matching a row the fence refuses and another it accepts). A
+// partitioned table's rows are in its partitions, which ONLY would leave
+// out.
 func (p *plan) queries() string {
 	tbl := p.table.String()
+	from := "ONLY " + tbl // the table in UPDATE, DELETE FROM and SELECT ... FROM
+	if p.opts.Partitioned {
+		from = tbl
+	}
 	f := q(p.fence)
 	var keyW, curW, sets, ret, retCur, keyCols, keyParams, cols, vals, excl []string
 	for _, k := range p.opts.Key {
 		// Qualified unless the key's type brings its own "=" (see
 		// Options.OwnEqualKeys): a bare "=" on a varchar key would run an
 		// "=(varchar, varchar)" planted anywhere on the search_path, which
-		// wins over pg_catalog's text "=" because it needs no cast.
+		// wins over pg_catalog's text "=" because it needs no cast; on a
+		// key of a domain, an "=" planted for the domain.
 		eq := " OPERATOR(pg_catalog.=) @"
 		if p.ownEq[k] {
 			eq = " = @"
@@ -47,12 +59,12 @@ func (p *plan) queries() string {
 	// row, and raises. The LEFT JOIN from one row tells "no such row" apart.
 	refused := func(mode, token, extra string) string {
 		return "UNION ALL\nSELECT pgfence.fence_refused(" + tblLit + ", " + keyText + ", '" + mode + "', " + token +
-			", c." + f + ", " + found + ")" + extra + "\nFROM (SELECT 1) AS one LEFT JOIN " + tbl + " AS c ON " +
+			", c." + f + ", " + found + ")" + extra + "\nFROM (SELECT 1) AS one LEFT JOIN " + from + " AS c ON " +
 			strings.Join(curW, " AND ") + "\nWHERE NOT EXISTS (SELECT 1 FROM w);\n\n"
 	}
 	update := func(name, doc, op, mode string) string {
 		return "-- name: " + name + " :one\n" + doc +
-			"WITH w AS (\n    UPDATE " + tbl + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
+			"WITH w AS (\n    UPDATE " + from + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
 			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " " + op + " @token::bigint\n" +
 			"    RETURNING t." + f + "\n)\nSELECT w." + f + " FROM w\n" + refused(mode, "@token::bigint", "")
 	}
@@ -90,7 +102,7 @@ func (p *plan) queries() string {
 		"-- pgfence.use_token, so it also passes a guarded table. It returns the deleted row's fence;\n" +
 		"-- a refused delete is an error (see fencedwrite.TranslateError).\n" +
 		"WITH tok AS MATERIALIZED (\n    SELECT pgfence.use_token(@token::bigint) AS token\n), w AS (\n" +
-		"    DELETE FROM " + tbl + " AS t USING tok\n    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) tok.token\n" +
+		"    DELETE FROM " + from + " AS t USING tok\n    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) tok.token\n" +
 		"    RETURNING t." + f + "\n)\nSELECT w." + f + " FROM w\n" + refused("reentrant", "@token::bigint", ""))
 
 	b.WriteString("-- name: FencedRead" + p.name + " :one\n" +
@@ -98,7 +110,7 @@ func (p *plan) queries() string {
 		"-- to the token (fence <= token), so an older grant's later write is refused, and returns the\n" +
 		"-- row. Write back with FencedUpdate" + p.name + "Reentrant and the same token. A refused read\n" +
 		"-- is an error (see fencedwrite.TranslateError).\n" +
-		"WITH w AS (\n    UPDATE " + tbl + " AS t\n    SET " + f + " = @token::bigint\n" +
+		"WITH w AS (\n    UPDATE " + from + " AS t\n    SET " + f + " = @token::bigint\n" +
 		"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) @token::bigint\n" +
 		"    RETURNING t." + f + ", " + strings.Join(prefixed("t.", p.opts.Key, p.opts.Set), ", ") + "\n)\n" +
 		"SELECT w." + f + ", " + strings.Join(ret, ", ") + " FROM w\n" +
