@@ -608,6 +608,8 @@ var rewrites = map[string][]string{
 	"00021_pgfence_dead_counts_no_wait.sql": {"jobs_count_dead"},
 	// Renewals never move a lease's expiry earlier.
 	"00022_pgfence_lock_renew_monotonic.sql": {"lock_renew", "lock_renew_many"},
+	// The guard refuses an UPDATE that moves a row to another lock.
+	"00023_pgfence_guard_lock_move.sql": {"attach_guard"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
