@@ -307,3 +307,30 @@ func TestTxHandlerCompletesThroughTx(t *testing.T) {
 			sum, lostHook.Load(), effects, j.State, j.ClaimExpiresAt)
 	}
 }
+
+// TestWorkerBackoffPanic: a Config.Backoff that panics does not crash the
+// process (it ran unrecovered on an outcome writer's goroutine): the failure
+// is recorded with DefaultBackoff's delay, and the Worker goes on.
+func TestWorkerBackoffPanic(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := smallPool(t, 4)
+	id := enqueueN(t, pool, "backoff-panic", 1, 5)[0]
+	w := newWorker(t, pool, "backoff-panic", func(context.Context, skiplocked.Job) error {
+		return errors.New("fails")
+	}, &skiplocked.Config{Concurrency: 1, PollInterval: 20 * time.Millisecond,
+		Backoff: func(int) time.Duration { panic("backoff bug") }})
+	stop := runWorker(t, w)
+	waitFor(t, "the failure", func() bool { return w.Summary().Failed > 0 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	j := mustJob(t, pool, id)
+	var delay time.Duration
+	if err := pool.QueryRow(ctx, "SELECT (extract(epoch FROM run_at - updated_at) * 1e6)::bigint * 1000 FROM pgfence.jobs WHERE id = $1", id).Scan(&delay); err != nil {
+		t.Fatal(err)
+	}
+	if want := skiplocked.DefaultBackoff(1); j.State != skiplocked.StateAvailable || j.Attempts != 1 || delay != want.Truncate(time.Microsecond) {
+		t.Errorf("job %s, attempt %d, retry in %v; want available, 1, %v (DefaultBackoff)", j.State, j.Attempts, delay, want)
+	}
+}

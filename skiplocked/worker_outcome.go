@@ -95,6 +95,20 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 	}
 }
 
+// backoff is Config.Backoff for job's attempt, within 0..maxRetryDelay. It
+// runs on an outcome writer: a panic in it is logged and DefaultBackoff used
+// instead, as a panicking OnClaimLost is logged, so that the failure is still
+// recorded and the process goes on.
+func (w *Worker) backoff(job Job) (d time.Duration) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.cfg.Logger.Error("skiplocked: Backoff panicked; DefaultBackoff used", "job", job.ID, "attempt", job.Attempts, "panic", fmt.Sprint(r))
+			d = min(max(DefaultBackoff(job.Attempts), 0), maxRetryDelay)
+		}
+	}()
+	return min(max(w.cfg.Backoff(job.Attempts), 0), maxRetryDelay)
+}
+
 // reportLost counts, logs and hands to OnClaimLost one lost claim.
 func (w *Worker) reportLost(ctx context.Context, h *held, e *claimInfo, msg string) {
 	e = orBare(e, h.ref)
@@ -192,10 +206,11 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	}
 	var job Job
 	var lost *claimInfo
+	retryIn := w.backoff(r.h.job)
 	err := retryConn(cctx, func() (err error) {
 		job, lost, err = fail(cctx, w.pool, r.h.ref, FailParams{
 			Error:   msg,
-			RetryIn: min(max(w.cfg.Backoff(r.h.job.Attempts), 0), maxRetryDelay),
+			RetryIn: retryIn,
 			GiveUp:  errors.As(r.err, &perm),
 		})
 		return err
