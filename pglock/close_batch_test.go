@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -84,6 +85,83 @@ func TestCloseBatchOutReleasesGrants(t *testing.T) {
 	for _, name := range []string{"closebatch-x", "closebatch-y"} {
 		if info := inspect(t, admin, name); info.Held {
 			t.Errorf("%s after Close: held by %q (token %d) though its caller got ErrClosed", name, info.Holder, info.Token)
+		}
+	}
+}
+
+// TestAbandonedBatchFreesGrantSlot: a lock_grant_many batch waits in the
+// database (another transaction holds one of its rows) and all its callers
+// give up (their contexts end). The batch goes on by itself, to give back
+// what it grants, but the Locker's grant slot serves the next calls at once:
+// a TryAcquire of a free name is granted. While the batch held the slot
+// (bounded only by the longest TTL it asked for, up to 24 hours) every later
+// TryAcquire of the Locker queued behind it and failed. Once the blocking
+// transaction ends, the batch's grants are given back.
+func TestAbandonedBatchFreesGrantSlot(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, 2*time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	l, err := New(pgtest.PoolFor(t, dsn), &Config{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const ttl = time.Minute
+	blockNames := slotNames(t, ctx, l, "abandoned-block", ttl)
+	if err := mustAcquire(t, l, "abandoned-x", ttl).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := blockRows(t, admin, blockNames...)
+	bx := blockRows(t, admin, "abandoned-x")
+	first := make(chan *Lease, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, _ := l.TryAcquire(ctx, name, ttl)
+			first <- s
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	queued := queuedSignal(l.grants, 2)
+	gaveUp := make(chan error, 2)
+	for _, name := range []string{"abandoned-x", "abandoned-y"} {
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			_, err := l.TryAcquire(cctx, name, ttl)
+			gaveUp <- err
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	b.unblock(t)
+	for range maxInFlight {
+		if s := <-first; s != nil {
+			_ = s.Release(ctx)
+		}
+	}
+	waitLockWait(t, admin, "lock_grant_many", 1)
+	for range 2 {
+		t.Logf("batched caller gave up: %v", <-gaveUp)
+	}
+	orphans := make(chan struct{}, 2)
+	l.grants.orphanHook = func() { orphans <- struct{}{} }
+	// Nobody waits for the batch any more. A TryAcquire of a free name:
+	zctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	s, err := l.TryAcquire(zctx, "abandoned-z", ttl)
+	if err != nil {
+		t.Errorf("TryAcquire of a free name after the batch's callers gave up: %v after %v (the abandoned batch holds the grant slot)", err, time.Since(start).Round(time.Millisecond))
+	} else {
+		_ = s.Release(ctx)
+	}
+	bx.unblock(t)
+	for range 2 {
+		waitClosed(t, orphans, "the abandoned batch's grants to be given back")
+	}
+	for _, name := range []string{"abandoned-x", "abandoned-y"} {
+		if info := inspect(t, admin, name); info.Held {
+			t.Errorf("%s held by %q (token %d) after its caller gave up", name, info.Holder, info.Token)
 		}
 	}
 }

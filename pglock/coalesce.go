@@ -82,11 +82,17 @@ const (
 // the coalescer has an orphan handler (the grants): cancelling a statement
 // does not stop the server from committing it (pgx closes the connection,
 // it sends no cancel request), and a grant committed so would stay held by
-// nobody until its TTL. Such a statement runs to its end, bounded by bound,
-// and the grants of the calls that gave up are released.
+// nobody until its TTL. Such a statement is left to run to its end on its
+// own (abandoned is closed: the slot goes on with the next calls), is
+// cancelled once the longest TTL it asked for has passed after that (a grant
+// it commits later has ended by then), and the grants of the calls that
+// gave up are released when it returns.
 type flight struct {
-	waiting int
-	cancel  context.CancelFunc
+	waiting   int
+	cancel    context.CancelFunc
+	abandoned chan struct{} // closed when waiting reaches 0 (orphan coalescers only)
+	bound     time.Duration // the longest bound of its calls
+	timer     *time.Timer   // cancels it bound after it was abandoned (under the coalescer's mu)
 }
 
 // coalescer sends the calls of one kind. one runs a single call (the
@@ -102,8 +108,9 @@ type coalescer[Req, Res any] struct {
 	// statement was out): the grant coalescer releases such a lease, which
 	// nobody holds a Lease for. It runs on the sending goroutine.
 	orphan func(Req, Res)
-	// bound, when set, bounds the statement of a batch: the longest bound
-	// of its calls (a grant's TTL: a later answer is given back anyway).
+	// bound, required with orphan, bounds the statement of a batch whose
+	// callers all gave up: the longest bound of its calls (a grant's TTL:
+	// a grant committed later has ended already).
 	bound func(Req) time.Duration
 
 	mu       sync.Mutex
@@ -180,9 +187,16 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	case callSent:
 		// Its statement is out: the outcome is unknown, as when a single
 		// statement's context ends. The statement goes on for the others;
-		// if none waits any more, it is cancelled.
-		if call.flight.waiting--; call.flight.waiting == 0 && c.orphan == nil {
-			call.flight.cancel()
+		// if none waits any more, it is cancelled (a grant statement is left
+		// to finish by itself instead: see flight).
+		f := call.flight
+		if f.waiting--; f.waiting == 0 {
+			if f.abandoned == nil {
+				f.cancel()
+			} else {
+				close(f.abandoned)
+				f.timer = time.AfterFunc(f.bound, f.cancel)
+			}
 		}
 	}
 	call.state = callGone
@@ -230,15 +244,13 @@ func (c *coalescer[Req, Res]) loop() {
 			return
 		}
 		ctx, cancel := context.WithCancel(context.Background())
-		if c.bound != nil {
-			var d time.Duration
-			for _, call := range batch {
-				d = max(d, c.bound(call.req))
-			}
-			cancel()
-			ctx, cancel = context.WithTimeout(context.Background(), d)
-		}
 		f := &flight{waiting: len(batch), cancel: cancel}
+		if c.orphan != nil {
+			f.abandoned = make(chan struct{})
+			for _, call := range batch {
+				f.bound = max(f.bound, c.bound(call.req))
+			}
+		}
 		for _, call := range batch {
 			call.state, call.flight = callSent, f
 		}
@@ -246,8 +258,28 @@ func (c *coalescer[Req, Res]) loop() {
 			c.statements++
 		}
 		c.mu.Unlock()
-		c.send(ctx, batch)
-		cancel()
+		if f.abandoned == nil {
+			c.send(ctx, batch)
+			cancel()
+			continue
+		}
+		// A grant statement whose callers all give up goes on by itself:
+		// the slot serves the next calls meanwhile.
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.send(ctx, batch)
+			c.mu.Lock()
+			if f.timer != nil {
+				f.timer.Stop()
+			}
+			c.mu.Unlock()
+			cancel()
+		}()
+		select {
+		case <-done:
+		case <-f.abandoned:
+		}
 	}
 }
 
