@@ -66,8 +66,10 @@ type Table struct {
 // identifier quoted by pgx.Identifier. Values are always bound parameters.
 //
 // A unique index counts as a key only without predicate or expressions,
-// not DEFERRABLE, with each key column under its own collation and its
-// type's default btree operator class, and with every key column NOT NULL
+// not DEFERRABLE, with each key column compared by the index as its own "="
+// compares it (its own collation, or another when both are deterministic;
+// its type's default btree operator class, or one with the same equality
+// on a deterministically compared column), and with every key column NOT NULL
 // (or the index NULLS NOT DISTINCT): otherwise one key value could match
 // several rows, or none that ON CONFLICT finds.
 //

@@ -361,3 +361,40 @@ func TestTablePartitionedUpsertConcurrentInsert(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepareAcceptsKeyOfSameEquality: unique indexes whose equality is the
+// column's own "=" (another deterministic collation, or an operator class
+// whose equality is the default class's, such as text_pattern_ops, on a
+// column compared deterministically) identify one row exactly as the
+// default index would, and are keys. Each case shows that the index refuses
+// a duplicate under the column's "=" and that ON CONFLICT infers it; the
+// first version of the stricter key rule refused all three.
+func TestPrepareAcceptsKeyOfSameEquality(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	for _, c := range []struct{ name, ddl string }{
+		{"text_pattern_ops", `CREATE TABLE sameeq1 (code text NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
+			CREATE UNIQUE INDEX sameeq1_code ON sameeq1 (code text_pattern_ops)`},
+		{"varchar_pattern_ops", `CREATE TABLE sameeq2 (code varchar(20) NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
+			CREATE UNIQUE INDEX sameeq2_code ON sameeq2 (code varchar_pattern_ops)`},
+		{"COLLATE C (deterministic)", `CREATE TABLE sameeq3 (code text NOT NULL, v text, fence bigint NOT NULL DEFAULT 0);
+			CREATE UNIQUE INDEX sameeq3_code ON sameeq3 (code COLLATE "C")`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mustExec(t, pool, c.ddl)
+		})
+	}
+	for i, tbl := range []string{"sameeq1", "sameeq2", "sameeq3"} {
+		mustExec(t, pool, `INSERT INTO `+tbl+` VALUES ('abc', 'x', 5)`)
+		if _, err := pool.Exec(ctx, `INSERT INTO `+tbl+` VALUES ('abc', 'y', 1)`); err == nil {
+			t.Fatalf("%s: the unique index let a duplicate in", tbl)
+		}
+		// ON CONFLICT (code) infers the index (what Upsert needs).
+		mustExec(t, pool, `INSERT INTO `+tbl+` VALUES ('abc', 'y', 6) ON CONFLICT (code) DO UPDATE SET v = excluded.v`)
+		_, err := fencedwrite.Prepare(ctx, pool, fencedwrite.Spec{Table: tbl, Key: []string{"code"}, Set: []string{"v"}})
+		if err != nil {
+			t.Errorf("case %d (%s): Prepare refused a key that identifies one row: %v", i, tbl, err)
+		}
+	}
+}

@@ -73,8 +73,11 @@ type Table struct {
 	// UniqueKeys holds the key columns of the primary key (first) and of
 	// each valid unique index without predicate or expressions whose key
 	// identifies at most one row to an "=" on its columns: not deferrable,
-	// each column with the index's collation equal to the column's and its
-	// type's default btree operator class, and every column NOT NULL
+	// each column compared by the index as the column's own "=" compares it
+	// (the index's collation equal to the column's, or both deterministic;
+	// its type's default btree operator class, or another with the same
+	// equality operator on a deterministically compared column), and every
+	// column NOT NULL
 	// unless the index is NULLS NOT DISTINCT. INCLUDE columns are not part
 	// of a key.
 	UniqueKeys [][]string
@@ -129,9 +132,12 @@ func (t *Table) UnusableKeyProblem(cols []string) string {
 // base follows each column's type through domains (typbasetype) down to a
 // type that is not a domain, the type whose operators compare its values.
 // A unique index's key columns are read with, per column, whether the
-// index's collation (indcollation) is the column's, whether its operator
-// class (indclass) is the default btree operator class of the column's
-// (base) type, and whether the column is NOT NULL. The default operator
+// index's collation (indcollation) is the column's or both are
+// deterministic (equal only when byte-equal), whether its operator class
+// (indclass) is the default btree operator class of the column's (base)
+// type or, on a column with a deterministic collation, one whose equality
+// (btree strategy 3) is that default class's (text_pattern_ops), and whether
+// the column is NOT NULL. The default operator
 // class is the one of the base type itself when there is one (as
 // PostgreSQL picks it); a type without one (varchar, an enum, an array) is
 // indexed with a default class of a type it is binary-coercible to or of a
@@ -155,7 +161,9 @@ WITH RECURSIVE rel AS (
   WHERE (base.typtype OPERATOR(pg_catalog.=) 'd')
 ), colbase AS (
   SELECT cols.*, base.typ AS basetype,
-         (base.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace) AS builtin
+         (base.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace) AS builtin,
+         COALESCE((SELECT co.collisdeterministic FROM pg_catalog.pg_collation co
+                   WHERE (co.oid OPERATOR(pg_catalog.=) cols.attcollation)), true) AS deterministic
   FROM cols JOIN base ON (base.attnum OPERATOR(pg_catalog.=) cols.attnum) AND (base.typtype OPERATOR(pg_catalog.<>) 'd')
 )
 SELECT rel.oid, n.nspname::pg_catalog.text, rel.relname::pg_catalog.text, rel.relkind::pg_catalog.text,
@@ -180,17 +188,36 @@ SELECT rel.oid, n.nspname::pg_catalog.text, rel.relname::pg_catalog.text, rel.re
                  CROSS JOIN LATERAL (
                    SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord) AS cols,
                           COALESCE(pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord)
-                                   FILTER (WHERE (i.indcollation[k.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1] OPERATOR(pg_catalog.<>) a.attcollation)), '{}') AS collation,
+                                   FILTER (WHERE (i.indcollation[k.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1] OPERATOR(pg_catalog.<>) a.attcollation)
+                                     AND NOT (a.deterministic AND COALESCE((SELECT co.collisdeterministic FROM pg_catalog.pg_collation co
+                                       WHERE (co.oid OPERATOR(pg_catalog.=) i.indcollation[k.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1])), true))), '{}') AS collation,
                           COALESCE(pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord)
                                    FILTER (WHERE NOT EXISTS (
                                      SELECT FROM pg_catalog.pg_opclass oc
                                      WHERE (oc.oid OPERATOR(pg_catalog.=) i.indclass[k.ord::pg_catalog.int4 OPERATOR(pg_catalog.-) 1])
                                        AND (oc.opcmethod OPERATOR(pg_catalog.=) (SELECT am.oid FROM pg_catalog.pg_am am WHERE (am.amname OPERATOR(pg_catalog.=) 'btree')))
-                                       AND oc.opcdefault
+                                       AND ((oc.opcdefault
                                        AND ((oc.opcintype OPERATOR(pg_catalog.=) a.basetype) OR NOT EXISTS (
                                          SELECT FROM pg_catalog.pg_opclass d
                                          WHERE (d.opcmethod OPERATOR(pg_catalog.=) oc.opcmethod) AND d.opcdefault
-                                           AND (d.opcintype OPERATOR(pg_catalog.=) a.basetype))))), '{}') AS opclass,
+                                           AND (d.opcintype OPERATOR(pg_catalog.=) a.basetype))))
+                                       -- Another btree class whose equality is the "=" of the
+                                       -- default class a key of the type gets (text_pattern_ops),
+                                       -- on a column compared deterministically.
+                                       OR (a.deterministic AND EXISTS (
+                                         SELECT FROM pg_catalog.pg_opclass d
+                                         JOIN pg_catalog.pg_amop de ON (de.amopfamily OPERATOR(pg_catalog.=) d.opcfamily)
+                                           AND (de.amoplefttype OPERATOR(pg_catalog.=) d.opcintype) AND (de.amoprighttype OPERATOR(pg_catalog.=) d.opcintype)
+                                           AND (de.amopstrategy OPERATOR(pg_catalog.=) 3)
+                                         JOIN pg_catalog.pg_amop oe ON (oe.amopfamily OPERATOR(pg_catalog.=) oc.opcfamily)
+                                           AND (oe.amoplefttype OPERATOR(pg_catalog.=) oc.opcintype) AND (oe.amoprighttype OPERATOR(pg_catalog.=) oc.opcintype)
+                                           AND (oe.amopstrategy OPERATOR(pg_catalog.=) 3)
+                                         WHERE (d.opcmethod OPERATOR(pg_catalog.=) oc.opcmethod) AND d.opcdefault
+                                           AND (oe.amopopr OPERATOR(pg_catalog.=) de.amopopr)
+                                           AND ((d.opcintype OPERATOR(pg_catalog.=) a.basetype) OR NOT EXISTS (
+                                             SELECT FROM pg_catalog.pg_opclass d2
+                                             WHERE (d2.opcmethod OPERATOR(pg_catalog.=) oc.opcmethod) AND d2.opcdefault
+                                               AND (d2.opcintype OPERATOR(pg_catalog.=) a.basetype)))))))), '{}') AS opclass,
                           COALESCE(pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY k.ord)
                                    FILTER (WHERE NOT a.attnotnull), '{}') AS nullable
                    FROM pg_catalog.unnest(i.indkey::pg_catalog.int2[]) WITH ORDINALITY AS k(attnum, ord)

@@ -232,10 +232,14 @@ func TestLookupUnusableKeys(t *testing.T) {
 		CREATE DOMAIN acct AS bigint;
 		CREATE DOMAIN vip_acct AS acct;
 		CREATE TYPE color AS ENUM ('red', 'green');
+		CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		CREATE EXTENSION citext;
 		CREATE TABLE k (
 			id     vip_acct PRIMARY KEY,
-			c      text COLLATE "C" NOT NULL,
-			p      text NOT NULL,
+			c      text COLLATE ci NOT NULL,
+			p      citext NOT NULL,
+			sc     text NOT NULL,
+			sp     text NOT NULL,
 			d      int NOT NULL,
 			n      text,
 			v      varchar(10) NOT NULL,
@@ -243,8 +247,10 @@ func TestLookupUnusableKeys(t *testing.T) {
 			arr    int[] NOT NULL,
 			vd     acct NOT NULL
 		);
-		CREATE UNIQUE INDEX k_c ON k (c COLLATE "default");
-		CREATE UNIQUE INDEX k_p ON k (p text_pattern_ops);
+		CREATE UNIQUE INDEX k_c ON k (c COLLATE "C");
+		CREATE UNIQUE INDEX k_p ON k (p text_ops);
+		CREATE UNIQUE INDEX k_sc ON k (sc COLLATE "C");
+		CREATE UNIQUE INDEX k_sp ON k (sp text_pattern_ops);
 		ALTER TABLE k ADD CONSTRAINT k_d UNIQUE (d) DEFERRABLE INITIALLY IMMEDIATE;
 		CREATE UNIQUE INDEX k_n ON k (n);
 		CREATE UNIQUE INDEX k_v ON k (v);
@@ -258,7 +264,9 @@ func TestLookupUnusableKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantKeys := [][]string{{"id"}, {"v"}, {"col"}, {"arr"}, {"vd"}, {"c", "p"}}
+	// sc and sp: another deterministic collation, another class with the
+	// same "=": they identify one row as the default index would.
+	wantKeys := [][]string{{"id"}, {"sc"}, {"sp"}, {"v"}, {"col"}, {"arr"}, {"vd"}, {"c", "p"}}
 	if !reflect.DeepEqual(got.UniqueKeys, wantKeys) {
 		t.Errorf("unique keys = %v, want %v", got.UniqueKeys, wantKeys)
 	}
