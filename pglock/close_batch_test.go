@@ -7,9 +7,64 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
+
+// batchCall is the outcome of one call of the batch batchOut sends.
+type batchCall struct {
+	lease *Lease
+	err   error
+}
+
+// batchOut puts a lock_grant_many batch of l out, for names prefix-x and
+// prefix-y, waiting in the database for the row of prefix-x, which the
+// returned blocker holds: the Locker's statement slot is first held by lone
+// grants that wait, the two calls queue behind them (each on the context
+// callCtx returns) and go out together once those answer. The calls'
+// outcomes arrive on the returned channel.
+func batchOut(t *testing.T, ctx context.Context, l *Locker, admin *pgxpool.Pool, prefix string, ttl time.Duration,
+	callCtx func() (context.Context, context.CancelFunc)) (*blocker, <-chan batchCall) {
+	t.Helper()
+	blockNames := slotNames(t, ctx, l, prefix+"-block", ttl)
+	if err := mustAcquire(t, l, prefix+"-x", ttl).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := blockRows(t, admin, blockNames...)
+	bx := blockRows(t, admin, prefix+"-x")
+	first := make(chan *Lease, maxInFlight)
+	for _, name := range blockNames {
+		go func() {
+			s, err := l.TryAcquire(ctx, name, ttl)
+			if err != nil {
+				t.Errorf("TryAcquire %s: %v", name, err)
+			}
+			first <- s
+		}()
+	}
+	waitLockWait(t, admin, "lock_grant", maxInFlight)
+	queued := queuedSignal(l.grants, 2)
+	calls := make(chan batchCall, 2)
+	for _, name := range []string{prefix + "-x", prefix + "-y"} {
+		go func() {
+			cctx, cancel := callCtx()
+			defer cancel()
+			s, err := l.TryAcquire(cctx, name, ttl)
+			calls <- batchCall{s, err}
+		}()
+	}
+	waitClosed(t, queued, "the grants to queue")
+	b.unblock(t) // the lone statements answer; the batch [x, y] goes out and waits on x
+	for range maxInFlight {
+		if s := <-first; s != nil {
+			_ = s.Release(ctx)
+		}
+	}
+	waitLockWait(t, admin, "lock_grant_many", 1)
+	return bx, calls
+}
 
 // TestCloseBatchOutReleasesGrants: a lock_grant_many batch out when the
 // Locker closes (its callers return ErrClosed) runs to its end, and the
@@ -28,7 +83,6 @@ func TestCloseBatchOutReleasesGrants(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	const ttl = time.Minute
 	var orphans atomic.Int32
 	orphaned := make(chan struct{})
 	l.grants.orphanHook = func() {
@@ -36,48 +90,18 @@ func TestCloseBatchOutReleasesGrants(t *testing.T) {
 			close(orphaned)
 		}
 	}
-	blockNames := slotNames(t, ctx, l, "closebatch-block", ttl)
-	if err := mustAcquire(t, l, "closebatch-x", ttl).Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b := blockRows(t, admin, blockNames...)
-	bx := blockRows(t, admin, "closebatch-x")
-	first := make(chan *Lease, maxInFlight)
-	for _, name := range blockNames {
-		go func() {
-			s, err := l.TryAcquire(ctx, name, ttl)
-			if err != nil {
-				t.Errorf("TryAcquire %s: %v", name, err)
-			}
-			first <- s
-		}()
-	}
-	waitLockWait(t, admin, "lock_grant", maxInFlight)
-	queued := queuedSignal(l.grants, 2)
-	rest := make(chan error, 2)
-	for _, name := range []string{"closebatch-x", "closebatch-y"} {
-		go func() {
-			s, err := l.TryAcquire(ctx, name, ttl)
-			if s != nil {
-				t.Errorf("TryAcquire %s: a lease after Close", name)
-			}
-			rest <- err
-		}()
-	}
-	waitClosed(t, queued, "the grants to queue")
-	b.unblock(t) // the lone statements answer; the batch [x, y] goes out and waits on x
-	for range maxInFlight {
-		if s := <-first; s != nil {
-			_ = s.Release(ctx)
-		}
-	}
-	waitLockWait(t, admin, "lock_grant_many", 1)
+	bx, calls := batchOut(t, ctx, l, admin, "closebatch", time.Minute,
+		func() (context.Context, context.CancelFunc) { return ctx, func() {} })
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if err := <-rest; !errors.Is(err, pgfence.ErrClosed) {
-			t.Errorf("batched TryAcquire at Close: %v, want ErrClosed", err)
+		c := <-calls
+		if c.lease != nil {
+			t.Errorf("batched TryAcquire at Close: a lease (%s)", c.lease.Name())
+		}
+		if !errors.Is(c.err, pgfence.ErrClosed) {
+			t.Errorf("batched TryAcquire at Close: %v, want ErrClosed", c.err)
 		}
 	}
 	bx.unblock(t) // the batch goes on
@@ -108,40 +132,10 @@ func TestAbandonedBatchFreesGrantSlot(t *testing.T) {
 	}
 	defer l.Close()
 	const ttl = time.Minute
-	blockNames := slotNames(t, ctx, l, "abandoned-block", ttl)
-	if err := mustAcquire(t, l, "abandoned-x", ttl).Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b := blockRows(t, admin, blockNames...)
-	bx := blockRows(t, admin, "abandoned-x")
-	first := make(chan *Lease, maxInFlight)
-	for _, name := range blockNames {
-		go func() {
-			s, _ := l.TryAcquire(ctx, name, ttl)
-			first <- s
-		}()
-	}
-	waitLockWait(t, admin, "lock_grant", maxInFlight)
-	queued := queuedSignal(l.grants, 2)
-	gaveUp := make(chan error, 2)
-	for _, name := range []string{"abandoned-x", "abandoned-y"} {
-		go func() {
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			_, err := l.TryAcquire(cctx, name, ttl)
-			gaveUp <- err
-		}()
-	}
-	waitClosed(t, queued, "the grants to queue")
-	b.unblock(t)
-	for range maxInFlight {
-		if s := <-first; s != nil {
-			_ = s.Release(ctx)
-		}
-	}
-	waitLockWait(t, admin, "lock_grant_many", 1)
+	bx, calls := batchOut(t, ctx, l, admin, "abandoned", ttl,
+		func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) })
 	for range 2 {
-		t.Logf("batched caller gave up: %v", <-gaveUp)
+		t.Logf("batched caller gave up: %v", (<-calls).err)
 	}
 	orphans := make(chan struct{}, 2)
 	l.grants.orphanHook = func() { orphans <- struct{}{} }
