@@ -310,6 +310,18 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 
 	<-runCtx.Done()
 	stopping.Store(true)
+	// ShutdownTimeout counts from here, not from the end of a claim
+	// statement still out (which may take up to ClaimTTL to answer).
+	deadline := time.AfterFunc(w.cfg.ShutdownTimeout, func() {
+		cancelJobs(errShutdown)
+		w.mu.Lock()
+		for _, h := range w.inflight {
+			if h.cancel != nil {
+				h.cancel(errShutdown)
+			}
+		}
+		w.mu.Unlock()
+	})
 	fetchWG.Wait()
 	close(jobs) // the fetchers were the only senders
 	// Release claimed jobs that no handler has started, without waiting for
@@ -322,23 +334,8 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	})
 	listenWG.Wait()
 
-	handlersDone := make(chan struct{})
-	go func() { handlerWG.Wait(); close(handlersDone) }()
-	timer := time.NewTimer(w.cfg.ShutdownTimeout)
-	select {
-	case <-handlersDone:
-	case <-timer.C:
-		cancelJobs(errShutdown)
-		w.mu.Lock()
-		for _, h := range w.inflight {
-			if h.cancel != nil {
-				h.cancel(errShutdown)
-			}
-		}
-		w.mu.Unlock()
-		<-handlersDone
-	}
-	timer.Stop()
+	handlerWG.Wait()
+	deadline.Stop()
 	close(results)
 	completerWG.Wait()
 	stopBg()
