@@ -111,6 +111,39 @@ func TestGeneratedPartitioned(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT v || ':' || fence FROM pt WHERE id = 1`).Scan(&v); err != nil || v != "b:2" {
 		t.Fatalf("row = %q, %v; want b:2", v, err)
 	}
+	// The upsert cannot read xmax there (0A000): it inserts, updates and
+	// refuses like the ordinary table's.
+	upsert := generatedStatement(t, opts, "FencedUpsertPt", "token", "id", "region", "v")
+	for _, c := range []struct {
+		token    int64
+		id       int
+		v        string
+		fence    int64
+		inserted bool
+		code     string
+	}{
+		{3, 2, "new", 3, true, ""},     // no row: inserted into the partition
+		{5, 1, "c", 5, false, ""},      // an older fence: updated
+		{4, 1, "d", 0, false, "PF003"}, // a newer fence: refused
+		{5, 1, "e", 0, false, "PF004"}, // the same token again (strict): refused
+	} {
+		var (
+			fence    int64
+			inserted bool
+		)
+		err := pool.QueryRow(ctx, upsert, c.token, c.id, "eu", c.v).Scan(&fence, &inserted)
+		var pgErr *pgconn.PgError
+		switch {
+		case c.code != "" && (!errors.As(err, &pgErr) || pgErr.Code != c.code):
+			t.Errorf("upsert(token %d, id %d) = %v; want SQLSTATE %s", c.token, c.id, err, c.code)
+		case c.code == "" && (err != nil || fence != c.fence || inserted != c.inserted):
+			t.Errorf("upsert(token %d, id %d) = fence %d, inserted %v, %v; want %d, %v", c.token, c.id, fence, inserted, err, c.fence, c.inserted)
+		}
+	}
+	var rows string
+	if err := pool.QueryRow(ctx, `SELECT string_agg(id || ':' || v || ':' || fence, ' ' ORDER BY id) FROM pt`).Scan(&rows); err != nil || rows != "1:c:5 2:new:3" {
+		t.Fatalf("rows after the upserts: %q, %v; want 1:c:5 2:new:3", rows, err)
+	}
 	plain := fencegen.Options{Table: "plain", Key: []string{"id"}, Set: []string{"v"}, HasFenceColumn: true, Version: "00002", Partitioned: true}
 	if err := fencegen.Validate(ctx, pool, plain); !matchErr(err, argErr{pgfence.ErrInvalid, "table"}) {
 		t.Fatalf("Validate(ordinary table, Partitioned true) = %v; want ErrInvalid naming the table", err)

@@ -86,15 +86,37 @@ func (p *plan) queries() string {
 			"-- the same row again, e.g. after FencedRead"+p.name+". It returns the new fence; a refused\n"+
 			"-- write is an error (see fencedwrite.TranslateError).\n", "OPERATOR(pg_catalog.<=)", "reentrant"))
 
-	b.WriteString("-- name: FencedUpsert" + p.name + " :one\n" +
+	upsertDoc := "-- name: FencedUpsert" + p.name + " :one\n" +
 		"-- FencedUpsert" + p.name + " inserts the row with fence = token, or updates it if its fence is\n" +
 		"-- lower than the token (strict). It returns the new fence and whether the row was inserted; a\n" +
-		"-- refused write is an error (see fencedwrite.TranslateError).\n" +
-		"WITH w AS (\n    INSERT INTO " + tbl + " AS t (" + strings.Join(cols, ", ") + ")\n    VALUES (" + strings.Join(vals, ", ") + ")\n" +
-		"    ON CONFLICT (" + strings.Join(keyCols, ", ") + ") DO UPDATE SET " + strings.Join(excl, ", ") + "\n" +
-		"    WHERE t." + f + " OPERATOR(pg_catalog.<) excluded." + f + "\n" +
-		"    RETURNING t." + f + ", (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted\n)\nSELECT w." + f + ", w.inserted FROM w\n" +
-		refused("strict", "@token::bigint", ", false"))
+		"-- refused write is an error (see fencedwrite.TranslateError).\n"
+	insert := "INSERT INTO " + tbl + " AS t (" + strings.Join(cols, ", ") + ")\n    VALUES (" + strings.Join(vals, ", ") + ")\n" +
+		"    ON CONFLICT (" + strings.Join(keyCols, ", ") + ")"
+	if !p.opts.Partitioned {
+		// xmax is 0 in a row the INSERT inserted, and the updating
+		// transaction's id in one its DO UPDATE wrote.
+		b.WriteString(upsertDoc +
+			"WITH w AS (\n    " + insert + " DO UPDATE SET " + strings.Join(excl, ", ") + "\n" +
+			"    WHERE t." + f + " OPERATOR(pg_catalog.<) excluded." + f + "\n" +
+			"    RETURNING t." + f + ", (t.xmax OPERATOR(pg_catalog.=) 0)::boolean AS inserted\n)\nSELECT w." + f + ", w.inserted FROM w\n" +
+			refused("strict", "@token::bigint", ", false"))
+	} else {
+		// A partitioned table's INSERT cannot return a system column
+		// (0A000), so xmax cannot tell an insert from an update: the
+		// INSERT does nothing on a conflict, and only then the fenced
+		// UPDATE runs (fencedwrite's upsert on a partitioned table).
+		b.WriteString(upsertDoc +
+			"-- The table is partitioned: a row that another transaction inserted after this statement\n" +
+			"-- began stops the INSERT but is not seen by the UPDATE, and the write is refused with PF005\n" +
+			"-- (no such row); it changed nothing, and a retry updates the row.\n" +
+			"WITH i AS (\n    " + insert + " DO NOTHING\n    RETURNING t." + f + "\n), u AS (\n" +
+			"    UPDATE " + from + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
+			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<) @token::bigint\n" +
+			"      AND NOT EXISTS (SELECT 1 FROM i)\n    RETURNING t." + f + "\n), w AS (\n" +
+			"    SELECT i." + f + ", true AS inserted FROM i\n    UNION ALL\n    SELECT u." + f + ", false FROM u\n)\n" +
+			"SELECT w." + f + ", w.inserted FROM w\n" +
+			refused("strict", "@token::bigint", ", false"))
+	}
 
 	b.WriteString("-- name: FencedDelete" + p.name + " :one\n" +
 		"-- FencedDelete" + p.name + " deletes the row unless a newer grant wrote it (fence <= token: a\n" +
