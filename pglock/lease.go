@@ -52,10 +52,6 @@ type Lease struct {
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
 	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent}
-	s.mu.Lock()
-	s.timer = time.AfterFunc(time.Until(s.deadline), s.deadlinePassed)
-	s.mu.Unlock()
-
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -64,10 +60,26 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 		return s
 	}
 	l.leases[s] = struct{}{}
-	if l.cfg.KeepAlive {
-		l.keeper.add(s)
-	}
 	l.mu.Unlock()
+	// The deadline timer starts once the lease is registered: a deadline
+	// already past (a grant answered after its TTL) ends the lease at once,
+	// and end must find it registered to take it out again (it stayed in
+	// l.leases until Close).
+	s.mu.Lock()
+	if s.err == nil {
+		s.timer = time.AfterFunc(time.Until(s.deadline), s.deadlinePassed)
+	}
+	s.mu.Unlock()
+	if l.cfg.KeepAlive {
+		// Kept alive once its timer exists (a renewal re-arms it), and only
+		// while registered: end takes it out of l.leases before it takes it
+		// out of the keeper.
+		l.mu.Lock()
+		if _, ok := l.leases[s]; ok {
+			l.keeper.add(s)
+		}
+		l.mu.Unlock()
+	}
 	return s
 }
 
