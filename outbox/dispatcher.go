@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -17,6 +16,7 @@ import (
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/nilcheck"
+	"github.com/pgfence/pgfence/internal/permanent"
 	"github.com/pgfence/pgfence/internal/workerclaim"
 	"github.com/pgfence/pgfence/observe"
 	"github.com/pgfence/pgfence/skiplocked"
@@ -57,18 +57,7 @@ type Handler func(ctx context.Context, d Delivery) error
 // Permanent wraps err so that the [Dispatcher] sends the intent to dead at
 // once instead of retrying it. Permanent(nil) is a permanent failure too,
 // recorded as "permanent failure".
-func Permanent(err error) error { return &permanentError{err} }
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string {
-	if e.err == nil {
-		return "permanent failure"
-	}
-	return "permanent: " + e.err.Error()
-}
-
-func (e *permanentError) Unwrap() error { return e.err }
+func Permanent(err error) error { return permanent.Wrap(err) }
 
 // Config tunes a [Dispatcher]. A nil *Config uses every default. The fields
 // are those of [skiplocked.Config].
@@ -305,14 +294,13 @@ func (d *Dispatcher) deliver(ctx context.Context, j skiplocked.Job) error {
 	start := time.Now()
 	err := d.call(ctx, del)
 	d.metrics.Observe(ctx, metricdefs.OutboxDeliverySeconds, time.Since(start).Seconds(), d.topic)
-	var pe *permanentError
 	switch {
 	case err == nil:
 		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryDelivered)
 		return nil
-	case errors.As(err, &pe):
+	case permanent.Is(err): // outbox.Permanent or skiplocked.Permanent: one type
 		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryPermanent)
-		return skiplocked.Permanent(err)
+		return err
 	default:
 		d.metrics.Add(ctx, metricdefs.OutboxDeliveriesTotal, 1, d.topic, metricdefs.DeliveryFailed)
 		return err

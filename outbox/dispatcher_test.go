@@ -151,36 +151,53 @@ func TestDispatcherRetriesAndDead(t *testing.T) {
 
 // TestDispatcherPermanentNil: a handler returning Permanent(nil) sends the
 // intent to dead at once, as Permanent(err) does, and the dispatcher goes on
-// (it used to call Error on the nil error and crash the process).
+// (it used to call Error on the nil error and crash the process). A handler
+// that returns skiplocked.Permanent is a permanent failure too: its intent
+// went dead, but the deliveries metric counted it as failed (and an
+// outbox.Permanent's last_error read "permanent: permanent: ...").
 func TestDispatcherPermanentNil(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	l := b.grant(t, "permnil")
-	res, err := outbox.Enqueue(b.ctx, b.pool, l, outbox.Intent{Topic: "permnil", Key: "k", Payload: json.RawMessage(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var calls atomic.Int32
-	d, err := outbox.NewDispatcher(b.pool, "permnil", func(context.Context, outbox.Delivery) error {
-		calls.Add(1)
-		return outbox.Permanent(nil)
-	}, &outbox.Config{Backoff: noBackoff, PollInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := d.Drain(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sum.Dead != 1 || calls.Load() != 1 {
-		t.Fatalf("summary %+v after %d calls, want 1 dead after 1 call", sum, calls.Load())
-	}
-	var state, lastErr string
-	if err := b.pool.QueryRow(b.ctx, "SELECT state::text, last_error FROM pgfence.jobs WHERE id = $1", res.ID).Scan(&state, &lastErr); err != nil {
-		t.Fatal(err)
-	}
-	if state != "dead" || lastErr != "permanent: permanent failure" {
-		t.Fatalf("intent's job: state %q, last_error %q; want dead, %q", state, lastErr, "permanent: permanent failure")
+	for _, c := range []struct {
+		topic   string
+		err     error
+		lastErr string
+	}{
+		{"permnil", outbox.Permanent(nil), "permanent failure"},
+		{"permout", outbox.Permanent(errors.New("gone")), "permanent: gone"},
+		{"permsl", skiplocked.Permanent(errors.New("gone")), "permanent: gone"},
+	} {
+		b := setup(t)
+		l := b.grant(t, c.topic)
+		res, err := outbox.Enqueue(b.ctx, b.pool, l, outbox.Intent{Topic: c.topic, Key: "k", Payload: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var calls atomic.Int32
+		m := &counters{}
+		d, err := outbox.NewDispatcher(b.pool, c.topic, func(context.Context, outbox.Delivery) error {
+			calls.Add(1)
+			return c.err
+		}, &outbox.Config{Backoff: noBackoff, PollInterval: 20 * time.Millisecond, Metrics: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, err := d.Drain(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum.Dead != 1 || calls.Load() != 1 {
+			t.Fatalf("%s: summary %+v after %d calls, want 1 dead after 1 call", c.topic, sum, calls.Load())
+		}
+		var state, lastErr string
+		if err := b.pool.QueryRow(b.ctx, "SELECT state::text, last_error FROM pgfence.jobs WHERE id = $1", res.ID).Scan(&state, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if state != "dead" || lastErr != c.lastErr {
+			t.Errorf("%s: intent's job: state %q, last_error %q; want dead, %q", c.topic, state, lastErr, c.lastErr)
+		}
+		if p, f := m.get(metricdefs.OutboxDeliveriesTotal, c.topic, metricdefs.DeliveryPermanent), m.get(metricdefs.OutboxDeliveriesTotal, c.topic, metricdefs.DeliveryFailed); p != 1 || f != 0 {
+			t.Errorf("%s: deliveries counted permanent %v, failed %v; want 1, 0", c.topic, p, f)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
+	"github.com/pgfence/pgfence/internal/permanent"
 	"github.com/pgfence/pgfence/internal/workerclaim"
 )
 
@@ -47,18 +48,7 @@ type TxHandler func(ctx context.Context, tx pgx.Tx, job Job) error
 // Permanent wraps err so that the [Worker] sends the job to dead at once
 // instead of retrying it. Permanent(nil) is a permanent failure too, recorded
 // as "permanent failure".
-func Permanent(err error) error { return &permanentError{err} }
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string {
-	if e.err == nil {
-		return "permanent failure"
-	}
-	return "permanent: " + e.err.Error()
-}
-
-func (e *permanentError) Unwrap() error { return e.err }
+func Permanent(err error) error { return permanent.Wrap(err) }
 
 // Summary counts what one [Worker] did, from the start of Run or Drain.
 type Summary struct {

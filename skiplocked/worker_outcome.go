@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
+	"github.com/pgfence/pgfence/internal/permanent"
 )
 
 // readClaim reads a job's claim columns for ref, retrying connection errors
@@ -199,7 +200,6 @@ func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(cont
 func (w *Worker) fail(ctx context.Context, r result) {
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL)
 	defer cancel()
-	var perm *permanentError
 	msg := "error"
 	if r.err != nil {
 		msg = r.err.Error()
@@ -211,7 +211,7 @@ func (w *Worker) fail(ctx context.Context, r result) {
 		job, lost, err = fail(cctx, w.pool, r.h.ref, FailParams{
 			Error:   msg,
 			RetryIn: retryIn,
-			GiveUp:  errors.As(r.err, &perm),
+			GiveUp:  permanent.Is(r.err),
 		})
 		return err
 	})
