@@ -14,12 +14,13 @@ import (
 // Default election timings, in the spirit of Kubernetes leader election.
 const (
 	defaultLeaseDuration = 15 * time.Second
-	defaultRenewDeadline = 10 * time.Second
-	defaultRetryPeriod   = 2 * time.Second
+	minRetryPeriod       = 10 * time.Millisecond // a leader renewing in a tight loop helps nobody
 )
 
 // ElectionConfig configures an [Elector]. A nil *ElectionConfig means all
-// defaults. Timings must satisfy RetryPeriod < RenewDeadline < LeaseDuration.
+// defaults. Timings must satisfy 10ms <= RetryPeriod < RenewDeadline <
+// LeaseDuration. An unset RenewDeadline or RetryPeriod is 2/3 or 2/15 of
+// LeaseDuration (10s and 2s for the default 15s).
 type ElectionConfig struct {
 	// LeaseDuration is the TTL of the leader's lease: after the leader stops
 	// renewing (crash, partition), a candidate takes over within about
@@ -27,18 +28,24 @@ type ElectionConfig struct {
 	LeaseDuration time.Duration
 	// RenewDeadline is how long the leader keeps retrying failed renewals
 	// (counted from the send time of the last successful one) before it steps
-	// down on its own. Being shorter than LeaseDuration, it makes the old
-	// leader stop before the database lets anyone else in. Defaults to 10s.
+	// down on its own, at that moment even between two RetryPeriod ticks.
+	// Being shorter than LeaseDuration, it makes the old leader stop before
+	// the database lets anyone else in. Defaults to 2/3 of LeaseDuration.
 	RenewDeadline time.Duration
 	// RetryPeriod is the interval between the leader's renewals and the
 	// longest a candidate sleeps between attempts (a release wakes it at once
-	// through LISTEN; the holder's expiry wakes it too). Defaults to 2s.
+	// through LISTEN; the holder's expiry wakes it too). At least 10ms.
+	// Defaults to 2/15 of LeaseDuration.
 	RetryPeriod time.Duration
 	// OnStartedLeading is called in its own goroutine when this candidate
 	// becomes leader. ctx ends when leadership ends (lost, stepped down, Run's
 	// context cancelled); the function must return promptly then, because
-	// Run waits for it before campaigning again. lease.Token() is the term's
-	// fencing token: fence the leader's writes with it.
+	// Run waits for it before campaigning again, and on a resign before it
+	// releases the lease: the next leader's OnStartedLeading never begins
+	// while this one's ctx is live. A function that returns before its ctx
+	// ends does not end the term: the Elector keeps leading (and renewing)
+	// until Run's context ends or the lease is lost. lease.Token() is the
+	// term's fencing token: fence the leader's writes with it.
 	OnStartedLeading func(ctx context.Context, lease *Lease)
 	// OnStoppedLeading is called after OnStartedLeading returned, with why the
 	// term ended (the lease's Err). Optional.
@@ -76,18 +83,20 @@ func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) 
 	if c.LeaseDuration == 0 {
 		c.LeaseDuration = defaultLeaseDuration
 	}
-	if c.RenewDeadline == 0 {
-		c.RenewDeadline = defaultRenewDeadline
-	}
-	if c.RetryPeriod == 0 {
-		c.RetryPeriod = defaultRetryPeriod
-	}
 	if err := validateTTL(op, c.LeaseDuration); err != nil {
 		return nil, err
 	}
-	if !(c.RetryPeriod > 0 && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
-		return nil, invalid(op, "ElectionConfig", "need 0 < RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
-			c.RetryPeriod, c.RenewDeadline, c.LeaseDuration)
+	// Scaled from LeaseDuration (the defaults' 15s : 10s : 2s), so that
+	// setting LeaseDuration alone gives a valid configuration.
+	if c.RenewDeadline == 0 {
+		c.RenewDeadline = c.LeaseDuration * 2 / 3
+	}
+	if c.RetryPeriod == 0 {
+		c.RetryPeriod = c.LeaseDuration * 2 / 15
+	}
+	if !(c.RetryPeriod >= minRetryPeriod && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
+		return nil, invalid(op, "ElectionConfig", "need %v <= RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
+			minRetryPeriod, c.RetryPeriod, c.RenewDeadline, c.LeaseDuration)
 	}
 	return &Elector{l: l, name: name, cfg: c}, nil
 }
@@ -100,7 +109,7 @@ func (e *Elector) Name() string { return e.name }
 func (e *Elector) Lease() *Lease {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.lease != nil && e.lease.Err() == nil {
+	if e.lease != nil && e.lease.Err() == nil && time.Now().Before(e.lease.Deadline()) {
 		return e.lease
 	}
 	return nil
@@ -164,20 +173,32 @@ func (e *Elector) lead(ctx context.Context, lease *Lease) {
 	e.l.log.Info("pglock: started leading", "name", e.name, "token", lease.Token())
 	e.l.m.Add(ctx, metricdefs.LeaderChangesTotal, 1, e.name, "started")
 
+	// The term's context ends with the lease's, and on a resign before the
+	// lease is released: the callback has returned by the time the release
+	// hands the lease to the next candidate.
+	term, endTerm := context.WithCancelCause(lease.Context())
+	defer endTerm(nil)
 	cbDone := make(chan struct{})
 	go func() {
 		defer close(cbDone)
 		if e.cfg.OnStartedLeading != nil {
-			e.cfg.OnStartedLeading(lease.Context(), lease)
+			e.cfg.OnStartedLeading(term, lease)
 		}
 	}()
 
 	t := time.NewTicker(e.cfg.RetryPeriod)
 	defer t.Stop()
+	// The leader steps down RenewDeadline after the send time of its last
+	// successful renewal (or grant), whenever that falls between two ticks.
+	stepDownAt := func() time.Time { return lease.Deadline().Add(e.cfg.RenewDeadline - e.cfg.LeaseDuration) }
+	step := time.NewTimer(time.Until(stepDownAt()))
+	defer step.Stop()
 loop:
 	for {
 		select {
 		case <-ctx.Done():
+			endTerm(errReleased)
+			<-cbDone
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
 			if err := lease.Release(rctx); err != nil {
 				e.l.log.Warn("pglock: resign failed; the lease expires at its TTL", "name", e.name, "err", err)
@@ -187,12 +208,21 @@ loop:
 			break loop
 		case <-lease.Done():
 			break loop
+		case <-step.C:
+			if d := stepDownAt(); time.Now().Before(d) {
+				step.Reset(time.Until(d)) // renewed since the timer was set
+				continue
+			}
+			lease.end(lease.lost("pglock.Run", errRenewDeadline))
+			break loop
 		case <-t.C:
-			lastSend := lease.Deadline().Add(-e.cfg.LeaseDuration)
-			stepDown := lastSend.Add(e.cfg.RenewDeadline)
+			stepDown := stepDownAt()
 			rctx, cancel := context.WithDeadline(ctx, stepDown)
 			err := lease.Renew(rctx)
 			cancel()
+			if err == nil {
+				step.Reset(time.Until(stepDownAt()))
+			}
 			if err == nil || lease.Err() != nil || ctx.Err() != nil {
 				continue
 			}
