@@ -610,6 +610,8 @@ var rewrites = map[string][]string{
 	"00022_pgfence_lock_renew_monotonic.sql": {"lock_renew", "lock_renew_many"},
 	// The guard refuses an UPDATE that moves a row to another lock.
 	"00023_pgfence_guard_lock_move.sql": {"attach_guard"},
+	// guarded_fences reads tables only (not a view its owner made of one).
+	"00024_pgfence_operator_views.sql": {"guarded_fence_status"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -225,7 +225,8 @@ type PgfenceOutboxStatus struct {
 	InFlight int64
 	// Intents claimed by a dispatcher that died or stalled: the next claim takes them over.
 	ExpiredClaims int64
-	Delivered     int64
+	// Intents delivered: their job completed, or was deleted once finished (a dead intent's job is kept).
+	Delivered int64
 	// Intents that will not be delivered: every attempt failed, or the receiver refused them permanently. Needs a human.
 	Dead int64
 	// Seconds since the oldest intent not yet delivered (nor dead) was recorded; NULL if none.
