@@ -12,6 +12,9 @@ var NewestMigration = newestMigration
 // Redact is redact, for the tests.
 var Redact = redact
 
+// WithDatabase is withDatabase, for the tests.
+var WithDatabase = withDatabase
+
 // DBName is dbName, for the tests.
 var DBName = dbName
 

@@ -8,12 +8,14 @@ import (
 	"io/fs"
 	"net/url"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence/migrations"
@@ -222,6 +224,116 @@ func TestRedactHidesPasswords(t *testing.T) {
 		if got := pgfencetest.Redact(dsn); got != dsn {
 			t.Errorf("redact(%q) = %q, want it unchanged (no password)", dsn, got)
 		}
+	}
+}
+
+// TestRedactHidesEveryPasswordKey: every key ending in "password" is a
+// secret, not only "password": sslpassword (the passphrase of the client
+// key) is hidden too, in URL and keyword/value DSNs, in any case; the other
+// keys stay readable.
+func TestRedactHidesEveryPasswordKey(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"postgres://u@db.example/app?sslmode=verify-full&sslkey=/k.pem&sslpassword=s3cret",
+		"postgresql://u:s3cret@db.example/app?sslpassword=s3cret&password=s3cret",
+		"postgres://u@db.example/app?SSLPassword=s3cret",
+		"host=db.example user=u sslkey=/k.pem sslpassword=s3cret dbname=app",
+		"host=db.example sslpassword = 's3 cret' password=s3cret dbname=app",
+		"host=db.example SSLPASSWORD=s3cret dbname=app",
+	} {
+		got := pgfencetest.Redact(dsn)
+		if strings.Contains(got, "s3") || strings.Contains(got, "cret") {
+			t.Errorf("redact(%q) = %q, shows a password", dsn, got)
+		}
+		if !strings.Contains(got, "db.example") || !strings.Contains(got, "app") {
+			t.Errorf("redact(%q) = %q, want the host and database kept", dsn, got)
+		}
+	}
+	if dsn := "host=db.example sslkey=/k.pem sslmode=verify-full dbname=app"; pgfencetest.Redact(dsn) != dsn {
+		t.Errorf("redact(%q) = %q, want it unchanged (no password)", dsn, pgfencetest.Redact(dsn))
+	}
+}
+
+// TestWithDatabaseReplacesEveryDatabaseSetting: the DSN of a test's
+// database names that database however the server's DSN named its own: a
+// URL's path, its dbname or database query parameter (which pgx reads
+// after the path), or a keyword/value dbname. Other settings stay.
+func TestWithDatabaseReplacesEveryDatabaseSetting(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"postgres://u@db.example/app?sslmode=disable",
+		"postgres://u@db.example/app?dbname=other&sslmode=disable",
+		"postgresql://u@db.example/?dbname=other&sslmode=disable",
+		"postgres://u@db.example?database=other&sslmode=disable",
+		"postgres://u@db.example/app?dbname=a&dbname=b&database=c&sslmode=disable",
+		"host=db.example user=u dbname=other sslmode=disable",
+	} {
+		got := pgfencetest.WithDatabase(dsn, "pgfencetest_mine")
+		cfg, err := pgconn.ParseConfig(got)
+		if err != nil {
+			t.Errorf("WithDatabase(%q) = %q: %v", dsn, got, err)
+			continue
+		}
+		if cfg.Database != "pgfencetest_mine" || cfg.Host != "db.example" || cfg.User != "u" || cfg.TLSConfig != nil {
+			t.Errorf("WithDatabase(%q) = %q: database %q, host %q, user %q, TLS %v; want pgfencetest_mine, db.example, u, no TLS (sslmode kept)",
+				dsn, got, cfg.Database, cfg.Host, cfg.User, cfg.TLSConfig != nil)
+		}
+	}
+}
+
+// childURLEnv carries, to TestNewWithDbnameInServerURLChild in a child
+// process, the URL of this process's server.
+const childURLEnv = "PGFENCETEST_CHILD_SERVER_URL"
+
+// TestNewWithDbnameInServerURL: a PGFENCE_TEST_DATABASE_URL that names its
+// database with the libpq query parameter (postgresql://host/?dbname=postgres)
+// still gives each test its own database, not the server's. A child process
+// (the server is chosen once per process) runs New with that URL.
+func TestNewWithDbnameInServerURL(t *testing.T) {
+	t.Parallel()
+	pgfencetest.New(t) // starts this process's server
+	u, err := url.Parse(pgfencetest.ServerDSN())
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Skipf("the server's DSN is not a URL (%v): nothing to put ?dbname= in", err)
+	}
+	maintenance := strings.TrimPrefix(u.Path, "/")
+	if maintenance == "" {
+		maintenance = "postgres"
+	}
+	u.Path, u.RawPath = "/", ""
+	q := u.Query()
+	q.Set("dbname", maintenance)
+	u.RawQuery = q.Encode()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^TestNewWithDbnameInServerURLChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "PGFENCE_TEST_DATABASE_URL="+u.String(), childURLEnv+"="+maintenance)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestNewWithDbnameInServerURLChild") {
+		t.Fatalf("child with PGFENCE_TEST_DATABASE_URL=%s: %v\n%s", pgfencetest.Redact(u.String()), err, out)
+	}
+}
+
+// TestNewWithDbnameInServerURLChild is TestNewWithDbnameInServerURL's child:
+// it runs only there.
+func TestNewWithDbnameInServerURLChild(t *testing.T) {
+	maintenance := os.Getenv(childURLEnv)
+	if maintenance == "" {
+		t.Skip("run by TestNewWithDbnameInServerURL in a child process")
+	}
+	db := pgfencetest.New(t)
+	var cur string
+	if err := db.Pool.QueryRow(context.Background(), "SELECT pg_catalog.current_database()::pg_catalog.text").Scan(&cur); err != nil {
+		t.Fatal(err)
+	}
+	if cur != db.Name {
+		t.Fatalf("db.Pool is on database %q, want the test's own %q (not the server's %q); DSN %s", cur, db.Name, maintenance, pgfencetest.Redact(db.DSN))
+	}
+	var migrated bool
+	if err := db.Pool.QueryRow(context.Background(), "SELECT pg_catalog.to_regclass('pgfence.locks') IS NOT NULL").Scan(&migrated); err != nil || !migrated {
+		t.Fatalf("the test's database has no pgfence.locks (%v)", err)
 	}
 }
 

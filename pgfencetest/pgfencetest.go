@@ -601,10 +601,18 @@ func adminExec(ctx context.Context, s *pgserver.Server, sql string) error {
 
 func ident(parts ...string) string { return pgx.Identifier(parts).Sanitize() }
 
-// withDatabase replaces the database of a URL- or keyword-style DSN.
+// withDatabase replaces the database of a URL- or keyword-style DSN. A
+// URL's query parameters dbname and database name the database too, and pgx
+// reads them after the path: they are removed. In a keyword/value DSN the
+// last dbname wins.
 func withDatabase(dsn, db string) string {
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Path = "/" + db
+		u.Path, u.RawPath = "/"+db, ""
+		if q := u.Query(); q.Has("dbname") || q.Has("database") {
+			q.Del("dbname")
+			q.Del("database")
+			u.RawQuery = q.Encode()
+		}
 		return u.String()
 	}
 	return dsn + " dbname=" + db
@@ -613,15 +621,16 @@ func withDatabase(dsn, db string) string {
 // dsnNotShown stands for a DSN redact cannot read (and so cannot redact).
 const dsnNotShown = "(DSN not shown)"
 
-// redact hides the password of a DSN, for a log: a URL's (user:password@,
-// ?password=) and a keyword/value DSN's (password=..., quoted or not). A DSN
-// it cannot read is not shown at all.
+// redact hides the passwords of a DSN, for a log: a URL's (user:password@,
+// ?password=, ?sslpassword=) and a keyword/value DSN's (password=...,
+// sslpassword=..., quoted or not): the value of every key ending in
+// "password", in any case. A DSN it cannot read is not shown at all.
 func redact(dsn string) string {
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
 		q := u.Query()
 		hidden := false
 		for k := range q {
-			if strings.EqualFold(k, "password") {
+			if secretKey(k) {
 				q[k] = []string{"xxxxx"}
 				hidden = true
 			}
@@ -637,7 +646,13 @@ func redact(dsn string) string {
 	return redactKeywords(dsn)
 }
 
-// redactKeywords replaces the value of each password keyword of a
+// secretKey reports whether the value of the DSN key is a secret redact
+// hides: a key ending in "password" (password, sslpassword), in any case.
+func secretKey(key string) bool {
+	return strings.HasSuffix(strings.ToLower(key), "password")
+}
+
+// redactKeywords replaces the value of each key ending in "password" of a
 // keyword/value DSN with xxxxx, reading it as libpq does: key = value, the
 // value in single quotes or up to the next white space, a backslash
 // escaping the next character.
@@ -691,7 +706,7 @@ func redactKeywords(dsn string) string {
 			}
 			i = min(i, len(dsn))
 		}
-		if strings.EqualFold(key, "password") {
+		if secretKey(key) {
 			out.WriteString("xxxxx")
 		} else {
 			out.WriteString(dsn[v:i])

@@ -17,6 +17,10 @@
 // [observe.Metrics]) and goes to the instrument unchanged, so the SDK's
 // exemplar filter can link a measurement to the span in it.
 //
+// A nil *Metrics records nothing: a typed nil put in a Config (var m
+// *otelobserve.Metrics, left nil when metrics are off) is a no-op, as with
+// promobserve.
+//
 // Only programs that import this package link OpenTelemetry: pgfence's other
 // packages do not depend on it.
 package otelobserve
@@ -26,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"sync/atomic"
 
@@ -52,6 +57,9 @@ var bounds = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1,
 // histogram, Observe on a counter), a number of label values other than the
 // catalog's, a negative, infinite or NaN counter delta, a NaN histogram
 // value.
+//
+// A nil *Metrics records nothing and counts nothing: its Add and Observe do
+// nothing and its Dropped returns 0.
 type Metrics struct {
 	insts   map[string]*instrument
 	dropped atomic.Int64
@@ -67,12 +75,16 @@ type instrument struct {
 var _ observe.Metrics = (*Metrics)(nil)
 
 // New creates the instruments of every [observe.Catalog] metric on
-// mp.Meter([ScopeName]). It returns an error when mp is nil or when the meter
-// refuses an instrument (the error names it); instruments created before the
-// error are left to the provider.
+// mp.Meter([ScopeName]). It returns an error when mp is nil (nil, or a nil
+// pointer such as (*sdkmetric.MeterProvider)(nil)) or when the meter refuses
+// an instrument (the error names it); instruments created before the error
+// are left to the provider.
 func New(mp metric.MeterProvider) (*Metrics, error) {
 	if mp == nil {
 		return nil, errors.New("otelobserve: nil MeterProvider")
+	}
+	if isNil(mp) {
+		return nil, fmt.Errorf("otelobserve: nil MeterProvider (a nil %T)", mp)
 	}
 	meter := mp.Meter(ScopeName)
 	m := &Metrics{insts: make(map[string]*instrument, len(observe.Catalog))}
@@ -108,7 +120,11 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 
 // Add implements observe.Metrics: it adds delta to the counter name with the
 // catalog's attributes, passing ctx to the instrument.
+// A nil m does nothing.
 func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValues ...string) {
+	if m == nil {
+		return
+	}
 	in := m.insts[name]
 	if in == nil || in.counter == nil || len(labelValues) != len(in.keys) || !(delta >= 0) || math.IsInf(delta, 1) {
 		m.dropped.Add(1)
@@ -119,7 +135,11 @@ func (m *Metrics) Add(ctx context.Context, name string, delta float64, labelValu
 
 // Observe implements observe.Metrics: it records value in the histogram name
 // with the catalog's attributes, passing ctx to the instrument.
+// A nil m does nothing.
 func (m *Metrics) Observe(ctx context.Context, name string, value float64, labelValues ...string) {
+	if m == nil {
+		return
+	}
 	in := m.insts[name]
 	if in == nil || in.histogram == nil || len(labelValues) != len(in.keys) || math.IsNaN(value) {
 		m.dropped.Add(1)
@@ -131,7 +151,28 @@ func (m *Metrics) Observe(ctx context.Context, name string, value float64, label
 // Dropped returns the number of measurements dropped since [New] (see
 // [Metrics]). pgfence's own calls are never dropped; a non-zero value means a
 // caller outside pgfence used a name or label count the catalog does not have.
-func (m *Metrics) Dropped() int64 { return m.dropped.Load() }
+// A nil m returns 0.
+func (m *Metrics) Dropped() int64 {
+	if m == nil {
+		return 0
+	}
+	return m.dropped.Load()
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice, func,
+// channel or interface (as pgfence's internal/nilcheck does; this module
+// does not import pgfence's internal packages, whose API may change between
+// pgfence versions).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
 
 func (in *instrument) attrs(values []string) metric.MeasurementOption {
 	if len(values) == 0 {

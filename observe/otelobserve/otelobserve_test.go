@@ -237,6 +237,60 @@ func TestNewErrors(t *testing.T) {
 	m.Add(context.Background(), metricdefs.RowsClaimedTotal, 1, "q")
 }
 
+// TestNewTypedNilMeterProvider: a nil pointer to a MeterProvider (an
+// unset *sdkmetric.MeterProvider) is refused with an error, as a nil
+// interface is, instead of a panic when its Meter is called.
+func TestNewTypedNilMeterProvider(t *testing.T) {
+	t.Parallel()
+	var (
+		m   *otelobserve.Metrics
+		err error
+	)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Fatalf("New((*sdkmetric.MeterProvider)(nil)) panics: %v", r)
+			}
+		}()
+		m, err = otelobserve.New((*sdkmetric.MeterProvider)(nil))
+	}()
+	if err == nil || m != nil {
+		t.Fatalf("New((*sdkmetric.MeterProvider)(nil)) = %v, %v; want nil and an error", m, err)
+	}
+	if !strings.Contains(err.Error(), "nil MeterProvider") {
+		t.Errorf("error %q does not say the MeterProvider is nil", err)
+	}
+}
+
+// TestNilMetricsRecordsNothing: a typed nil *Metrics in a Config (metrics
+// left off: var m *otelobserve.Metrics) records nothing and does not panic,
+// neither in what pglock.New, skiplocked.NewWorker and fencedwrite run at
+// construction (the Init helpers) nor on any catalog metric later; Dropped
+// is 0.
+func TestNilMetricsRecordsNothing(t *testing.T) {
+	t.Parallel()
+	var m *otelobserve.Metrics
+	var om observe.Metrics = m // as in pglock.Config{Metrics: m}
+	ctx := context.Background()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("typed nil *otelobserve.Metrics panics: %v", r)
+		}
+	}()
+	metricdefs.InitLeases(ctx, om)
+	metricdefs.InitTable(ctx, om, "public.items")
+	metricdefs.InitQueue(ctx, om, "mail")
+	metricdefs.InitTopic(ctx, om, "events")
+	for i, d := range observe.Catalog {
+		om.Add(ctx, d.Name, 1, labelValues(i, d)...)
+		om.Observe(ctx, d.Name, 1, labelValues(i, d)...)
+	}
+	om.Add(ctx, "pgfence_no_such_metric_total", 1)
+	if n := m.Dropped(); n != 0 {
+		t.Errorf("nil Metrics: Dropped() = %d, want 0", n)
+	}
+}
+
 // TestContextReachesExemplars: the operation's context goes to the
 // instrument, so the SDK's default exemplar filter (sampled spans) links the
 // measurement to the span in it.

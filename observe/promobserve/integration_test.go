@@ -3,6 +3,10 @@ package promobserve_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -266,5 +270,96 @@ func TestWorkerMetrics(t *testing.T) {
 	}
 	if v := value(t, reg, metricdefs.ClaimSeconds, q); v < 1 {
 		t.Errorf("claim latency samples = %v", v)
+	}
+}
+
+// queueSeries counts the series of reg's Prometheus exposition that carry
+// a queue label, by queue: one per counter, and for a histogram one per
+// bucket (with +Inf), _sum and _count.
+func queueSeries(t *testing.T, reg *prometheus.Registry) map[string]int {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, f := range fams {
+		for _, m := range f.Metric {
+			for _, lp := range m.Label {
+				if lp.GetName() != "queue" {
+					continue
+				}
+				if h := m.GetHistogram(); h != nil {
+					n[lp.GetValue()] += len(h.GetBucket()) + 3
+				} else {
+					n[lp.GetValue()]++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestSeriesPerQueueDocumented drains queues with real Workers and checks
+// what docs/observability.md and docs/importer.md say each queue costs in
+// client-side series: the number per queue a Worker drained with Metrics,
+// that a Worker on a queue name already run adds none, and that a Worker
+// without Metrics adds none.
+func TestSeriesPerQueueDocumented(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := func(queue string, metrics *promobserve.Metrics) {
+		t.Helper()
+		if _, err := skiplocked.Enqueue(ctx, pool, skiplocked.EnqueueParams{Queue: queue}); err != nil {
+			t.Fatal(err)
+		}
+		cfg := &skiplocked.Config{}
+		if metrics != nil {
+			cfg.Metrics = metrics
+		}
+		w, err := skiplocked.NewWorker(pool, queue, func(context.Context, skiplocked.Job) error { return nil }, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Drain(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drain("catalogue/2024-06-01", m)
+	perQueue := queueSeries(t, reg)["catalogue/2024-06-01"]
+	if perQueue == 0 {
+		t.Fatal("no series for the drained queue")
+	}
+	drain("catalogue/2024-06-01", m) // the same name again: no new series
+	drain("catalogue/2024-06-02", nil)
+	if got := queueSeries(t, reg); len(got) != 1 || got["catalogue/2024-06-01"] != perQueue {
+		t.Errorf("after a second Worker on the same queue and one without Metrics: series by queue %v, want only %d for catalogue/2024-06-01", got, perQueue)
+	}
+	drain("catalogue/2024-06-03", m)
+	if got := queueSeries(t, reg)["catalogue/2024-06-03"]; got != perQueue {
+		t.Errorf("a second queue name: %d series, want %d", got, perQueue)
+	}
+
+	for _, doc := range []string{"observability.md", "importer.md"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "docs", doc))
+		if errors.Is(err, fs.ErrNotExist) {
+			t.Skipf("docs/%s not found: the module is outside its repository", doc)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := strings.Join(strings.Fields(string(b)), " ")
+		if want := fmt.Sprintf("%d series", perQueue); !strings.Contains(text, want) {
+			t.Errorf("docs/%s does not say a queue costs %q", doc, want)
+		}
+		if strings.Contains(text, "Queues cost nothing") {
+			t.Errorf("docs/%s says queues cost nothing; each costs %d series", doc, perQueue)
+		}
 	}
 }

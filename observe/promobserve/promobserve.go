@@ -5,7 +5,7 @@
 //	locker, err := pglock.New(pool, &pglock.Config{Metrics: m})
 //
 // Every metric of [observe.Catalog] is registered by [New]; histograms have
-// buckets from 0.5 ms to 300 s. The context given
+// buckets from 0.5 ms to 1 day (86400 s). The context given
 // to Add and Observe is ignored unless [ExemplarFromContext] is configured:
 // then the labels it returns (a trace id, typically) are attached to the
 // sample as an exemplar.
@@ -13,8 +13,10 @@ package promobserve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -34,6 +36,9 @@ var buckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1
 // number of label values, a counter delta that is negative, NaN or +Inf
 // (Prometheus panics on a negative one, and one NaN or +Inf spoils the
 // series for good), or a NaN observation records nothing (no panic).
+//
+// A nil *Metrics records nothing: a typed nil put in a Config (var m
+// *promobserve.Metrics, left nil when metrics are off) is a no-op.
 type Metrics struct {
 	counters   map[string]*prometheus.CounterVec
 	histograms map[string]*prometheus.HistogramVec
@@ -58,9 +63,16 @@ func ExemplarFromContext(fn func(context.Context) prometheus.Labels) Option {
 }
 
 // New registers every metric of [observe.Catalog] with reg. It returns an
-// error when one of them is already registered there (a second New on the
-// same registry).
+// error when reg is nil (nil, or a nil pointer such as
+// (*prometheus.Registry)(nil)) and when one of them is already registered
+// there (a second New on the same registry).
 func New(reg prometheus.Registerer, opts ...Option) (*Metrics, error) {
+	if reg == nil {
+		return nil, errors.New("promobserve: nil Registerer")
+	}
+	if isNil(reg) {
+		return nil, fmt.Errorf("promobserve: nil Registerer (a nil %T)", reg)
+	}
 	m := &Metrics{counters: map[string]*prometheus.CounterVec{}, histograms: map[string]*prometheus.HistogramVec{}}
 	for _, o := range opts {
 		o(m)
@@ -149,4 +161,19 @@ func (m *Metrics) exemplarFor(ctx context.Context) prometheus.Labels {
 		return nil
 	}
 	return ls
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice, func,
+// channel or interface (as pgfence's internal/nilcheck does; this module
+// does not import pgfence's internal packages, whose API may change between
+// pgfence versions).
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch rv := reflect.ValueOf(v); rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
 }

@@ -3,6 +3,9 @@ package promobserve_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"go/parser"
+	"go/token"
 	"math"
 	"net/http/httptest"
 	"strings"
@@ -189,6 +192,67 @@ func TestExemplars(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	if !bytes.Contains(rec.Body.Bytes(), []byte(`pgfence_rows_claimed_total{queue="mail"} 3.0 # {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 3.0`)) {
 		t.Errorf("OpenMetrics exposition lacks the exemplar:\n%s", rec.Body.Bytes())
+	}
+}
+
+// TestNewNilRegisterer: New with no registry (nil, or a nil
+// *prometheus.Registry) returns an error, as otelobserve.New(nil) does,
+// instead of panicking on the first Register.
+func TestNewNilRegisterer(t *testing.T) {
+	t.Parallel()
+	for _, reg := range []prometheus.Registerer{nil, (*prometheus.Registry)(nil)} {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Errorf("New(%T(nil)) panics: %v", reg, r)
+				}
+			}()
+			m, err := promobserve.New(reg)
+			if err == nil || m != nil {
+				t.Errorf("New(%T(nil)) = %v, %v; want nil and an error", reg, m, err)
+				return
+			}
+			if !strings.Contains(err.Error(), "nil Registerer") {
+				t.Errorf("New(%T(nil)): error %q does not say the Registerer is nil", reg, err)
+			}
+		}()
+	}
+}
+
+// TestPackageDocStatesBuckets: the package doc states the histograms'
+// bucket range as the code has it (the smallest and largest finite upper
+// bounds, in seconds).
+func TestPackageDocStatesBuckets(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m, err := promobserve.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Observe(context.Background(), metricdefs.ClaimSeconds, 1, "q")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lo, hi float64
+	for _, mf := range mfs {
+		if mf.GetName() == metricdefs.ClaimSeconds {
+			b := mf.GetMetric()[0].GetHistogram().GetBucket()
+			lo, hi = b[0].GetUpperBound(), b[len(b)-1].GetUpperBound()
+		}
+	}
+	if lo == 0 || hi == 0 {
+		t.Fatal("no buckets gathered")
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), "promobserve.go", nil, parser.PackageClauseOnly|parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Join(strings.Fields(f.Doc.Text()), " ")
+	for _, want := range []string{fmt.Sprintf("from %g ms", lo*1000), fmt.Sprintf("(%g s)", hi)} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("package doc does not say %q (buckets %g s to %g s):\n%s", want, lo, hi, doc)
+		}
 	}
 }
 
