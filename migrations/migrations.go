@@ -203,8 +203,34 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 		}
 		return fmt.Errorf("migrations: create schema %s: %w", Schema, err)
 	}
+	if err := checkSchemaOwner(ctx, conn); err != nil {
+		return err
+	}
 	if err := createVersionTable(ctx, conn); err != nil {
 		return fmt.Errorf("migrations: create version table %s: %w", VersionTable, err)
+	}
+	return nil
+}
+
+// checkSchemaOwner refuses a schema pgfence that neither the current role
+// nor a role it belongs to owns. A schema created beforehand by another role
+// (CREATE on the database suffices) stays that role's, and a schema's owner
+// may drop and replace every function in it, the SQL door included. A
+// superuser is a member of every role for pg_has_role: it must own the
+// schema itself.
+func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
+	var owner string
+	var ours bool
+	if err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
+		n.nspowner OPERATOR(pg_catalog.=) r.oid OR (NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, n.nspowner, 'MEMBER'))
+		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
+		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &ours); err != nil {
+		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
+	}
+	if !ours {
+		return fmt.Errorf("migrations: schema %s is owned by role %s, not by the migrating role or a role it belongs to: "+
+			"that role could replace every function of pgfence's; drop the schema, or make the migrating role its owner "+
+			"(ALTER SCHEMA %s OWNER TO ...), then migrate", Schema, owner, Schema)
 	}
 	return nil
 }
@@ -316,6 +342,9 @@ func checkPending(ctx context.Context, db *sql.DB, p *goose.Provider) (pending b
 	if !owns {
 		return false, fmt.Errorf("migrations: %d pgfence migration(s) pending (versions %v) and role %s does not own schema %s (%s does): %s",
 			len(missing), missing, role, Schema, owner, migrateAsOwner)
+	}
+	if err := checkSchemaOwner(ctx, conn); err != nil {
+		return false, err
 	}
 	return true, nil
 }
