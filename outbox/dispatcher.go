@@ -110,8 +110,10 @@ func DefaultBackoff(n int) time.Duration {
 // Dispatcher delivers the intents of one topic with a [Handler]: at least
 // once, with leased claims on pgfence.jobs ([skiplocked.Worker]), retries
 // with backoff, dead after the last attempt, LISTEN/NOTIFY wake-ups with a
-// polling fallback and graceful shutdown. Intents are claimed in the order
-// they were recorded but delivered concurrently and retried independently:
+// polling fallback and graceful shutdown. Intents are claimed about in the
+// order they became due (by the time they were recorded, or their
+// NotBefore, retries by their backoff) but delivered concurrently and
+// retried independently:
 // no delivery order is guaranteed, not even per key. Run as many
 // dispatchers of a topic, in as many processes, as you like.
 //

@@ -177,8 +177,8 @@ func cutForError(s string) string {
 //
 // Bad input is refused before any SQL runs, with an error matching
 // [pgfence.ErrInvalid] whose Reason names the argument: "db", "lease",
-// "lease token", "Intent.Topic", "Intent.Key", "Intent.Payload" or
-// "Intent.MaxAttempts".
+// "lease token", "Intent.Topic", "Intent.Key", "Intent.Payload",
+// "Intent.MaxAttempts" or "Intent.NotBefore".
 func Enqueue(ctx context.Context, db pgfence.DBTX, lease *pglock.Lease, in Intent) (Result, error) {
 	const op = "outbox.Enqueue"
 	if nilcheck.IsNil(db) {

@@ -42,8 +42,11 @@ type SessionConfig struct {
 	// least 10ms.
 	PingTimeout time.Duration
 	// AllowPooler accepts a connection through a pooler. Set it only for a
-	// pooler in session mode; the backend is still checked on every ping and
-	// Done fires if it changes. Defaults to false: any pooler is refused with
+	// pooler in session mode: it is your statement that the pooler is one.
+	// Acquire probes the pooler once (a second client connection must reach
+	// another backend), which catches a transaction-mode pooler while its
+	// other clients are idle, not always; the backend is still checked on
+	// every ping and Done fires if it changes. Defaults to false: any pooler is refused with
 	// [pgfence.ErrInvalid] (Reason: a pooler was detected).
 	AllowPooler bool
 }

@@ -47,7 +47,9 @@ const rollbackTimeout = 10 * time.Second
 // transaction.
 //
 // The error is fn's own error (unchanged, so errors.Is works on it), or an
-// error from beginning, locking or committing.
+// error from beginning, locking or committing. fn must not commit or roll
+// back tx itself: the lock would end there, and Xact's own commit then fails
+// with pgx.ErrTxClosed although fn's work committed (do not retry on it).
 func Xact(ctx context.Context, db Beginner, key Key, mode Mode, fn func(tx pgx.Tx) error) error {
 	return runXact(ctx, "advisory.Xact", db, key, mode, false, fn)
 }
