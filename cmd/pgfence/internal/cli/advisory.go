@@ -26,7 +26,13 @@ func (a *app) advisoryCommand() *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var want advisory.Key
-			if keyName != "" {
+			named := cmd.Flags().Changed("name")
+			if named && keyName == "" {
+				// An unset shell variable: listing every lock would answer
+				// another question than the one asked.
+				return usageErr("--name is empty (leave --name out to list every advisory lock)")
+			}
+			if named {
 				k, err := advisory.Name(keyName)
 				if err != nil {
 					return withCode(ExitUsage, err)
@@ -57,7 +63,7 @@ func (a *app) advisoryCommand() *cobra.Command {
 			}
 			rows := []row{}
 			for _, l := range locks {
-				if keyName != "" && l.Key != want {
+				if named && l.Key != want {
 					continue
 				}
 				rows = append(rows, row{l.Key.String(), l.Mode.String(), l.Granted, l.PID, l.User, l.ApplicationName,

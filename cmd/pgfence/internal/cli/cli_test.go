@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +79,7 @@ func TestMigrateCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Version != latest || v.Latest != latest {
 		t.Fatalf("version: %q %v", r.stdout, err)
 	}
-	r = run(t, dsn, "migrate", "down", "--all")
+	r = run(t, dsn, "migrate", "down", "--all", "--yes")
 	if r.code != 0 || !strings.Contains(r.stdout, "version 0") {
 		t.Fatalf("down --all: %+v", r)
 	}
@@ -184,6 +185,48 @@ func TestLocksListing(t *testing.T) {
 	}
 }
 
+// TestLocksLimitSaysHowManyMore: `locks --limit N` lists N locks and says
+// on stderr how many more match (the state and name filters applied), with
+// and without --json; a listing that is not cut says nothing. It cut the
+// listing silently.
+func TestLocksLimitSaysHowManyMore(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO pgfence.locks(name, token) VALUES ('l1', 1), ('l2', 1), ('l3', 1), ('l4', 1), ('other', 1);
+		INSERT INTO pgfence.locks(name, token, holder, acquired_at, expires_at)
+		VALUES ('l5', 2, 'h', now(), now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args  []string
+		shown int
+		note  string
+	}{
+		{[]string{"locks", "--name", "l%", "--limit", "2"}, 2, "pgfence: 3 more row(s) not shown (--limit 2)\n"},
+		{[]string{"locks", "--name", "l%", "--limit", "2", "--json"}, 2, "pgfence: 3 more row(s) not shown (--limit 2)\n"},
+		{[]string{"locks", "--free", "--limit", "4"}, 4, "pgfence: 1 more row(s) not shown (--limit 4)\n"},
+		{[]string{"locks", "--name", "l%", "--limit", "5"}, 5, ""},
+		{[]string{"locks", "--held", "--limit", "1"}, 1, ""},
+	} {
+		r := run(t, dsn, tc.args...)
+		var shown int
+		if slices.Contains(tc.args, "--json") {
+			var views []lockView
+			if err := json.Unmarshal([]byte(r.stdout), &views); err != nil {
+				t.Fatalf("pgfence %q: %v", tc.args, err)
+			}
+			shown = len(views)
+		} else {
+			shown = len(strings.Split(strings.TrimSpace(r.stdout), "\n")) - 1
+		}
+		if r.code != ExitOK || shown != tc.shown || r.stderr != tc.note {
+			t.Errorf("pgfence %q: code %d, %d rows, stderr %q; want 0, %d rows, %q", tc.args, r.code, shown, r.stderr, tc.shown, tc.note)
+		}
+	}
+}
+
 func TestFences(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -285,8 +328,38 @@ func TestAdvisoryList(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, key.String()) {
 		t.Fatalf("table: %+v", r)
 	}
-	if r := run(t, dsn, "advisory", "list", "--name", ""); r.code != 0 {
-		t.Fatalf("empty --name means all: %+v", r)
+}
+
+// TestAdvisoryListRefusesEmptyName: `advisory list --name ""` (an unset
+// shell variable) exits 2 and lists nothing, as `jobs --queue ""` does; it
+// listed every advisory lock, an answer to another question.
+func TestAdvisoryListRefusesEmptyName(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "SELECT pg_advisory_unlock(4242)") //nolint:errcheck
+	for _, args := range [][]string{
+		{"advisory", "list", "--name", ""},
+		{"advisory", "list", "--name", "", "--json"},
+		{"advisory", "list", "--name="},
+	} {
+		r := run(t, dsn, args...)
+		if r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "--name is empty") {
+			t.Errorf("pgfence %q: code %d, stdout %q, stderr %q; want %d, nothing listed", args, r.code, r.stdout, r.stderr, ExitUsage)
+		}
+	}
+	// Without --name every lock is listed, 4242 among them.
+	if r := run(t, dsn, "advisory", "list"); r.code != ExitOK || !strings.Contains(r.stdout, "4242") {
+		t.Errorf("advisory list: %+v", r)
 	}
 }
 
@@ -312,6 +385,11 @@ func TestBadInputBeforeConnecting(t *testing.T) {
 		// --to with --all rolled every migration back.
 		{"migrate", "down", "--to", "3", "--all"},
 		{"migrate", "down", "--to", "-1"},
+		// Rolling back to 0 without --yes; a version no migration has.
+		{"migrate", "down", "--all"},
+		{"migrate", "down", "--to", "0"},
+		{"migrate", "down", "--to", "3"},
+		{"advisory", "list", "--name", ""},
 		{"acquire", "--lock", "x", "--ttl", "0"},
 		{"acquire", "--lock", "x", "--ttl", "-1s"},
 		{"acquire", "--lock", "x", "--ttl", "25h"},

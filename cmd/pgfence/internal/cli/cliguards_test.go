@@ -53,6 +53,7 @@ func TestFencesRefusesNonTables(t *testing.T) {
 	pool := pgtest.PoolFor(t, dsn)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `
+		INSERT INTO pgfence.locks(name, token) VALUES ('l', 1);
 		CREATE TABLE calls (who text, at timestamptz DEFAULT now());
 		CREATE FUNCTION public.evil(g bigint) RETURNS bigint LANGUAGE plpgsql AS
 		  $$BEGIN INSERT INTO public.calls(who) VALUES (current_user); RETURN g; END$$;

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/internal/testing/localpg"
@@ -105,8 +106,7 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_, _ = pool.Exec(cctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		// Demo locks only: an application's lock rows are never deleted.
-		_, _ = pool.Exec(cctx, "DELETE FROM pgfence.locks WHERE name OPERATOR(pg_catalog.~~) $1", lockPrefix+"%")
+		_ = deleteDemoLocks(cctx, pool, lockPrefix)
 	}()
 
 	exe, err := os.Executable()
@@ -153,6 +153,16 @@ func (a *app) runDemo(ctx context.Context, ttl time.Duration) (err error) {
 	fmt.Fprintf(out, "\nSummary\n%s\n", strings.Join(verdicts, "\n"))
 	fmt.Fprintln(out, "\nA lease only decides who may start; the storage must refuse the stale holder. See docs/fencedwrite.md.")
 	return nil
+}
+
+// deleteDemoLocks deletes the lock rows whose name starts with prefix, the
+// demo's own. Demo locks only: an application's lock rows are never
+// deleted, so the prefix is compared as it is (a LIKE pattern would read
+// the '_' of the schema name as "any character").
+func deleteDemoLocks(ctx context.Context, pool *pgxpool.Pool, prefix string) error {
+	_, err := pool.Exec(ctx, `DELETE FROM pgfence.locks
+		WHERE (pg_catalog.left(name, pg_catalog.length($1::pg_catalog.text)) OPERATOR(pg_catalog.=) $1::pg_catalog.text)`, prefix)
+	return err
 }
 
 type demoEvent struct {

@@ -118,6 +118,7 @@ func TestEscapeEveryCommand(t *testing.T) {
 			{args: []string{"fences", "--table", table, "--key", key, "--lock-column", lockCol}, code: ExitForged, shows: true},
 			{args: []string{"fences", "--table", table, "--key", key, "--lock-column", lockCol, "--json"}, code: ExitForged, shows: true},
 			{args: []string{"fences", "--table", table, "--key", key, "--lock", "n" + evil}, code: ExitForged, shows: true},
+			{args: []string{"fences", "--table", table, "--key", key, "--lock", "missing" + evil}, code: ExitNotFound, shows: true},
 			{args: []string{"fences", "--table", "missing" + evil, "--lock", "x"}, code: ExitNotFound, shows: true},
 			{args: []string{"fences", "--table", table, "--key", "missing" + evil, "--lock", "x"}, code: ExitNotFound, shows: true},
 			{args: []string{"fences", "--table", table, "--key", key, "--fence-column", lockCol, "--lock", "x"}, code: ExitNotFound, shows: true},

@@ -130,16 +130,27 @@ files and writes nothing.`,
 			}
 			out := a.env.Stdout
 			if dryRun {
+				// The files printed are the dry run's only result: a
+				// failed write (a full disk, a closed pipe) is an error.
+				var werr error
+				printf := func(format string, args ...any) {
+					if werr == nil {
+						_, werr = fmt.Fprintf(out, format, args...)
+					}
+				}
 				for _, s := range plan.Steps {
 					switch s.Action {
 					case fencegen.Create, fencegen.Update:
 						verb := map[fencegen.Action]string{fencegen.Create: "write", fencegen.Update: "update"}[s.Action]
-						fmt.Fprintf(out, "would %s %s (%d bytes):\n%s\n", verb, s.Path, len(s.Data), s.Data)
+						printf("would %s %s (%d bytes):\n%s\n", verb, s.Path, len(s.Data), s.Data)
 					default:
-						fmt.Fprintf(out, "up to date %s\n", s.Path)
+						printf("up to date %s\n", s.Path)
 					}
 				}
-				fmt.Fprintln(out, "dry run: nothing written")
+				printf("dry run: nothing written\n")
+				if werr != nil {
+					return fmt.Errorf("cannot write the dry run to stdout: %w", werr)
+				}
 				return nil
 			}
 			if err := plan.Apply(); err != nil {

@@ -296,6 +296,56 @@ func TestGenFencedDryRun(t *testing.T) {
 	}
 }
 
+// TestGenFencedDryRunFailsWhenStdoutFails: the files a dry run prints are
+// its only result; when stdout cannot be written (a full disk, a closed
+// pipe) it exits 1 and says so. It exited 0.
+func TestGenFencedDryRunFailsWhenStdoutFails(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	r := runTo(t, "", failWriter{}, gen("--migrations-dir", filepath.Join(root, "m"), "--queries-dir", filepath.Join(root, "q"),
+		"--guard-lock", "invoices", "--dry-run")...)
+	if r.code != ExitError || !strings.Contains(r.stderr, "cannot write the dry run to stdout: no space left on device") {
+		t.Errorf("dry run to a failing stdout: code %d, stderr %q; want %d", r.code, r.stderr, ExitError)
+	}
+	if got := tree(t, root); got != "" {
+		t.Errorf("dry run wrote: %s", got)
+	}
+}
+
+// TestGenFencedRefusesTerminalControlsInGuardLock: a --guard-lock name with
+// a C1 control (U+009B, a CSI), a bidirectional or other format character
+// (U+202E, U+2066, U+200F) or a line separator exits 2, with the
+// character escaped in the message, and nothing is printed or written. Only
+// C0 controls and DEL were refused, and --dry-run printed the others raw.
+func TestGenFencedRefusesTerminalControlsInGuardLock(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"inv\u009b2Joice", "inv\u0085oice", "inv\u202eoice", "inv\u2066oice", "inv\u200foice", "inv\u2028oice", "inv\u00adoice"} {
+		root := t.TempDir()
+		for _, dry := range []bool{true, false} {
+			args := gen("--migrations-dir", filepath.Join(root, "m"), "--queries-dir", filepath.Join(root, "q"), "--guard-lock", name)
+			if dry {
+				args = append(args, "--dry-run")
+			}
+			r := run(t, "", args...)
+			if r.code != ExitUsage || r.stdout != "" || !strings.Contains(r.stderr, "a control or format character") {
+				t.Errorf("--guard-lock %q (dry run %v): code %d, stdout %q, stderr %q; want %d", name, dry, r.code, r.stdout, r.stderr, ExitUsage)
+			}
+			if bad, ok := termClean(r.stderr); !ok {
+				t.Errorf("--guard-lock %q: the error prints %s raw: %q", name, bad, r.stderr)
+			}
+		}
+		if got := tree(t, root); got != "" {
+			t.Errorf("--guard-lock %q wrote: %s", name, got)
+		}
+	}
+	// Other non-ASCII letters are names like any other.
+	root := t.TempDir()
+	r := run(t, "", gen("--migrations-dir", filepath.Join(root, "m"), "--queries-dir", filepath.Join(root, "q"), "--guard-lock", "Rechnungen:Köln", "--dry-run")...)
+	if r.code != ExitOK || !strings.Contains(r.stdout, "lock_name => 'Rechnungen:Köln'") {
+		t.Errorf("--guard-lock with a non-ASCII letter: %+v", r)
+	}
+}
+
 // The tests below change the working directory, so they do not run in
 // parallel (t.Chdir); parallel tests wait until they are done.
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/internal/dbsqlc"
@@ -79,9 +81,12 @@ database's clock. With no state flag every state is listed; state flags combine.
 				return err
 			}
 			defer pool.Close()
-			rows, err := dbsqlc.New().ListLocks(ctx, pool, dbsqlc.ListLocksParams{NamePattern: pattern, States: states, MaxRows: limit})
+			rows, more, err := listLocks(ctx, pool, pattern, states, limit)
 			if err != nil {
 				return err
+			}
+			if more > 0 {
+				fmt.Fprintf(a.env.Stderr, "pgfence: %d more row(s) not shown (--limit %d)\n", more, limit)
 			}
 			views := make([]lockView, 0, len(rows))
 			for _, r := range rows {
@@ -98,7 +103,7 @@ database's clock. With no state flag every state is listed; state flags combine.
 	f.BoolVar(&expired, "expired", false, "only locks whose holder's lease ran out without a release")
 	f.BoolVar(&free, "free", false, "only released (or never granted) locks")
 	f.StringVar(&pattern, "name", "%", "SQL LIKE pattern on the lock name, e.g. 'invoice:%'")
-	f.Int32Var(&limit, "limit", 1000, "maximum rows")
+	f.Int32Var(&limit, "limit", 1000, "maximum rows (stderr says how many more match)")
 	f.BoolVar(&jsonOut, "json", false, "print JSON")
 
 	var showJSON bool
@@ -146,6 +151,34 @@ database's clock. With no state flag every state is listed; state flags combine.
 	show.Flags().BoolVar(&showJSON, "json", false, "print JSON")
 	cmd.AddCommand(show)
 	return cmd
+}
+
+// listLocks returns at most limit locks matching pattern and states, and how
+// many more match: the listing and the count read one snapshot (a READ
+// ONLY, REPEATABLE READ transaction), on which the states agree too (now()
+// is the transaction's start).
+func listLocks(ctx context.Context, pool *pgxpool.Pool, pattern string, states []string, limit int32) ([]dbsqlc.ListLocksRow, int64, error) {
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := dbsqlc.New().ListLocks(ctx, tx, dbsqlc.ListLocksParams{NamePattern: pattern, States: states, MaxRows: limit})
+	if err != nil {
+		return nil, 0, err
+	}
+	var more int64
+	if len(rows) >= int(limit) {
+		// The filter of ListLocks (queries/locks_inspect.sql).
+		var total int64
+		if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pgfence.lock_status
+			WHERE (name OPERATOR(pg_catalog.~~) $1::pg_catalog.text) AND (state OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.text[]))`,
+			pattern, states).Scan(&total); err != nil {
+			return nil, 0, err
+		}
+		more = total - int64(len(rows))
+	}
+	return rows, more, tx.Commit(ctx)
 }
 
 func printLocks(w io.Writer, views []lockView) error {

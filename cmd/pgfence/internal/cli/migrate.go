@@ -5,6 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
+	"slices"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -22,7 +26,7 @@ func (a *app) migrateCommand() *cobra.Command {
 	}
 	var jsonOut bool
 	var to int64
-	var all bool
+	var all, yes bool
 
 	up := &cobra.Command{
 		Use:   "up",
@@ -59,24 +63,65 @@ func (a *app) migrateCommand() *cobra.Command {
 
 	down := &cobra.Command{
 		Use:   "down",
-		Short: "Roll back the latest migration (--to N rolls back to version N, --all to 0)",
-		Args:  cobra.NoArgs,
+		Short: "Roll back the latest migration (--to N rolls back to version N, --all to 0; to 0 needs --yes)",
+		Long: `Roll back the latest applied migration, or every migration above version N
+(--to N, N a version of migrate status, at most the applied one), or every
+migration (--all, the same as --to 0).
+
+Rolling back to version 0 (--all, --to 0, or the latest migration when only
+the baseline is applied) drops every table of pgfence: every lease and its
+tokens (pgfence.locks), every job and outbox intent, and detaches the guard
+from your tables, whose unfenced writes are then accepted. It needs --yes.`,
+		Example: `  pgfence migrate down                # roll back the latest migration
+  pgfence migrate down --to 22
+  pgfence migrate down --all --yes    # everything: leases, jobs, guards`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			toSet := cmd.Flags().Changed("to")
 			// Checked before connecting: --to with --all would roll back
 			// everything.
 			switch {
-			case all && cmd.Flags().Changed("to"):
+			case all && toSet:
 				return usageErr("give at most one of --to N and --all")
 			case to < 0:
 				return usageErr("--to must be >= 0")
+			case (all || (toSet && to == 0)) && !yes:
+				return refuseDownToZero(cmd)
+			}
+			if toSet && to > 0 {
+				known, err := migrationVersions()
+				if err != nil {
+					return err
+				}
+				if newest := known[len(known)-1]; to > newest {
+					return usageErr("--to %d: above the newest migration, version %d: nothing to roll back to (see pgfence migrate version)", to, newest)
+				}
+				if !slices.Contains(known, to) {
+					return usageErr("--to %d: no migration has version %d (the versions are %s; see pgfence migrate status)", to, to, joinVersions(known))
+				}
 			}
 			return a.withProvider(cmd.Context(), func(ctx context.Context, p *goose.Provider) error {
+				current, err := p.GetDBVersion(ctx)
+				if err != nil {
+					return err
+				}
+				switch {
+				case toSet && to > current:
+					return usageErr("--to %d: above the applied version %d, nothing to roll back to (see pgfence migrate version)", to, current)
+				case !all && !toSet && current > 0 && !yes:
+					// The latest migration only: refused when it is the
+					// baseline, whose rollback drops everything.
+					if prev, err := previousVersion(ctx, p, current); err != nil {
+						return err
+					} else if prev == 0 {
+						return refuseDownToZero(cmd)
+					}
+				}
 				var results []*goose.MigrationResult
-				var err error
 				switch {
 				case all:
 					results, err = p.DownTo(ctx, 0)
-				case cmd.Flags().Changed("to"):
+				case toSet:
 					results, err = p.DownTo(ctx, to)
 				default:
 					var r *goose.MigrationResult
@@ -104,8 +149,9 @@ func (a *app) migrateCommand() *cobra.Command {
 			})
 		},
 	}
-	down.Flags().Int64Var(&to, "to", 0, "roll back to this version")
-	down.Flags().BoolVar(&all, "all", false, "roll back every migration (schema pgfence and its version table stay)")
+	down.Flags().Int64Var(&to, "to", 0, "roll back to this version (a version of migrate status, at most the applied one; 0 needs --yes)")
+	down.Flags().BoolVar(&all, "all", false, "roll back every migration: drops every lease, job and outbox intent and detaches the guards (needs --yes; schema pgfence and its version table stay)")
+	down.Flags().BoolVar(&yes, "yes", false, "confirm a rollback to version 0 (--all, --to 0, or the baseline)")
 
 	status := &cobra.Command{
 		Use:   "status",
@@ -192,6 +238,66 @@ func (a *app) migrateCommand() *cobra.Command {
 
 	cmd.AddCommand(up, down, status, version)
 	return cmd
+}
+
+// refuseDownToZero is the error of a rollback to version 0 without --yes.
+func refuseDownToZero(cmd *cobra.Command) error {
+	what := "migrate down --all rolls back to version 0"
+	switch {
+	case cmd.Flags().Changed("to"):
+		what = "migrate down --to 0 rolls back to version 0"
+	case !cmd.Flags().Changed("all"):
+		what = "migrate down would roll back the baseline, the only migration applied, to version 0"
+	}
+	return usageErr("%s: it drops every lease and its tokens (pgfence.locks), every job and outbox intent, "+
+		"and detaches the guard from your tables, which then accept unfenced writes; add --yes to do it", what)
+}
+
+// migrationVersions returns the versions of the embedded migrations, in
+// order (the versions goose reads from their file names).
+func migrationVersions() ([]int64, error) {
+	names, err := fs.Glob(migrations.FS(), "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var vs []int64
+	for _, n := range names {
+		v, err := goose.NumericComponent(n)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", n, err)
+		}
+		vs = append(vs, v)
+	}
+	if len(vs) == 0 {
+		return nil, errors.New("no embedded migrations")
+	}
+	slices.Sort(vs)
+	return vs, nil
+}
+
+// joinVersions prints versions as "1, 2, 5, 6".
+func joinVersions(vs []int64) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = strconv.FormatInt(v, 10)
+	}
+	return strings.Join(s, ", ")
+}
+
+// previousVersion returns the applied version below current: where a plain
+// migrate down leaves the database (0 when current is the baseline).
+func previousVersion(ctx context.Context, p *goose.Provider, current int64) (int64, error) {
+	st, err := p.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	prev := int64(0)
+	for _, s := range st {
+		if s.State == goose.StateApplied && s.Source.Version < current && s.Source.Version > prev {
+			prev = s.Source.Version
+		}
+	}
+	return prev, nil
 }
 
 func (a *app) withProvider(ctx context.Context, fn func(context.Context, *goose.Provider) error) error {

@@ -32,3 +32,31 @@ func TestConnectionErrorsHideThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectionErrorsHideEscapedPasswords: a malformed key/value
+// connection string whose password (or sslpassword) holds a backslash
+// escape, read by libpq as part of the value, is reported without any part
+// of it, and without the connection string: the error says what is wrong.
+// pgx's masking stopped at the backslash, and "password=s3cr\ et9pw" was
+// printed as "password=xxxxx et9pw".
+func TestConnectionErrorsHideEscapedPasswords(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		`host=localhost password=s3cr\ et9pw port=abc`,
+		`host=localhost password='s3cr\' et9pw' port=abc`,
+		`host=localhost password = 's3cr\\ et9pw' port=abc`,
+		`host=localhost sslpassword=s3cr\ et9pw port=abc`,
+		`host=localhost password=s3cr\'\ et9pw port=abc`,
+	} {
+		r := run(t, dsn, "locks")
+		all := r.stdout + r.stderr
+		if r.code != ExitUsage || !strings.Contains(r.stderr, "invalid connection string: invalid port") {
+			t.Errorf("%q: exit %d, stderr %q; want %d saying invalid port", dsn, r.code, r.stderr, ExitUsage)
+		}
+		for _, part := range []string{"s3cr", "et9pw", "host=localhost"} {
+			if strings.Contains(all, part) {
+				t.Errorf("%q: %q is printed: %s", dsn, part, all)
+			}
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -251,7 +252,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 func connectDSN(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", redactSecrets(dsn, oneLine(err))))
+		return nil, withCode(ExitUsage, fmt.Errorf("invalid connection string: %s", redactSecrets(dsn, parseErrorText(err))))
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -296,16 +297,94 @@ func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
 
+// parseErrorText is the text of an error of pgx's connection string parser
+// without the connection string it quotes: pgx masks the passwords it
+// recognises there, but not in every malformed string (a password with an
+// escaped space or quote, password=ab\ cd, kept the part after the
+// escape). What is left (what was wrong: "invalid port") goes through
+// [redactSecrets] too.
+func parseErrorText(err error) string {
+	var pce *pgconn.ParseConfigError
+	if errors.As(err, &pce) {
+		// The same error with an empty message is exactly the prefix
+		// pgx wrote: "cannot parse `<the string, masked>`: ".
+		prefix := pgconn.NewParseConfigError(pce.ConnString, "", nil).Error()
+		if rest, ok := strings.CutPrefix(err.Error(), prefix); ok {
+			return oneLine(errors.New(rest))
+		}
+	}
+	return oneLine(err)
+}
+
 // kvPassword finds the password of a key/value connection string, with or
-// without spaces around '=' and quoted or not (libpq syntax).
+// without spaces around '=' and quoted or not: a second, coarser look for
+// what kvSecrets may miss in a string libpq would not parse.
 var kvPassword = regexp.MustCompile(`(?i)\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|[^\s]+)`)
+
+// kvSecrets returns the values of the password and sslpassword keywords of a
+// key/value connection string read as libpq reads it: keyword, '=' (white
+// space around it allowed), and a value in single quotes or up to the next
+// white space, a backslash escaping the next character in both. Each value
+// is returned as written (quotes and backslashes included, and without its
+// quotes) and as libpq reads it (escapes resolved). A value whose closing
+// quote is missing runs to the end of the string. Reading stops where the
+// string stops looking like key/value pairs.
+func kvSecrets(dsn string) []string {
+	space := func(c byte) bool { return strings.IndexByte(" \t\n\r\f\v", c) >= 0 }
+	var secrets []string
+	for i := 0; i < len(dsn); {
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		k := i
+		for i < len(dsn) && dsn[i] != '=' && !space(dsn[i]) {
+			i++
+		}
+		key := dsn[k:i]
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		if key == "" || i >= len(dsn) || dsn[i] != '=' {
+			return secrets
+		}
+		i++
+		for i < len(dsn) && space(dsn[i]) {
+			i++
+		}
+		v := i
+		var val strings.Builder
+		if i < len(dsn) && dsn[i] == '\'' {
+			for i++; i < len(dsn); i++ {
+				if dsn[i] == '\\' && i+1 < len(dsn) {
+					i++
+				} else if dsn[i] == '\'' {
+					i++
+					break
+				}
+				val.WriteByte(dsn[i])
+			}
+		} else {
+			for ; i < len(dsn) && !space(dsn[i]); i++ {
+				if dsn[i] == '\\' && i+1 < len(dsn) {
+					i++
+				}
+				val.WriteByte(dsn[i])
+			}
+		}
+		if strings.EqualFold(key, "password") || strings.EqualFold(key, "sslpassword") {
+			raw := dsn[v:i]
+			secrets = append(secrets, raw, strings.TrimSuffix(strings.TrimPrefix(raw, "'"), "'"), val.String())
+		}
+	}
+	return secrets
+}
 
 // redactSecrets removes from msg every password found in the connection
 // string dsn (key/value or URL form), and the connection string itself: an
 // error about a malformed connection string must not print its password,
 // whatever the parser's own redaction missed.
 func redactSecrets(dsn, msg string) string {
-	var secrets []string
+	secrets := kvSecrets(dsn)
 	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
 		v := m[1]
 		secrets = append(secrets, v, strings.Trim(v, "'"))
@@ -327,6 +406,8 @@ func redactSecrets(dsn, msg string) string {
 	if strings.TrimSpace(dsn) != "" {
 		msg = strings.ReplaceAll(msg, dsn, "<connection string>")
 	}
+	// Longest first: a secret that holds another is replaced whole.
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
 	for _, sec := range secrets {
 		if sec != "" {
 			msg = strings.ReplaceAll(msg, sec, "xxxxx")

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -236,14 +237,22 @@ func check(opts Options) (*plan, error) {
 }
 
 // checkLockName admits lock names that are safe inside a standard SQL string
-// literal under any setting: no quotes, backslashes or control characters.
+// literal under any setting (no quotes or backslashes) and in a terminal
+// (gen fenced --dry-run prints the files raw): no control characters, C0
+// or C1 (U+009B is a CSI), no DEL, no format characters such as the
+// bidirectional controls (U+202E reorders what is shown), no line or
+// paragraph separators.
 func checkLockName(s string) error {
 	if s == "" || len(s) > 512 || !utf8.ValidString(s) {
 		return fmt.Errorf("%w: guard lock name must be 1..512 bytes of UTF-8", ErrInvalidOptions)
 	}
 	for _, r := range s {
-		if r == '\'' || r == '\\' || r < 0x20 || r == 0x7f {
+		switch {
+		case r == '\'' || r == '\\':
 			return fmt.Errorf("%w: guard lock name %q holds %q", ErrInvalidOptions, s, r)
+		case unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp):
+			return fmt.Errorf("%w: guard lock name %q holds %q, a control or format character (such as a terminal escape or a bidirectional control)",
+				ErrInvalidOptions, s, r)
 		}
 	}
 	return nil

@@ -52,6 +52,10 @@ func TestGenerateRejects(t *testing.T) {
 		{"bad version", with(func(o *fencegen.Options) { o.Version = "1; drop" }), fencegen.ErrInvalidOptions},
 		{"bad go name", with(func(o *fencegen.Options) { o.Name = "invoice" }), fencegen.ErrInvalidOptions},
 		{"quote in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a'); drop table y; --"} }), fencegen.ErrInvalidOptions},
+		{"C1 CSI in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a\u009b2Jb"} }), fencegen.ErrInvalidOptions},
+		{"bidi override in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a\u202eb"} }), fencegen.ErrInvalidOptions},
+		{"bidi isolate in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a\u2066b"} }), fencegen.ErrInvalidOptions},
+		{"line separator in lock", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a\u2028b"} }), fencegen.ErrInvalidOptions},
 		{"two locks", with(func(o *fencegen.Options) { o.Guard = &fencedwrite.GuardOptions{LockName: "a", LockNameColumn: "b"} }), fencegen.ErrInvalidOptions},
 		{"own = not a key", with(func(o *fencegen.Options) { o.OwnEqualKeys = []string{"status"} }), fencegen.ErrInvalidOptions},
 	}
