@@ -211,7 +211,7 @@ release the lease, so keep it out of logs; the token alone is not enough. If
 the output cannot be written, acquire releases the lease and exits 1.`,
 		Example: `  eval "$(pgfence acquire --lock nightly --ttl 5m)"
   ./job --fence-token "$PGFENCE_TOKEN"
-  pgfence release --lock "$PGFENCE_LOCK" --token "$PGFENCE_TOKEN" --key "$PGFENCE_KEY"`,
+  PGFENCE_KEY="$PGFENCE_KEY" pgfence release --lock "$PGFENCE_LOCK" --token "$PGFENCE_TOKEN"`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, lease, cleanup, err := a.takeLease(cmd.Context(), &f, false)
@@ -261,12 +261,18 @@ type tokenFlags struct {
 func (f *tokenFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.lock, "lock", "", "lock name")
 	cmd.Flags().Int64Var(&f.token, "token", 0, "token printed by acquire")
-	cmd.Flags().StringVar(&f.key, "key", "", "lease key printed by acquire (hex)")
+	cmd.Flags().StringVar(&f.key, "key", "", "lease key printed by acquire (hex); default: the environment variable PGFENCE_KEY, "+
+		"which, unlike a command-line argument, other users cannot read")
 }
 
 func (a *app) tokenLocker(ctx context.Context, f *tokenFlags) (*pglock.Locker, func(), error) {
+	if f.key == "" {
+		// A command line is visible to every user of the machine (ps,
+		// /proc/PID/cmdline); a process's environment only to its own.
+		f.key = a.env.Getenv("PGFENCE_KEY")
+	}
 	if f.lock == "" || f.key == "" || f.token == 0 {
-		return nil, nil, usageErr("--lock, --token and --key are required")
+		return nil, nil, usageErr("--lock, --token and --key (or PGFENCE_KEY in the environment) are required")
 	}
 	if err := checkLockName(f.lock); err != nil {
 		return nil, nil, err
@@ -315,7 +321,7 @@ func (a *app) renewCommand() *cobra.Command {
 	var f tokenFlags
 	var jsonOut bool
 	cmd := &cobra.Command{
-		Use:   "renew --lock NAME --token N --key KEY [--ttl 60s]",
+		Use:   "renew --lock NAME --token N [--key KEY] [--ttl 60s]",
 		Short: "Renew a lease taken with 'pgfence acquire' (exit 76 if it was lost)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -352,7 +358,7 @@ func (a *app) renewCommand() *cobra.Command {
 func (a *app) releaseCommand() *cobra.Command {
 	var f tokenFlags
 	cmd := &cobra.Command{
-		Use:   "release --lock NAME --token N --key KEY",
+		Use:   "release --lock NAME --token N [--key KEY]",
 		Short: "Release a lease taken with 'pgfence acquire' (exit 76 if it was already lost)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

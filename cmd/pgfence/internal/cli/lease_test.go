@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -232,5 +233,59 @@ func TestAcquireRenewRelease(t *testing.T) {
 	out, err := exec.Command("sh", "-c", r.stdout+"\necho \"$PGFENCE_LOCK|$PGFENCE_TOKEN\"").Output()
 	if err != nil || strings.TrimSpace(string(out)) != "it's|1" {
 		t.Fatalf("eval: %q %v", out, err)
+	}
+}
+
+// TestReleaseKeyFromEnvironment: renew and release read the lease key from
+// PGFENCE_KEY when --key is not given. A --key argument is in the process
+// list, readable by every user of the machine while the command runs, and
+// whoever has the key can renew or release the lease; an environment
+// variable is readable only by the process's own user.
+func TestReleaseKeyFromEnvironment(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	r := run(t, dsn, "acquire", "--lock", "envkey", "--json")
+	if r.code != 0 {
+		t.Fatalf("acquire: %+v", r)
+	}
+	var got struct {
+		Token int64  `json:"token"`
+		Key   string `json:"key"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatal(err)
+	}
+	withKey := func(key string, args ...string) result {
+		t.Helper()
+		var out, errb bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		code := Main(ctx, args, Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+			switch k {
+			case "DATABASE_URL":
+				return dsn
+			case "PGFENCE_KEY":
+				return key
+			}
+			return ""
+		}})
+		return result{out.String(), errb.String(), code}
+	}
+	tok := strconv.FormatInt(got.Token, 10)
+	if r = withKey(got.Key, "renew", "--lock", "envkey", "--token", tok); r.code != 0 {
+		t.Fatalf("renew with PGFENCE_KEY: %+v", r)
+	}
+	// --key, when given, wins over the environment.
+	if r = withKey(got.Key, "release", "--lock", "envkey", "--token", tok, "--key", "00112233445566778899aabbccddeeff"); r.code != ExitLeaseLost {
+		t.Fatalf("release with another --key and the right PGFENCE_KEY: %+v, want exit %d", r, ExitLeaseLost)
+	}
+	if r = withKey("", "release", "--lock", "envkey", "--token", tok); r.code != ExitUsage || !strings.Contains(r.stderr, "PGFENCE_KEY") {
+		t.Fatalf("release with neither: %+v, want a usage error naming PGFENCE_KEY", r)
+	}
+	if r = withKey(got.Key, "release", "--lock", "envkey", "--token", tok); r.code != 0 {
+		t.Fatalf("release with PGFENCE_KEY: %+v", r)
+	}
+	if v := lockState(t, dsn, "envkey"); v.State != "free" {
+		t.Fatalf("after release: %+v", v)
 	}
 }
