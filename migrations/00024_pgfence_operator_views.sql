@@ -8,8 +8,9 @@
 -- the reader. A relation that is not a table, or that has a partition or child
 -- that is not (a foreign table), is now listed with NULL figures and the
 -- reason in unchecked, like the other relations the function does not read;
--- the others are locked (ACCESS SHARE) before they are read, and checked
--- again (TestGuardedFencesRefusesNonTables).
+-- the others are locked (ACCESS SHARE, when the reader has SELECT on the
+-- table) and checked again before they are read
+-- (TestGuardedFencesRefusesNonTables).
 --
 -- pgfence.outbox_status joined each intent to its delivery job, so once
 -- finished jobs were deleted (skiplocked.DeleteFinished, pgfence.job_purge,
@@ -39,13 +40,20 @@ DECLARE
     reader oid := (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user);
     super  boolean := (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user);
     pass   integer;
+    locked boolean;
 BEGIN
     FOR g IN SELECT t.relid, t.fence_column, t.lock_name AS ln, t.lock_name_column, t.lock_name_expression
                FROM pgfence.guarded_tables t JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.relid LOOP
-        -- Checked, then locked (ACCESS SHARE, to the end of the transaction:
-        -- its owner can neither turn it into a view, attach a partition,
-        -- change a column's type nor enable row-level security before it is
-        -- read, all of which need a stronger lock) and checked again.
+        -- Checked, then locked (ACCESS SHARE, to the end of the transaction,
+        -- when the reader may: LOCK TABLE needs SELECT on the whole table,
+        -- and a reader with column privileges reads without it) and checked
+        -- again. Locked, the tables of the tree can neither become views nor
+        -- change a column's type or enable row-level security. (Attaching a
+        -- partition or child takes no lock that conflicts: one attached
+        -- between the check and the read is read unchecked. The other
+        -- relations a tree may hold, foreign tables, run their wrapper, not
+        -- their owner's code.)
+        locked := pg_catalog.has_table_privilege(g.relid, 'SELECT');
         FOR pass IN 1..2 LOOP
             WITH RECURSIVE tree (relid) AS (
                 SELECT g.relid::pg_catalog.oid
@@ -79,7 +87,7 @@ BEGIN
                               AND c.relowner OPERATOR(pg_catalog.<>) reader) THEN
                 why := 'it has row-level security (the owner''s policies): only its owner or a superuser reads it';
             END IF;
-            EXIT WHEN why IS NOT NULL OR pass OPERATOR(pg_catalog.=) 2;
+            EXIT WHEN why IS NOT NULL OR pass OPERATOR(pg_catalog.=) 2 OR NOT locked;
             EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', g.relid);
         END LOOP;
         IF why IS NOT NULL THEN

@@ -217,20 +217,25 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 // (CREATE on the database suffices) stays that role's, and a schema's owner
 // may drop and replace every function in it, the SQL door included. A
 // superuser is a member of every role for pg_has_role: it must own the
-// schema itself.
+// schema itself, or the schema's owner must own the baseline's
+// pgfence.lock_grant (it migrated the schema before: a superuser applying
+// later migrations to a schema a dedicated owner role set up).
 func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
 	var owner string
 	var ours bool
 	if err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
 		n.nspowner OPERATOR(pg_catalog.=) r.oid OR (NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, n.nspowner, 'MEMBER'))
+		OR (r.rolsuper AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
+			WHERE p.pronamespace OPERATOR(pg_catalog.=) n.oid AND p.proname OPERATOR(pg_catalog.=) 'lock_grant'
+			AND p.proowner OPERATOR(pg_catalog.=) n.nspowner))
 		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
 		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &ours); err != nil {
 		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
 	}
 	if !ours {
-		return fmt.Errorf("migrations: schema %s is owned by role %s, not by the migrating role or a role it belongs to: "+
-			"that role could replace every function of pgfence's; drop the schema, or make the migrating role its owner "+
-			"(ALTER SCHEMA %s OWNER TO ...), then migrate", Schema, owner, Schema)
+		return fmt.Errorf("migrations: schema %s is owned by role %s, not by the migrating role or a role it belongs to, "+
+			"and pgfence's migrations did not create it: that role could replace every function of pgfence's; "+
+			"drop the schema and migrate again, or migrate as role %s if it is yours", Schema, owner, owner)
 	}
 	return nil
 }

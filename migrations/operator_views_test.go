@@ -86,6 +86,51 @@ func TestGuardedFencesRefusesNonTables(t *testing.T) {
 	if got := queryString(t, ctx, admin, `SELECT rows || ':' || coalesce(unchecked, 'read') FROM pgfence.guarded_fences WHERE table_name = 'plain'`); got != "2:read" {
 		t.Errorf("ordinary guarded table: %q, want 2 rows read", got)
 	}
+
+	// Each table of a tree is read ONLY, and together they are all of it:
+	// an inheritance parent and its child, a lock name expression.
+	for _, s := range []string{
+		`CREATE TABLE inh (id int, region text NOT NULL, fence bigint NOT NULL DEFAULT 0)`,
+		`CREATE TABLE inh_c (extra int) INHERITS (inh)`,
+		`INSERT INTO inh VALUES (1, 'eu', 0)`,
+		`INSERT INTO inh_c VALUES (2, 'eu', 0, 7), (3, 'us', 0, 7)`,
+		`SELECT pgfence.guard('inh', lock_name_expression => $e$'region:' || region$e$)`,
+	} {
+		mustExecPool(t, ctx, admin, s)
+	}
+	if got := queryString(t, ctx, admin, `SELECT string_agg(lock_name || '=' || rows || ':' || coalesce(unchecked, 'read'), ' ' ORDER BY lock_name)
+		FROM pgfence.guarded_fences WHERE table_name = 'inh'`); got != "region:eu=2:read region:us=1:read" {
+		t.Errorf("inheritance parent with a child, lock name expression: %q, want region:eu=2:read region:us=1:read", got)
+	}
+}
+
+// TestGuardedFencesColumnGrantReader: a reader with the on-call grants and
+// SELECT on a guarded table's fence and lock columns only reads its figures
+// at 24 as at 23 (LOCK TABLE needs SELECT on the whole table: such a reader
+// is not made to take the lock).
+func TestGuardedFencesColumnGrantReader(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, p := beforeMigration(t, ctx, 24)
+	dsn := admin.Config().ConnString()
+	mustExecPool(t, ctx, admin, `CREATE TABLE public.g (id int PRIMARY KEY, lock text NOT NULL, fence bigint NOT NULL DEFAULT 0)`)
+	mustExecPool(t, ctx, admin, `INSERT INTO public.g VALUES (1, 'l', 0), (2, 'l', 0)`)
+	mustExecPool(t, ctx, admin, `SELECT pgfence.guard('public.g', lock_name_column => 'lock')`)
+	name, roleDSN := pgtest.DocRole(t, "observability.md", dsn, "pgfence_oncall")
+	mustExecPool(t, ctx, admin, `GRANT SELECT (lock, fence) ON public.g TO `+pgx.Identifier{name}.Sanitize())
+	reader := pgtest.PoolFor(t, roleDSN)
+	for _, v := range []int64{23, 24} {
+		if v == 24 {
+			if _, err := p.UpTo(ctx, 24); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var rows *int64
+		if err := reader.QueryRow(ctx, `SELECT rows FROM pgfence.guarded_fences`).Scan(&rows); err != nil || rows == nil || *rows != 2 {
+			t.Errorf("at %d, on-call role with column grants: rows %v, %v; want 2", v, rows, err)
+		}
+	}
 }
 
 // TestOutboxStatusCountsPrunedDelivered: pgfence.outbox_status joined each

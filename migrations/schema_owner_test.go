@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/migrations"
@@ -60,8 +61,44 @@ func TestMigrateRefusesSchemaOfAnotherRole(t *testing.T) {
 	mustExecPool(t, ctx, owner, `DROP TABLE pgfence.goose_db_version`)
 
 	// Owned by the migrating role (here: given to it), the schema is migrated.
+	mustExecPool(t, ctx, owner, `REVOKE ALL ON SCHEMA pgfence FROM PUBLIC`)
 	mustExecPool(t, ctx, owner, `ALTER SCHEMA pgfence OWNER TO CURRENT_USER`)
 	if err := migrations.UpPool(ctx, owner); err != nil {
 		t.Fatalf("UpPool into the migrating role's own schema: %v", err)
+	}
+}
+
+// TestSuperuserMigratesOwnerRoleSchema: a database migrated by a dedicated
+// owner role (not a superuser) is brought up to date by a superuser: the
+// schema is the owner role's, which owns the baseline's functions too, so
+// the superuser is not refused as a squatter's victim would be.
+func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.EmptyDSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	owner := fmt.Sprintf("pgfowner_%d", time.Now().UnixNano()%1_000_000_000)
+	id := pgx.Identifier{owner}.Sanitize()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a := pgtest.PoolFor(t, dsn)
+		_, _ = a.Exec(ctx, "DROP OWNED BY "+id+" CASCADE")
+		_, _ = a.Exec(ctx, "DROP ROLE IF EXISTS "+id)
+	})
+	mustExecPool(t, ctx, admin, "CREATE ROLE "+id+" LOGIN")
+	mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
+	db := stdlib.OpenDBFromPool(pgtest.PoolFor(t, withUser(t, dsn, owner)))
+	defer db.Close()
+	p, err := migrations.NewProvider(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 23); err != nil {
+		t.Fatalf("owner role migrating to 23: %v", err)
+	}
+	if err := migrations.UpPool(ctx, admin); err != nil {
+		t.Errorf("superuser applying the rest to the owner role's schema: %v", err)
 	}
 }

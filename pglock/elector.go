@@ -19,8 +19,8 @@ const (
 
 // ElectionConfig configures an [Elector]. A nil *ElectionConfig means all
 // defaults. Timings must satisfy 10ms <= RetryPeriod < RenewDeadline <
-// LeaseDuration. An unset RenewDeadline or RetryPeriod is 2/3 or 2/15 of
-// LeaseDuration (10s and 2s for the default 15s).
+// LeaseDuration. An unset RenewDeadline is 2/3 of LeaseDuration, an unset
+// RetryPeriod 1/5 of RenewDeadline (10s and 2s for the default 15s).
 type ElectionConfig struct {
 	// LeaseDuration is the TTL of the leader's lease: after the leader stops
 	// renewing (crash, partition), a candidate takes over within about
@@ -35,7 +35,7 @@ type ElectionConfig struct {
 	// RetryPeriod is the interval between the leader's renewals and the
 	// longest a candidate sleeps between attempts (a release wakes it at once
 	// through LISTEN; the holder's expiry wakes it too). At least 10ms.
-	// Defaults to 2/15 of LeaseDuration.
+	// Defaults to 1/5 of RenewDeadline.
 	RetryPeriod time.Duration
 	// OnStartedLeading is called in its own goroutine when this candidate
 	// becomes leader. ctx ends when leadership ends (lost, stepped down, Run's
@@ -86,13 +86,13 @@ func (l *Locker) NewElector(name string, cfg *ElectionConfig) (*Elector, error) 
 	if err := validateTTL(op, c.LeaseDuration); err != nil {
 		return nil, err
 	}
-	// Scaled from LeaseDuration (the defaults' 15s : 10s : 2s), so that
-	// setting LeaseDuration alone gives a valid configuration.
+	// Scaled (the defaults' 15s : 10s : 2s), so that setting LeaseDuration
+	// alone, or with RenewDeadline, gives a valid configuration.
 	if c.RenewDeadline == 0 {
 		c.RenewDeadline = c.LeaseDuration * 2 / 3
 	}
 	if c.RetryPeriod == 0 {
-		c.RetryPeriod = c.LeaseDuration * 2 / 15
+		c.RetryPeriod = max(minRetryPeriod, c.RenewDeadline/5)
 	}
 	if !(c.RetryPeriod >= minRetryPeriod && c.RetryPeriod < c.RenewDeadline && c.RenewDeadline < c.LeaseDuration) {
 		return nil, invalid(op, "ElectionConfig", "need %v <= RetryPeriod (%v) < RenewDeadline (%v) < LeaseDuration (%v)",
@@ -197,7 +197,7 @@ loop:
 	for {
 		select {
 		case <-ctx.Done():
-			endTerm(errReleased)
+			endTerm(context.Cause(ctx)) // why Run stops; the release may still fail
 			<-cbDone
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
 			if err := lease.Release(rctx); err != nil {

@@ -148,7 +148,8 @@ func TestElectorStepsDownAtRenewDeadline(t *testing.T) {
 // TestElectionConfigScaledDefaults: setting LeaseDuration alone gives
 // RenewDeadline and RetryPeriod scaled from it (it was refused below the
 // fixed 10 s default RenewDeadline, naming values the caller never set),
-// and a RetryPeriod under 10 ms, which renews in a tight loop, is refused.
+// an unset RetryPeriod stays below an explicit RenewDeadline, and a
+// RetryPeriod under 10 ms, which renews in a tight loop, is refused.
 func TestElectionConfigScaledDefaults(t *testing.T) {
 	t.Parallel()
 	l := newLocker(t, pgtest.Pool(t), nil)
@@ -158,6 +159,17 @@ func TestElectionConfigScaledDefaults(t *testing.T) {
 	}
 	if e.cfg.RenewDeadline != 2*time.Second || e.cfg.RetryPeriod != 400*time.Millisecond {
 		t.Errorf("LeaseDuration 3s: RenewDeadline %v, RetryPeriod %v; want 2s, 400ms", e.cfg.RenewDeadline, e.cfg.RetryPeriod)
+	}
+	// An explicit RenewDeadline keeps the RetryPeriod below it (a
+	// RetryPeriod scaled from LeaseDuration alone did not: 8s against 5s).
+	for _, c := range []ElectionConfig{
+		{LeaseDuration: 60 * time.Second, RenewDeadline: 5 * time.Second},
+		{LeaseDuration: 30 * time.Second, RenewDeadline: 3 * time.Second},
+		{LeaseDuration: 40 * time.Millisecond},
+	} {
+		if e, err := l.NewElector("explicit", &c); err != nil || e.cfg.RetryPeriod >= e.cfg.RenewDeadline {
+			t.Errorf("NewElector(%v, %v, RetryPeriod unset) = %v", c.LeaseDuration, c.RenewDeadline, err)
+		}
 	}
 	if e, err := l.NewElector("default", nil); err != nil || e.cfg.LeaseDuration != 15*time.Second || e.cfg.RenewDeadline != 10*time.Second || e.cfg.RetryPeriod != 2*time.Second {
 		t.Errorf("defaults: %+v, %v; want 15s, 10s, 2s", e.cfg, err)

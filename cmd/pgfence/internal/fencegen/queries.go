@@ -108,7 +108,7 @@ func (p *plan) queries() string {
 		b.WriteString(upsertDoc +
 			"-- The table is partitioned: a row that another transaction inserted after this statement\n" +
 			"-- began stops the INSERT but is not seen by the UPDATE, and the write is refused with PF005\n" +
-			"-- (no such row); it changed nothing, and a retry updates the row.\n" +
+			"-- (no such row); it changed nothing, and a retry takes the fenced UPDATE.\n" +
 			"WITH i AS (\n    " + insert + " DO NOTHING\n    RETURNING t." + f + "\n), u AS (\n" +
 			"    UPDATE " + from + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
 			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<) @token::bigint\n" +
