@@ -573,8 +573,17 @@ func cliWorkload(t *testing.T, ctx context.Context, dsn string, i int) {
 	run("outbox")
 	run("advisory", "list")
 	run("fences", "--table", "public.ledger", "--key", "store,id", "--lock-column", "store")
-	// Lock acct never issued a token: the rows written under other leases
-	// are reported as forged (exit 5).
+	// Lock acct is granted and given back (a name with no lock row exits 3
+	// before reading the table): the rows, written under other leases'
+	// higher tokens, are reported as forged (exit 5).
+	var acct struct {
+		Key   string `json:"key"`
+		Token int64  `json:"token"`
+	}
+	if err := json.Unmarshal([]byte(run("acquire", "--lock", "acct", "--ttl", "1m", "--json")), &acct); err != nil || acct.Token == 0 {
+		t.Fatalf("acquire acct --json: %+v %v", acct, err)
+	}
+	run("release", "--lock", "acct", "--token", fmt.Sprint(acct.Token), "--key", acct.Key)
 	if out := runCode(5, "fences", "--table", "public.accounts", "--lock", "acct"); !strings.Contains(out, "FORGED") {
 		t.Fatalf("pgfence fences: %s", out)
 	}
