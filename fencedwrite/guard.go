@@ -59,7 +59,8 @@ type GuardOptions struct {
 // The table and columns are validated first ([pgfence.ErrInvalid] naming
 // the argument: an invalid name, an unknown table or column). The caller must own the table and have
 // CREATE on schema pgfence; Guard takes a SHARE ROW EXCLUSIVE lock on the
-// table while it creates the trigger.
+// table while it creates the trigger, and an ACCESS EXCLUSIVE one, to the
+// end of the transaction, when it replaces an attached guard.
 func Guard(ctx context.Context, db pgfence.DBTX, table string, opts GuardOptions) (err error) {
 	defer func() { withOp(&err, "fencedwrite.Guard", table) }() // table: as resolved, once looked up
 	if nilcheck.IsNil(db) {

@@ -20,6 +20,10 @@
 -- delivered (a dead intent's job is kept while the intent is there, since
 -- 00018): it now counts as delivered (TestOutboxStatusCountsPrunedDelivered).
 --
+-- guarded_fences also lists, in a row of its own, a guard whose check
+-- trigger is disabled or missing (the table's owner may disable it): it was
+-- listed as guarded while it checked nothing (TestGuardedFencesDisabledTrigger).
+--
 -- The Down restores 00001's function and view.
 
 -- +goose Up
@@ -53,6 +57,17 @@ BEGIN
         -- between the check and the read is read unchecked. The other
         -- relations a tree may hold, foreign tables, run their wrapper, not
         -- their owner's code.)
+        -- A guard whose check trigger was dropped or disabled (ALTER TABLE
+        -- ... DISABLE TRIGGER, by the table's owner) checks nothing: said
+        -- in a row of its own, beside the figures.
+        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                        WHERE tg.tgrelid OPERATOR(pg_catalog.=) g.relid
+                          AND tg.tgname OPERATOR(pg_catalog.=) 'pgfence_guard_b_check'
+                          AND tg.tgenabled OPERATOR(pg_catalog.=) ANY (ARRAY['O', 'A']::"char"[])) THEN
+            RETURN QUERY SELECT g.relid::pg_catalog.text, g.ln, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
+                'its guard''s trigger pgfence_guard_b_check is disabled or missing: writes to it are not checked '
+                '(ALTER TABLE ... ENABLE TRIGGER pgfence_guard_b_check, or attach the guard again)'::pg_catalog.text;
+        END IF;
         locked := pg_catalog.has_table_privilege(g.relid, 'SELECT');
         FOR pass IN 1..2 LOOP
             WITH RECURSIVE tree (relid) AS (

@@ -166,3 +166,32 @@ func TestOutboxStatusCountsPrunedDelivered(t *testing.T) {
 		t.Errorf("at 24: outbox_status %q, want topic1:2 (two delivered intents whose jobs were deleted)", got)
 	}
 }
+
+// TestGuardedFencesDisabledTrigger: a guard whose check trigger its table's
+// owner disabled (ALTER TABLE ... DISABLE TRIGGER) checks nothing, and
+// pgfence.guarded_fences listed the table as any other; since 00024 a row
+// of its own says so, beside the figures, until the trigger is enabled.
+func TestGuardedFencesDisabledTrigger(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, _ := beforeMigration(t, ctx, 25)
+	mustExecPool(t, ctx, admin, `CREATE TABLE d (id int PRIMARY KEY, fence bigint NOT NULL DEFAULT 0)`)
+	mustExecPool(t, ctx, admin, `INSERT INTO d VALUES (1, 0)`)
+	mustExecPool(t, ctx, admin, `SELECT pgfence.guard('d', lock_name => 'l')`)
+	state := func() string {
+		return queryString(t, ctx, admin, `SELECT string_agg(coalesce(rows::text, '-') || ':' || coalesce(unchecked, 'read'), ' | ' ORDER BY unchecked NULLS FIRST)
+			FROM pgfence.guarded_fences WHERE table_name = 'd'`)
+	}
+	if got := state(); got != "1:read" {
+		t.Fatalf("enabled guard: %q, want 1:read", got)
+	}
+	mustExecPool(t, ctx, admin, `ALTER TABLE d DISABLE TRIGGER pgfence_guard_b_check`)
+	if got := state(); !strings.HasPrefix(got, "1:read | -:its guard's trigger pgfence_guard_b_check is disabled") {
+		t.Errorf("disabled guard: %q, want the figures and a row saying the trigger is disabled", got)
+	}
+	mustExecPool(t, ctx, admin, `ALTER TABLE d ENABLE TRIGGER pgfence_guard_b_check`)
+	if got := state(); got != "1:read" {
+		t.Errorf("enabled again: %q, want 1:read", got)
+	}
+}

@@ -1,6 +1,7 @@
 package pgerr
 
 import (
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -20,4 +21,23 @@ func ParseRefusal(detail string) (token, fence int64, table, key string) {
 	token, _ = strconv.ParseInt(tok, 10, 64)
 	fence, _ = strconv.ParseInt(fen, 10, 64)
 	return token, fence, table, key
+}
+
+// guardToken finds the token in the DETAIL of a guard's refusal ("op OP, key
+// K, row fence F, token T, lock L, ..."): the first "row fence F, token T,"
+// with numbers for both.
+var guardToken = regexp.MustCompile(`, row fence -?[0-9]+, token ([0-9]+),`)
+
+// ParseGuardToken returns the token of a guard's refusal from its DETAIL,
+// or 0 when it names none (a DELETE without pgfence.use_token).
+func ParseGuardToken(detail string) int64 {
+	m := guardToken.FindStringSubmatch(detail)
+	if m == nil {
+		return 0
+	}
+	t, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return t
 }
