@@ -612,6 +612,8 @@ var rewrites = map[string][]string{
 	"00023_pgfence_guard_lock_move.sql": {"attach_guard"},
 	// guarded_fences reads tables only (not a view its owner made of one).
 	"00024_pgfence_operator_views.sql": {"guarded_fence_status"},
+	// With the HA epoch, a lock's first row starts above every bump.
+	"00025_pgfence_ha_new_locks.sql": {"ha_gate"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -153,3 +153,64 @@ func TestNoFunctionForPublic(t *testing.T) {
 		t.Fatalf("only %d functions in schema pgfence: the query reads the wrong schema", n)
 	}
 }
+
+// TestHANewLockStartsAboveBumps: with the HA epoch enabled, ha_bump raises
+// the tokens of the lock rows the promoted server has; a lock granted on the
+// lost primary whose row never reached the standby has none, and its next
+// grant on the promoted server was token 1 again, the token the lost holder
+// still writes with. Since 00025 a lock's first row starts bumps x 2^32 up.
+func TestHANewLockStartsAboveBumps(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, p := beforeMigration(t, ctx, 25)
+	locker, err := pglock.New(pool, &pglock.Config{Holder: "ha", PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close()
+	first := func(name string) int64 {
+		t.Helper()
+		lease, err := locker.TryAcquire(ctx, name, time.Minute)
+		if err != nil {
+			t.Fatalf("first grant of %s: %v", name, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return lease.Token()
+	}
+	mustExecPool(t, ctx, pool, "SELECT pgfence.ha_enable()")
+	if tok := first("before-any-bump"); tok != 1 {
+		t.Fatalf("first grant with the epoch, no bump yet: token %d, want 1", tok)
+	}
+	// A promotion and its bump.
+	mustExecPool(t, ctx, pool, "UPDATE pgfence.ha_epoch SET timeline = timeline - 1")
+	mustExecPool(t, ctx, pool, "SELECT pgfence.ha_bump()")
+	if tok := first("lost-on-the-old-primary"); tok != 1 {
+		t.Fatalf("at 24: first grant after a bump: token %d; the test expected 1 (the defect)", tok)
+	}
+	if _, err := p.UpTo(ctx, 25); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"another-lost-lock", "and-one-more"} {
+		if tok := first(name); tok != 1<<32+1 {
+			t.Errorf("at 25: first grant of %s after one bump: token %d, want %d", name, tok, int64(1<<32+1))
+		}
+	}
+	// Many at once (lock_grant_many) and through a wait (lock_wait).
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgfence.lock_grant_many(ARRAY['m1', 'm2'], 'h', ARRAY[60000000, 60000000]::bigint[],
+		'\x000102030405060708090a0b0c0d0e0f') WHERE token = 4294967297`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("lock_grant_many of two new names after a bump: %d at token 2^32+1, %v; want 2", n, err)
+	}
+	lease, err := locker.Acquire(ctx, "waited-for", time.Minute)
+	if err != nil || lease.Token() != 1<<32+1 {
+		t.Errorf("Acquire of a new name after a bump: %v, %v; want token %d", lease, err, int64(1<<32+1))
+	}
+	// Without the epoch nothing changes.
+	mustExecPool(t, ctx, pool, "SELECT pgfence.ha_disable()")
+	if tok := first("after-disable"); tok != 1 {
+		t.Errorf("first grant with the epoch disabled: token %d, want 1", tok)
+	}
+}
