@@ -20,6 +20,12 @@ Two rules make it safe, in any language:
   holder wrote a larger token. Checking Lease.valid() first is not enough: the
   pause can fall between the check and the write.
 
+The SQL sent here names every operator, type and function it relies on
+outside pgfence by its pg_catalog name (OPERATOR(pg_catalog.=),
+::pg_catalog.int8): an operator or type that a role could create in a schema
+on the connection's search_path then cannot decide which row is written.
+Table and column names are quoted identifiers, resolved as the caller wrote them.
+
 The command line (python3 pgfence.py lease-worker|job-worker --help) drives
 the cross-language tests of internal/testing/crosslang.
 """
@@ -57,6 +63,23 @@ class StaleToken(Exception):
         self.table, self.key, self.token, self.fence = table, key, token, fence
 
 
+class ChangedConcurrently(Exception):
+    """A fenced write changed no row, yet the row's fence, read again, is below the token.
+
+    The row changed between the UPDATE and the re-read (a concurrent
+    transaction set its key, or inserted or re-created it): the reason of the
+    refusal is unknown and nothing was written. Retryable: send the same write
+    again with the same token (never a newer one); the next attempt gets a
+    definite answer. Not a StaleToken. Go's fencedwrite reports this case as a
+    retryable refusal without a Kind (SQLSTATE PF006 from pgfence.fence_refused).
+    """
+
+    def __init__(self, table, key, token, fence):
+        super().__init__(f"write to {table} key {key!r} with token {token} not applied: the row changed "
+                         f"concurrently (row fence now {fence}); send it again")
+        self.table, self.key, self.token, self.fence = table, key, token, fence
+
+
 class AlreadyApplied(StaleToken):
     """A fenced write changed no row because this token already wrote it (fence == token).
 
@@ -71,7 +94,9 @@ class Lease:
 
     deadline is local (time.monotonic()): the send time of the grant or
     renewal plus the TTL, never later than the database's expiry, so a lease
-    ends here no later than in the database even if the clocks drift.
+    ends here no later than in the database even if the clocks drift. It is
+    -inf once release() was called, or renew() or release() raised
+    LeaseLost: valid() is then False.
     """
 
     name: str
@@ -92,14 +117,20 @@ class Lease:
 
 
 def _require_idle_autocommit(conn, what):
-    # docs/sql.md rule 1: a lease function times the lease from now(), the
-    # start of its transaction, and makes its grant durable at commit. In a
-    # transaction begun earlier the lease is older than the send time, so
-    # the local deadline would fall after the database's expiry, and the
-    # grant would not be durable until the caller commits.
+    # docs/sql.md rule 1: a lease function (and job_claim) times the lease
+    # (claim) from now(), the start of its transaction, and makes its grant
+    # durable at commit. In a transaction begun earlier the lease is older
+    # than the send time, so the local deadline would fall after the
+    # database's expiry, and the grant would not be durable until the caller
+    # commits.
     if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raise ValueError(f"pgfence.{what} needs a connection in autocommit mode with no open transaction "
                          "(psycopg.connect(..., autocommit=True), outside 'with conn.transaction()')")
+
+
+def _end(lease):
+    # The lease is given back or lost: valid() is False from now on.
+    lease.deadline = float("-inf")
 
 
 def _deadline(sent, ttl, expires_at, db_now):
@@ -120,8 +151,8 @@ def acquire(conn, name, ttl, holder):
     for _ in range(10):
         sent = time.monotonic()
         token, expires_at, held_by, db_now = conn.execute(
-            "SELECT token, expires_at, held_by, db_now"
-            " FROM pgfence.lock_grant(%s::text, %s::text, %s::bigint, %s::bytea)",
+            "SELECT token, expires_at, held_by, db_now FROM pgfence.lock_grant("
+            "%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.bytea)",
             (name, holder, int(ttl * 1e6), key),
         ).fetchone()
         if token is not None:
@@ -133,15 +164,20 @@ def acquire(conn, name, ttl, holder):
 
 
 def renew(conn, lease, ttl=None):
-    """Extend the lease by ttl seconds (default: its TTL); raises LeaseLost."""
+    """Extend the lease by ttl seconds (default: its TTL); raises LeaseLost.
+
+    After LeaseLost the lease's deadline is -inf (valid() is False).
+    """
     _require_idle_autocommit(conn, "renew")
     ttl = lease.ttl if ttl is None else ttl
     sent = time.monotonic()
     expires_at, db_now = conn.execute(
-        "SELECT expires_at, db_now FROM pgfence.lock_renew(%s::text, %s::bigint, %s::bytea, %s::bigint)",
+        "SELECT expires_at, db_now FROM pgfence.lock_renew("
+        "%s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.bytea, %s::pg_catalog.int8)",
         (lease.name, lease.token, lease.key, int(ttl * 1e6)),
     ).fetchone()
     if expires_at is None:
+        _end(lease)
         raise LeaseLost(f"lease {lease.name!r} token {lease.token} is lost")
     lease.ttl, lease.expires_at = ttl, expires_at
     lease.deadline = _deadline(sent, ttl, expires_at, db_now)
@@ -149,10 +185,15 @@ def renew(conn, lease, ttl=None):
 
 
 def release(conn, lease):
-    """Give the lease back (the token stays in the row); raises LeaseLost."""
+    """Give the lease back (the token stays in the row); raises LeaseLost.
+
+    The lease's deadline is -inf from the call on (valid() is False), even if
+    the call fails: the holder stops working under it.
+    """
     _require_idle_autocommit(conn, "release")
+    _end(lease)
     (released,) = conn.execute(
-        "SELECT released FROM pgfence.lock_release(%s::text, %s::bigint, %s::bytea)",
+        "SELECT released FROM pgfence.lock_release(%s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.bytea)",
         (lease.name, lease.token, lease.key),
     ).fetchone()
     if not released:
@@ -163,29 +204,38 @@ def fenced_update(conn, table, key_column, key, values, token, fence_column="fen
     """UPDATE table SET values..., fence = token WHERE key_column = key AND fence < token.
 
     The strict fence rule: one write per row per grant, and none once a newer
-    token wrote the row. 0 rows changed raises StaleToken (with the row's
-    fence, None if there is no such row), AlreadyApplied (a StaleToken) when
-    this token wrote the row already; ValueError (nothing written) if key_column
-    matched several rows. Identifiers are quoted; values and
-    token are parameters.
+    token wrote the row. When no row changed, the row's fence is read again:
+    StaleToken when it is above the token (fence None: no such row),
+    AlreadyApplied (a StaleToken) when this token wrote the row already, and
+    ChangedConcurrently (not a StaleToken; send the write again with the same
+    token) when it is below the token, the row having changed between the two
+    statements. ValueError (nothing written) if key_column matched several
+    rows. Identifiers are quoted; values, key and token are parameters,
+    compared with pg_catalog's = and < (OPERATOR(pg_catalog.=)), never an
+    operator found on the search_path.
     """
+    tbl = sql.Identifier(*table.split("."))
+    kc, fc = sql.Identifier(key_column), sql.Identifier(fence_column)
     sets = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in values]
-    sets.append(sql.SQL("{} = %s").format(sql.Identifier(fence_column)))
-    stmt = sql.SQL("UPDATE {} SET {} WHERE {} = %s AND {} < %s").format(
-        sql.Identifier(*table.split(".")), sql.SQL(", ").join(sets),
-        sql.Identifier(key_column), sql.Identifier(fence_column))
+    sets.append(sql.SQL("{} = %s::pg_catalog.int8").format(fc))
+    stmt = sql.SQL("UPDATE {} SET {} WHERE {} OPERATOR(pg_catalog.=) %s"
+                   " AND {} OPERATOR(pg_catalog.<) %s::pg_catalog.int8").format(
+        tbl, sql.SQL(", ").join(sets), kc, fc)
     with conn.transaction():  # a refusal below rolls the UPDATE back
         cur = conn.execute(stmt, [*values.values(), token, key, token])
         if cur.rowcount > 1:
             raise ValueError(f"fenced_update: {cur.rowcount} rows of {table} have {key_column} = {key!r}: "
                              "key_column must be unique; nothing was written")
-    if cur.rowcount != 1:
-        row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} = %s").format(
-            sql.Identifier(fence_column), sql.Identifier(*table.split(".")), sql.Identifier(key_column)),
-            (key,)).fetchone()
-        if row and row[0] == token:
-            raise AlreadyApplied(table, key, token, row[0])
-        raise StaleToken(table, key, token, row[0] if row else None)
+    if cur.rowcount == 1:
+        return
+    row = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {} OPERATOR(pg_catalog.=) %s").format(fc, tbl, kc),
+                       (key,)).fetchone()
+    fence = row[0] if row else None
+    if fence is not None and fence == token:
+        raise AlreadyApplied(table, key, token, fence)
+    if fence is not None and fence < token:
+        raise ChangedConcurrently(table, key, token, fence)
+    raise StaleToken(table, key, token, fence)
 
 
 @dataclass
@@ -197,30 +247,41 @@ class Claim:
     key: bytes = field(repr=False)
     payload: object
     attempts: int
-    deadline: float  # local, time.monotonic(): send time + TTL
+    # local, time.monotonic(): send time + TTL, never later than the
+    # database's claim_expires_at (measured from its now())
+    deadline: float
 
 
 def enqueue(conn, queue, payloads):
     """Insert one job per payload (JSON-serialisable) into queue; returns their ids."""
     n = len(payloads)
     rows = conn.execute(
-        "SELECT id FROM pgfence.job_enqueue(%s::text[], %s::jsonb[], %s::smallint[], %s::timestamptz[], %s::integer[])",
+        "SELECT id FROM pgfence.job_enqueue(%s::pg_catalog.text[], %s::pg_catalog.jsonb[], %s::pg_catalog.int2[],"
+        " %s::pg_catalog.timestamptz[], %s::pg_catalog.int4[])",
         ([queue] * n, [json.dumps(p) for p in payloads], [0] * n, [None] * n, [25] * n),
     ).fetchall()
     return [r[0] for r in rows]
 
 
 def claim(conn, queue, holder, ttl, max_jobs):
-    """Claim up to max_jobs jobs of queue for ttl seconds (database clock), with a fresh key."""
+    """Claim up to max_jobs jobs of queue for ttl seconds (database clock), with a fresh key.
+
+    conn must be in autocommit mode with no open transaction (ValueError
+    otherwise, nothing sent), as for acquire: job_claim times the claim from
+    the start of its transaction (docs/sql.md rule 1), so in a transaction
+    begun earlier the claim would end before Claim.deadline.
+    """
+    _require_idle_autocommit(conn, "claim")
     key = secrets.token_bytes(KEY_BYTES)
     ttl_ms = int(ttl * 1000)  # what the database is told; the deadline must not exceed it
     sent = time.monotonic()
     rows = conn.execute(
-        "SELECT id, claim_token, payload, attempts"
-        " FROM pgfence.job_claim(%s::text, %s::text, %s::bigint, %s::integer, %s::bytea)",
+        "SELECT id, claim_token, payload, attempts, claim_expires_at, pg_catalog.now()"
+        " FROM pgfence.job_claim(%s::pg_catalog.text, %s::pg_catalog.text, %s::pg_catalog.int8,"
+        " %s::pg_catalog.int4, %s::pg_catalog.bytea)",
         (queue, holder, ttl_ms, max_jobs, key),
     ).fetchall()
-    return [Claim(i, t, key, p, a, sent + ttl_ms / 1000) for i, t, p, a in rows]
+    return [Claim(i, t, key, p, a, _deadline(sent, ttl_ms / 1000, exp, now)) for i, t, p, a, exp, now in rows]
 
 
 def complete(conn, claims):
@@ -232,7 +293,7 @@ def complete(conn, claims):
     back when the id is missing.
     """
     rows = conn.execute(
-        "SELECT id FROM pgfence.job_complete(%s::bigint[], %s::bigint[], %s::bytea[])",
+        "SELECT id FROM pgfence.job_complete(%s::pg_catalog.int8[], %s::pg_catalog.int8[], %s::pg_catalog.bytea[])",
         ([c.id for c in claims], [c.token for c in claims], [c.key for c in claims]),
     ).fetchall()
     return {r[0] for r in rows}
@@ -244,7 +305,8 @@ def fail(conn, c, error, retry_in=0.0, give_up=False):
     Returns False if the claim was lost (nothing changed).
     """
     row = conn.execute(
-        "SELECT id FROM pgfence.job_fail(%s::bigint, %s::bigint, %s::bytea, %s::text, %s::bigint, %s::boolean)",
+        "SELECT id FROM pgfence.job_fail(%s::pg_catalog.int8, %s::pg_catalog.int8, %s::pg_catalog.bytea,"
+        " %s::pg_catalog.text, %s::pg_catalog.int8, %s::pg_catalog.bool)",
         (c.id, c.token, c.key, error, int(retry_in * 1000), give_up),
     ).fetchone()
     return row is not None
@@ -262,7 +324,9 @@ def lease_worker(args):
     that forgot it would: the guard refuses it), "renew", "release", "exit".
     The worker writes whatever it is told, even past its local deadline, to
     show what the database refuses; an application checks lease.valid() first.
-    Each result is one line: "ok ...", "refused ...".
+    Each result is one line: "ok ...", "refused ..." (a fenced write: "refused
+    write ID stale|changed fence=F local-valid=B", changed for
+    ChangedConcurrently).
     """
     conn = psycopg.connect(args.dsn, autocommit=True)
     stop = time.monotonic() + args.wait
@@ -285,7 +349,8 @@ def lease_worker(args):
                 fenced_update(conn, args.table, "id", int(cmd[1]), {"v": cmd[2]}, lease.token)
                 _say("ok write", cmd[1], lease.token, "local-valid=%s" % lease.valid())
             elif op == "raw":
-                conn.execute(sql.SQL("UPDATE {} SET v = %s, fence = %s WHERE id = %s").format(
+                conn.execute(sql.SQL("UPDATE {} SET v = %s, fence = %s::pg_catalog.int8"
+                                     " WHERE id OPERATOR(pg_catalog.=) %s::pg_catalog.int8").format(
                     sql.Identifier(*args.table.split("."))), (cmd[2], lease.token, int(cmd[1])))
                 _say("ok raw", cmd[1], lease.token)
             elif op == "renew":
@@ -300,6 +365,8 @@ def lease_worker(args):
                 _say("error unknown command", op)
         except StaleToken as e:
             _say("refused", op, cmd[1], "stale", "fence=%s" % e.fence, "local-valid=%s" % lease.valid())
+        except ChangedConcurrently as e:
+            _say("refused", op, cmd[1], "changed", "fence=%s" % e.fence, "local-valid=%s" % lease.valid())
         except LeaseLost:
             _say("refused", op, "lost")
         except psycopg.Error as e:
@@ -326,7 +393,8 @@ def job_worker(args):
         batch = claim(conn, args.queue, args.holder, args.ttl_ms / 1000, args.batch)
         if not batch:
             (left,) = conn.execute(
-                "SELECT count(*) FROM pgfence.jobs WHERE queue = %s AND state IN ('available', 'running')",
+                "SELECT pg_catalog.count(*) FROM pgfence.jobs WHERE queue OPERATOR(pg_catalog.=) %s::pg_catalog.text"
+                " AND state OPERATOR(pg_catalog.=) ANY ('{available,running}'::pg_catalog.text[])",
                 (args.queue,)).fetchone()
             if left == 0:
                 break

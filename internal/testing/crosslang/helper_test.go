@@ -87,7 +87,11 @@ func runGoLeaseWorker(dsn, name, holder string, ttl time.Duration, table string)
 				if err := pool.QueryRow(ctx, "SELECT fence FROM "+tbl+" WHERE id = $1", id).Scan(&fence); err != nil {
 					return err
 				}
-				fmt.Printf("refused write %d stale fence=%d local-valid=%v\n", id, fence, pyBool(valid))
+				why := "stale" // as the Python client: a fence below the token is a concurrent change
+				if fence < tok {
+					why = "changed"
+				}
+				fmt.Printf("refused write %d %s fence=%d local-valid=%v\n", id, why, fence, pyBool(valid))
 			}
 		case "raw":
 			if _, err := pool.Exec(ctx, "UPDATE "+tbl+" SET v = $1, fence = $2 WHERE id = $3", cmd[2], tok, id); err != nil {

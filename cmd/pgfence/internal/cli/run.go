@@ -143,7 +143,11 @@ func unwrapPathErr(err error) error {
 // childEnv is the command's environment: environ without the PGFENCE_*
 // variables it sets and, unless passEnv, without secretEnv.
 func childEnv(environ []string, passEnv bool, lease *pglock.Lease) []string {
-	drop := map[string]bool{"PGFENCE_LOCK": true, "PGFENCE_TOKEN": true, "PGFENCE_HOLDER": true}
+	// PGFENCE_KEY and PGFENCE_EXPIRES_AT, exported after an earlier
+	// `pgfence acquire`, belong to another lease: the command must not see
+	// that lease's key beside this lease's name and token.
+	drop := map[string]bool{"PGFENCE_LOCK": true, "PGFENCE_TOKEN": true, "PGFENCE_HOLDER": true,
+		"PGFENCE_KEY": true, "PGFENCE_EXPIRES_AT": true}
 	if !passEnv {
 		for _, k := range secretEnv {
 			drop[k] = true
@@ -186,6 +190,7 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 	if err := f.check(); err != nil {
 		return err
 	}
+
 	path, err := resolveCommand(args[0])
 	if err != nil {
 		return err
@@ -257,10 +262,52 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		leaseDone   = lease.Done()
 		ctxDone     = ctx.Done()
 	)
+	// A lease that is not renewed (the database unreachable) ends at its
+	// local deadline, which is before the database can grant it to anyone
+	// else. Stopping at the deadline left the command running for --grace
+	// after it: the tree gets SIGTERM lead before the deadline unless the
+	// lease was renewed meanwhile, and SIGKILL a tenth of lead before it
+	// (time for the signal and the kernel). lead is --grace, at most a third
+	// of the TTL: renewals come every third of it, and an earlier stop
+	// would stop a lease whose next renewal is still to come.
+	lead := min(grace, f.ttl/3)
+	const (
+		phaseTerm = iota
+		phaseKill
+		phaseDone
+	)
+	phase := phaseTerm
+	expiring := time.NewTimer(time.Until(lease.Deadline().Add(-lead)))
+	defer expiring.Stop()
 	for waiting := true; waiting; {
 		select {
 		case <-tree.done():
 			waiting = false
+		case <-expiring.C:
+			d := lease.Deadline()
+			switch {
+			case phase == phaseTerm && time.Until(d) > lead:
+				expiring.Reset(time.Until(d.Add(-lead))) // renewed meanwhile
+			case phase == phaseTerm:
+				phase = phaseKill
+				if !lost && got == nil && !interrupted {
+					lost = true
+					notef(notes, "pgfence: lease on %q not renewed, ending in %v; stopping %s and every process it started (SIGTERM, SIGKILL before it ends)",
+						lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
+					tree.stop()
+				}
+				expiring.Reset(time.Until(d.Add(-lead / 10)))
+			case phase == phaseKill:
+				phase = phaseDone
+				if time.Until(d) > lead {
+					// Renewed after all: the stop goes on (its SIGKILL
+					// after --grace), the lease is held.
+					continue
+				}
+				notef(notes, "pgfence: lease on %q ends in %v; sending SIGKILL to %s and every process it started",
+					lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
+				tree.kill()
+			}
 		case <-leaseDone:
 			leaseDone = nil
 			lost = true

@@ -1,0 +1,104 @@
+//go:build linux
+
+package cli
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
+)
+
+// TestRunStopsBeforeLeaseEnds: the database becomes unreachable for
+// pgfence (its backends terminated, new connections refused): renewals
+// fail. The tree got SIGTERM only at the lease's local deadline and SIGKILL
+// --grace later, so a command that ignores SIGTERM still ran when another
+// holder was granted the lease at its database expiry. It now gets SIGTERM
+// --grace before the deadline and SIGKILL just before it.
+func TestRunStopsBeforeLeaseEnds(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := context.Background()
+	other, err := pgx.Connect(ctx, dsn) // the other holder's connection, open before the outage
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var db string
+	if err := other.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	marker := newMarker()
+	const grace = 2 * time.Second
+	p := startPgfence(t, testEnv(dsn), marker, "run", "--lock", "payout", "--ttl", "6s", "--grace", grace.String(),
+		"--", "sh", "-c", `trap "" TERM; echo ready; sleep `+marker+` & wait; wait; wait`)
+	waitLine(t, p, p.out, "ready", 30*time.Second)
+
+	acfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	outage := time.Now()
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" ALLOW_CONNECTIONS false"); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" ALLOW_CONNECTIONS true") //nolint:errcheck
+	if _, err := other.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgfence-cli' AND datname = current_database()"); err != nil {
+		t.Fatal(err)
+	}
+	// B takes the lease as soon as the database lets it.
+	var tokB int64
+	var grantedAt time.Time
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var tok *int64
+		if err := other.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('payout', 'B', 60000000, '\x000102030405060708090a0b0c0d0e0f')`).Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		if tok != nil {
+			tokB, grantedAt = *tok, time.Now()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B never granted")
+		}
+	}
+	alive := len(markerProcs(marker)) > 0
+	code := p.wait(t, grace+30*time.Second)
+	t.Logf("outage -> B granted token %d: %v; command still running then: %v; B granted -> pgfence exit: %v (exit %d)",
+		tokB, grantedAt.Sub(outage).Round(time.Millisecond), alive, p.exitAt.Sub(grantedAt).Round(time.Millisecond), code)
+	if alive {
+		t.Errorf("the command under lease token 1 was still running when B was granted token %d, and ran %v longer: "+
+			"two holders at once (SIGTERM only at the local deadline, SIGKILL --grace after it)", tokB, p.exitAt.Sub(grantedAt).Round(time.Millisecond))
+	}
+}
+
+// TestRunDropsAnotherLeasesKey: the command gets PGFENCE_LOCK, PGFENCE_TOKEN
+// and PGFENCE_HOLDER of its own lease; PGFENCE_KEY and PGFENCE_EXPIRES_AT
+// (exported after an earlier `eval "$(pgfence acquire)"`) passed through:
+// another lease's key, next to this lease's name and token.
+func TestRunDropsAnotherLeasesKey(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	cmd := exec.Command(pgfenceBin(t), "run", "--lock", "env2", "--", "sh", "-c", "env")
+	cmd.Env = testEnv(dsn, "PGFENCE_KEY=00112233445566778899aabbccddeeff", "PGFENCE_EXPIRES_AT=2020-01-01T00:00:00Z")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"PGFENCE_KEY=", "PGFENCE_EXPIRES_AT="} {
+		if strings.Contains(string(out), k) {
+			t.Errorf("%s of another lease passed to the command of lease env2", strings.TrimSuffix(k, "="))
+		}
+	}
+}
