@@ -138,7 +138,7 @@ func translate(err error) *pgfence.Error {
 			if pgErr.Detail != "" {
 				r += " (" + pgErr.Detail + ")"
 			}
-			return &pgfence.Error{Kind: c.Kind, Name: name, Token: pgerr.ParseGuardToken(pgErr.Detail), Reason: r, Err: err}
+			return &pgfence.Error{Kind: c.Kind, Name: name, Token: pgerr.ParseGuardToken(pgErr.Message), Reason: r, Err: err}
 		case pgerr.StaleToken, pgerr.AlreadyApplied, pgerr.NotFound, pgerr.ConcurrentChange, pgerr.InvalidToken:
 			// The refusals of generated statements (pgfence.fence_refused).
 			token, fence, table, key := pgerr.ParseRefusal(pgErr.Detail)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/fencedwrite"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
 // TestGuardRefusalCarriesToken: a guard's refusal of a superseded holder
@@ -43,4 +44,32 @@ func tokenOf(pe *pgfence.Error) int64 {
 		return 0
 	}
 	return pe.Token
+}
+
+// TestGuardRefusalTokenNotFromKey: the token is read from the refusal's
+// message, not from its DETAIL, which begins with the row's key: a key
+// holding text that reads like a token gave Error.Token a number the write
+// never carried.
+func TestGuardRefusalTokenNotFromKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	mustExec(t, pool, `CREATE TABLE acct (id text PRIMARY KEY, v text, fence bigint NOT NULL DEFAULT 0)`)
+	const key = `a, row fence 0, token 77, b`
+	mustExec(t, pool, `INSERT INTO acct (id) VALUES ($1)`, key)
+	if err := fencedwrite.Guard(ctx, pool, "acct", fencedwrite.GuardOptions{LockName: "l"}); err != nil {
+		t.Fatal(err)
+	}
+	tok := grant(t, pool, "l")
+	grant(t, pool, "l")
+	tbl := prepare(t, pool, fencedwrite.Spec{Table: "acct", Key: []string{"id"}, Set: []string{"v"}})
+	_, err := tbl.Update(ctx, pool, tok, []any{key}, []any{"x"})
+	var pe *pgfence.Error
+	if !errors.As(err, &pe) || !errors.Is(err, pgfence.ErrStaleToken) {
+		t.Fatalf("want stale: %v", err)
+	}
+	t.Logf("reason: %s", pe.Reason)
+	if pe.Token != tok {
+		t.Errorf("Error.Token = %d, want %d (the token the write carried)", pe.Token, tok)
+	}
 }

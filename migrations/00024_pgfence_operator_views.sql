@@ -58,15 +58,28 @@ BEGIN
         -- relations a tree may hold, foreign tables, run their wrapper, not
         -- their owner's code.)
         -- A guard whose check trigger was dropped or disabled (ALTER TABLE
-        -- ... DISABLE TRIGGER, by the table's owner) checks nothing: said
-        -- in a row of its own, beside the figures.
-        IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
-                        WHERE tg.tgrelid OPERATOR(pg_catalog.=) g.relid
-                          AND tg.tgname OPERATOR(pg_catalog.=) 'pgfence_guard_b_check'
-                          AND tg.tgenabled OPERATOR(pg_catalog.=) ANY (ARRAY['O', 'A']::"char"[])) THEN
+        -- ... DISABLE TRIGGER, by the owner of the table or of one of its
+        -- partitions) checks nothing there, and an inheritance child has no
+        -- trigger of its parent's: said in a row of its own, beside the
+        -- figures, naming the first such table of the tree.
+        WITH RECURSIVE tree (relid) AS (
+            SELECT g.relid::pg_catalog.oid
+            UNION
+            SELECT i.inhrelid FROM pg_catalog.pg_inherits i JOIN tree ON i.inhparent OPERATOR(pg_catalog.=) tree.relid
+        )
+        SELECT c.oid::pg_catalog.regclass::pg_catalog.text INTO why
+          FROM tree JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) tree.relid
+         WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger tg
+                            WHERE tg.tgrelid OPERATOR(pg_catalog.=) c.oid
+                              AND tg.tgname OPERATOR(pg_catalog.=) 'pgfence_guard_b_check'
+                              AND tg.tgenabled OPERATOR(pg_catalog.=) ANY (ARRAY['O', 'A']::"char"[]))
+         ORDER BY c.oid OPERATOR(pg_catalog.<>) g.relid::pg_catalog.oid, c.oid
+         LIMIT 1;
+        IF why IS NOT NULL THEN
             RETURN QUERY SELECT g.relid::pg_catalog.text, g.ln, NULL::bigint, NULL::bigint, NULL::bigint, NULL::bigint,
-                'its guard''s trigger pgfence_guard_b_check is disabled or missing: writes to it are not checked '
-                '(ALTER TABLE ... ENABLE TRIGGER pgfence_guard_b_check, or attach the guard again)'::pg_catalog.text;
+                format('the guard''s trigger pgfence_guard_b_check is disabled or missing on %s: its writes are not checked '
+                       '(ALTER TABLE ... ENABLE TRIGGER pgfence_guard_b_check, or attach the guard again)', why);
+            why := NULL;
         END IF;
         locked := pg_catalog.has_table_privilege(g.relid, 'SELECT');
         FOR pass IN 1..2 LOOP

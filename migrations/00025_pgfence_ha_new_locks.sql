@@ -35,6 +35,10 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_gate() IS
+  'Trigger function of the HA epoch gate (pgfence.ha_enable): refuses a grant or claim with PFHA1 until '
+  'pgfence.ha_bump() has run on this server''s timeline, and starts a new lock row''s token at the number of '
+  'bumps x 2^32 above the one asked for.';
 
 -- +goose Down
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -54,3 +58,6 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+COMMENT ON FUNCTION pgfence.ha_gate() IS
+  'Trigger function of the HA epoch gate (pgfence.ha_enable): refuses a grant or claim with PFHA1 until '
+  'pgfence.ha_bump() has run on this server''s timeline.';

@@ -204,9 +204,10 @@ func TestHANewLockStartsAboveBumps(t *testing.T) {
 		'\x000102030405060708090a0b0c0d0e0f') WHERE token = 4294967297`).Scan(&n); err != nil || n != 2 {
 		t.Errorf("lock_grant_many of two new names after a bump: %d at token 2^32+1, %v; want 2", n, err)
 	}
-	lease, err := locker.Acquire(ctx, "waited-for", time.Minute)
-	if err != nil || lease.Token() != 1<<32+1 {
-		t.Errorf("Acquire of a new name after a bump: %v, %v; want token %d", lease, err, int64(1<<32+1))
+	var waited *int64
+	if err := pool.QueryRow(ctx, `SELECT token FROM pgfence.lock_wait('waited-for', 'h', 60000000,
+		'\x000102030405060708090a0b0c0d0e0f', 1, 1)`).Scan(&waited); err != nil || waited == nil || *waited != 1<<32+1 {
+		t.Errorf("lock_wait of a new name after a bump: %v, %v; want token %d", waited, err, int64(1<<32+1))
 	}
 	// Without the epoch nothing changes.
 	mustExecPool(t, ctx, pool, "SELECT pgfence.ha_disable()")

@@ -187,8 +187,10 @@ def renew(conn, lease, ttl=None):
 def release(conn, lease):
     """Give the lease back (the token stays in the row); raises LeaseLost.
 
-    The lease's deadline is -inf from the call on (valid() is False), even if
-    the call fails: the holder stops working under it.
+    The lease's deadline is -inf once the call is sent (valid() is False),
+    even if it then fails: the holder stops working under it. A connection
+    that is not idle in autocommit is refused first (ValueError), and the
+    lease is left as it was.
     """
     _require_idle_autocommit(conn, "release")
     _end(lease)

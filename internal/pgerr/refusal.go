@@ -23,19 +23,22 @@ func ParseRefusal(detail string) (token, fence int64, table, key string) {
 	return token, fence, table, key
 }
 
-// guardToken finds the token in the DETAIL of a guard's refusal ("op OP, key
-// K, row fence F, token T, lock L, ..."): the first "row fence F, token T,"
-// with numbers for both.
-var guardToken = regexp.MustCompile(`, row fence -?[0-9]+, token ([0-9]+),`)
+// guardToken finds the token in the message of a guard's refusal ("pgfence
+// guard: UPDATE of s.t carries token T but lock ...", "pgfence guard:
+// DELETE from s.t with stale token T (row fence F)"). The message, not the
+// DETAIL: the DETAIL begins with the row's key, whose values any writer
+// chooses, and a key could hold text that reads like a token; the table's
+// name, before the token in the message, is its owner's.
+var guardToken = regexp.MustCompile(`^pgfence guard: (?:(?:INSERT|UPDATE|DELETE) of \S+ carries token ([0-9]+) but lock |DELETE from \S+ with stale token ([0-9]+) \(row fence )`)
 
-// ParseGuardToken returns the token of a guard's refusal from its DETAIL,
-// or 0 when it names none (a DELETE without pgfence.use_token).
-func ParseGuardToken(detail string) int64 {
-	m := guardToken.FindStringSubmatch(detail)
+// ParseGuardToken returns the token of a guard's refusal from its message,
+// or 0 when it names none (a write that carries no token).
+func ParseGuardToken(message string) int64 {
+	m := guardToken.FindStringSubmatch(message)
 	if m == nil {
 		return 0
 	}
-	t, err := strconv.ParseInt(m[1], 10, 64)
+	t, err := strconv.ParseInt(m[1]+m[2], 10, 64)
 	if err != nil {
 		return 0
 	}

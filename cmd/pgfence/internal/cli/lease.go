@@ -142,7 +142,9 @@ Stopping. The command runs in a process group of its own. If the lease is lost
 (a renewal is refused, or the database cannot be reached before the lease's
 local deadline), or pgfence gets SIGINT, SIGTERM, SIGHUP or SIGQUIT, the whole
 tree gets SIGTERM, then SIGKILL after --grace; a second signal sends SIGKILL at
-once. pgfence exits 76 (lease lost) or 128+signal once the tree is gone, and
+once. A lease that is not being renewed is not waited out: the tree gets
+SIGTERM --grace (at most a third of --ttl) before the lease's local deadline,
+and SIGKILL just before that deadline. pgfence exits 76 (lease lost) or 128+signal once the tree is gone, and
 releases the lease only then. If the command exits while processes it started
 still run, they are stopped the same way before the lease is released. A lost
 lease is only a signal: the command must pass PGFENCE_TOKEN to fenced writes,
@@ -174,7 +176,8 @@ command's environment, so a job that logs its environment does not print the
 lock database's password; --pass-env keeps them (use it when the command
 writes to the same database with fenced writes). Variables that only name a
 file (PGPASSFILE, PGSERVICEFILE, PGSSLKEY) and the other PG* variables are
-kept. This is hygiene, not a boundary: the command runs as the same user.
+kept. PGFENCE_KEY and PGFENCE_EXPIRES_AT (another lease's) are removed too.
+This is hygiene, not a boundary: the command runs as the same user.
 
 Exit codes: the command's status (128+N if signal N killed it); 75 lock busy
 (--no-wait); 76 lease lost; 126 command not executable; 127 command not found;
@@ -189,7 +192,7 @@ lease is then left to expire); 2 usage.`,
 		},
 	}
 	f.register(cmd, 30*time.Second)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the command's tree is stopped")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the command's tree is stopped (a lease not being renewed: SIGTERM this long, at most a third of --ttl, before its deadline)")
 	cmd.Flags().BoolVar(&passEnv, "pass-env", false, "keep DATABASE_URL, PGPASSWORD and PGSSLPASSWORD in the command's environment")
 	return cmd
 }

@@ -298,12 +298,13 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 				}
 				expiring.Reset(time.Until(d.Add(-lead / 10)))
 			case phase == phaseKill:
-				phase = phaseDone
-				if time.Until(d) > lead {
-					// Renewed after all: the stop goes on (its SIGKILL
-					// after --grace), the lease is held.
+				if time.Until(d) > lead/10 {
+					// Renewed after the SIGTERM: the stop goes on, and its
+					// SIGKILL still comes before the latest deadline.
+					expiring.Reset(time.Until(d.Add(-lead / 10)))
 					continue
 				}
+				phase = phaseDone
 				notef(notes, "pgfence: lease on %q ends in %v; sending SIGKILL to %s and every process it started",
 					lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
 				tree.kill()
@@ -352,7 +353,11 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		// run under it; it expires on the database clock instead.
 		notef(notes, "pgfence: not releasing %q: processes of %s may still run (%v); the lease expires at %s (database clock)",
 			lease.Name(), args[0], res.err, lease.ExpiresAt().UTC().Format(time.RFC3339))
-	} else if !lost {
+	} else if !lost || (lease.Err() == nil && time.Until(lease.Deadline()) > lead) {
+		// Released once the tree is gone; also a lease whose command was
+		// stopped because it was ending, but which was renewed meanwhile
+		// (one still ending is left to end: the database is likely out of
+		// reach, and a release would wait for it).
 		if rerr := a.releaseLease(ctx, lease, notes); errors.Is(rerr, pgfence.ErrLost) {
 			lost = true
 		}

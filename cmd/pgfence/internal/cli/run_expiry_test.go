@@ -102,3 +102,98 @@ func TestRunDropsAnotherLeasesKey(t *testing.T) {
 		}
 	}
 }
+
+// TestRunRenewedAfterTermStillKilled: a renewal that succeeded between the
+// early SIGTERM and the early SIGKILL put the expiry timer to rest; when
+// renewals failed again, nothing killed the tree before the new deadline
+// (SIGKILL only --grace after the first SIGTERM), and another holder was
+// granted the lease while the command ran. The SIGKILL now follows the
+// latest deadline.
+func TestRunRenewedAfterTermStillKilled(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	ctx := context.Background()
+	other, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	var db string
+	if err := other.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	acfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	dbid := pgx.Identifier{db}.Sanitize()
+	cut := func() {
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+dbid+" ALLOW_CONNECTIONS false"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'pgfence-cli' AND datname = current_database()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore := func() {
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+dbid+" ALLOW_CONNECTIONS true"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer admin.Exec(ctx, "ALTER DATABASE "+dbid+" ALLOW_CONNECTIONS true") //nolint:errcheck
+	marker := newMarker()
+	defer killMarker(marker)
+	p := startPgfence(t, testEnv(dsn), marker, "run", "--lock", "payout", "--ttl", "15s", "--grace", "60s",
+		"--", "sh", "-c", `trap "" TERM; echo ready; sleep `+marker+` & wait; wait; wait`)
+	waitLine(t, p, p.out, "ready", 30*time.Second)
+	cut()
+	term := waitLine(t, p, p.errs, "not renewed", 30*time.Second)
+	restore()
+	var renewed time.Time
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var ok bool
+		if err := other.QueryRow(ctx, "SELECT coalesce(renewed_at > $1, false) FROM pgfence.locks WHERE name = 'payout'", term.at.Add(-50*time.Millisecond)).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			renewed = time.Now()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("never renewed after the SIGTERM")
+		}
+	}
+	cut()
+	t.Logf("SIGTERM note -> renewal seen: %v", renewed.Sub(term.at).Round(time.Millisecond))
+	var tokB int64
+	var grantedAt time.Time
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var tok *int64
+		if err := other.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('payout', 'B', 60000000, '\x000102030405060708090a0b0c0d0e0f')`).Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		if tok != nil {
+			tokB, grantedAt = *tok, time.Now()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B never granted")
+		}
+	}
+	alive := len(markerProcs(marker)) > 0
+	code := p.wait(t, 90*time.Second)
+	p.mu.Lock()
+	t.Logf("stderr:\n%s", p.stderr.String())
+	p.mu.Unlock()
+	t.Logf("B granted token %d %v after the SIGTERM; command alive then: %v; pgfence exit %d, %v after B's grant",
+		tokB, grantedAt.Sub(term.at).Round(time.Millisecond), alive, code, p.exitAt.Sub(grantedAt).Round(time.Millisecond))
+	if alive {
+		t.Errorf("the command under token 1 still ran when B was granted token %d", tokB)
+	}
+}
