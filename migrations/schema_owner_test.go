@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
@@ -27,16 +28,7 @@ func TestMigrateRefusesSchemaOfAnotherRole(t *testing.T) {
 	defer cancel()
 	dsn := pgtest.EmptyDSN(t)
 	owner := pgtest.PoolFor(t, dsn)
-	squatter := fmt.Sprintf("squatter_%d", time.Now().UnixNano()%1_000_000_000)
-	id := pgx.Identifier{squatter}.Sanitize()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		a := pgtest.PoolFor(t, dsn)
-		_, _ = a.Exec(ctx, "DROP OWNED BY "+id+" CASCADE")
-		_, _ = a.Exec(ctx, "DROP ROLE IF EXISTS "+id)
-	})
-	mustExecPool(t, ctx, owner, "CREATE ROLE "+id+" LOGIN")
+	squatter, id := loginRole(t, ctx, dsn, owner, "squatter")
 	mustExecPool(t, ctx, owner, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
 	sq := pgtest.PoolFor(t, withUser(t, dsn, squatter))
 	mustExecPool(t, ctx, sq, `CREATE SCHEMA pgfence`)
@@ -78,16 +70,7 @@ func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	defer cancel()
 	dsn := pgtest.EmptyDSN(t)
 	admin := pgtest.PoolFor(t, dsn)
-	owner := fmt.Sprintf("pgfowner_%d", time.Now().UnixNano()%1_000_000_000)
-	id := pgx.Identifier{owner}.Sanitize()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		a := pgtest.PoolFor(t, dsn)
-		_, _ = a.Exec(ctx, "DROP OWNED BY "+id+" CASCADE")
-		_, _ = a.Exec(ctx, "DROP ROLE IF EXISTS "+id)
-	})
-	mustExecPool(t, ctx, admin, "CREATE ROLE "+id+" LOGIN")
+	owner, id := loginRole(t, ctx, dsn, admin, "pgfowner")
 	mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
 	db := stdlib.OpenDBFromPool(pgtest.PoolFor(t, withUser(t, dsn, owner)))
 	defer db.Close()
@@ -101,4 +84,22 @@ func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	if err := migrations.UpPool(ctx, admin); err != nil {
 		t.Errorf("superuser applying the rest to the owner role's schema: %v", err)
 	}
+}
+
+// loginRole creates a LOGIN role named prefix_<digits> through pool (on
+// the server of dsn) and drops it, with what it owns, when the test ends.
+// It returns the name and the quoted identifier.
+func loginRole(t *testing.T, ctx context.Context, dsn string, pool *pgxpool.Pool, prefix string) (name, id string) {
+	t.Helper()
+	name = fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano()%1_000_000_000)
+	id = pgx.Identifier{name}.Sanitize()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		a := pgtest.PoolFor(t, dsn)
+		_, _ = a.Exec(ctx, "DROP OWNED BY "+id+" CASCADE")
+		_, _ = a.Exec(ctx, "DROP ROLE IF EXISTS "+id)
+	})
+	mustExecPool(t, ctx, pool, "CREATE ROLE "+id+" LOGIN")
+	return name, id
 }

@@ -58,21 +58,7 @@ func TestRunStopsBeforeLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	// B takes the lease as soon as the database lets it.
-	var tokB int64
-	var grantedAt time.Time
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var tok *int64
-		if err := other.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('payout', 'B', 60000000, '\x000102030405060708090a0b0c0d0e0f')`).Scan(&tok); err != nil {
-			t.Fatal(err)
-		}
-		if tok != nil {
-			tokB, grantedAt = *tok, time.Now()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("B never granted")
-		}
-	}
+	tokB, grantedAt := grantWhenFree(t, ctx, other, "payout", 30*time.Second)
 	alive := len(markerProcs(marker)) > 0
 	code := p.wait(t, grace+30*time.Second)
 	t.Logf("outage -> B granted token %d: %v; command still running then: %v; B granted -> pgfence exit: %v (exit %d)",
@@ -171,21 +157,7 @@ func TestRunRenewedAfterTermStillKilled(t *testing.T) {
 	}
 	cut()
 	t.Logf("SIGTERM note -> renewal seen: %v", renewed.Sub(term.at).Round(time.Millisecond))
-	var tokB int64
-	var grantedAt time.Time
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var tok *int64
-		if err := other.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant('payout', 'B', 60000000, '\x000102030405060708090a0b0c0d0e0f')`).Scan(&tok); err != nil {
-			t.Fatal(err)
-		}
-		if tok != nil {
-			tokB, grantedAt = *tok, time.Now()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("B never granted")
-		}
-	}
+	tokB, grantedAt := grantWhenFree(t, ctx, other, "payout", 60*time.Second)
 	alive := len(markerProcs(marker)) > 0
 	code := p.wait(t, 90*time.Second)
 	p.mu.Lock()
@@ -195,5 +167,25 @@ func TestRunRenewedAfterTermStillKilled(t *testing.T) {
 		tokB, grantedAt.Sub(term.at).Round(time.Millisecond), alive, code, p.exitAt.Sub(grantedAt).Round(time.Millisecond))
 	if alive {
 		t.Errorf("the command under token 1 still ran when B was granted token %d", tokB)
+	}
+}
+
+// grantWhenFree asks for lock name as holder B on conn until the database
+// grants it (no signal exists for another process's lease ending on the
+// database clock), and returns the token and when it was granted. It fails
+// the test after within.
+func grantWhenFree(t *testing.T, ctx context.Context, conn *pgx.Conn, name string, within time.Duration) (int64, time.Time) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
+		var tok *int64
+		if err := conn.QueryRow(ctx, `SELECT token FROM pgfence.lock_grant($1, 'B', 60000000, '\x000102030405060708090a0b0c0d0e0f')`, name).Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		if tok != nil {
+			return *tok, time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B never granted")
+		}
 	}
 }
