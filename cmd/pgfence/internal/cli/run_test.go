@@ -12,7 +12,9 @@ package cli
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -49,11 +51,26 @@ func pgfenceBin(t *testing.T) string {
 			return
 		}
 		root := filepath.Join(filepath.Dir(file), "..", "..") // cmd/pgfence
-		dir := filepath.Join(os.TempDir(), fmt.Sprintf("pgfence-cli-test-%d", os.Getuid()))
+		// A directory of this test process's own: two test processes (two
+		// checkouts, or go test -count run beside another) must never run
+		// each other's binary. Directories of processes that are gone are
+		// removed first (the test binary has no hook at its exit here).
+		prefix := fmt.Sprintf("pgfence-cli-test-%d-", os.Getuid())
+		stale, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		for _, d := range stale {
+			pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), prefix))
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, fs.ErrNotExist) {
+				_ = os.RemoveAll(d)
+			}
+		}
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("%s%d", prefix, os.Getpid()))
 		if binErr = os.MkdirAll(dir, 0o700); binErr != nil {
 			return
 		}
-		tmp := filepath.Join(dir, fmt.Sprintf("pgfence.%d.tmp", os.Getpid()))
+		tmp := filepath.Join(dir, "pgfence.tmp")
 		cmd := exec.Command("go", "build", "-o", tmp, ".")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
