@@ -614,6 +614,9 @@ var rewrites = map[string][]string{
 	"00024_pgfence_operator_views.sql": {"guarded_fence_status"},
 	// With the HA epoch, a lock's first row starts above every bump.
 	"00025_pgfence_ha_new_locks.sql": {"ha_gate"},
+	// Claims count from their statement; the in-transaction functions change
+	// only this transaction's claims; batch checks refuse 2-D arrays.
+	"00026_pgfence_job_claims_checked.sql": {"job_claim", "job_renew", "job_claims_refused", "job_claim_tx", "job_complete_tx", "job_fail_tx"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

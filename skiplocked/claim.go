@@ -116,11 +116,12 @@ func ClaimTx(ctx context.Context, tx pgx.Tx, queue string, limit int) ([]Job, er
 }
 
 // CompleteTx marks a job claimed by [ClaimTx] completed, in the same
-// transaction. It returns an error matching [pgfence.ErrNotFound] if no
-// available job that tx can hold has that id: none at all, one not due yet,
-// or one another transaction holds (another worker's claim, which is left
-// alone). It must run in the transaction that claimed the job: the row lock
-// is what makes it safe.
+// transaction. It returns an error matching [pgfence.ErrNotFound] if tx's
+// ClaimTx calls did not claim an available job with that id: an id of
+// another queue, or of a job nobody claimed, changes nothing (since
+// migration 00026; before, any due job no other transaction held was
+// completed). A claim made in a savepoint that was rolled back is gone with
+// it.
 func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 	if nilcheck.IsNil(tx) {
 		return nilDB(opCompleteTx)
@@ -141,8 +142,8 @@ func CompleteTx(ctx context.Context, tx pgx.Tx, id int64) error {
 // FailTx records a failed attempt of a job claimed by [ClaimTx], in
 // the same transaction: attempts + 1, then available at now() + p.RetryIn, or
 // dead when no attempts are left or p.GiveUp. The change commits with tx.
-// As [CompleteTx], it changes only a job tx can hold ([pgfence.ErrNotFound]
-// otherwise).
+// As [CompleteTx], it changes only a job tx's ClaimTx calls claimed
+// ([pgfence.ErrNotFound] otherwise).
 func FailTx(ctx context.Context, tx pgx.Tx, id int64, p FailParams) (Job, error) {
 	if nilcheck.IsNil(tx) {
 		return Job{}, nilDB(opFailTx)

@@ -43,6 +43,12 @@ type Handler func(ctx context.Context, job Job) error
 // even a habitual defer tx.Rollback): Commit and Rollback return an error and
 // the attempt fails. Savepoints (tx.Begin) are fine. ctx is cancelled as for
 // a [Handler]. The transaction holds a pooled connection: keep it short.
+//
+// tx is READ COMMITTED, whatever the database's or role's default isolation:
+// the Worker renews the claim, which updates the job's row, while the
+// handler runs, and under REPEATABLE READ or SERIALIZABLE the completion
+// would then fail with a serialization error on every attempt that outlasts
+// a renewal. Do not change the isolation level through tx (SET TRANSACTION).
 type TxHandler func(ctx context.Context, tx pgx.Tx, job Job) error
 
 // Permanent wraps err so that the [Worker] sends the job to dead at once

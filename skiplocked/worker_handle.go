@@ -109,7 +109,11 @@ func (w *Worker) callTx(ctx context.Context, tx pgx.Tx, j Job) (err error) {
 // claim token in the same transaction, commit. A refused completion rolls
 // the effect back.
 func (w *Worker) runTx(jctx context.Context, h *held) (r result) {
-	tx, err := w.pool.Begin(jctx)
+	// READ COMMITTED whatever the session's default: the claim is renewed
+	// (its row updated) while the handler runs, and under REPEATABLE READ
+	// or SERIALIZABLE the completion below would then fail (40001) on
+	// every attempt that outlasts a renewal, until the job is dead.
+	tx, err := w.pool.BeginTx(jctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return w.decide(jctx, h, dbError(opWorker, w.queue, "begin the handler's transaction", err))
 	}
