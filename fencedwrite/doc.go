@@ -18,8 +18,10 @@
 //   - [pgfence.ErrAlreadyApplied]: [Strict] mode only, this grant already
 //     wrote the row (a replayed write is harmless).
 //   - [pgfence.ErrNotFound]: no such row.
-//   - no Kind, no cause: refused, but the row changed concurrently so the
-//     reason is unknown (rare; the write was not applied, send it again).
+//   - no Kind, [pgfence.IsRetryable] true: refused, but the row changed
+//     concurrently so the reason is unknown (rare; the write was not
+//     applied, send it again). Its cause says "the row changed
+//     concurrently".
 //
 // Bad input is [pgfence.ErrInvalid] naming the argument (a token <= 0, an
 // invalid name, an unknown table or column), checked before any write runs;

@@ -602,3 +602,36 @@ func TestRequireFenceKeyTypes(t *testing.T) {
 	fails(t, `column "nope" does not exist`, func(tb testing.TB) { db.RequireFence(tb, "accts", map[string]any{"nope": 1}, 0) })
 	fails(t, "does not exist", func(tb testing.TB) { db.RequireFence(tb, "missing", map[string]any{"id": 1}, 0) })
 }
+
+// TestRequireFenceDomainKeyBuiltinEquals: a key column of a domain over a
+// built-in type is compared with pg_catalog's =, as fencedwrite compares it:
+// an = another role created for the domain on the search_path ran (the
+// domain's own schema was taken for its type's).
+func TestRequireFenceDomainKeyBuiltinEquals(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgfencetest.New(t)
+	if _, err := db.Pool.Exec(ctx, `
+		CREATE DOMAIN acct AS bigint;
+		CREATE DOMAIN acct2 AS acct;
+		CREATE TABLE accts (id acct PRIMARY KEY, id2 acct2 NOT NULL, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO accts VALUES (1, 1, 3);
+		CREATE SEQUENCE planted_ran;
+		CREATE FUNCTION public.planted_eq(acct, acct) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.nextval('public.planted_ran'); RETURN true; END $$;
+		CREATE OPERATOR public.= (LEFTARG = acct, RIGHTARG = acct, FUNCTION = public.planted_eq);
+		CREATE FUNCTION public.planted_eq2(acct2, acct2) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.nextval('public.planted_ran'); RETURN true; END $$;
+		CREATE OPERATOR public.= (LEFTARG = acct2, RIGHTARG = acct2, FUNCTION = public.planted_eq2)`); err != nil {
+		t.Fatal(err)
+	}
+	db.RequireFence(t, "accts", map[string]any{"id": 1}, 3)
+	db.RequireFence(t, "accts", map[string]any{"id2": 1}, 3)
+	var called bool
+	if err := db.Pool.QueryRow(ctx, "SELECT is_called FROM planted_ran").Scan(&called); err != nil {
+		t.Fatal(err)
+	}
+	if called {
+		t.Errorf("RequireFence ran an = created for the domain")
+	}
+}

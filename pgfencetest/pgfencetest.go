@@ -276,10 +276,10 @@ func RequireAccepted(t testing.TB, err error) {
 // last; 0 for a row no fenced write changed). table may be qualified
 // ("schema.table"); the fence column is "fence", pgfence's default.
 //
-// A key column of a built-in type is compared with pg_catalog's =, so no =
-// another role creates on the search_path runs; one of a type from another
-// schema (an extension's citext, a domain of the application) with its own
-// type's =, as fencedwrite compares it.
+// A key column of a built-in type, or of a domain over one, is compared with
+// pg_catalog's =, so no = another role creates on the search_path runs; one
+// of a type from another schema (an extension's citext, or a domain over
+// it) with its own type's =, as fencedwrite compares it.
 func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want int64) {
 	t.Helper()
 	if len(key) == 0 {
@@ -340,12 +340,20 @@ func (db *DB) RequireFence(t testing.TB, table string, key map[string]any, want 
 
 // keyTypesSQL returns the columns of the relation named $1 (quoted, resolved
 // through the search_path as the query on it is) and whether each one's
-// type is pg_catalog's.
-const keyTypesSQL = `SELECT a.attname::pg_catalog.text,
-	(ty.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
-FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON (ty.oid OPERATOR(pg_catalog.=) a.atttypid)
-WHERE (a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text))
-	AND (a.attnum OPERATOR(pg_catalog.>) 0) AND NOT a.attisdropped`
+// type, followed through domains to the type that is not one (whose =
+// compares the values), is pg_catalog's.
+const keyTypesSQL = `WITH RECURSIVE base AS (
+	SELECT a.attnum, a.attname, ty.typtype, ty.typbasetype, ty.typnamespace
+	FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON (ty.oid OPERATOR(pg_catalog.=) a.atttypid)
+	WHERE (a.attrelid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1::pg_catalog.text))
+		AND (a.attnum OPERATOR(pg_catalog.>) 0) AND NOT a.attisdropped
+	UNION ALL
+	SELECT b.attnum, b.attname, ty.typtype, ty.typbasetype, ty.typnamespace
+	FROM base b JOIN pg_catalog.pg_type ty ON (ty.oid OPERATOR(pg_catalog.=) b.typbasetype)
+	WHERE (b.typtype OPERATOR(pg_catalog.=) 'd')
+)
+SELECT b.attname::pg_catalog.text, (b.typnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace)
+FROM base b WHERE (b.typtype OPERATOR(pg_catalog.<>) 'd')`
 
 // RequireHeld fails t unless the lock name is held by holder now, on the
 // database clock, and returns the lease's token.

@@ -28,9 +28,10 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
-	if l.isClosed() {
+	if !l.calls.enter() {
 		return nil, closedError(op, name)
 	}
+	defer l.calls.done()
 	start := time.Now()
 	lease, locked, _, err := l.grant(ctx, op, name, ttl, attemptTry, nil)
 	if err == nil && locked != nil {
@@ -134,6 +135,10 @@ func (o *waitOpts) statementCtx(ctx context.Context, ttl time.Duration) (context
 // o, so that o (whose onWait closure the caller keeps on its stack) does not
 // escape with it (escape analysis does not tell a struct's fields apart).
 func (l *Locker) acquire(ctx context.Context, op, name string, ttl time.Duration, o waitOpts) (*Lease, error) {
+	if !l.calls.enter() {
+		return nil, closedError(op, name)
+	}
+	defer l.calls.done()
 	lease, err := l.acquireTurns(ctx, op, name, ttl, o)
 	return l.giveBackIfClosed(ctx, op, lease, err)
 }
@@ -470,7 +475,11 @@ const (
 // AcquireMany acquires every name with [Locker.Acquire] in one canonical
 // order (sorted by bytes), so callers asking for overlapping sets cannot
 // deadlock. It is all or nothing: if one acquisition fails, the leases already
-// taken are released and the error is returned. Leases come back in the order
+// taken are released and the error is returned; if a lease taken first has
+// ended by the time the last is granted (its deadline passed while a later
+// name was waited for: give the leases a TTL longer than the wait, or use
+// Config.KeepAlive), all are released and the error matches
+// [pgfence.ErrLost]. Leases come back in the order
 // of names. Invalid or duplicate names give a [*pgfence.Error] matching
 // [pgfence.ErrInvalid] before any SQL.
 func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Duration) ([]*Lease, error) {
@@ -510,6 +519,23 @@ func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 			return nil, err
 		}
 		leases[i] = s
+	}
+	// All or nothing: a lease taken first may have ended while a later name
+	// was waited for (its local deadline passed, without KeepAlive; the
+	// Locker closed), and another holder may hold it already.
+	for _, s := range leases {
+		err := s.Err()
+		if err == nil && !time.Now().Before(s.Deadline()) {
+			err = errDeadline
+		}
+		if err == nil {
+			continue
+		}
+		l.releaseAll(leases)
+		if errors.Is(err, pgfence.ErrClosed) {
+			return nil, closedError(op, s.name)
+		}
+		return nil, s.lost(op, err)
 	}
 	return leases, nil
 }

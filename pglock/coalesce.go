@@ -80,9 +80,10 @@ const (
 // flight is one batch statement out, with the number of its calls still
 // waiting for it: when all of them gave up, its context is cancelled, unless
 // the coalescer has an orphan handler (the grants): cancelling a statement
-// does not stop the server from committing it (pgx closes the connection,
-// it sends no cancel request), and a grant committed so would stay held by
-// nobody until its TTL. Such a statement is left to run to its end on its
+// does not stop the server from committing it (pgx sends a cancel request
+// and closes the connection, but a cancel that arrives before the statement,
+// or once it is committing, changes nothing), and a grant committed so would
+// stay held by nobody until its TTL. Such a statement is left to run to its end on its
 // own (abandoned is closed: the slot goes on with the next calls), is
 // cancelled once the longest TTL it asked for has passed after that (a grant
 // it commits later has ended by then), and the grants of the calls that
@@ -215,7 +216,11 @@ func (c *coalescer[Req, Res]) next() {
 		c.inFlight--
 		return
 	}
-	go c.loop()
+	c.l.calls.add()
+	go func() {
+		defer c.l.calls.done()
+		c.loop()
+	}()
 }
 
 // loop sends the queued calls, a batch per statement, in one slot until
@@ -266,7 +271,9 @@ func (c *coalescer[Req, Res]) loop() {
 		// A grant statement whose callers all give up goes on by itself:
 		// the slot serves the next calls meanwhile.
 		done := make(chan struct{})
+		c.l.calls.add()
 		go func() {
+			defer c.l.calls.done()
 			defer close(done)
 			c.send(ctx, batch)
 			c.mu.Lock()

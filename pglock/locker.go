@@ -37,6 +37,7 @@ type Locker struct {
 
 	closedCh chan struct{}
 	wg       sync.WaitGroup // the keep-alive goroutine
+	calls    callTracker    // work that may use the pool after Close is called (calls.go)
 	keeper   *keeper        // renews the leases of a Locker with KeepAlive
 
 	grants   *coalescer[grantReq, grantRes]         // non-waiting grants (see coalesce.go)
@@ -173,12 +174,15 @@ func (l *Locker) Listen(ctx context.Context) error {
 
 // Close stops the listener and every keep-alive, and ends the Context of each
 // live lease with a cause matching [pgfence.ErrClosed]. It does not release
-// leases in the database (Close does no SQL): release them first, or they
-// stay held until their TTL passes. Waiting Acquire calls, and TryAcquire
-// calls queued behind another grant statement of the Locker, return an error
-// matching [pgfence.ErrClosed]; a grant whose statement answers after Close
-// is released by its own call, which returns that error too. Close is safe
-// to call more than once.
+// live leases in the database: release them first, or they stay held until
+// their TTL passes. Waiting Acquire calls, and TryAcquire calls queued
+// behind another grant statement of the Locker, return an error matching
+// [pgfence.ErrClosed]; a grant whose statement answers after Close, or a
+// lease a release hands to a waiter at that moment, is released by its own
+// call, which returns that error too. Close waits for those calls to end
+// (they leave the wait queue and give such leases back through the pool),
+// at most 5 seconds (a server that does not answer), so that the pool can
+// be closed right after it. Close is safe to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -197,6 +201,10 @@ func (l *Locker) Close() error {
 	}
 	if l.lis != nil {
 		l.lis.stop()
+	}
+	if !l.calls.closeAndWait(closeWait) {
+		l.log.Warn("pglock: Close did not wait longer for calls still talking to the database; " +
+			"a lease granted or handed to one of them may stay held until its TTL")
 	}
 	l.wg.Wait()
 	return nil

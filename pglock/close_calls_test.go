@@ -1,0 +1,102 @@
+package pglock
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
+)
+
+// TestCloseThenPoolGivesHandedLeaseBack: a release hands the lease to a
+// waiter of a Locker shut down in the documented order, Close and then the
+// pool. Close returned at once, the waiting Acquire then left the queue and
+// gave the handed lease back through a pool closed meanwhile: it failed, and
+// the name stayed held by the waiter's holder, with no Lease, until its TTL.
+// Close now waits for the call's clean-up.
+func TestCloseThenPoolGivesHandedLeaseBack(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 2*time.Minute)
+	const name = "close-pool-handed"
+	owner := newLocker(t, admin, &Config{Holder: "owner"})
+	for i := range 5 {
+		held := mustAcquire(t, owner, name, time.Minute)
+		wpool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := New(wpool, &Config{Holder: "w", PollInterval: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Listen(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sig := waitSignal(w)
+		res := acquireAsync(ctx, w, name, 20*time.Second)
+		<-sig
+		if err := held.Release(ctx); err != nil { // hands the lease to w's waiter
+			t.Fatal(err)
+		}
+		_ = w.Close()
+		wpool.Close()
+		r := <-res
+		info := inspect(t, admin, name)
+		switch {
+		case r.err == nil:
+			t.Fatalf("round %d: Acquire returned a lease after Close", i)
+		case !errors.Is(r.err, pgfence.ErrClosed):
+			t.Fatalf("round %d: Acquire = %v; want ErrClosed", i, r.err)
+		case info.Held:
+			t.Fatalf("round %d: Acquire returned ErrClosed, but the lock is held by %q (token %d) until its TTL",
+				i, info.Holder, info.Token)
+		}
+	}
+}
+
+// TestAcquireManyAllOrNothingOnEndedLease: a lease AcquireMany took first
+// ended (its deadline passed) while it waited for a later name; the call
+// returned every lease with a nil error, the first already free for anyone
+// to take. It now releases them all and returns ErrLost.
+func TestAcquireManyAllOrNothingOnEndedLease(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, time.Minute)
+	other := newLocker(t, pool, &Config{Holder: "other"})
+	l := newLocker(t, pool, &Config{Holder: "many"})
+	sig := waitSignal(l)
+	b := mustAcquire(t, other, "many-b", time.Minute)
+	const ttl = 300 * time.Millisecond
+	type result struct {
+		leases []*Lease
+		err    error
+	}
+	res := make(chan result, 1)
+	go func() {
+		leases, err := l.AcquireMany(ctx, []string{"many-a", "many-b"}, ttl)
+		res <- result{leases, err}
+	}()
+	// many-a is granted before AcquireMany waits for many-b: its deadline
+	// is less than ttl after this signal.
+	if got := <-sig; got != "many-b" {
+		t.Fatalf("waited for %q; want many-b", got)
+	}
+	time.Sleep(ttl + 50*time.Millisecond) // many-a's deadline passes (a deadline, not a signal)
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-res
+	if r.err == nil || !errors.Is(r.err, pgfence.ErrLost) {
+		t.Fatalf("AcquireMany = %v, %v; want ErrLost", r.leases, r.err)
+	}
+	for _, n := range []string{"many-a", "many-b"} {
+		if info := inspect(t, pool, n); info.Held && info.Holder == "many" {
+			t.Errorf("%s still held by the failed AcquireMany (token %d)", n, info.Token)
+		}
+	}
+}
