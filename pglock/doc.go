@@ -76,7 +76,11 @@
 // Every method that does I/O takes a context first. Cancelling it abandons
 // the round trip (pgx closes that connection). A grant whose outcome is
 // therefore unknown stays held by this Locker's holder until its TTL passes
-// ([Inspect] and [Locker.Adopt] reconcile it); [Elector.Run] lets its grant
+// ([Inspect] and [Locker.Adopt] reconcile it). The same holds for a waiting
+// Acquire whose queue statement reaches the server only after its context
+// ended and the wait left the queue (a delayed network): the statement
+// queues the wait again, and a release can hand the lease to it, held by
+// nobody until its TTL. [Elector.Run] lets its grant
 // statements answer instead and gives back a grant that arrives as its
 // context ends. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.

@@ -129,3 +129,24 @@ func TestSchemaMissing(t *testing.T) {
 		}
 	}
 }
+
+// TestParseGuardTokenTableNames: the token of a guard's refusal is found
+// whatever the table's name holds (spaces, a newline), and a lock name
+// after the token that repeats the phrase does not move it; a name with a
+// space gave token 0.
+func TestParseGuardTokenTableNames(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want int64
+	}{
+		{"pgfence guard: INSERT of public.my t carries token 1 but lock 'L' has granted 2 since (superseded holder)", 1},
+		{"pgfence guard: UPDATE of my schema.a\nb carries token 7 but lock 'L' issued only 3", 7},
+		{"pgfence guard: UPDATE of public.t carries token 4 but lock 'x carries token 9 but lock ' has granted 5 since (superseded holder)", 4},
+		{"pgfence guard: DELETE from public.my t with stale token 12 (row fence 15)", 12},
+		{"pgfence guard: DELETE from public.t carries no fencing token", 0},
+	} {
+		if got := pgerr.ParseGuardToken(c.msg); got != c.want {
+			t.Errorf("pgerr.ParseGuardToken(%q) = %d; want %d", c.msg, got, c.want)
+		}
+	}
+}

@@ -28,8 +28,11 @@ func ParseRefusal(detail string) (token, fence int64, table, key string) {
 // DELETE from s.t with stale token T (row fence F)"). The message, not the
 // DETAIL: the DETAIL begins with the row's key, whose values any writer
 // chooses, and a key could hold text that reads like a token; the table's
-// name, before the token in the message, is its owner's.
-var guardToken = regexp.MustCompile(`^pgfence guard: (?:(?:INSERT|UPDATE|DELETE) of \S+ carries token ([0-9]+) but lock |DELETE from \S+ with stale token ([0-9]+) \(row fence )`)
+// name, before the token in the message, is its owner's, written unquoted
+// (it may hold spaces, even a newline). The shortest name that fits is
+// taken: the lock name after the token is a writer's and could hold the
+// phrase again.
+var guardToken = regexp.MustCompile(`^(?s)pgfence guard: (?:(?:INSERT|UPDATE|DELETE) of .+? carries token ([0-9]+) but lock |DELETE from .+? with stale token ([0-9]+) \(row fence )`)
 
 // ParseGuardToken returns the token of a guard's refusal from its message,
 // or 0 when it names none (a write that carries no token).
