@@ -12,37 +12,20 @@
 --   pgfence.job_claim_tx claimed in the calling transaction. They changed any
 --   due job no other transaction held: a wrong id completed a job of another
 --   queue (an outbox intent marked delivered, never sent). job_claim_tx
---   records its ids for the transaction (setting pgfence.job_tx_claims, with
---   the transaction id; read by the new pgfence.job_tx_claims(), which
---   nobody is granted: only the door functions call it).
+--   records its ids in the setting pgfence.job_tx_claims, for the
+--   transaction ("<transaction id>:,id,id,...,"; a value another transaction
+--   left names another transaction id). This guards against a wrong id, not
+--   against the role: it can set the value itself, as it can claim any
+--   queue's due jobs with job_claim_tx.
 -- * pgfence.job_claims_refused (the argument check of job_complete,
 --   job_release, job_renew and job_fail) refuses arrays that are not
 --   one-dimensional with PF011: a 2-D array was read flattened.
 -- Answers for valid calls in a transaction of their own, signatures and
--- grants do not change; the Down restores the bodies before this migration
--- and drops job_tx_claims.
+-- grants do not change; the Down restores the bodies before this migration.
 
 -- +goose Up
 SET LOCAL search_path = pg_catalog, pg_temp;
 
--- +goose StatementBegin
-CREATE FUNCTION pgfence.job_tx_claims()
-RETURNS text
-LANGUAGE sql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-    -- The ids job_claim_tx claimed in the calling transaction, as
-    -- ',id,id,...,', or NULL if it claimed none: a value written by another
-    -- transaction (a session-level SET) names another transaction id.
-    SELECT CASE WHEN split_part(v, ':', 1) = pg_current_xact_id()::text
-                THEN substr(v, length(split_part(v, ':', 1)) + 2) END
-    FROM (SELECT coalesce(current_setting('pgfence.job_tx_claims', true), '') AS v) AS s
-    WHERE v <> ''
-$fn$;
--- +goose StatementEnd
-COMMENT ON FUNCTION pgfence.job_tx_claims() IS
-  'The ids job_claim_tx claimed in the calling transaction as '',id,id,...,'', or NULL. Used by job_complete_tx and job_fail_tx.';
-REVOKE EXECUTE ON FUNCTION pgfence.job_tx_claims() FROM PUBLIC;
 
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgfence.job_claim(queue text, holder text, ttl_ms bigint, max_jobs integer, key bytea)
@@ -181,11 +164,11 @@ BEGIN
     IF n IS NULL OR n NOT BETWEEN 1 AND 10000 THEN
         RAISE EXCEPTION '%: ids must be an array of 1 to 10000 job ids, got %', fn,
             coalesce(n::text || ' elements', 'NULL') USING ERRCODE = 'PF011';
-    ELSIF array_ndims(ids) <> 1 OR array_ndims(tokens) IS DISTINCT FROM 1 OR array_ndims(keys) IS DISTINCT FROM 1 THEN
-        -- A two-dimensional array would be read flattened.
-        RAISE EXCEPTION '%: ids, tokens and keys must be one-dimensional arrays', fn USING ERRCODE = 'PF011';
     ELSIF cardinality(tokens) IS DISTINCT FROM n OR cardinality(keys) IS DISTINCT FROM n THEN
         RAISE EXCEPTION '%: ids, tokens and keys must have the same length (%)', fn, n USING ERRCODE = 'PF011';
+    ELSIF array_ndims(ids) <> 1 OR array_ndims(tokens) <> 1 OR array_ndims(keys) <> 1 THEN
+        -- A two-dimensional array would be read flattened.
+        RAISE EXCEPTION '%: ids, tokens and keys must be one-dimensional arrays', fn USING ERRCODE = 'PF011';
     ELSIF (0 < ALL (ids)) IS NOT TRUE THEN -- a NULL or an id <= 0
         RAISE EXCEPTION '%: every id must be > 0', fn USING ERRCODE = 'PF011';
     ELSIF (0 < ALL (tokens)) IS NOT TRUE THEN
@@ -208,6 +191,7 @@ DECLARE
     r pgfence.jobs%ROWTYPE;
     got bigint[] := '{}';
     prev text;
+    me text;
 BEGIN
     IF job_claim_tx.queue IS NULL OR octet_length(job_claim_tx.queue) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'pgfence.job_claim_tx: queue must be 1 to 128 bytes, got %',
@@ -228,11 +212,15 @@ BEGIN
     END LOOP;
     IF cardinality(got) > 0 THEN
         -- Remember the claims for job_complete_tx and job_fail_tx, for this
-        -- transaction only: "<transaction id>:,id,id,...,". A savepoint
-        -- rolled back takes its claims (row locks and setting) with it.
-        prev := pgfence.job_tx_claims();
-        PERFORM set_config('pgfence.job_tx_claims',
-            pg_current_xact_id()::text || ':' || coalesce(prev, ',') || array_to_string(got, ',') || ',', true);
+        -- transaction only: "<transaction id>:,id,id,...,", the id assigned
+        -- by the row locks taken above. A savepoint rolled back takes its
+        -- claims (row locks and setting) with it.
+        me := pg_current_xact_id()::text;
+        prev := current_setting('pgfence.job_tx_claims', true);
+        IF prev IS NULL OR split_part(prev, ':', 1) <> me THEN
+            prev := me || ':,';  -- none yet, or another transaction's
+        END IF;
+        PERFORM set_config('pgfence.job_tx_claims', prev || array_to_string(got, ',') || ',', true);
     END IF;
 END
 $fn$;
@@ -248,6 +236,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
+DECLARE
+    claims text;
 BEGIN
     IF job_complete_tx.id IS NULL OR job_complete_tx.id <= 0 THEN
         RAISE EXCEPTION 'pgfence.job_complete_tx: id must be > 0, got %',
@@ -255,7 +245,10 @@ BEGIN
     END IF;
     -- Only a job job_claim_tx claimed in this transaction: another id (of
     -- another queue, an outbox intent) was completed without being claimed.
-    IF position(',' || job_complete_tx.id::text || ',' IN coalesce(pgfence.job_tx_claims(), '')) = 0 THEN
+    claims := current_setting('pgfence.job_tx_claims', true);
+    IF claims IS NULL
+       OR split_part(claims, ':', 1) IS DISTINCT FROM pg_current_xact_id_if_assigned()::text
+       OR position(',' || job_complete_tx.id::text || ',' IN claims) = 0 THEN
         RETURN false;
     END IF;
     -- Its row, which this transaction holds: a row another transaction
@@ -284,6 +277,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 #variable_conflict use_column
+DECLARE
+    claims text;
 BEGIN
     IF job_fail_tx.id IS NULL OR job_fail_tx.id <= 0 THEN
         RAISE EXCEPTION 'pgfence.job_fail_tx: id must be > 0, got %',
@@ -299,7 +294,10 @@ BEGIN
     END IF;
     -- Only a job job_claim_tx claimed in this transaction (see
     -- job_complete_tx).
-    IF position(',' || job_fail_tx.id::text || ',' IN coalesce(pgfence.job_tx_claims(), '')) = 0 THEN
+    claims := current_setting('pgfence.job_tx_claims', true);
+    IF claims IS NULL
+       OR split_part(claims, ':', 1) IS DISTINCT FROM pg_current_xact_id_if_assigned()::text
+       OR position(',' || job_fail_tx.id::text || ',' IN claims) = 0 THEN
         RETURN;
     END IF;
     PERFORM 1 FROM pgfence.jobs l
@@ -582,4 +580,3 @@ COMMENT ON FUNCTION pgfence.job_fail_tx(bigint, text, bigint, boolean) IS
   'Records a failed attempt of the available job id in the transaction that claimed it with job_claim_tx: '
   'attempts + 1, available at now() + retry_in_ms or dead. No row: no available job id. Bad arguments: PF011.';
 
-DROP FUNCTION pgfence.job_tx_claims();

@@ -28,7 +28,7 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
-	if !l.calls.enter() {
+	if l.isClosed() || !l.calls.enter() {
 		return nil, closedError(op, name)
 	}
 	defer l.calls.done()
@@ -511,6 +511,12 @@ func (l *Locker) AcquireMany(ctx context.Context, names []string, ttl time.Durat
 			return nil, invalid(op, "lock names", "duplicate name %q", names[order[i]])
 		}
 	}
+	// Counted for Close as a whole: the leases taken are given back
+	// (releaseAll) before Close returns.
+	if !l.calls.enter() {
+		return nil, closedError(op, names[order[0]])
+	}
+	defer l.calls.done()
 	leases := make([]*Lease, len(names))
 	for _, i := range order {
 		s, err := l.acquire(ctx, op, names[i], ttl, waitOpts{})

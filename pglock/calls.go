@@ -49,6 +49,13 @@ func (t *callTracker) done() {
 	}
 }
 
+// refuse makes enter refuse every later call.
+func (t *callTracker) refuse() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+}
+
 // closeAndWait refuses new calls and waits until the counted work is over,
 // at most limit (a statement out to an unreachable server can hang: Close
 // must not hang with it). It reports whether the work was over.

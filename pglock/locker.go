@@ -182,7 +182,9 @@ func (l *Locker) Listen(ctx context.Context) error {
 // call, which returns that error too. Close waits for those calls to end
 // (they leave the wait queue and give such leases back through the pool),
 // at most 5 seconds (a server that does not answer), so that the pool can
-// be closed right after it. Close is safe to call more than once.
+// be closed right after it. Do not call Close from the Locker's Logger,
+// Metrics or a hook of its pool: they can run inside such a call, and Close
+// would then wait the 5 seconds. Close is safe to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -190,6 +192,7 @@ func (l *Locker) Close() error {
 		return nil
 	}
 	l.closed = true
+	l.calls.refuse() // before any lease ends: no call starts from here on
 	close(l.closedCh)
 	leases := make([]*Lease, 0, len(l.leases))
 	for s := range l.leases {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -445,6 +446,10 @@ func TestJobsInTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx3.Rollback(ctx)
+	// FailTx changes only a job this transaction claimed (migration 00026).
+	if js, err := skiplocked.ClaimTx(ctx, tx3, "tx", 5); err != nil || !slices.ContainsFunc(js, func(j skiplocked.Job) bool { return j.ID == ids[1] }) {
+		t.Fatalf("claim = %+v, %v; want job %d among them", js, err, ids[1])
+	}
 	f, err = skiplocked.FailTx(ctx, tx3, ids[1], skiplocked.FailParams{Error: "again"})
 	if err != nil || f.State != skiplocked.StateDead || f.LastError != "again" {
 		t.Fatalf("second fail = %+v, %v", f, err)
