@@ -50,7 +50,14 @@ func TestCloseThenPoolGivesHandedLeaseBack(t *testing.T) {
 		info := inspect(t, admin, name)
 		switch {
 		case r.err == nil:
-			t.Fatalf("round %d: Acquire returned a lease after Close", i)
+			// The waiter had its lease before Close (a busy machine): a
+			// live lease Close ends but does not release (documented).
+			if !errors.Is(r.lease.Err(), pgfence.ErrClosed) {
+				t.Fatalf("round %d: the lease returned before Close has Err %v after it; want ErrClosed", i, r.lease.Err())
+			}
+			if _, err := admin.Exec(ctx, "UPDATE pgfence.locks SET holder = NULL, key_hash = NULL, expires_at = NULL WHERE name = $1", name); err != nil {
+				t.Fatal(err)
+			}
 		case !errors.Is(r.err, pgfence.ErrClosed):
 			t.Fatalf("round %d: Acquire = %v; want ErrClosed", i, r.err)
 		case info.Held:
