@@ -152,6 +152,9 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 			return
 		}
 		l.lis.unregister(w)
+		if w.detached {
+			return // its QueueGrant's goroutine leaves the queue (queueGrant)
+		}
 		// The row of w.wkey may serve this Locker's next wait of name
 		// (updated in place) once this wait is over in the database: it was
 		// handed the lease or granted it (QueueGrant ended it), or it left
@@ -217,8 +220,8 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 			w, queuedAt = l.lis.registerFresh(name), time.Time{}
 			continue
 		}
-		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
-			return nil, err
+		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil || (w != nil && w.detached)) {
+			return nil, err // a detached wait is over: its statement's goroutine ends it
 		}
 		if lease != nil {
 			got = true

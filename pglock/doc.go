@@ -76,11 +76,12 @@
 // Every method that does I/O takes a context first. Cancelling it abandons
 // the round trip (pgx closes that connection). A grant whose outcome is
 // therefore unknown stays held by this Locker's holder until its TTL passes
-// ([Inspect] and [Locker.Adopt] reconcile it). The same holds for a waiting
-// Acquire whose queue statement reaches the server only after its context
-// ended and the wait left the queue (a delayed network): the statement
-// queues the wait again, and a release can hand the lease to it, held by
-// nobody until its TTL. [Elector.Run] lets its grant
+// ([Inspect] and [Locker.Adopt] reconcile it). A waiting Acquire's
+// queueing statement is not cancelled: Acquire returns the context's error
+// at once, and the statement runs on (for at most the TTL) before the wait
+// leaves the queue and gives back a lease the statement granted or a
+// release handed to it, so that a statement delayed on the network cannot
+// queue the wait again after it left. [Elector.Run] lets its grant
 // statements answer instead and gives back a grant that arrives as its
 // context ends. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.

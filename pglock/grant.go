@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	mrand "math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,15 +34,7 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 		)
 		if mark {
 			var r dbsqlc.QueueGrantRow
-			err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-				// The local deadline counts from here: after the pool wait,
-				// right before the statement is written to the connection.
-				sent = time.Now()
-				r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
-					Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
-				})
-				return err
-			})
+			r, sent, err = l.queueGrant(ctx, op, name, ttl, w)
 			granted, changed = r.Granted.Valid && r.Granted.Bool, !r.Granted.Valid
 			token, expiresAt, holder = r.Token.Int64, r.ExpiresAt, r.HeldBy
 			if r.DbNow != nil {
@@ -104,6 +97,96 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 		if attempt++; attempt > 3 {
 			return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name}, jitterWait(0), nil
 		}
+	}
+}
+
+// queueGrant sends the waiter w's QueueGrant. Its statement does not end
+// with ctx: a cancelled statement may still be run and committed by the
+// server (pgx's cancel request can arrive before the statement, on a slow
+// network path, and find the backend idle), and a late one queued the wait
+// again after it had left the queue, or granted it a lease: either way a
+// lease held by nobody until its TTL. When ctx ends first, queueGrant returns
+// ctx's error at once and marks w detached: the statement runs on (bounded
+// by ttl; not sent at all if it had not been sent yet), then gives back a
+// lease it granted and leaves the queue (finishDetached). sent is when the
+// statement was written to the connection: a lease's local deadline counts
+// from it.
+func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Duration, w *waiter) (dbsqlc.QueueGrantRow, time.Time, error) {
+	p := &pendingWait{done: make(chan struct{})}
+	run := func(ctx context.Context) {
+		p.err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+			if p.state.Load() == waitDetached {
+				return errDetached // its caller is gone before it was sent
+			}
+			// The local deadline counts from here: after the pool wait,
+			// right before the statement is written to the connection.
+			p.sent = time.Now()
+			p.r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
+				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
+			})
+			return err
+		})
+	}
+	if ctx.Done() == nil { // ctx never ends: nothing to detach from
+		run(ctx)
+		return p.r, p.sent, p.err
+	}
+	l.calls.add() // Close waits for it
+	go func() {
+		defer l.calls.done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+		run(sctx)
+		cancel()
+		if p.state.CompareAndSwap(waitRunning, waitAnswered) {
+			close(p.done)
+			return
+		}
+		l.finishDetached(op, name, w, p)
+	}()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		if p.state.CompareAndSwap(waitRunning, waitDetached) {
+			w.detached = true
+			return dbsqlc.QueueGrantRow{}, time.Time{}, ctx.Err()
+		}
+		<-p.done // answered as ctx ended: the answer is the caller's
+	}
+	return p.r, p.sent, p.err
+}
+
+// pendingWait is one QueueGrant statement of queueGrant. r, sent and err are
+// set before state leaves waitRunning.
+type pendingWait struct {
+	state atomic.Int32  // waitRunning, then waitAnswered or waitDetached
+	done  chan struct{} // closed on waitAnswered
+	r     dbsqlc.QueueGrantRow
+	sent  time.Time
+	err   error
+}
+
+const (
+	waitRunning  int32 = iota
+	waitAnswered       // the caller takes the answer
+	waitDetached       // the caller is gone: finishDetached handles the answer
+)
+
+// errDetached is a detached QueueGrant's error when it was never sent.
+var errDetached = errors.New("pglock: the waiter was gone before its statement was sent")
+
+// finishDetached ends the wait of a caller that gave up while its QueueGrant
+// was out (queueGrant), once the statement has answered: it gives back a
+// lease the statement granted or was handed, and takes the wait out of the
+// queue (which also gives back a lease a release handed to it).
+func (l *Locker) finishDetached(op, name string, w *waiter, p *pendingWait) {
+	if p.err == nil && p.r.Granted.Valid && p.r.Granted.Bool && p.r.Token.Int64 > 0 {
+		l.giveBack(context.Background(), op, name, p.r.Token.Int64, "pglock: release of a lease granted after its waiter gave up")
+	}
+	if l.leaveQueue(name, w.wkey, w.waitID) {
+		l.putSlot(name, w.wkey)
+	}
+	if l.detachedHook != nil {
+		l.detachedHook(name)
 	}
 }
 

@@ -49,6 +49,10 @@ type waiter struct {
 	hsub   *notify.Subscription
 	ch     <-chan struct{} // a release freed the lock; buffered 1: never lost, never blocks
 	hch    <-chan struct{} // a release handed the lease to this waiter (or the connection came back)
+	// detached: its caller gave up while a QueueGrant was out; that
+	// statement's goroutine leaves the queue once it answers (queueGrant).
+	// Set and read by the waiting goroutine only.
+	detached bool
 }
 
 // newListener returns l's handle on the LISTEN connection of its pool,

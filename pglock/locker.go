@@ -54,6 +54,9 @@ type Locker struct {
 
 	// waitHook, when set (tests), is called each time a waiter starts waiting.
 	waitHook func(name string)
+	// detachedHook, when set (tests), is called once a detached wait has
+	// left the queue (finishDetached).
+	detachedHook func(name string)
 	// handedReads counts HandedLock reads (tests).
 	handedReads atomic.Int64
 }
