@@ -73,9 +73,10 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	if l.cfg.KeepAlive {
 		// Kept alive once its timer exists (a renewal re-arms it), and only
 		// while registered: end takes it out of l.leases before it takes it
-		// out of the keeper.
+		// out of the keeper. Not once Close has begun (it ends s): the
+		// keeper's goroutine must not start after Close waits for it.
 		l.mu.Lock()
-		if _, ok := l.leases[s]; ok {
+		if _, ok := l.leases[s]; ok && !l.closed {
 			l.keeper.add(s)
 		}
 		l.mu.Unlock()

@@ -156,7 +156,11 @@ files and writes nothing.`,
 			if err := plan.Apply(); err != nil {
 				return genErr(err)
 			}
-			printGenResult(out, plan, opts.Table)
+			if err := printGenResult(out, plan, opts.Table); err != nil {
+				// The files are written; the caller (a script) must still
+				// learn that its report of them is missing.
+				return fmt.Errorf("wrote the files, but cannot write the result to stdout: %w", err)
+			}
 			return nil
 		},
 	}
@@ -231,17 +235,24 @@ func (a *app) genDirs(migDir, queryDir, sqlcConfig, sqlcBlock string) (fencegen.
 	return dirs, nil
 }
 
-// printGenResult prints one line per file, then the next steps.
-func printGenResult(out io.Writer, plan *fencegen.WritePlan, table string) {
+// printGenResult prints one line per file, then the next steps. It returns
+// the first error writing to out.
+func printGenResult(out io.Writer, plan *fencegen.WritePlan, table string) error {
+	var werr error
+	printf := func(format string, args ...any) {
+		if werr == nil {
+			_, werr = fmt.Fprintf(out, format, args...)
+		}
+	}
 	var migrations, guard, queries bool
 	for _, s := range plan.Steps {
 		switch s.Action {
 		case fencegen.Create:
-			fmt.Fprintf(out, "wrote %s\n", s.Path)
+			printf("wrote %s\n", s.Path)
 		case fencegen.Update:
-			fmt.Fprintf(out, "updated %s\n", s.Path)
+			printf("updated %s\n", s.Path)
 		default:
-			fmt.Fprintf(out, "up to date %s\n", s.Path)
+			printf("up to date %s\n", s.Path)
 			continue
 		}
 		switch s.Kind {
@@ -255,15 +266,16 @@ func printGenResult(out io.Writer, plan *fencegen.WritePlan, table string) {
 	}
 	switch {
 	case migrations:
-		fmt.Fprintln(out, "next: apply the migrations with goose, then run sqlc generate")
+		printf("next: apply the migrations with goose, then run sqlc generate\n")
 		if guard {
-			fmt.Fprintf(out, "      (apply the guard migration once every writer of %s sends fencing tokens: from then on unfenced changes are refused)\n", table)
+			printf("      (apply the guard migration once every writer of %s sends fencing tokens: from then on unfenced changes are refused)\n", table)
 		}
 	case queries:
-		fmt.Fprintln(out, "next: run sqlc generate")
+		printf("next: run sqlc generate\n")
 	default:
-		fmt.Fprintln(out, "the files are up to date: nothing written")
+		printf("the files are up to date: nothing written\n")
 	}
+	return werr
 }
 
 // genErr maps generator errors to exit codes: bad names and options are usage

@@ -312,6 +312,22 @@ func TestGenFencedDryRunFailsWhenStdoutFails(t *testing.T) {
 	}
 }
 
+// TestGenFencedFailsWhenStdoutFails: a run that writes the files but cannot
+// print which (a full disk, a closed pipe) exits 1 and says that the files
+// were written. It exited 0.
+func TestGenFencedFailsWhenStdoutFails(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	r := runTo(t, "", failWriter{}, gen("--migrations-dir", filepath.Join(root, "m"), "--queries-dir", filepath.Join(root, "q"),
+		"--guard-lock", "invoices")...)
+	if r.code != ExitError || !strings.Contains(r.stderr, "wrote the files, but cannot write the result to stdout: no space left on device") {
+		t.Errorf("gen to a failing stdout: code %d, stderr %q; want %d", r.code, r.stderr, ExitError)
+	}
+	if got := tree(t, root); got == "" {
+		t.Error("gen wrote no file")
+	}
+}
+
 // TestGenFencedRefusesTerminalControlsInGuardLock: a --guard-lock name with
 // a C1 control (U+009B, a CSI), a bidirectional or other format character
 // (U+202E, U+2066, U+200F) or a line separator exits 2, with the
