@@ -617,6 +617,8 @@ var rewrites = map[string][]string{
 	// Claims count from their statement; the in-transaction functions change
 	// only this transaction's claims; batch checks refuse 2-D arrays.
 	"00026_pgfence_job_claims_checked.sql": {"job_claim", "job_renew", "job_claims_refused", "job_claim_tx", "job_complete_tx", "job_fail_tx"},
+	// guard() and unguard() attach and detach one table at a time.
+	"00027_pgfence_guard_serialized.sql": {"guard", "unguard"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also
