@@ -220,8 +220,15 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 			w, queuedAt = l.lis.registerFresh(name), time.Time{}
 			continue
 		}
-		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil || (w != nil && w.detached)) {
-			return nil, err // a detached wait is over: its statement's goroutine ends it
+		if err != nil && (o.retryErr <= 0 || ctx.Err() != nil) {
+			return nil, err
+		}
+		if w != nil && w.detached {
+			// Its statement outlived the statement's context (o.finish: the
+			// TTL), and its goroutine ends that wait: wait on under a new
+			// key after the error's pause.
+			l.lis.unregister(w)
+			w, queuedAt = l.lis.registerFresh(name), time.Time{}
 		}
 		if lease != nil {
 			got = true

@@ -77,10 +77,11 @@
 // the round trip (pgx closes that connection). A grant whose outcome is
 // therefore unknown stays held by this Locker's holder until its TTL passes
 // ([Inspect] and [Locker.Adopt] reconcile it). A waiting Acquire's
-// queueing statement is not cancelled: Acquire returns the context's error
-// at once, and the statement runs on (for at most the TTL) before the wait
-// leaves the queue and gives back a lease the statement granted or a
-// release handed to it, so that a statement delayed on the network cannot
+// queueing statement, once sent, is not cancelled: Acquire returns the
+// context's error at once, and the statement runs on (for at most the TTL,
+// and until [Locker.Close] has waited 5 seconds) before the wait leaves the
+// queue and gives back a lease the statement granted or a release handed to
+// it, so that a statement delayed on the network by less than that cannot
 // queue the wait again after it left. [Elector.Run] lets its grant
 // statements answer instead and gives back a grant that arrives as its
 // context ends. A lease's lifetime does not

@@ -101,21 +101,24 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 }
 
 // queueGrant sends the waiter w's QueueGrant. Its statement does not end
-// with ctx: a cancelled statement may still be run and committed by the
-// server (pgx's cancel request can arrive before the statement, on a slow
-// network path, and find the backend idle), and a late one queued the wait
-// again after it had left the queue, or granted it a lease: either way a
-// lease held by nobody until its TTL. When ctx ends first, queueGrant returns
-// ctx's error at once and marks w detached: the statement runs on (bounded
-// by ttl; not sent at all if it had not been sent yet), then gives back a
-// lease it granted and leaves the queue (finishDetached). sent is when the
-// statement was written to the connection: a lease's local deadline counts
-// from it.
+// with ctx once it is sent: a cancelled statement may still be run and
+// committed by the server (pgx's cancel request can arrive before the
+// statement, on a slow network path, and find the backend idle), and a late
+// one queued the wait again after it had left the queue, or granted it a
+// lease: either way a lease held by nobody until its TTL. When ctx ends
+// first, queueGrant returns ctx's cause at once and marks w detached: a
+// statement not sent yet is not sent; one that is out runs on (bounded by
+// ttl, and by Close: see abortDetached), then gives back a lease it got and
+// leaves the queue (finishDetached). sent is when the statement was written
+// to the connection: a lease's local deadline counts from it.
 func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Duration, w *waiter) (dbsqlc.QueueGrantRow, time.Time, error) {
+	if ctx.Err() != nil {
+		return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
+	}
 	p := &pendingWait{done: make(chan struct{})}
 	run := func(ctx context.Context) {
 		p.err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-			if p.state.Load() == waitDetached {
+			if !p.state.CompareAndSwap(waitRunning, waitSent) && p.state.Load() != waitSent {
 				return errDetached // its caller is gone before it was sent
 			}
 			// The local deadline counts from here: after the pool wait,
@@ -131,13 +134,15 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 		run(ctx)
 		return p.r, p.sent, p.err
 	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+	stop := context.AfterFunc(l.abortCtx, cancel)
 	l.calls.add() // Close waits for it
 	go func() {
 		defer l.calls.done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		run(sctx)
+		stop()
 		cancel()
-		if p.state.CompareAndSwap(waitRunning, waitAnswered) {
+		if p.state.CompareAndSwap(waitSent, waitAnswered) || p.state.CompareAndSwap(waitRunning, waitAnswered) {
 			close(p.done)
 			return
 		}
@@ -145,20 +150,34 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 	}()
 	select {
 	case <-p.done:
+		return p.r, p.sent, p.err
 	case <-ctx.Done():
-		if p.state.CompareAndSwap(waitRunning, waitDetached) {
-			w.detached = true
-			return dbsqlc.QueueGrantRow{}, time.Time{}, ctx.Err()
-		}
-		<-p.done // answered as ctx ended: the answer is the caller's
 	}
-	return p.r, p.sent, p.err
+	for {
+		switch p.state.Load() {
+		case waitRunning:
+			if p.state.CompareAndSwap(waitRunning, waitDetached) {
+				cancel() // never sent: stop waiting for a connection
+				w.detached = true
+				return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
+			}
+		case waitSent:
+			if p.state.CompareAndSwap(waitSent, waitDetached) {
+				w.detached = true
+				return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
+			}
+		default: // answered as ctx ended: the answer is the caller's
+			<-p.done
+			return p.r, p.sent, p.err
+		}
+	}
 }
 
 // pendingWait is one QueueGrant statement of queueGrant. r, sent and err are
-// set before state leaves waitRunning.
+// set before state becomes waitAnswered, or read by finishDetached on the
+// statement's goroutine.
 type pendingWait struct {
-	state atomic.Int32  // waitRunning, then waitAnswered or waitDetached
+	state atomic.Int32  // waitRunning, waitSent, then waitAnswered or waitDetached
 	done  chan struct{} // closed on waitAnswered
 	r     dbsqlc.QueueGrantRow
 	sent  time.Time
@@ -166,9 +185,10 @@ type pendingWait struct {
 }
 
 const (
-	waitRunning  int32 = iota
-	waitAnswered       // the caller takes the answer
-	waitDetached       // the caller is gone: finishDetached handles the answer
+	waitRunning  int32 = iota // not sent yet
+	waitSent                  // written to a connection
+	waitAnswered              // the caller takes the answer
+	waitDetached              // the caller is gone: finishDetached handles the answer
 )
 
 // errDetached is a detached QueueGrant's error when it was never sent.
@@ -177,12 +197,15 @@ var errDetached = errors.New("pglock: the waiter was gone before its statement w
 // finishDetached ends the wait of a caller that gave up while its QueueGrant
 // was out (queueGrant), once the statement has answered: it gives back a
 // lease the statement granted or was handed, and takes the wait out of the
-// queue (which also gives back a lease a release handed to it).
+// queue (which gives back a lease a release handed to it since). A handed
+// lease may so be released twice: the second release is conditional on its
+// token and changes nothing.
 func (l *Locker) finishDetached(op, name string, w *waiter, p *pendingWait) {
 	if p.err == nil && p.r.Granted.Valid && p.r.Granted.Bool && p.r.Token.Int64 > 0 {
 		l.giveBack(context.Background(), op, name, p.r.Token.Int64, "pglock: release of a lease granted after its waiter gave up")
 	}
-	if l.leaveQueue(name, w.wkey, w.waitID) {
+	// A wkey another key queued under (PF013) is not used again.
+	if l.leaveQueue(name, w.wkey, w.waitID) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {
 		l.putSlot(name, w.wkey)
 	}
 	if l.detachedHook != nil {

@@ -36,6 +36,11 @@ type Locker struct {
 	lis    *listener
 
 	closedCh chan struct{}
+	// abortCtx ends once Close has waited closeWait for the calls in
+	// flight: it ends the waiting statements of callers that gave up
+	// (queueGrant), so that they do not hold a pooled connection past it.
+	abortCtx context.Context
+	abort    context.CancelFunc
 	wg       sync.WaitGroup // the keep-alive goroutine
 	calls    callTracker    // work that may use the pool after Close is called (calls.go)
 	keeper   *keeper        // renews the leases of a Locker with KeepAlive
@@ -116,6 +121,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Locker, error) {
 		leases:   make(map[*Lease]struct{}),
 		closedCh: make(chan struct{}),
 	}
+	l.abortCtx, l.abort = context.WithCancel(context.Background())
 	l.keeper = newKeeper(l)
 	l.grants = newGrantCoalescer(l)
 	l.releases = newReleaseCoalescer(l)
@@ -184,8 +190,10 @@ func (l *Locker) Listen(ctx context.Context) error {
 // lease a release hands to a waiter at that moment, is released by its own
 // call, which returns that error too. Close waits for those calls to end
 // (they leave the wait queue and give such leases back through the pool),
-// at most 5 seconds (a server that does not answer), so that the pool can
-// be closed right after it. Do not call Close from the Locker's Logger,
+// and for the queueing statements of waiting Acquire calls that already
+// returned because their context ended (they run on, see the package
+// documentation), at most 5 seconds (a server that does not answer); then
+// it ends those statements, so that the pool can be closed right after it. Do not call Close from the Locker's Logger,
 // Metrics or a hook of its pool: they can run inside such a call, and Close
 // would then wait the 5 seconds. Close is safe to call more than once.
 func (l *Locker) Close() error {
@@ -212,6 +220,7 @@ func (l *Locker) Close() error {
 		l.log.Warn("pglock: Close did not wait longer for calls still talking to the database; " +
 			"a lease granted or handed to one of them may stay held until its TTL")
 	}
+	l.abort()
 	l.wg.Wait()
 	return nil
 }

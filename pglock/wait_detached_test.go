@@ -2,9 +2,12 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,10 +89,35 @@ func (p *holdProxy) hold() {
 	p.mu.Unlock()
 }
 
+// resume lets the held bytes through; safe to call more than once.
 func (p *holdProxy) resume() {
 	p.mu.Lock()
-	close(p.gate)
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.gate:
+	default:
+		close(p.gate)
+	}
+}
+
+// proxiedPool returns a pool of at most 2 connections to dsn's server
+// through a holdProxy; the pool is closed when the test ends.
+func proxiedPool(t *testing.T, ctx context.Context, dsn string) (*pgxpool.Pool, *holdProxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newHoldProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, proxy
 }
 
 // A waiter's queueing statement is delayed on the network and its context
@@ -116,19 +144,7 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 			owner := newLocker(t, admin, &Config{Holder: "owner"})
 			held := mustAcquire(t, owner, name, time.Minute)
 
-			cfg, err := pgxpool.ParseConfig(dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy := newHoldProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
-			cfg.ConnConfig.Fallbacks = nil
-			cfg.MaxConns = 2
-			wpool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer wpool.Close()
+			wpool, proxy := proxiedPool(t, ctx, dsn)
 			w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -179,5 +195,189 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 				t.Errorf("%d waits of %q still queued after the waiter gave up", rows, name)
 			}
 		})
+	}
+}
+
+// A detached wait whose statement never answers (a connection that went
+// silent) does not hold Close, or the pool's Close after it, for the TTL:
+// Close waits its 5 seconds for it, then ends it.
+func TestDetachedWaitEndedByClose(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 2*time.Minute)
+	const name = "detached-wait-close"
+	owner := newLocker(t, admin, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+	defer func() { _ = held.Release(context.Background()) }()
+
+	wpool, proxy := proxiedPool(t, ctx, dsn)
+	defer proxy.resume()
+	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	actx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	defer cancel()
+	const ttl = 90 * time.Second
+	res := acquireAsync(actx, w, name, ttl)
+	<-sig
+	proxy.hold() // the next statement never reaches the server
+	if r := <-res; r.err == nil {
+		t.Fatal("Acquire returned a lease")
+	}
+	start := time.Now()
+	_ = w.Close()
+	closed := time.Since(start)
+	if closed < closeWait {
+		t.Errorf("Locker.Close took %v: it did not wait for the detached statement (%v)", closed, closeWait)
+	}
+	// The statement Close ended gives its connection back (pgx closes it).
+	for wpool.Stat().AcquiredConns() > 0 {
+		if time.Since(start) > ttl/2 {
+			t.Fatalf("%d connections still taken %v after Close began: the detached statement holds its connection for its TTL (%v)",
+				wpool.Stat().AcquiredConns(), time.Since(start).Round(time.Millisecond), ttl)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("Locker.Close %v; its connections back %v after it began", closed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// An Elector's campaign statement that outlives its bound (the TTL: the
+// Elector lets its statements answer) is detached like any other, and the
+// campaign goes on under a new wait: Run is not ended by it while its
+// context is live, and the candidate leads once the holder releases.
+func TestDetachedWaitElectorCampaignGoesOn(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, time.Minute)
+	const name = "detached-wait-elector"
+	owner := newLocker(t, admin, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+
+	epool, proxy := proxiedPool(t, ctx, dsn)
+	defer proxy.resume()
+	failed := make(chan struct{}, 16)
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		if strings.Contains(string(p), "election campaign attempt failed") {
+			select {
+			case failed <- struct{}{}:
+			default:
+			}
+		}
+		return len(p), nil
+	}), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	l, err := New(epool, &Config{Holder: "candidate", Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	if err := l.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(l)
+	e, err := l.NewElector(name, &ElectionConfig{LeaseDuration: time.Second, RetryPeriod: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	runErr := make(chan error, 1)
+	go func() { runErr <- e.Run(rctx) }()
+	<-sig // queued, asleep for RetryPeriod
+	proxy.hold()
+	select {
+	case <-failed: // the held statement outlived its second: detached, logged
+	case err := <-runErr:
+		t.Fatalf("Run returned %v while its context is live", err)
+	}
+	proxy.resume()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	led := make(chan struct{})
+	go func() {
+		defer close(led)
+		for e.Lease() == nil && rctx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	select {
+	case <-led:
+	case err := <-runErr:
+		t.Fatalf("Run returned %v while its context is live", err)
+	case <-ctx.Done():
+		t.Fatal("the candidate never led")
+	}
+	stop()
+	if err := <-runErr; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// A detached statement refused with PF013 (another key queued under the
+// wait's wkey while it was out) does not keep that wkey for the next wait
+// of the name.
+func TestDetachedWaitDropsTakenKey(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, time.Minute)
+	const name = "detached-wait-pf013"
+	owner := newLocker(t, admin, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+	defer func() { _ = held.Release(context.Background()) }()
+	other := mustAcquire(t, owner, name+":other", time.Minute)
+	defer func() { _ = other.Release(context.Background()) }()
+
+	wpool, proxy := proxiedPool(t, ctx, dsn)
+	defer proxy.resume()
+	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Close() }()
+	left := make(chan string, 1)
+	w.detachedHook = func(name string) { left <- name }
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	actx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	defer cancel()
+	res := acquireAsync(actx, w, name, 30*time.Second)
+	<-sig
+	var wkey int64
+	if err := admin.QueryRow(ctx, `SELECT wkey FROM pgfence.lock_queue WHERE name = $1 AND holder = 'w'`, name).Scan(&wkey); err != nil {
+		t.Fatal(err)
+	}
+	proxy.hold()
+	if r := <-res; r.err == nil {
+		t.Fatal("Acquire returned a lease")
+	}
+	// The wait's row goes, and another key queues under its wkey.
+	if _, err := admin.Exec(ctx, `DELETE FROM pgfence.lock_queue WHERE wkey = $1`, wkey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pgfence.lock_wait($2, 'squatter', 60000000,
+		'\x100102030405060708090a0b0c0d0e0f', $1, 1)`, wkey, name+":other"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.resume()
+	select {
+	case <-left:
+	case <-ctx.Done():
+		t.Fatal("the detached wait never finished")
+	}
+	w.hotMu.Lock()
+	slots := append([]int64(nil), w.slots[name]...)
+	w.hotMu.Unlock()
+	for _, s := range slots {
+		if s == wkey {
+			t.Errorf("the taken wkey %d is kept for the next wait of %q: %v", wkey, name, slots)
+		}
 	}
 }
