@@ -1,12 +1,14 @@
--- pgfence.guard() and pgfence.unguard() take a transaction-level advisory
--- lock on the table (key: 0x70666775 ("pfgu") in the high 32 bits, the
--- table's oid in the low) before they change anything, so that attaches and
--- detaches of one table run one after the other. Two concurrent first
--- attaches of a table both created its trigger function, and one failed with
--- a raw unique violation of pg_proc (23505); run in turn, the second is a
--- re-attach. A guard of another table does not wait. What a guard refuses
--- and accepts does not change; the Down restores 00013's guard() and 00007's
--- unguard().
+-- pgfence.guard() and pgfence.unguard() lock the table first (SHARE ROW
+-- EXCLUSIVE, the lock CREATE TRIGGER takes later anyway; a partitioned
+-- table's partitions with it), so that attaches and detaches of one table
+-- run one after the other. Two concurrent first attaches of a table both
+-- created its trigger function, and one failed with a raw unique violation
+-- of pg_proc (23505); run in turn, the second is a re-attach. A guard of
+-- another table does not wait. In a REPEATABLE READ or SERIALIZABLE
+-- transaction the second still reads the catalog as its snapshot left it,
+-- and can fail: attach in READ COMMITTED (as migrations do). What a guard
+-- refuses and accepts does not change; the Down restores 00013's guard()
+-- and 00007's unguard().
 
 -- +goose Up
 SET LOCAL search_path = pg_catalog, pg_temp;
@@ -29,10 +31,10 @@ DECLARE
 BEGIN
     -- One attach or detach of a table at a time: two concurrent first
     -- attaches both created the table's trigger function, and one failed
-    -- with a unique violation of pg_proc (23505).
+    -- with a unique violation of pg_proc (23505). The lock is the one
+    -- CREATE TRIGGER takes anyway, taken first.
     IF tbl IS NOT NULL THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock(
-        (1885759349::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) tbl::pg_catalog.oid::pg_catalog.int8);
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', tbl);
     END IF;
     IF tbl IS NOT NULL AND lock_name_column IS NOT NULL THEN
         why := pgfence.lock_column_unsafe(tbl, lock_name_column);
@@ -76,11 +78,8 @@ BEGIN
     IF tbl IS NULL THEN
         RAISE EXCEPTION 'pgfence.unguard: table must not be NULL' USING ERRCODE = '22004';
     END IF;
-    -- One attach or detach of a table at a time: two concurrent first
-    -- attaches both created the table's trigger function, and one failed
-    -- with a unique violation of pg_proc (23505).
-    PERFORM pg_catalog.pg_advisory_xact_lock(
-        (1885759349::pg_catalog.int8 OPERATOR(pg_catalog.<<) 32) OPERATOR(pg_catalog.|) tbl::pg_catalog.oid::pg_catalog.int8);
+    -- One attach or detach of a table at a time (see guard()).
+    EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', tbl);
     had_trigger := false;
     FOR fn IN SELECT tgname FROM pg_trigger
               WHERE tgrelid = tbl AND tgname IN ('pgfence_guard_a_mark', 'pgfence_guard_b_check')

@@ -143,6 +143,9 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 		// takes the queue before it frees its slot): send at once.
 		c.inFlight++
 		c.mu.Unlock()
+		if c.orphan != nil && ctx.Done() != nil {
+			return c.doDetachable(ctx, r)
+		}
 		// The slot is freed however the statement ends: user code runs
 		// under onLiveConn (pool hooks, tracers), and a panic recovered
 		// above would otherwise hold the slot, and queue every later call
@@ -205,6 +208,33 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	// call's fields are the sender's from here on.
 	var zero Res
 	return zero, time.Time{}, gone
+}
+
+// doDetachable sends r, a lone call of an orphan coalescer (a grant), in
+// the statement slot it took, as a detached statement (detach.go): when
+// ctx ends while it is out, the caller returns at once and the slot serves
+// the next calls, and the statement's result goes to c.orphan once it
+// answers (a grant is given back). Before, the statement was cancelled with
+// ctx, and a grant it committed anyway stayed held by nobody until its TTL.
+func (c *coalescer[Req, Res]) doDetachable(ctx context.Context, r Req) (Res, time.Time, error) {
+	res, sent, err, _ := sendDetachable(c.l, ctx, c.bound(r),
+		func(ctx context.Context, conn *pgxpool.Conn, p *pending[Res]) (err error) {
+			if !p.sending() {
+				return errDetached
+			}
+			p.res, err = c.one(ctx, conn, r)
+			return err
+		},
+		func(p *pending[Res]) {
+			if p.err == nil {
+				c.orphan(r, p.res)
+			}
+			if c.orphanHook != nil {
+				c.orphanHook()
+			}
+		},
+		c.next) // frees the slot (or sends the calls queued behind it)
+	return res, sent, err
 }
 
 // next sends the queued calls in the slot of the statement that just
@@ -415,6 +445,9 @@ func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 func (l *Locker) releaseOrphan(r grantReq, res grantRes) {
 	if res.Token <= 0 || res.Exhausted {
 		return // not granted
+	}
+	if l.hasLive(r.name, res.Token) {
+		return // adopted meanwhile (Adopt): its Lease is the holder's
 	}
 	l.giveBack(context.Background(), "pglock.Acquire", r.name, res.Token, "pglock: release of a lease granted after its caller gave up")
 }

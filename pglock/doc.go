@@ -73,16 +73,18 @@
 // verbatim. Tokens never wrap: past the bigint maximum a grant fails with
 // [pgfence.ErrTokenExhausted].
 //
-// Every method that does I/O takes a context first. Cancelling it abandons
-// the round trip (pgx closes that connection). A grant whose outcome is
-// therefore unknown stays held by this Locker's holder until its TTL passes
-// ([Inspect] and [Locker.Adopt] reconcile it). A waiting Acquire's
-// queueing statement, once sent, is not cancelled: Acquire returns the
-// context's error at once, and the statement runs on (for at most the TTL,
-// and until [Locker.Close] has waited 5 seconds) before the wait leaves the
-// queue and gives back a lease the statement granted or a release handed to
-// it, so that a statement delayed on the network by less than that cannot
-// queue the wait again after it left. [Elector.Run] lets its grant
+// Every method that does I/O takes a context first, and returns its error
+// at once when it ends. A statement that can grant a lease (TryAcquire's,
+// and Acquire's, AcquireMany's and an Elector's) is not cancelled once
+// sent, since the server may still commit it (a cancel request can arrive
+// before the statement on a slow network path): it runs on, for at most the
+// TTL and until [Locker.Close] has waited 5 seconds, and a lease it grants
+// then (or a release hands to a wait that gave up) is given back, and the
+// wait leaves the queue. Other statements are cancelled (pgx closes the
+// connection). A connection that fails during a grant leaves its outcome
+// unknown: such a lease stays held by this Locker's holder until its TTL
+// passes ([Inspect] and [Locker.Adopt] reconcile it), as does one whose
+// statement is delayed past those bounds. [Elector.Run] lets its grant
 // statements answer instead and gives back a grant that arrives as its
 // context ends. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.

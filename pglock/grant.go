@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	mrand "math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -100,99 +99,37 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 	}
 }
 
-// queueGrant sends the waiter w's QueueGrant. Its statement does not end
-// with ctx once it is sent: a cancelled statement may still be run and
-// committed by the server (pgx's cancel request can arrive before the
-// statement, on a slow network path, and find the backend idle), and a late
-// one queued the wait again after it had left the queue, or granted it a
-// lease: either way a lease held by nobody until its TTL. When ctx ends
-// first, queueGrant returns ctx's cause at once and marks w detached: a
-// statement not sent yet is not sent; one that is out runs on (bounded by
-// ttl, and by Close: see abortDetached), then gives back a lease it got and
-// leaves the queue (finishDetached). sent is when the statement was written
-// to the connection: a lease's local deadline counts from it.
+// queueGrant sends the waiter w's QueueGrant: a statement that can grant, so
+// it is not cancelled once sent (detach.go). When ctx ends first it returns
+// ctx's cause at once and marks w detached; once the statement has
+// answered, finishDetached gives back a lease it got and takes the wait out
+// of the queue (before, the wait left the queue at once, and a statement
+// delayed on the network queued it again afterwards, or granted it a lease,
+// held by nobody until its TTL). sent is when the statement was written to
+// the connection: a lease's local deadline counts from it.
 func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Duration, w *waiter) (dbsqlc.QueueGrantRow, time.Time, error) {
 	if ctx.Err() != nil {
 		return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
 	}
-	p := &pendingWait{done: make(chan struct{})}
-	run := func(ctx context.Context) {
-		p.err = l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
-			if !p.state.CompareAndSwap(waitRunning, waitSent) && p.state.Load() != waitSent {
-				return errDetached // its caller is gone before it was sent
-			}
-			// The local deadline counts from here: after the pool wait,
-			// right before the statement is written to the connection.
-			p.sent = time.Now()
-			p.r, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
-				Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
-			})
-			return err
+	stmt := func(ctx context.Context, conn *pgxpool.Conn, p *pending[dbsqlc.QueueGrantRow]) (err error) {
+		if !p.sending() {
+			return errDetached
+		}
+		p.res, err = l.q.QueueGrant(ctx, conn, dbsqlc.QueueGrantParams{
+			Name: name, Holder: l.holder, TtlUs: ttl.Microseconds(), Key: l.key, Wkey: w.wkey, WaitID: w.waitID,
 		})
+		return err
 	}
 	if ctx.Done() == nil { // ctx never ends: nothing to detach from
-		run(ctx)
-		return p.r, p.sent, p.err
+		var p pending[dbsqlc.QueueGrantRow]
+		err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) error { return stmt(ctx, conn, &p) })
+		return p.res, p.sent, err
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
-	stop := context.AfterFunc(l.abortCtx, cancel)
-	l.calls.add() // Close waits for it
-	go func() {
-		defer l.calls.done()
-		run(sctx)
-		stop()
-		cancel()
-		if p.state.CompareAndSwap(waitSent, waitAnswered) || p.state.CompareAndSwap(waitRunning, waitAnswered) {
-			close(p.done)
-			return
-		}
-		l.finishDetached(op, name, w, p)
-	}()
-	select {
-	case <-p.done:
-		return p.r, p.sent, p.err
-	case <-ctx.Done():
-	}
-	for {
-		switch p.state.Load() {
-		case waitRunning:
-			if p.state.CompareAndSwap(waitRunning, waitDetached) {
-				cancel() // never sent: stop waiting for a connection
-				w.detached = true
-				return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
-			}
-		case waitSent:
-			if p.state.CompareAndSwap(waitSent, waitDetached) {
-				w.detached = true
-				return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
-			}
-		default: // answered as ctx ended: the answer is the caller's
-			<-p.done
-			return p.r, p.sent, p.err
-		}
-	}
+	r, sent, err, detached := sendDetachable(l, ctx, ttl, stmt,
+		func(p *pending[dbsqlc.QueueGrantRow]) { l.finishDetached(op, name, w, p) }, nil)
+	w.detached = detached
+	return r, sent, err
 }
-
-// pendingWait is one QueueGrant statement of queueGrant. r, sent and err are
-// set before state becomes waitAnswered, or read by finishDetached on the
-// statement's goroutine.
-type pendingWait struct {
-	state atomic.Int32  // waitRunning, waitSent, then waitAnswered or waitDetached
-	done  chan struct{} // closed on waitAnswered
-	r     dbsqlc.QueueGrantRow
-	sent  time.Time
-	err   error
-}
-
-const (
-	waitRunning  int32 = iota // not sent yet
-	waitSent                  // written to a connection
-	waitAnswered              // the caller takes the answer
-	waitDetached              // the caller is gone: finishDetached handles the answer
-)
-
-// errDetached is a detached QueueGrant's error when it was never sent.
-var errDetached = errors.New("pglock: the waiter was gone before its statement was sent")
 
 // finishDetached ends the wait of a caller that gave up while its QueueGrant
 // was out (queueGrant), once the statement has answered: it gives back a
@@ -200,9 +137,9 @@ var errDetached = errors.New("pglock: the waiter was gone before its statement w
 // queue (which gives back a lease a release handed to it since). A handed
 // lease may so be released twice: the second release is conditional on its
 // token and changes nothing.
-func (l *Locker) finishDetached(op, name string, w *waiter, p *pendingWait) {
-	if p.err == nil && p.r.Granted.Valid && p.r.Granted.Bool && p.r.Token.Int64 > 0 {
-		l.giveBack(context.Background(), op, name, p.r.Token.Int64, "pglock: release of a lease granted after its waiter gave up")
+func (l *Locker) finishDetached(op, name string, w *waiter, p *pending[dbsqlc.QueueGrantRow]) {
+	if p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && p.res.Token.Int64 > 0 && !l.hasLive(name, p.res.Token.Int64) {
+		l.giveBack(context.Background(), op, name, p.res.Token.Int64, "pglock: release of a lease granted after its waiter gave up")
 	}
 	// A wkey another key queued under (PF013) is not used again.
 	if l.leaveQueue(name, w.wkey, w.waitID) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/testing/pgtest"
 )
 
@@ -27,6 +28,9 @@ type holdProxy struct {
 	nextID int
 	heldTo int           // connections with an id up to heldTo are held
 	gate   chan struct{} // closed while not holding
+	// held receives a signal each time an extended-protocol request (a
+	// Parse or Bind message first: a statement, not a ping) is held.
+	held chan struct{}
 }
 
 func newHoldProxy(t *testing.T, target string) *holdProxy {
@@ -35,7 +39,7 @@ func newHoldProxy(t *testing.T, target string) *holdProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &holdProxy{ln: ln, target: target, heldTo: -1, gate: make(chan struct{})}
+	p := &holdProxy{ln: ln, target: target, heldTo: -1, gate: make(chan struct{}), held: make(chan struct{}, 1)}
 	close(p.gate)
 	t.Cleanup(func() { _ = ln.Close() })
 	go func() {
@@ -70,6 +74,12 @@ func (p *holdProxy) serve(id int, c net.Conn) {
 			held, gate := id <= p.heldTo, p.gate
 			p.mu.Unlock()
 			if held {
+				if buf[0] == 'P' || buf[0] == 'B' {
+					select {
+					case p.held <- struct{}{}:
+					default:
+					}
+				}
 				<-gate
 			}
 			if _, werr := s.Write(buf[:n]); werr != nil {
@@ -380,4 +390,89 @@ func TestDetachedWaitDropsTakenKey(t *testing.T) {
 			t.Errorf("the taken wkey %d is kept for the next wait of %q: %v", wkey, name, slots)
 		}
 	}
+}
+
+// A lone TryAcquire whose grant statement is delayed on the network and
+// whose context ends meanwhile returns at once; the statement runs on, and
+// the lease it grants when it reaches the server is given back. Before, the
+// statement was cancelled, and the delayed grant held the name for nobody
+// until its TTL.
+func TestDetachedGrantGivenBack(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, time.Minute)
+	const name = "detached-grant"
+	pool, proxy := proxiedPool(t, ctx, dsn)
+	defer proxy.resume()
+	l, err := New(pool, &Config{Holder: "l", PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	given := make(chan struct{}, 1)
+	l.grants.orphanHook = func() { given <- struct{}{} }
+	// An idle connection to take: the held one.
+	warm := mustAcquire(t, l, name+":warm", time.Minute)
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.hold()
+	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if s, err := l.TryAcquire(tctx, name, 30*time.Second); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("TryAcquire with its statement held: %v, %v; want the context's error", s, err)
+	}
+	if info := inspect(t, admin, name); info.Held {
+		t.Fatalf("held by %q before the statement reached the server", info.Holder)
+	}
+	proxy.resume() // the grant reaches the server and commits
+	select {
+	case <-given:
+	case <-ctx.Done():
+		t.Fatal("the late grant was never given back")
+	}
+	if info := inspect(t, admin, name); info.Held || info.Token != 1 {
+		t.Errorf("after the late grant: held %v by %q, token %d; want granted once (token 1) and given back", info.Held, info.Holder, info.Token)
+	}
+}
+
+// Close while a waiting Acquire's statement is out (held on the network):
+// Acquire returns an error matching pgfence.ErrClosed at once, not after
+// Close's 5 seconds, and not the error of the statement Close ended.
+func TestDetachedWaitClosed(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	ctx := testCtx(t, 2*time.Minute)
+	const name = "detached-wait-closed"
+	owner := newLocker(t, admin, &Config{Holder: "owner"})
+	held := mustAcquire(t, owner, name, time.Minute)
+	defer func() { _ = held.Release(context.Background()) }()
+
+	wpool, proxy := proxiedPool(t, ctx, dsn)
+	defer proxy.resume()
+	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	res := acquireAsync(ctx, w, name, 90*time.Second)
+	<-sig
+	proxy.hold()
+	<-proxy.held // the waiter's next statement is out
+	start := time.Now()
+	closed := make(chan struct{})
+	go func() { defer close(closed); _ = w.Close() }()
+	r := <-res
+	took := time.Since(start)
+	if r.err == nil || !errors.Is(r.err, pgfence.ErrClosed) {
+		t.Errorf("Acquire with its statement out at Close: %v; want an error matching pgfence.ErrClosed", r.err)
+	}
+	if took >= closeWait {
+		t.Errorf("Acquire returned %v after Close began: it waited for Close to end its statement", took.Round(time.Millisecond))
+	}
+	<-closed
 }
