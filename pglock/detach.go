@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,14 @@ type pending[T any] struct {
 	res   T
 	sent  time.Time
 	err   error
+	// timer ends the statement bound after its caller detached; nil until
+	// then.
+	timer atomic.Pointer[time.Timer]
+	// panicked holds what a panic under the statement (user code: a pool
+	// hook or a tracer) was called with, re-raised in the caller's
+	// goroutine as it would have been before the statement had one of its
+	// own; nil if none.
+	panicked any
 }
 
 const (
@@ -56,25 +65,35 @@ func (p *pending[T]) sending() bool {
 // and waits for its answer or for ctx's end, whichever comes first. stmt
 // must call p.sending() right before it writes its statement, and return
 // errDetached without sending when that is false. The statement's context
-// has ctx's values, not its cancellation: it ends after bound (a grant
-// committed later has ended already) or once Close has waited for it
-// (l.abortCtx). When ctx ends first, or the Locker closes, sendDetachable
-// returns detached true and ctx's cause (errCoalescerClosed); a statement not sent yet is then never sent, and gone
-// runs on the statement's goroutine once it has answered (with p.err set,
-// errDetached if it was never sent). after, when set, runs on that
-// goroutine after the statement, before the caller takes the answer or gone
-// runs, unless the caller detached first (the caller then runs it).
+// has ctx's values, not its cancellation: it ends bound after its caller
+// detached (a grant committed later has ended already) or once Close has
+// waited for it (l.abortCtx). When ctx ends first, or the Locker closes, sendDetachable
+// returns detached true and ctx's cause (errCoalescerClosed); a statement
+// not sent yet is then never sent, and gone runs on the statement's
+// goroutine once it has answered (with p.err set, errDetached if it was
+// never sent). after, when set, runs on that goroutine after the statement,
+// before the caller takes the answer, unless the caller detached first (the
+// caller then runs it). A panic under the statement (user code: a pool hook
+// or a tracer) is raised again in the caller's goroutine, or logged when
+// the caller is gone.
 func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
 	gone func(p *pending[T]), after func()) (res T, sent time.Time, err error, detached bool) {
 	p := &pending[T]{done: make(chan struct{})}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(l.abortCtx, cancel)
 	l.calls.add() // Close waits for it
 	go func() {
 		defer l.calls.done()
-		p.err = l.onLiveConn(sctx, func(conn *pgxpool.Conn) error { return stmt(sctx, conn, p) })
-		if p.err != nil && l.abortCtx.Err() != nil {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					p.panicked, p.err = r, fmt.Errorf("pglock: panic under a statement: %v", r)
+				}
+			}()
+			p.err = l.onLiveConn(sctx, func(conn *pgxpool.Conn) error { return stmt(sctx, conn, p) })
+		}()
+		if p.err != nil && p.panicked == nil && l.abortCtx.Err() != nil {
 			// Close waited for it, then ended it: a caller still waiting
 			// learns that the Locker closed.
 			p.err = errCoalescerClosed
@@ -88,11 +107,20 @@ func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 			close(p.done)
 			return
 		}
+		if t := p.timer.Load(); t != nil {
+			t.Stop()
+		}
+		if p.panicked != nil {
+			l.log.Error("pglock: a panic under a statement whose caller had given up (a pool hook or tracer)", "panic", p.panicked)
+		}
 		gone(p)
 	}()
 	var cause error
 	select {
 	case <-p.done:
+		if p.panicked != nil {
+			panic(p.panicked)
+		}
 		return p.res, p.sent, p.err, false
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
@@ -102,18 +130,32 @@ func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 	for {
 		switch s := p.state.Load(); s {
 		case stmtRunning, stmtSent:
-			if p.state.CompareAndSwap(s, stmtDetached) {
-				if s == stmtRunning {
-					cancel() // never sent: stop waiting for a connection
-				}
-				if after != nil {
-					after()
-				}
-				var zero T
-				return zero, time.Time{}, cause, true
+			var t *time.Timer
+			if s == stmtSent {
+				// Out: it runs on for at most bound from here (a grant it
+				// commits later has ended already).
+				t = time.AfterFunc(bound, cancel)
+				p.timer.Store(t)
 			}
+			if !p.state.CompareAndSwap(s, stmtDetached) {
+				if t != nil {
+					t.Stop() // answered (or sent) meanwhile
+				}
+				continue
+			}
+			if s == stmtRunning {
+				cancel() // never sent: stop waiting for a connection
+			}
+			if after != nil {
+				after()
+			}
+			var zero T
+			return zero, time.Time{}, cause, true
 		default: // answered as ctx ended: the answer is the caller's
 			<-p.done
+			if p.panicked != nil {
+				panic(p.panicked)
+			}
 			return p.res, p.sent, p.err, false
 		}
 	}

@@ -166,13 +166,15 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 				t.Fatal(err)
 			}
 			sig := waitSignal(w)
-			actx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+			actx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			res := acquireAsync(actx, w, name, 30*time.Second)
 			<-sig // queued, asleep for the poll interval
 			// Its next queueing statement is held on the way; its context
 			// ends while it is out.
 			proxy.hold()
+			<-proxy.held
+			cancel()
 			r := <-res
 			if r.err == nil {
 				t.Fatal("Acquire returned a lease although its queueing statement never reached the server")
@@ -231,12 +233,14 @@ func TestDetachedWaitEndedByClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	sig := waitSignal(w)
-	actx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	const ttl = 90 * time.Second
 	res := acquireAsync(actx, w, name, ttl)
 	<-sig
 	proxy.hold() // the next statement never reaches the server
+	<-proxy.held
+	cancel()
 	if r := <-res; r.err == nil {
 		t.Fatal("Acquire returned a lease")
 	}
@@ -356,7 +360,7 @@ func TestDetachedWaitDropsTakenKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	sig := waitSignal(w)
-	actx, cancel := context.WithTimeout(ctx, 900*time.Millisecond)
+	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	res := acquireAsync(actx, w, name, 30*time.Second)
 	<-sig
@@ -365,6 +369,8 @@ func TestDetachedWaitDropsTakenKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.hold()
+	<-proxy.held
+	cancel()
 	if r := <-res; r.err == nil {
 		t.Fatal("Acquire returned a lease")
 	}
@@ -417,10 +423,17 @@ func TestDetachedGrantGivenBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy.hold()
-	tctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	tctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if s, err := l.TryAcquire(tctx, name, 30*time.Second); err == nil || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("TryAcquire with its statement held: %v, %v; want the context's error", s, err)
+	res := make(chan error, 1)
+	go func() {
+		_, err := l.TryAcquire(tctx, name, 30*time.Second)
+		res <- err
+	}()
+	<-proxy.held // the grant statement is out
+	cancel()
+	if err := <-res; err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("TryAcquire with its statement held: %v; want the context's error", err)
 	}
 	if info := inspect(t, admin, name); info.Held {
 		t.Fatalf("held by %q before the statement reached the server", info.Holder)
