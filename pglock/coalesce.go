@@ -21,8 +21,9 @@ import (
 // one returns the queued calls (up to maxCoalesce) go out as one statement
 // (pgfence.lock_grant_many, pgfence.lock_release_many), one commit for all of
 // them. There is no timer: a call that finds a statement slot free is sent at
-// once, on its own goroutine and through the single-lease statement (a lone
-// caller waits for nothing), and a busy process batches by itself.
+// once through the single-lease statement (a lone caller waits for nothing;
+// a grant with a context that can end is sent from a goroutine of its own,
+// see doDetachable), and a busy process batches by itself.
 //
 // Every call gets its own result: the many-functions answer per element, as
 // the single functions would have answered one call each, in the byte order
@@ -85,9 +86,9 @@ const (
 // or once it is committing, changes nothing), and a grant committed so would
 // stay held by nobody until its TTL. Such a statement is left to run to its end on its
 // own (abandoned is closed: the slot goes on with the next calls), is
-// cancelled once the longest TTL it asked for has passed after that (a grant
-// it commits later has ended by then), and the grants of the calls that
-// gave up are released when it returns.
+// cancelled once the longest TTL it asked for has passed after that, and the
+// grants of the calls that gave up are released when it returns. (A grant
+// it commits after that cancel anyway stays held until its TTL.)
 type flight struct {
 	waiting   int
 	cancel    context.CancelFunc
@@ -97,7 +98,7 @@ type flight struct {
 }
 
 // coalescer sends the calls of one kind. one runs a single call (the
-// single-lease statement, on the caller's context); many runs a batch of at
+// single-lease statement); many runs a batch of at
 // least two, sorted by name, and returns one result per call, in order.
 type coalescer[Req, Res any] struct {
 	l    *Locker
@@ -109,9 +110,10 @@ type coalescer[Req, Res any] struct {
 	// statement was out): the grant coalescer releases such a lease, which
 	// nobody holds a Lease for. It runs on the sending goroutine.
 	orphan func(Req, Res)
-	// bound, required with orphan, bounds the statement of a batch whose
-	// callers all gave up: the longest bound of its calls (a grant's TTL:
-	// a grant committed later has ended already).
+	// bound, required with orphan, bounds the statement whose callers all
+	// gave up: for a batch, the longest bound of its calls; for a lone
+	// call, its bound or detachedBound, whichever is shorter (it keeps the
+	// statement slot meanwhile).
 	bound func(Req) time.Duration
 
 	mu       sync.Mutex
@@ -212,11 +214,18 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 
 // doDetachable sends r, a lone call of an orphan coalescer (a grant), in
 // the statement slot it took, as a detached statement (detach.go): when
-// ctx ends while it is out, the caller returns at once and the slot serves
-// the next calls, and the statement's result goes to c.orphan once it
-// answers (a grant is given back). Before, the statement was cancelled with
-// ctx, and a grant it committed anyway stayed held by nobody until its TTL.
+// ctx ends while it is out, the caller returns at once, the statement keeps
+// the slot until it is over (the calls queued meanwhile go out together
+// then: a caller that retries with short timeouts holds no more than one
+// connection), and its result goes to c.orphan (a grant is given back).
+// Before, the statement was cancelled with ctx, and a grant it committed
+// anyway stayed held by nobody until its TTL.
 func (c *coalescer[Req, Res]) doDetachable(ctx context.Context, r Req) (Res, time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		c.next()
+		var zero Res
+		return zero, time.Time{}, err
+	}
 	res, sent, err, _ := sendDetachable(c.l, ctx, c.bound(r),
 		func(ctx context.Context, conn *pgxpool.Conn, p *pending[Res]) (err error) {
 			if !p.sending() {
@@ -233,7 +242,7 @@ func (c *coalescer[Req, Res]) doDetachable(ctx context.Context, r Req) (Res, tim
 				c.orphanHook()
 			}
 		},
-		c.next) // frees the slot (or sends the calls queued behind it)
+		c.next) // frees the slot (or sends the calls queued behind it) once the statement is over
 	return res, sent, err
 }
 
@@ -437,8 +446,9 @@ func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 	}
 }
 
-// releaseOrphan releases a lease a batch granted to a call whose caller had
-// given up (its context ended while the batch was out): the caller got an
+// releaseOrphan releases a lease a statement (a batch, or a lone grant)
+// granted to a call whose caller had given up (its context ended while the
+// statement was out): the caller got an
 // error and no Lease, so nobody uses its token, and without this the name
 // would stay held until the lease expired. A failure is only logged: the
 // lease then expires as any lease whose holder is gone.
@@ -464,7 +474,8 @@ func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg
 	}
 }
 
-// orphanReleaseTimeout bounds releaseOrphan: it runs in a grant slot.
+// orphanReleaseTimeout bounds releaseOrphan: it runs on the goroutine of the
+// statement that granted the lease (a batch's runs in a grant slot).
 const orphanReleaseTimeout = 5 * time.Second
 
 func newReleaseCoalescer(l *Locker) *coalescer[releaseReq, fastReleaseRow] {

@@ -17,8 +17,16 @@ import (
 // slow network path, and find the backend idle, or after its commit), and a
 // grant committed so stays held by nobody until its TTL. The caller returns
 // its context's error at once; the statement runs on, on its own goroutine,
-// and what it granted is given back when it answers. A statement not sent
-// yet when the caller gives up is never sent.
+// for at most detachedBound more, and what it granted is given back when it
+// answers. A statement not sent yet when the caller gives up is never sent.
+
+// detachedBound bounds how long a statement runs on once its caller gave
+// up (or its TTL, if shorter: a grant committed later has ended already).
+// It keeps a pooled connection meanwhile; after it the statement is
+// cancelled, and a grant it commits later anyway (a network that delays it
+// longer) stays held until its TTL, as after a connection failure. Close
+// waits as long for them (closeWait).
+const detachedBound = 5 * time.Second
 
 // pending is one statement of sendDetachable. res, sent and err are set by
 // the statement's goroutine before state becomes stmtAnswered (the caller
@@ -30,9 +38,9 @@ type pending[T any] struct {
 	res   T
 	sent  time.Time
 	err   error
-	// timer ends the statement bound after its caller detached; nil until
-	// then.
-	timer atomic.Pointer[time.Timer]
+	// stop ends the statement's bound once its caller detached (a timer,
+	// and the registration on the Locker's abortCtx); nil until then.
+	stop atomic.Pointer[func()]
 	// panicked holds what a panic under the statement (user code: a pool
 	// hook or a tracer) was called with, re-raised in the caller's
 	// goroutine as it would have been before the statement had one of its
@@ -50,6 +58,10 @@ const (
 // errDetached is a detached statement's error when it was never sent.
 var errDetached = errors.New("pglock: the caller was gone before its statement was sent")
 
+// errGoexit is a statement's error when runtime.Goexit ended its goroutine
+// (called by a pool hook or a tracer).
+var errGoexit = errors.New("pglock: runtime.Goexit under a statement (a pool hook or tracer)")
+
 // sending is called by a statement's connection callback right before the
 // statement is written: it records the send time and reports false if the
 // caller is gone (the statement must then not be sent).
@@ -62,101 +74,114 @@ func (p *pending[T]) sending() bool {
 }
 
 // sendDetachable runs stmt on a connection of l's pool on its own goroutine
-// and waits for its answer or for ctx's end, whichever comes first. stmt
-// must call p.sending() right before it writes its statement, and return
-// errDetached without sending when that is false. The statement's context
-// has ctx's values, not its cancellation: it ends bound after its caller
-// detached (a grant committed later has ended already) or once Close has
-// waited for it (l.abortCtx). When ctx ends first, or the Locker closes, sendDetachable
-// returns detached true and ctx's cause (errCoalescerClosed); a statement
-// not sent yet is then never sent, and gone runs on the statement's
-// goroutine once it has answered (with p.err set, errDetached if it was
-// never sent). after, when set, runs on that goroutine after the statement,
-// before the caller takes the answer, unless the caller detached first (the
-// caller then runs it). A panic under the statement (user code: a pool hook
-// or a tracer) is raised again in the caller's goroutine, or logged when
-// the caller is gone.
+// and waits for its answer, ctx's end or the Locker's Close, whichever comes
+// first. stmt must call p.sending() right before it writes its statement,
+// and return errDetached without sending when that is false. The
+// statement's context has ctx's values, not its cancellation. When ctx ends
+// first, or the Locker closes, sendDetachable returns detached true and
+// ctx.Err() (errCoalescerClosed): a statement not sent yet is then never
+// sent; one that is out runs on for at most min(bound, detachedBound), and
+// until Close has waited for it (l.abortCtx). gone then runs on the
+// statement's goroutine once it has answered, with p.err set (the
+// statement's error, errDetached if it was never sent). after, when set,
+// runs on that goroutine once the statement is over, whatever its caller
+// did (it frees a coalescer's statement slot). A panic under the statement
+// (user code: a pool hook or a tracer) is raised again in the caller's
+// goroutine, or logged once the caller is gone; so is one in gone.
 func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
 	gone func(p *pending[T]), after func()) (res T, sent time.Time, err error, detached bool) {
 	p := &pending[T]{done: make(chan struct{})}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(l.abortCtx, cancel)
 	l.calls.add() // Close waits for it
-	go func() {
-		defer l.calls.done()
-		func() {
-			defer func() {
-				if r := recover(); r != nil {
-					p.panicked, p.err = r, fmt.Errorf("pglock: panic under a statement: %v", r)
-				}
-			}()
-			p.err = l.onLiveConn(sctx, func(conn *pgxpool.Conn) error { return stmt(sctx, conn, p) })
-		}()
-		if p.err != nil && p.panicked == nil && l.abortCtx.Err() != nil {
-			// Close waited for it, then ended it: a caller still waiting
-			// learns that the Locker closed.
-			p.err = errCoalescerClosed
-		}
-		stop()
-		cancel()
-		if p.state.CompareAndSwap(stmtSent, stmtAnswered) || p.state.CompareAndSwap(stmtRunning, stmtAnswered) {
-			if after != nil {
-				after()
-			}
-			close(p.done)
-			return
-		}
-		if t := p.timer.Load(); t != nil {
-			t.Stop()
-		}
-		if p.panicked != nil {
-			l.log.Error("pglock: a panic under a statement whose caller had given up (a pool hook or tracer)", "panic", p.panicked)
-		}
-		gone(p)
-	}()
+	go p.run(l, sctx, cancel, stmt, gone, after)
 	var cause error
 	select {
 	case <-p.done:
-		if p.panicked != nil {
-			panic(p.panicked)
-		}
-		return p.res, p.sent, p.err, false
+		return p.answer()
 	case <-ctx.Done():
-		cause = context.Cause(ctx)
+		cause = ctx.Err()
 	case <-l.closedCh:
 		cause = errCoalescerClosed // the caller is told at once; Close waits for the statement
 	}
 	for {
 		switch s := p.state.Load(); s {
-		case stmtRunning, stmtSent:
-			var t *time.Timer
-			if s == stmtSent {
-				// Out: it runs on for at most bound from here (a grant it
-				// commits later has ended already).
-				t = time.AfterFunc(bound, cancel)
-				p.timer.Store(t)
-			}
-			if !p.state.CompareAndSwap(s, stmtDetached) {
-				if t != nil {
-					t.Stop() // answered (or sent) meanwhile
-				}
-				continue
-			}
-			if s == stmtRunning {
+		case stmtRunning:
+			if p.state.CompareAndSwap(s, stmtDetached) {
 				cancel() // never sent: stop waiting for a connection
+				var zero T
+				return zero, time.Time{}, cause, true
 			}
-			if after != nil {
-				after()
+		case stmtSent:
+			// Out: it runs on for at most min(bound, detachedBound) from
+			// here, and until Close has waited for it.
+			t := time.AfterFunc(min(bound, detachedBound), cancel)
+			unregister := context.AfterFunc(l.abortCtx, cancel)
+			stop := func() { t.Stop(); unregister() }
+			p.stop.Store(&stop)
+			if !p.state.CompareAndSwap(s, stmtDetached) {
+				stop() // answered meanwhile
+				continue
 			}
 			var zero T
 			return zero, time.Time{}, cause, true
 		default: // answered as ctx ended: the answer is the caller's
 			<-p.done
-			if p.panicked != nil {
-				panic(p.panicked)
-			}
-			return p.res, p.sent, p.err, false
+			return p.answer()
 		}
 	}
+}
+
+// answer returns what the statement answered to its caller.
+func (p *pending[T]) answer() (T, time.Time, error, bool) {
+	if p.panicked != nil {
+		panic(p.panicked)
+	}
+	return p.res, p.sent, p.err, false
+}
+
+// run is the statement's goroutine (sendDetachable).
+func (p *pending[T]) run(l *Locker, sctx context.Context, cancel context.CancelFunc,
+	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
+	gone func(p *pending[T]), after func()) {
+	defer l.calls.done()
+	over := false // the statement returned or panicked (not runtime.Goexit)
+	// Deferred, so that it runs after runtime.Goexit as well.
+	defer func() {
+		if !over {
+			p.err = errGoexit
+		}
+		cancel()
+		if s := p.stop.Load(); s != nil {
+			(*s)()
+		}
+		if p.err != nil && p.panicked == nil && l.abortCtx.Err() != nil {
+			// Close waited for it, then ended it: a caller still waiting
+			// learns that the Locker closed.
+			p.err = errCoalescerClosed
+		}
+		if after != nil {
+			after()
+		}
+		if p.state.CompareAndSwap(stmtSent, stmtAnswered) || p.state.CompareAndSwap(stmtRunning, stmtAnswered) {
+			close(p.done)
+			return
+		}
+		if p.panicked != nil {
+			l.log.Error("pglock: a panic under a statement whose caller had given up (a pool hook or tracer)", "panic", p.panicked)
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				l.log.Error("pglock: a panic while giving back what a statement whose caller had given up got (a pool hook or tracer)", "panic", r)
+			}
+		}()
+		gone(p)
+	}()
+	defer func() {
+		if r := recover(); r != nil {
+			p.panicked, p.err, over = r, fmt.Errorf("pglock: panic under a statement: %v", r), true
+		}
+	}()
+	p.err = l.onLiveConn(sctx, func(conn *pgxpool.Conn) error { return stmt(sctx, conn, p) })
+	over = true
 }

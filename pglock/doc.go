@@ -77,16 +77,16 @@
 // at once when it ends. A statement that can grant a lease (TryAcquire's,
 // and Acquire's, AcquireMany's and an Elector's) is not cancelled once
 // sent, since the server may still commit it (a cancel request can arrive
-// before the statement on a slow network path): it runs on, for at most the
-// TTL and until [Locker.Close] has waited 5 seconds, and a lease it grants
-// then (or a release hands to a wait that gave up) is given back, and the
-// wait leaves the queue. Other statements are cancelled (pgx closes the
-// connection). A connection that fails during a grant leaves its outcome
-// unknown: such a lease stays held by this Locker's holder until its TTL
-// passes ([Inspect] and [Locker.Adopt] reconcile it), as does one whose
-// statement is delayed past those bounds. [Elector.Run] lets its grant
-// statements answer instead and gives back a grant that arrives as its
-// context ends. A lease's lifetime does not
+// before the statement on a slow network path): it runs on, for at most 5
+// seconds more (or the TTL, if shorter) and until [Locker.Close] has waited
+// for it, and a lease it grants then (or a release hands to a wait that
+// gave up) is given back, and the wait leaves the queue. Other statements
+// are cancelled (pgx closes the connection). A connection that fails during
+// a grant leaves its outcome unknown, as does a statement that takes longer
+// than that: such a lease stays held by this Locker's holder until its TTL
+// passes ([Inspect] and [Locker.Adopt] reconcile it). [Elector.Run] waits
+// for its grant statements to answer when its context ends (for up to the
+// lease duration) and gives back a grant that arrives then. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.
 //
 // # Errors

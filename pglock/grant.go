@@ -108,8 +108,8 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 // held by nobody until its TTL). sent is when the statement was written to
 // the connection: a lease's local deadline counts from it.
 func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Duration, w *waiter) (dbsqlc.QueueGrantRow, time.Time, error) {
-	if ctx.Err() != nil {
-		return dbsqlc.QueueGrantRow{}, time.Time{}, context.Cause(ctx)
+	if err := ctx.Err(); err != nil {
+		return dbsqlc.QueueGrantRow{}, time.Time{}, err
 	}
 	stmt := func(ctx context.Context, conn *pgxpool.Conn, p *pending[dbsqlc.QueueGrantRow]) (err error) {
 		if !p.sending() {

@@ -190,9 +190,10 @@ func (l *Locker) Listen(ctx context.Context) error {
 // the statements still out, its own calls' and those of calls that gave up
 // earlier (see the package documentation): a lease such a statement grants,
 // or a release hands to a waiter at that moment, is given back, and the
-// waits leave the queue. Then it ends the statements left, so that the pool
-// can be closed right after it; a grant one of them makes later stays held
-// until its TTL (Close logs a warning). Do not call Close from the Locker's
+// waits leave the queue. Then it ends the statements left of calls whose
+// context could end, so that the pool can be closed right after it; a grant
+// one of them makes later stays held until its TTL (Close logs a warning).
+// A call made with a context that never ends is not interrupted. Do not call Close from the Locker's
 // Logger, Metrics or a hook of its pool: they can run inside such a call,
 // and Close would then wait the 5 seconds. Close is safe to call more than
 // once.

@@ -489,3 +489,71 @@ func TestDetachedWaitClosed(t *testing.T) {
 	}
 	<-closed
 }
+
+// A caller that retries TryAcquire with short timeouts while its grant is
+// blocked (here on a row lock) holds one pooled connection, not one per
+// attempt: the detached statement keeps the Locker's grant slot until it
+// is over, and the later attempts queue behind it and are never sent. Once
+// the row is free the detached grant lands and is given back.
+func TestDetachedGrantKeepsSlot(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l, err := New(pool, &Config{Holder: "retrier", PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	given := make(chan struct{}, 1)
+	l.grants.orphanHook = func() { given <- struct{}{} }
+	const name = "detached-grant-slot"
+	if err := mustAcquire(t, l, name, time.Minute).Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := blockRows(t, admin, name)
+	for attempt := range 3 {
+		actx, cancel := context.WithCancel(ctx)
+		queued := queuedSignal(l.grants, 1)
+		res := make(chan error, 1)
+		go func() {
+			_, err := l.TryAcquire(actx, name, time.Minute)
+			res <- err
+		}()
+		if attempt == 0 {
+			waitLockWait(t, admin, "lock_grant", 1) // the first attempt's statement is out
+		} else {
+			waitClosed(t, queued, "the attempt to queue")
+		}
+		cancel()
+		if err := <-res; !errors.Is(err, context.Canceled) {
+			t.Fatalf("attempt %d: %v, want context.Canceled", attempt, err)
+		}
+		if n := pool.Stat().AcquiredConns(); n > 1 {
+			t.Fatalf("after attempt %d: %d connections taken, want the first attempt's only", attempt, n)
+		}
+	}
+	b.unblock(t)
+	select {
+	case <-given:
+	case <-ctx.Done():
+		t.Fatal("the first attempt's grant was never given back")
+	}
+	if info := inspect(t, admin, name); info.Held {
+		t.Errorf("after the attempts: held by %q with token %d", info.Holder, info.Token)
+	}
+	s := mustAcquire(t, l, name, time.Minute)
+	if err := s.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
