@@ -16,11 +16,10 @@ import (
 // TryAcquire makes one attempt to take the lock name for ttl. It returns the
 // lease, or a [*pgfence.Error] matching [pgfence.ErrLocked], with the holder
 // and its expiry, when the lock is held, including by this same Locker. If
-// ctx ends while its statement is out, TryAcquire returns the context's
-// error at once; the statement runs on (for at most 5 seconds, or ttl if
-// shorter) and a lease it grants is given back. A grant whose outcome stays
-// unknown (the connection failed, or the statement took longer) stays held
-// by this Locker's holder until ttl passes. A grant answered
+// ctx is cancelled the grant may or may not have committed; if it did, the
+// lock stays held by this Locker's holder until ttl passes (unless the
+// grant was batched with other calls': a batch's grant whose caller gave up
+// is given back). A grant answered
 // after ttl is given back and reported as a [*pgfence.Error] matching
 // [pgfence.ErrSlowGrant] (with the token; [pgfence.IsRetryable] is true).
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {

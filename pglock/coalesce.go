@@ -21,9 +21,8 @@ import (
 // one returns the queued calls (up to maxCoalesce) go out as one statement
 // (pgfence.lock_grant_many, pgfence.lock_release_many), one commit for all of
 // them. There is no timer: a call that finds a statement slot free is sent at
-// once through the single-lease statement (a lone caller waits for nothing;
-// a grant with a context that can end is sent from a goroutine of its own,
-// see doDetachable), and a busy process batches by itself.
+// once, on its own goroutine and through the single-lease statement (a lone
+// caller waits for nothing), and a busy process batches by itself.
 //
 // Every call gets its own result: the many-functions answer per element, as
 // the single functions would have answered one call each, in the byte order
@@ -98,7 +97,7 @@ type flight struct {
 }
 
 // coalescer sends the calls of one kind. one runs a single call (the
-// single-lease statement); many runs a batch of at
+// single-lease statement, on the caller's context); many runs a batch of at
 // least two, sorted by name, and returns one result per call, in order.
 type coalescer[Req, Res any] struct {
 	l    *Locker
@@ -110,10 +109,9 @@ type coalescer[Req, Res any] struct {
 	// statement was out): the grant coalescer releases such a lease, which
 	// nobody holds a Lease for. It runs on the sending goroutine.
 	orphan func(Req, Res)
-	// bound, required with orphan, bounds the statement whose callers all
-	// gave up: for a batch, the longest bound of its calls; for a lone
-	// call, its bound or detachedBound, whichever is shorter (it keeps the
-	// statement slot meanwhile).
+	// bound, required with orphan, bounds the statement of a batch whose
+	// callers all gave up: the longest bound of its calls (a grant's TTL:
+	// a grant committed later has ended already).
 	bound func(Req) time.Duration
 
 	mu       sync.Mutex
@@ -145,9 +143,6 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 		// takes the queue before it frees its slot): send at once.
 		c.inFlight++
 		c.mu.Unlock()
-		if c.orphan != nil && ctx.Done() != nil {
-			return c.doDetachable(ctx, r)
-		}
 		// The slot is freed however the statement ends: user code runs
 		// under onLiveConn (pool hooks, tracers), and a panic recovered
 		// above would otherwise hold the slot, and queue every later call
@@ -210,40 +205,6 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	// call's fields are the sender's from here on.
 	var zero Res
 	return zero, time.Time{}, gone
-}
-
-// doDetachable sends r, a lone call of an orphan coalescer (a grant), in
-// the statement slot it took, as a detached statement (detach.go): when
-// ctx ends while it is out, the caller returns at once, the statement keeps
-// the slot until it is over (the calls queued meanwhile go out together
-// then: a caller that retries with short timeouts holds no more than one
-// connection), and its result goes to c.orphan (a grant is given back).
-// Before, the statement was cancelled with ctx, and a grant it committed
-// anyway stayed held by nobody until its TTL.
-func (c *coalescer[Req, Res]) doDetachable(ctx context.Context, r Req) (Res, time.Time, error) {
-	if err := ctx.Err(); err != nil {
-		c.next()
-		var zero Res
-		return zero, time.Time{}, err
-	}
-	res, sent, err, _ := sendDetachable(c.l, ctx, c.bound(r),
-		func(ctx context.Context, conn *pgxpool.Conn, p *pending[Res]) (err error) {
-			if !p.sending() {
-				return errDetached
-			}
-			p.res, err = c.one(ctx, conn, r)
-			return err
-		},
-		func(p *pending[Res]) {
-			if p.err == nil {
-				c.orphan(r, p.res)
-			}
-			if c.orphanHook != nil {
-				c.orphanHook()
-			}
-		},
-		c.next) // frees the slot (or sends the calls queued behind it) once the statement is over
-	return res, sent, err
 }
 
 // next sends the queued calls in the slot of the statement that just
@@ -446,9 +407,8 @@ func newGrantCoalescer(l *Locker) *coalescer[grantReq, grantRes] {
 	}
 }
 
-// releaseOrphan releases a lease a statement (a batch, or a lone grant)
-// granted to a call whose caller had given up (its context ended while the
-// statement was out): the caller got an
+// releaseOrphan releases a lease a batch granted to a call whose caller had
+// given up (its context ended while the batch was out): the caller got an
 // error and no Lease, so nobody uses its token, and without this the name
 // would stay held until the lease expired. A failure is only logged: the
 // lease then expires as any lease whose holder is gone.
@@ -474,8 +434,7 @@ func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg
 	}
 }
 
-// orphanReleaseTimeout bounds releaseOrphan: it runs on the goroutine of the
-// statement that granted the lease (a batch's runs in a grant slot).
+// orphanReleaseTimeout bounds releaseOrphan: it runs in a grant slot.
 const orphanReleaseTimeout = 5 * time.Second
 
 func newReleaseCoalescer(l *Locker) *coalescer[releaseReq, fastReleaseRow] {

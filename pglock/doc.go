@@ -74,19 +74,21 @@
 // [pgfence.ErrTokenExhausted].
 //
 // Every method that does I/O takes a context first, and returns its error
-// at once when it ends. A statement that can grant a lease (TryAcquire's,
-// and Acquire's, AcquireMany's and an Elector's) is not cancelled once
-// sent, since the server may still commit it (a cancel request can arrive
-// before the statement on a slow network path): it runs on, for at most 5
-// seconds more (or the TTL, if shorter) and until [Locker.Close] has waited
-// for it, and a lease it grants then (or a release hands to a wait that
-// gave up) is given back, and the wait leaves the queue. Other statements
-// are cancelled (pgx closes the connection). A connection that fails during
-// a grant leaves its outcome unknown, as does a statement that takes longer
-// than that: such a lease stays held by this Locker's holder until its TTL
-// passes ([Inspect] and [Locker.Adopt] reconcile it). [Elector.Run] waits
-// for its grant statements to answer when its context ends (for up to the
-// lease duration) and gives back a grant that arrives then. A lease's lifetime does not
+// at once when it ends. Cancelling it abandons the round trip (pgx closes
+// that connection). A grant whose outcome is therefore unknown stays held by
+// this Locker's holder until its TTL passes ([Inspect] and [Locker.Adopt]
+// reconcile it); so does one whose connection failed. The exception is a
+// waiting Acquire's queueing statement (AcquireMany's and an Elector's
+// too): once sent it is not cancelled, since a late one would queue the
+// wait again after it left; it runs on, for at most 5 seconds more (or the
+// TTL, if shorter) and until [Locker.Close] has waited for it, and then the
+// wait leaves the queue and gives back a lease the statement granted or a
+// release handed to it. A grant statement that finds no other out (a lone
+// caller's) is cancelled: the goroutine a detached statement needs costs a
+// lone caller more latency than coalescing may add. [Elector.Run] waits for
+// its grant statements to answer when its context ends (for up to the lease
+// duration) and gives back a grant that arrives then. A grant batched with
+// others' goes on when all its callers gave up, and is given back. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.
 //
 // # Errors

@@ -126,7 +126,7 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 		return p.res, p.sent, err
 	}
 	r, sent, err, detached := sendDetachable(l, ctx, ttl, stmt,
-		func(p *pending[dbsqlc.QueueGrantRow]) { l.finishDetached(op, name, w, p) }, nil)
+		func(p *pending[dbsqlc.QueueGrantRow]) { l.finishDetached(op, name, w, p) })
 	w.detached = detached
 	return r, sent, err
 }

@@ -184,19 +184,20 @@ func (l *Locker) Listen(ctx context.Context) error {
 // Close stops the listener and every keep-alive, and ends the Context of each
 // live lease with a cause matching [pgfence.ErrClosed]. It does not release
 // live leases in the database: release them first, or they stay held until
-// their TTL passes. Acquire and TryAcquire calls that wait, or whose grant
-// statement is out, return an error matching [pgfence.ErrClosed] at once.
-// Close then waits, at most 5 seconds (a server that does not answer), for
-// the statements still out, its own calls' and those of calls that gave up
-// earlier (see the package documentation): a lease such a statement grants,
-// or a release hands to a waiter at that moment, is given back, and the
-// waits leave the queue. Then it ends the statements left of calls whose
-// context could end, so that the pool can be closed right after it; a grant
-// one of them makes later stays held until its TTL (Close logs a warning).
-// A call made with a context that never ends is not interrupted. Do not call Close from the Locker's
-// Logger, Metrics or a hook of its pool: they can run inside such a call,
-// and Close would then wait the 5 seconds. Close is safe to call more than
-// once.
+// their TTL passes. Waiting Acquire calls (also those whose queueing
+// statement is out), and TryAcquire calls queued behind another grant
+// statement of the Locker, return an error matching [pgfence.ErrClosed] at
+// once; a grant whose statement answers after Close, or a lease a release
+// hands to a waiter at that moment, is given back, and the call that asked
+// for it returns that error too. Close waits for those calls and
+// statements, and for the queueing statements of waits that gave up
+// earlier (see the package documentation), at most 5 seconds (a server
+// that does not answer); then it ends the queueing statements still out, so
+// that the pool can be closed right after it, and a grant one of them makes
+// later stays held until its TTL (Close logs a warning). Do not call Close
+// from the Locker's Logger, Metrics or a hook of its pool: they can run
+// inside such a call, and Close would then wait the 5 seconds. Close is
+// safe to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
