@@ -44,8 +44,9 @@ type pending[T any] struct {
 	res   T
 	sent  time.Time
 	err   error
-	// stop ends the statement's bound once its caller detached (a timer,
-	// and the registration on the Locker's abortCtx); nil until then.
+	// stop stops the statement's bound once its caller detached (a timer,
+	// and the registration on the Locker's abortCtx); stored before the
+	// caller detaches, nil until then.
 	stop atomic.Pointer[func()]
 	// panicked holds what a panic under the statement (user code: a pool
 	// hook or a tracer) was called with, re-raised in the caller's
@@ -89,9 +90,9 @@ func (p *pending[T]) sending() bool {
 // sent; one that is out runs on for at most min(bound, detachedBound), and
 // until Close has waited for it (l.abortCtx). gone then runs on the
 // statement's goroutine once it has answered, with p.err set (the
-// statement's error, errDetached if it was never sent). A panic under the statement
-// (user code: a pool hook or a tracer) is raised again in the caller's
-// goroutine, or logged once the caller is gone; so is one in gone.
+// statement's error, errDetached if it was never sent). A panic under the
+// statement (user code: a pool hook or a tracer) is raised again in the
+// caller's goroutine, or logged once the caller is gone; so is one in gone.
 func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
 	gone func(p *pending[T])) (res T, sent time.Time, err error, detached bool) {
@@ -156,9 +157,6 @@ func (p *pending[T]) run(l *Locker, sctx context.Context, cancel context.CancelF
 			p.err = errGoexit
 		}
 		cancel()
-		if s := p.stop.Load(); s != nil {
-			(*s)()
-		}
 		if p.err != nil && p.panicked == nil && l.abortCtx.Err() != nil {
 			// Close waited for it, then ended it: a caller still waiting
 			// learns that the Locker closed.
@@ -167,6 +165,10 @@ func (p *pending[T]) run(l *Locker, sctx context.Context, cancel context.CancelF
 		if p.state.CompareAndSwap(stmtSent, stmtAnswered) || p.state.CompareAndSwap(stmtRunning, stmtAnswered) {
 			close(p.done)
 			return
+		}
+		// Detached: its caller stored stop before it detached.
+		if s := p.stop.Load(); s != nil {
+			(*s)()
 		}
 		if p.panicked != nil {
 			l.log.Error("pglock: a panic under a statement whose caller had given up (a pool hook or tracer)", "panic", p.panicked)
