@@ -164,7 +164,7 @@ func (l *Locker) acquireTurns(ctx context.Context, op, name string, ttl time.Dur
 		// dropped and the row is deleted once its alive_until passes.
 		reuse := !queued || got
 		if queued && !got {
-			reuse = l.leaveQueue(name, w.wkey, w.waitID)
+			reuse = l.leaveQueue(name, w.wkey, w.waitID, 0)
 		}
 		if reuse {
 			l.putSlot(name, w.wkey)

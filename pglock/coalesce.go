@@ -416,17 +416,19 @@ func (l *Locker) releaseOrphan(r grantReq, res grantRes) {
 	if res.Token <= 0 || res.Exhausted {
 		return // not granted
 	}
-	if l.hasLive(r.name, res.Token) {
-		return // adopted meanwhile (Adopt): its Lease is the holder's
-	}
 	l.giveBack(context.Background(), "pglock.Acquire", r.name, res.Token, "pglock: release of a lease granted after its caller gave up")
 }
 
 // giveBack releases (name, token), a grant nobody holds a Lease for, on a
 // context that outlives ctx's cancellation, bounded by orphanReleaseTimeout.
-// A failure is only logged (with msg): the lease then expires as any lease
-// whose holder is gone.
+// A grant a live Lease of this Locker holds, or one an Adopt is turning into
+// a Lease, is left alone (claim). A failure is only logged (with msg): the
+// lease then expires as any lease whose holder is gone.
 func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg string) {
+	if l.claim(claimGiveBack, name, token) != 0 {
+		return // adopted (Adopt), or already being given back
+	}
+	defer l.unclaim(name, token)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
 	defer cancel()
 	if err := l.release(rctx, op, name, token); err != nil {

@@ -134,15 +134,16 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 // finishDetached ends the wait of a caller that gave up while its QueueGrant
 // was out (queueGrant), once the statement has answered: it gives back a
 // lease the statement granted or was handed, and takes the wait out of the
-// queue (which gives back a lease a release handed to it since). A handed
-// lease may so be released twice: the second release is conditional on its
-// token and changes nothing.
+// queue (which gives back a lease a release handed to it since, unless it
+// is the one given back already).
 func (l *Locker) finishDetached(op, name string, w *waiter, p *pending[dbsqlc.QueueGrantRow]) {
-	if p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && p.res.Token.Int64 > 0 && !l.hasLive(name, p.res.Token.Int64) {
-		l.giveBack(context.Background(), op, name, p.res.Token.Int64, "pglock: release of a lease granted after its waiter gave up")
+	var given int64
+	if p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && p.res.Token.Int64 > 0 {
+		given = p.res.Token.Int64
+		l.giveBack(context.Background(), op, name, given, "pglock: release of a lease granted after its waiter gave up")
 	}
 	// A wkey another key queued under (PF013) is not used again.
-	if l.leaveQueue(name, w.wkey, w.waitID) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {
+	if l.leaveQueue(name, w.wkey, w.waitID, given) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {
 		l.putSlot(name, w.wkey)
 	}
 	if l.detachedHook != nil {
@@ -182,10 +183,11 @@ func (l *Locker) handed(ctx context.Context, op, name string, ttl time.Duration,
 
 // leaveQueue takes the waiter wkey out of the queue of name, and releases a
 // lease a release handed to its wait (waitID) meanwhile, which hands it on
-// to the next waiter. Best effort, with its own timeout: the caller's
-// context may be over. ok reports that the row of wkey is gone, so the key
-// may serve another wait.
-func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
+// to the next waiter, unless its token is given (a lease the caller has
+// given back already) or the lease is adopted (claim). Best effort, with
+// its own timeout: the caller's context may be over. ok reports that the
+// row of wkey is gone, so the key may serve another wait.
+func (l *Locker) leaveQueue(name string, wkey, waitID, given int64) (ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()
 	var r dbsqlc.LeaveQueueRow
@@ -202,9 +204,12 @@ func (l *Locker) leaveQueue(name string, wkey, waitID int64) (ok bool) {
 		// lease to it until then, and the lease then ends at its expiry.
 		l.log.Warn("pglock: leaving the wait queue failed; a lease handed to this waiter ends at its expiry", "name", name, "err", err)
 		return false
-	case token == 0:
+	case token == 0 || token == given:
 		return true
+	case l.claim(claimGiveBack, name, token) != 0:
+		return true // adopted (Adopt), or being given back
 	}
+	defer l.unclaim(name, token)
 	if err := l.release(ctx, "pglock.Acquire", name, token); err != nil && !errors.Is(err, pgfence.ErrLost) {
 		l.log.Warn("pglock: giving back a lease handed to a waiter that left failed; it ends at its expiry", "name", name, "token", token, "err", err)
 	}

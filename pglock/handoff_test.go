@@ -185,7 +185,7 @@ func TestHandoffLeave(t *testing.T) {
 	if info, err := Inspect(ctx, pool, name); err != nil || info.Holder != "quitter" || info.Token != s.Token()+1 {
 		t.Fatalf("after the release: %+v %v, want the lease handed to quitter", info, err)
 	}
-	if !quitter.leaveQueue(name, w.wkey, w.waitID) {
+	if !quitter.leaveQueue(name, w.wkey, w.waitID, 0) {
 		t.Fatal("leaving the queue failed")
 	}
 	r := <-res

@@ -34,6 +34,10 @@ type Locker struct {
 	closed bool
 	leases map[*Lease]struct{}
 	lis    *listener
+	// claims are the grants (name, token) an Adopt is turning into a
+	// Lease or a give-back is releasing, under mu: one excludes the other
+	// (see claim).
+	claims map[grantID]claimKind
 
 	closedCh chan struct{}
 	// abortCtx ends once Close has waited closeWait for the calls in
@@ -62,6 +66,9 @@ type Locker struct {
 	// detachedHook, when set (tests), is called once a detached wait has
 	// left the queue (finishDetached).
 	detachedHook func(name string)
+	// claimHook, when set (tests), is called once Adopt or a give-back has
+	// claimed a grant, before its statement.
+	claimHook func(kind claimKind, name string, token int64)
 	// handedReads counts HandedLock reads (tests).
 	handedReads atomic.Int64
 }

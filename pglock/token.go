@@ -50,8 +50,10 @@ func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) err
 // [Config.Key]. It renews (name, token) to ttl conditionally; a grant no
 // longer held with this key gives a [*pgfence.Error] matching
 // [pgfence.ErrLost] and nothing changes. Adopt never creates a grant nor
-// changes the token. A (name, token) with a live Lease in this Locker gives
-// [pgfence.ErrInvalid]; a renewal answered after ttl gives
+// changes the token. A (name, token) with a live Lease in this Locker, or
+// that another Adopt is turning into one, gives [pgfence.ErrInvalid]; one
+// this Locker is releasing because the call that asked for it gave up
+// before it was answered gives [pgfence.ErrLost]; a renewal answered after ttl gives
 // [pgfence.ErrSlowGrant] (the grant is left to expire). Config.KeepAlive
 // applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
@@ -65,13 +67,19 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	l.mu.Lock()
 	closed := l.closed
 	l.mu.Unlock()
-	dup := l.hasLive(name, token)
 	if closed {
 		return nil, closedError(op, name)
 	}
-	if dup {
-		return nil, invalid(op, "token", "lock %q token %d already has a live Lease in this Locker; use it", name, token)
+	switch l.claim(claimAdopt, name, token) {
+	case claimAdopt:
+		return nil, invalid(op, "token", "lock %q token %d already has a live Lease in this Locker, or another Adopt is making one; use it", name, token)
+	case claimGiveBack:
+		// This Locker is releasing it: a grant whose caller gave up.
+		e := lostError(op, name, l.holder, token, nil)
+		e.Reason = "this Locker is releasing the grant: the call that asked for it gave up before it was answered"
+		return nil, e
 	}
+	defer l.unclaim(name, token) // once the Lease is registered
 	exp, sent, err := l.renew(ctx, op, name, token, ttl)
 	if err != nil {
 		return nil, err
@@ -166,10 +174,58 @@ func (l *Locker) release(ctx context.Context, op, name string, token int64) erro
 	return nil
 }
 
-// hasLive reports whether the Locker has a live Lease on (name, token).
-func (l *Locker) hasLive(name string, token int64) bool {
+// grantID names one grant: a lock name and its token.
+type grantID struct {
+	name  string
+	token int64
+}
+
+// claimKind says who claimed a grant (claim).
+type claimKind uint8
+
+const (
+	claimAdopt    claimKind = iota + 1 // Adopt turns it into a Lease
+	claimGiveBack                      // a give-back releases it (nobody holds a Lease for it)
+)
+
+// claim reserves the grant (name, token) for an Adopt or a give-back, so
+// that the two cannot both act on it: a give-back checked that no Lease
+// held it, an Adopt then renewed it into a Lease, and the give-back's
+// release ended that Lease's grant. It returns the kind that holds the
+// grant already (0 when the claim is taken): a give-back also finds a live
+// Lease on it as claimAdopt. Unclaim with unclaim.
+func (l *Locker) claim(kind claimKind, name string, token int64) (held claimKind) {
+	id := grantID{name, token}
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	switch {
+	case l.claims[id] != 0:
+		held = l.claims[id]
+	case l.hasLiveLocked(name, token):
+		held = claimAdopt
+	default:
+		if l.claims == nil {
+			l.claims = map[grantID]claimKind{}
+		}
+		l.claims[id] = kind
+	}
+	hook := l.claimHook
+	l.mu.Unlock()
+	if held == 0 && hook != nil {
+		hook(kind, name, token)
+	}
+	return held
+}
+
+// unclaim ends a claim taken with claim.
+func (l *Locker) unclaim(name string, token int64) {
+	l.mu.Lock()
+	delete(l.claims, grantID{name, token})
+	l.mu.Unlock()
+}
+
+// hasLiveLocked reports whether the Locker has a live Lease on (name,
+// token); l.mu is held.
+func (l *Locker) hasLiveLocked(name string, token int64) bool {
 	for s := range l.leases {
 		if s.name == name && s.token == token && s.Err() == nil {
 			return true

@@ -111,8 +111,9 @@ func (p *holdProxy) resume() {
 }
 
 // proxiedPool returns a pool of at most 2 connections to dsn's server
-// through a holdProxy; the pool is closed when the test ends.
-func proxiedPool(t *testing.T, ctx context.Context, dsn string) (*pgxpool.Pool, *holdProxy) {
+// through a holdProxy, counting its door statements in c when c is not nil;
+// the pool is closed when the test ends.
+func proxiedPool(t *testing.T, ctx context.Context, dsn string, c ...*doorCounter) (*pgxpool.Pool, *holdProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -122,6 +123,9 @@ func proxiedPool(t *testing.T, ctx context.Context, dsn string) (*pgxpool.Pool, 
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
 	cfg.ConnConfig.Fallbacks = nil
 	cfg.MaxConns = 2
+	if len(c) == 1 {
+		cfg.ConnConfig.Tracer = c[0]
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +158,8 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 			owner := newLocker(t, admin, &Config{Holder: "owner"})
 			held := mustAcquire(t, owner, name, time.Minute)
 
-			wpool, proxy := proxiedPool(t, ctx, dsn)
+			var door doorCounter
+			wpool, proxy := proxiedPool(t, ctx, dsn, &door)
 			w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
@@ -184,11 +189,18 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			door.reset()
 			proxy.resume() // the statement reaches the server now
 			select {
 			case <-left:
 			case <-ctx.Done():
 				t.Fatal("the detached wait never left the queue")
+			}
+			// The handed lease is given back once: before, leaving the
+			// queue released it a second time (a statement that matched
+			// nothing).
+			if n, want := door.release.Load()+door.releaseMany.Load(), map[bool]int64{false: 0, true: 1}[tc.freeFirst]; n != want {
+				t.Errorf("the detached wait sent %d release statements, want %d", n, want)
 			}
 			if !tc.freeFirst {
 				if err := held.Release(ctx); err != nil {

@@ -157,9 +157,10 @@ files and writes nothing.`,
 				return genErr(err)
 			}
 			if err := printGenResult(out, plan, opts.Table); err != nil {
-				// The files are written; the caller (a script) must still
-				// learn that its report of them is missing.
-				return fmt.Errorf("wrote the files, but cannot write the result to stdout: %w", err)
+				// The files are in place (written, or already up to date);
+				// the caller (a script) must still learn that its report of
+				// them is missing.
+				return fmt.Errorf("the files are in place (written or already up to date), but cannot write the result to stdout: %w", err)
 			}
 			return nil
 		},

@@ -320,7 +320,7 @@ func TestGenFencedFailsWhenStdoutFails(t *testing.T) {
 	root := t.TempDir()
 	r := runTo(t, "", failWriter{}, gen("--migrations-dir", filepath.Join(root, "m"), "--queries-dir", filepath.Join(root, "q"),
 		"--guard-lock", "invoices")...)
-	if r.code != ExitError || !strings.Contains(r.stderr, "wrote the files, but cannot write the result to stdout: no space left on device") {
+	if r.code != ExitError || !strings.Contains(r.stderr, "the files are in place (written or already up to date), but cannot write the result to stdout: no space left on device") {
 		t.Errorf("gen to a failing stdout: code %d, stderr %q; want %d", r.code, r.stderr, ExitError)
 	}
 	if got := tree(t, root); got == "" {
