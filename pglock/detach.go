@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 )
 
 // Detached statements. A waiter's QueueGrant is not cancelled when its
@@ -34,14 +36,15 @@ import (
 // waits as long for them (closeWait).
 const detachedBound = 5 * time.Second
 
-// pending is one statement of sendDetachable. res, sent and err are set by
+// pending is one statement of sendDetachable (a waiter's QueueGrant, its
+// only user). res, sent and err are set by
 // the statement's goroutine before state becomes stmtAnswered (the caller
 // then reads them after done), or read by its gone function on that
 // goroutine once the caller detached.
-type pending[T any] struct {
+type pending struct {
 	state atomic.Int32  // stmtRunning, stmtSent, then stmtAnswered or stmtDetached
 	done  chan struct{} // closed on stmtAnswered
-	res   T
+	res   dbsqlc.QueueGrantRow
 	sent  time.Time
 	err   error
 	// stop stops the statement's bound once its caller detached (a timer,
@@ -72,7 +75,7 @@ var errGoexit = errors.New("pglock: runtime.Goexit under a statement (a pool hoo
 // sending is called by a statement's connection callback right before the
 // statement is written: it records the send time and reports false if the
 // caller is gone (the statement must then not be sent).
-func (p *pending[T]) sending() bool {
+func (p *pending) sending() bool {
 	if !p.state.CompareAndSwap(stmtRunning, stmtSent) && p.state.Load() != stmtSent {
 		return false
 	}
@@ -93,10 +96,10 @@ func (p *pending[T]) sending() bool {
 // statement's error, errDetached if it was never sent). A panic under the
 // statement (user code: a pool hook or a tracer) is raised again in the
 // caller's goroutine, or logged once the caller is gone; so is one in gone.
-func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
-	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
-	gone func(p *pending[T])) (res T, sent time.Time, err error, detached bool) {
-	p := &pending[T]{done: make(chan struct{})}
+func sendDetachable(l *Locker, ctx context.Context, bound time.Duration,
+	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending) error,
+	gone func(p *pending)) (res dbsqlc.QueueGrantRow, sent time.Time, err error, detached bool) {
+	p := &pending{done: make(chan struct{})}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.calls.add() // Close waits for it
 	go p.run(l, sctx, cancel, stmt, gone)
@@ -114,8 +117,7 @@ func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 		case stmtRunning:
 			if p.state.CompareAndSwap(s, stmtDetached) {
 				cancel() // never sent: stop waiting for a connection
-				var zero T
-				return zero, time.Time{}, cause, true
+				return dbsqlc.QueueGrantRow{}, time.Time{}, cause, true
 			}
 		case stmtSent:
 			// Out: it runs on for at most min(bound, detachedBound) from
@@ -128,8 +130,7 @@ func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 				stop() // answered meanwhile
 				continue
 			}
-			var zero T
-			return zero, time.Time{}, cause, true
+			return dbsqlc.QueueGrantRow{}, time.Time{}, cause, true
 		default: // answered as ctx ended: the answer is the caller's
 			<-p.done
 			return p.answer()
@@ -138,7 +139,7 @@ func sendDetachable[T any](l *Locker, ctx context.Context, bound time.Duration,
 }
 
 // answer returns what the statement answered to its caller.
-func (p *pending[T]) answer() (T, time.Time, error, bool) {
+func (p *pending) answer() (dbsqlc.QueueGrantRow, time.Time, error, bool) {
 	if p.panicked != nil {
 		panic(p.panicked)
 	}
@@ -146,9 +147,9 @@ func (p *pending[T]) answer() (T, time.Time, error, bool) {
 }
 
 // run is the statement's goroutine (sendDetachable).
-func (p *pending[T]) run(l *Locker, sctx context.Context, cancel context.CancelFunc,
-	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending[T]) error,
-	gone func(p *pending[T])) {
+func (p *pending) run(l *Locker, sctx context.Context, cancel context.CancelFunc,
+	stmt func(ctx context.Context, conn *pgxpool.Conn, p *pending) error,
+	gone func(p *pending)) {
 	defer l.calls.done()
 	over := false // the statement returned or panicked (not runtime.Goexit)
 	// Deferred, so that it runs after runtime.Goexit as well.

@@ -111,7 +111,7 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 	if err := ctx.Err(); err != nil {
 		return dbsqlc.QueueGrantRow{}, time.Time{}, err
 	}
-	stmt := func(ctx context.Context, conn *pgxpool.Conn, p *pending[dbsqlc.QueueGrantRow]) (err error) {
+	stmt := func(ctx context.Context, conn *pgxpool.Conn, p *pending) (err error) {
 		if !p.sending() {
 			return errDetached
 		}
@@ -121,12 +121,12 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 		return err
 	}
 	if ctx.Done() == nil { // ctx never ends: nothing to detach from
-		var p pending[dbsqlc.QueueGrantRow]
+		var p pending
 		err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) error { return stmt(ctx, conn, &p) })
 		return p.res, p.sent, err
 	}
 	r, sent, err, detached := sendDetachable(l, ctx, ttl, stmt,
-		func(p *pending[dbsqlc.QueueGrantRow]) { l.finishDetached(op, name, w, p) })
+		func(p *pending) { l.finishDetached(op, name, w, p) })
 	w.detached = detached
 	return r, sent, err
 }
@@ -136,7 +136,7 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 // lease the statement granted or was handed, and takes the wait out of the
 // queue (which gives back a lease a release handed to it since, unless it
 // is the one given back already).
-func (l *Locker) finishDetached(op, name string, w *waiter, p *pending[dbsqlc.QueueGrantRow]) {
+func (l *Locker) finishDetached(op, name string, w *waiter, p *pending) {
 	var given int64
 	if p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && p.res.Token.Int64 > 0 {
 		given = p.res.Token.Int64

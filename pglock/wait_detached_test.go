@@ -134,6 +134,77 @@ func proxiedPool(t *testing.T, ctx context.Context, dsn string, c ...*doorCounte
 	return pool, proxy
 }
 
+// heldWait is a waiting Acquire of a name by the Locker w (holder "w",
+// through a holdProxy) whose next queueing statement is held on the
+// network: an owner holds the name, the wait has queued, and its next
+// QueueGrant is out (newHeldWait).
+type heldWait struct {
+	admin  *pgxpool.Pool // a pool straight to the server
+	held   *Lease        // the owner's lease on the name
+	w      *Locker
+	pool   *pgxpool.Pool // w's pool, through proxy
+	proxy  *holdProxy
+	left   chan string     // w's detachedHook: a detached wait left the queue
+	res    <-chan acquired // the Acquire's result
+	cancel func()          // ends the Acquire's context
+}
+
+// newHeldWait sets up a heldWait on name, the Acquire asking for ttl, with
+// w's door statements counted in door if it is not nil. When the test
+// ends, the proxy lets the held bytes through, then w and the owner's lease
+// are closed and released.
+func newHeldWait(t *testing.T, ctx context.Context, name string, ttl time.Duration, door *doorCounter) *heldWait {
+	t.Helper()
+	dsn := pgtest.DSN(t)
+	h := &heldWait{admin: pgtest.PoolFor(t, dsn), left: make(chan string, 1)}
+	owner := newLocker(t, h.admin, &Config{Holder: "owner"})
+	h.held = mustAcquire(t, owner, name, time.Minute)
+	var counters []*doorCounter
+	if door != nil {
+		counters = append(counters, door)
+	}
+	h.pool, h.proxy = proxiedPool(t, ctx, dsn, counters...)
+	w, err := New(h.pool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w = w
+	t.Cleanup(func() {
+		h.proxy.resume()
+		_ = w.Close()
+		_ = h.held.Release(context.Background())
+	})
+	w.detachedHook = func(name string) {
+		select {
+		case h.left <- name:
+		default:
+		}
+	}
+	if err := w.Listen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sig := waitSignal(w)
+	actx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	h.cancel = cancel
+	h.res = acquireAsync(actx, w, name, ttl)
+	<-sig // queued, asleep for the poll interval
+	// Its next queueing statement is held on the way.
+	h.proxy.hold()
+	<-h.proxy.held
+	return h
+}
+
+// waitLeft waits until the detached wait has left the queue.
+func (h *heldWait) waitLeft(t *testing.T, ctx context.Context) {
+	t.Helper()
+	select {
+	case <-h.left:
+	case <-ctx.Done():
+		t.Fatal("the detached wait never left the queue")
+	}
+}
+
 // A waiter's queueing statement is delayed on the network and its context
 // ends meanwhile. Before, the statement was cancelled and the wait left the
 // queue at once on another connection; the delayed statement then reached
@@ -151,51 +222,23 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 		freeFirst bool
 	}{{"queued again", false}, {"granted", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			dsn := pgtest.DSN(t)
-			admin := pgtest.PoolFor(t, dsn)
 			ctx := testCtx(t, time.Minute)
 			name := "detached-wait-" + strconv.FormatBool(tc.freeFirst)
-			owner := newLocker(t, admin, &Config{Holder: "owner"})
-			held := mustAcquire(t, owner, name, time.Minute)
-
 			var door doorCounter
-			wpool, proxy := proxiedPool(t, ctx, dsn, &door)
-			w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = w.Close() }()
-			left := make(chan string, 1)
-			w.detachedHook = func(name string) { left <- name }
-			if err := w.Listen(ctx); err != nil {
-				t.Fatal(err)
-			}
-			sig := waitSignal(w)
-			actx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			res := acquireAsync(actx, w, name, 30*time.Second)
-			<-sig // queued, asleep for the poll interval
-			// Its next queueing statement is held on the way; its context
-			// ends while it is out.
-			proxy.hold()
-			<-proxy.held
-			cancel()
-			r := <-res
+			h := newHeldWait(t, ctx, name, 30*time.Second, &door)
+			h.cancel() // its context ends while the statement is out
+			r := <-h.res
 			if r.err == nil {
 				t.Fatal("Acquire returned a lease although its queueing statement never reached the server")
 			}
 			if tc.freeFirst {
-				if err := held.Release(ctx); err != nil {
+				if err := h.held.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
 			door.reset()
-			proxy.resume() // the statement reaches the server now
-			select {
-			case <-left:
-			case <-ctx.Done():
-				t.Fatal("the detached wait never left the queue")
-			}
+			h.proxy.resume() // the statement reaches the server now
+			h.waitLeft(t, ctx)
 			// The handed lease is given back once: before, leaving the
 			// queue released it a second time (a statement that matched
 			// nothing).
@@ -203,16 +246,16 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 				t.Errorf("the detached wait sent %d release statements, want %d", n, want)
 			}
 			if !tc.freeFirst {
-				if err := held.Release(ctx); err != nil {
+				if err := h.held.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if info := inspect(t, admin, name); info.Held {
+			if info := inspect(t, h.admin, name); info.Held {
 				t.Errorf("the waiter gave up (%v), yet the name is held by %q with token %d for %v more, and nobody has its Lease",
 					r.err, info.Holder, info.Token, info.ExpiresAt.Sub(info.DBNow))
 			}
 			var rows int
-			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pgfence.lock_queue WHERE name = $1 AND granted_token IS NULL", name).Scan(&rows); err != nil {
+			if err := h.admin.QueryRow(ctx, "SELECT count(*) FROM pgfence.lock_queue WHERE name = $1 AND granted_token IS NULL", name).Scan(&rows); err != nil {
 				t.Fatal(err)
 			}
 			if rows != 0 {
@@ -227,33 +270,12 @@ func TestDetachedWaitLeavesAfterItsStatement(t *testing.T) {
 // Close waits its 5 seconds for it, then ends it.
 func TestDetachedWaitEndedByClose(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	admin := pgtest.PoolFor(t, dsn)
 	ctx := testCtx(t, 2*time.Minute)
-	const name = "detached-wait-close"
-	owner := newLocker(t, admin, &Config{Holder: "owner"})
-	held := mustAcquire(t, owner, name, time.Minute)
-	defer func() { _ = held.Release(context.Background()) }()
-
-	wpool, proxy := proxiedPool(t, ctx, dsn)
-	defer proxy.resume()
-	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Listen(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sig := waitSignal(w)
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	const ttl = 90 * time.Second
-	res := acquireAsync(actx, w, name, ttl)
-	<-sig
-	proxy.hold() // the next statement never reaches the server
-	<-proxy.held
-	cancel()
-	if r := <-res; r.err == nil {
+	h := newHeldWait(t, ctx, "detached-wait-close", ttl, nil) // the statement never reaches the server
+	w, wpool := h.w, h.pool
+	h.cancel()
+	if r := <-h.res; r.err == nil {
 		t.Fatal("Acquire returned a lease")
 	}
 	start := time.Now()
@@ -349,41 +371,19 @@ func TestDetachedWaitElectorCampaignGoesOn(t *testing.T) {
 // wait's wkey while it was out) does not keep that wkey for the next wait
 // of the name.
 func TestDetachedWaitDropsTakenKey(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	admin := pgtest.PoolFor(t, dsn)
 	ctx := testCtx(t, time.Minute)
 	const name = "detached-wait-pf013"
+	h := newHeldWait(t, ctx, name, 30*time.Second, nil)
+	w, admin := h.w, h.admin
 	owner := newLocker(t, admin, &Config{Holder: "owner"})
-	held := mustAcquire(t, owner, name, time.Minute)
-	defer func() { _ = held.Release(context.Background()) }()
 	other := mustAcquire(t, owner, name+":other", time.Minute)
 	defer func() { _ = other.Release(context.Background()) }()
-
-	wpool, proxy := proxiedPool(t, ctx, dsn)
-	defer proxy.resume()
-	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = w.Close() }()
-	left := make(chan string, 1)
-	w.detachedHook = func(name string) { left <- name }
-	if err := w.Listen(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sig := waitSignal(w)
-	actx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	res := acquireAsync(actx, w, name, 30*time.Second)
-	<-sig
 	var wkey int64
 	if err := admin.QueryRow(ctx, `SELECT wkey FROM pgfence.lock_queue WHERE name = $1 AND holder = 'w'`, name).Scan(&wkey); err != nil {
 		t.Fatal(err)
 	}
-	proxy.hold()
-	<-proxy.held
-	cancel()
-	if r := <-res; r.err == nil {
+	h.cancel()
+	if r := <-h.res; r.err == nil {
 		t.Fatal("Acquire returned a lease")
 	}
 	// The wait's row goes, and another key queues under its wkey.
@@ -394,12 +394,8 @@ func TestDetachedWaitDropsTakenKey(t *testing.T) {
 		'\x100102030405060708090a0b0c0d0e0f', $1, 1)`, wkey, name+":other"); err != nil {
 		t.Fatal(err)
 	}
-	proxy.resume()
-	select {
-	case <-left:
-	case <-ctx.Done():
-		t.Fatal("the detached wait never finished")
-	}
+	h.proxy.resume()
+	h.waitLeft(t, ctx)
 	w.hotMu.Lock()
 	slots := append([]int64(nil), w.slots[name]...)
 	w.hotMu.Unlock()
@@ -415,28 +411,9 @@ func TestDetachedWaitDropsTakenKey(t *testing.T) {
 // Close's 5 seconds, and not the error of the statement Close ended.
 func TestDetachedWaitClosed(t *testing.T) {
 	t.Parallel()
-	dsn := pgtest.DSN(t)
-	admin := pgtest.PoolFor(t, dsn)
 	ctx := testCtx(t, 2*time.Minute)
-	const name = "detached-wait-closed"
-	owner := newLocker(t, admin, &Config{Holder: "owner"})
-	held := mustAcquire(t, owner, name, time.Minute)
-	defer func() { _ = held.Release(context.Background()) }()
-
-	wpool, proxy := proxiedPool(t, ctx, dsn)
-	defer proxy.resume()
-	w, err := New(wpool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Listen(ctx); err != nil {
-		t.Fatal(err)
-	}
-	sig := waitSignal(w)
-	res := acquireAsync(ctx, w, name, 90*time.Second)
-	<-sig
-	proxy.hold()
-	<-proxy.held // the waiter's next statement is out
+	h := newHeldWait(t, ctx, "detached-wait-closed", 90*time.Second, nil) // the waiter's next statement is out
+	w, res := h.w, h.res
 	start := time.Now()
 	closed := make(chan struct{})
 	go func() { defer close(closed); _ = w.Close() }()
