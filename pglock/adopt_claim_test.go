@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -110,6 +111,40 @@ func TestAdoptExcludesGiveBack(t *testing.T) {
 		}
 		if err := r.lease.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	t.Run("adopt first, and it fails", func(t *testing.T) {
+		// The give-back left the grant to an Adopt that then made no Lease
+		// (its context ended): the Adopt gives the grant back.
+		const name = "claim-adopt-fails"
+		l, token := orphanGrant(t, name)
+		claimed, proceed := make(chan struct{}), make(chan struct{})
+		var first atomic.Bool
+		l.claimHook = func(kind claimKind, n string, _ int64) {
+			if kind == claimAdopt && n == name && first.CompareAndSwap(false, true) {
+				close(claimed)
+				<-proceed
+			}
+		}
+		actx, cancel := context.WithCancel(ctx)
+		adopted := make(chan error, 1)
+		go func() {
+			_, err := l.Adopt(actx, name, token, time.Minute)
+			adopted <- err
+		}()
+		waitClosed(t, claimed, "Adopt's claim")
+		l.releaseOrphan(grantReq{name: name}, grantRes{fastGrantRow: fastGrantRow{Token: token}})
+		if info := inspect(t, l.pool, name); !info.Held {
+			t.Fatalf("the give-back released the grant an Adopt was making a Lease of: %+v", info)
+		}
+		cancel()
+		close(proceed)
+		if err := <-adopted; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Adopt with its context ended = %v, want context.Canceled", err)
+		}
+		if info := inspect(t, l.pool, name); info.Held {
+			t.Errorf("the Adopt failed and the give-back it was left is not done: the row is %+v", info)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/pgerr"
 )
@@ -166,6 +167,11 @@ func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, er
 	if hook != nil {
 		hook(n)
 	}
+	return c.wait(ctx, call)
+}
+
+// wait waits for a queued call's answer.
+func (c *coalescer[Req, Res]) wait(ctx context.Context, call *coalesceCall[Req, Res]) (Res, time.Time, error) {
 	gone := error(nil)
 	select {
 	case <-call.done:
@@ -422,18 +428,23 @@ func (l *Locker) releaseOrphan(r grantReq, res grantRes) {
 // giveBack releases (name, token), a grant nobody holds a Lease for, on a
 // context that outlives ctx's cancellation, bounded by orphanReleaseTimeout.
 // A grant a live Lease of this Locker holds, or one an Adopt is turning into
-// a Lease, is left alone (claim). A failure is only logged (with msg): the
-// lease then expires as any lease whose holder is gone.
-func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg string) {
+// a Lease, is left alone (claim: the Adopt gives it back if it fails). A
+// failure is only logged (with msg): the lease then expires as any lease
+// whose holder is gone. done reports that the grant needs nothing more
+// (released, not held any more, or left to a Lease, an Adopt or another
+// give-back); false after a failure.
+func (l *Locker) giveBack(ctx context.Context, op, name string, token int64, msg string) (done bool) {
 	if l.claim(claimGiveBack, name, token) != 0 {
-		return // adopted (Adopt), or already being given back
+		return true // adopted (Adopt), or already being given back
 	}
 	defer l.unclaim(name, token)
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orphanReleaseTimeout)
 	defer cancel()
 	if err := l.release(rctx, op, name, token); err != nil {
 		l.log.Warn(msg, "name", name, "token", token, "err", err)
+		return errors.Is(err, pgfence.ErrLost)
 	}
+	return true
 }
 
 // orphanReleaseTimeout bounds releaseOrphan: it runs in a grant slot.

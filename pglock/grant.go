@@ -138,9 +138,9 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 // is the one given back already).
 func (l *Locker) finishDetached(op, name string, w *waiter, p *pending) {
 	var given int64
-	if p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && p.res.Token.Int64 > 0 {
-		given = p.res.Token.Int64
-		l.giveBack(context.Background(), op, name, given, "pglock: release of a lease granted after its waiter gave up")
+	if t := p.res.Token.Int64; p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && t > 0 &&
+		l.giveBack(context.Background(), op, name, t, "pglock: release of a lease granted after its waiter gave up") {
+		given = t // leaving the queue need not release it again (a failed give-back it tries again)
 	}
 	// A wkey another key queued under (PF013) is not used again.
 	if l.leaveQueue(name, w.wkey, w.waitID, given) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {

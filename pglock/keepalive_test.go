@@ -439,3 +439,63 @@ func TestKeepAliveShortLeaseDoesNotCutBatch(t *testing.T) {
 		t.Errorf("long lease: %v", long.Err())
 	}
 }
+
+// A Release that fails (here its context had ended: nothing was sent) leaves
+// the Lease live locally until its deadline, and the keep-alive no longer
+// renews it: before, it was renewed again, and a caller that did not call
+// Release once more kept the name held for as long as the process lived (a
+// churn loop of the HA test waited for its own abandoned lease until its
+// deadline). A second Release within the TTL still releases it.
+func TestKeepAliveStopsAfterFailedRelease(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	ctx := testCtx(t, time.Minute)
+	l := newLocker(t, pool, &Config{Holder: "kept", KeepAlive: true})
+	other := newLocker(t, pool, &Config{Holder: "other"})
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+
+	t.Run("abandoned", func(t *testing.T) {
+		const ttl = time.Second
+		lease := mustAcquire(t, l, "failed-release-abandoned", ttl)
+		if err := lease.Release(gone); err == nil || errors.Is(err, pgfence.ErrLost) {
+			t.Fatalf("Release on an ended context = %v, want a connection-level error", err)
+		}
+		if err := lease.Err(); err != nil {
+			t.Fatalf("the Lease ended at the failed Release: %v", err)
+		}
+		select {
+		case <-lease.Done():
+		case <-time.After(20 * ttl):
+			t.Fatalf("the Lease is still live %v after a failed Release with a TTL of %v: the keep-alive renews it", 20*ttl, ttl)
+		}
+		if err := lease.Err(); !errors.Is(err, pgfence.ErrLost) {
+			t.Errorf("the Lease ended with %v, want its deadline (pgfence.ErrLost)", err)
+		}
+		// The name expires in the database too: another holder gets it.
+		s, err := other.Acquire(testCtx(t, 20*ttl), "failed-release-abandoned", time.Minute)
+		if err != nil {
+			t.Fatalf("another holder's Acquire after the abandoned lease's TTL: %v", err)
+		}
+		if s.Token() != lease.Token()+1 {
+			t.Errorf("the next grant has token %d, want %d", s.Token(), lease.Token()+1)
+		}
+		_ = s.Release(ctx)
+	})
+
+	t.Run("released again", func(t *testing.T) {
+		lease := mustAcquire(t, l, "failed-release-again", time.Minute)
+		if err := lease.Release(gone); err == nil {
+			t.Fatal("Release on an ended context succeeded")
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("Release again: %v", err)
+		}
+		if !errors.Is(lease.Err(), pgfence.ErrReleased) {
+			t.Errorf("after the second Release the Lease's Err is %v, want pgfence.ErrReleased", lease.Err())
+		}
+		if info := inspect(t, pool, "failed-release-again"); info.Held {
+			t.Errorf("after the second Release the row is %+v, want released", info)
+		}
+	})
+}

@@ -72,18 +72,6 @@ func (k *keeper) add(s *Lease) {
 	}
 }
 
-// readd keeps s alive again after a Release that failed on the connection:
-// due now, since the release attempt took time out of its lease.
-func (k *keeper) readd(s *Lease) {
-	k.mu.Lock()
-	k.due[s] = time.Now()
-	k.mu.Unlock()
-	select {
-	case k.wake <- struct{}{}:
-	default:
-	}
-}
-
 // remove stops keeping s alive (it ended, or is being released).
 func (k *keeper) remove(s *Lease) {
 	k.mu.Lock()

@@ -291,8 +291,10 @@ func (s *Lease) Renew(ctx context.Context) error {
 // out, is a [*pgfence.Error] with no Kind whose cause is the driver's (or
 // ctx's) error: the release may have happened or not (a statement that
 // carries other Releases of the Locker goes on for them). The Lease stays
-// live locally, kept alive again with KeepAlive (a renewal of a lease that
-// was released is refused, and ends it); call Release again to know.
+// live locally until its local deadline, but KeepAlive no longer renews it:
+// call Release again to know (before the TTL passes, to be sure of an
+// answer); a caller that gives up leaves the grant to expire at its TTL,
+// rather than held for as long as the process lives.
 func (s *Lease) Release(ctx context.Context) error {
 	const op = "pglock.Release"
 	s.renewMu.Lock()
@@ -316,14 +318,11 @@ func (s *Lease) Release(ctx context.Context) error {
 		s.end(err)
 		return err
 	}
-	// Not released (a connection error): the lease stays as it was, kept
-	// alive again.
-	s.mu.Lock()
-	s.releasing = false
-	s.mu.Unlock()
-	if s.l.cfg.KeepAlive && s.Err() == nil {
-		s.l.keeper.readd(s)
-	}
+	// Not known to be released (a connection error, ctx ended): the lease
+	// stays live locally until its deadline, and the keep-alive leaves it
+	// alone (releasing stays set): renewing it again would keep a grant its
+	// caller gave up on held for as long as the process lives, when that
+	// caller does not call Release again.
 	return err
 }
 

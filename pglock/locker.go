@@ -37,7 +37,7 @@ type Locker struct {
 	// claims are the grants (name, token) an Adopt is turning into a
 	// Lease or a give-back is releasing, under mu: one excludes the other
 	// (see claim).
-	claims map[grantID]claimKind
+	claims map[grantID]*grantClaim
 
 	closedCh chan struct{}
 	// abortCtx ends once Close has waited closeWait for the calls in

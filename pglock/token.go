@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -52,9 +53,11 @@ func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) err
 // [pgfence.ErrLost] and nothing changes. Adopt never creates a grant nor
 // changes the token. A (name, token) with a live Lease in this Locker, or
 // that another Adopt is turning into one, gives [pgfence.ErrInvalid]; one
-// this Locker is releasing because the call that asked for it gave up
-// before it was answered gives [pgfence.ErrLost]; a renewal answered after ttl gives
-// [pgfence.ErrSlowGrant] (the grant is left to expire). Config.KeepAlive
+// this Locker is giving back (a grant whose call gave up before it was
+// answered) gives [pgfence.ErrLost]; a renewal answered after ttl gives
+// [pgfence.ErrSlowGrant] (the grant is left to expire, or given back if
+// this Locker was about to). A renewal answered after [Locker.Close] began
+// gives [pgfence.ErrClosed], and the grant is given back. Config.KeepAlive
 // applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
 	const op = "pglock.Adopt"
@@ -74,12 +77,22 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	case claimAdopt:
 		return nil, invalid(op, "token", "lock %q token %d already has a live Lease in this Locker, or another Adopt is making one; use it", name, token)
 	case claimGiveBack:
-		// This Locker is releasing it: a grant whose caller gave up.
 		e := lostError(op, name, l.holder, token, nil)
-		e.Reason = "this Locker is releasing the grant: the call that asked for it gave up before it was answered"
+		e.Reason = "this Locker is giving the grant back: nobody held a Lease for it"
 		return nil, e
 	}
-	defer l.unclaim(name, token) // once the Lease is registered
+	lease, err := l.adopt(ctx, op, name, token, ttl)
+	if l.unclaim(name, token) && lease == nil && !errors.Is(err, pgfence.ErrLost) {
+		// A give-back of the grant left it to this Adopt, which made no
+		// Lease of it: give it back now.
+		l.giveBack(ctx, op, name, token, "pglock: release of a grant nobody holds a Lease for, after a failed Adopt")
+	}
+	return l.giveBackIfClosed(ctx, op, lease, err)
+}
+
+// adopt is Adopt once it holds the grant's claim: it renews the grant and
+// registers its Lease.
+func (l *Locker) adopt(ctx context.Context, op, name string, token int64, ttl time.Duration) (*Lease, error) {
 	exp, sent, err := l.renew(ctx, op, name, token, ttl)
 	if err != nil {
 		return nil, err
@@ -188,25 +201,36 @@ const (
 	claimGiveBack                      // a give-back releases it (nobody holds a Lease for it)
 )
 
+// grantClaim is a claim on a grant (claim).
+type grantClaim struct {
+	kind claimKind
+	// giveBack: a give-back found this Adopt's claim and left the grant to
+	// it; if the Adopt makes no Lease, the grant is given back after all.
+	giveBack bool
+}
+
 // claim reserves the grant (name, token) for an Adopt or a give-back, so
 // that the two cannot both act on it: a give-back checked that no Lease
 // held it, an Adopt then renewed it into a Lease, and the give-back's
 // release ended that Lease's grant. It returns the kind that holds the
 // grant already (0 when the claim is taken): a give-back also finds a live
-// Lease on it as claimAdopt. Unclaim with unclaim.
+// Lease on it as claimAdopt. A give-back that finds an Adopt's claim is
+// recorded on it (see unclaim). Unclaim with unclaim.
 func (l *Locker) claim(kind claimKind, name string, token int64) (held claimKind) {
 	id := grantID{name, token}
 	l.mu.Lock()
-	switch {
-	case l.claims[id] != 0:
-		held = l.claims[id]
-	case l.hasLiveLocked(name, token):
-		held = claimAdopt
-	default:
-		if l.claims == nil {
-			l.claims = map[grantID]claimKind{}
+	if c := l.claims[id]; c != nil {
+		held = c.kind
+		if held == claimAdopt && kind == claimGiveBack {
+			c.giveBack = true
 		}
-		l.claims[id] = kind
+	} else if l.hasLiveLocked(name, token) {
+		held = claimAdopt
+	} else {
+		if l.claims == nil {
+			l.claims = map[grantID]*grantClaim{}
+		}
+		l.claims[id] = &grantClaim{kind: kind}
 	}
 	hook := l.claimHook
 	l.mu.Unlock()
@@ -216,11 +240,18 @@ func (l *Locker) claim(kind claimKind, name string, token int64) (held claimKind
 	return held
 }
 
-// unclaim ends a claim taken with claim.
-func (l *Locker) unclaim(name string, token int64) {
+// unclaim ends a claim taken with claim. For an Adopt's claim it reports
+// whether a give-back left the grant to it while no live Lease holds it
+// now: the Adopt failed, and the grant must be given back.
+func (l *Locker) unclaim(name string, token int64) (giveBack bool) {
+	id := grantID{name, token}
 	l.mu.Lock()
-	delete(l.claims, grantID{name, token})
-	l.mu.Unlock()
+	defer l.mu.Unlock()
+	if c := l.claims[id]; c != nil {
+		giveBack = c.giveBack && !l.hasLiveLocked(name, token)
+	}
+	delete(l.claims, id)
+	return giveBack
 }
 
 // hasLiveLocked reports whether the Locker has a live Lease on (name,

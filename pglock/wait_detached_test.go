@@ -113,7 +113,7 @@ func (p *holdProxy) resume() {
 // proxiedPool returns a pool of at most 2 connections to dsn's server
 // through a holdProxy, counting its door statements in c when c is not nil;
 // the pool is closed when the test ends.
-func proxiedPool(t *testing.T, ctx context.Context, dsn string, c ...*doorCounter) (*pgxpool.Pool, *holdProxy) {
+func proxiedPool(t *testing.T, ctx context.Context, dsn string, c *doorCounter) (*pgxpool.Pool, *holdProxy) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -123,8 +123,8 @@ func proxiedPool(t *testing.T, ctx context.Context, dsn string, c ...*doorCounte
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
 	cfg.ConnConfig.Fallbacks = nil
 	cfg.MaxConns = 2
-	if len(c) == 1 {
-		cfg.ConnConfig.Tracer = c[0]
+	if c != nil {
+		cfg.ConnConfig.Tracer = c
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -159,11 +159,7 @@ func newHeldWait(t *testing.T, ctx context.Context, name string, ttl time.Durati
 	h := &heldWait{admin: pgtest.PoolFor(t, dsn), left: make(chan string, 1)}
 	owner := newLocker(t, h.admin, &Config{Holder: "owner"})
 	h.held = mustAcquire(t, owner, name, time.Minute)
-	var counters []*doorCounter
-	if door != nil {
-		counters = append(counters, door)
-	}
-	h.pool, h.proxy = proxiedPool(t, ctx, dsn, counters...)
+	h.pool, h.proxy = proxiedPool(t, ctx, dsn, door)
 	w, err := New(h.pool, &Config{Holder: "w", PollInterval: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -307,7 +303,7 @@ func TestDetachedWaitElectorCampaignGoesOn(t *testing.T) {
 	owner := newLocker(t, admin, &Config{Holder: "owner"})
 	held := mustAcquire(t, owner, name, time.Minute)
 
-	epool, proxy := proxiedPool(t, ctx, dsn)
+	epool, proxy := proxiedPool(t, ctx, dsn, nil)
 	defer proxy.resume()
 	failed := make(chan struct{}, 16)
 	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
