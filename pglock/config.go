@@ -69,7 +69,9 @@ type Config struct {
 	// leader changes). Defaults to nil: nothing is recorded.
 	Metrics observe.Metrics
 	// KeepAlive renews every lease automatically at KeepAliveFraction of its
-	// TTL (with ±10% jitter) until it is released or lost: one goroutine per
+	// TTL (with ±10% jitter) until it is released or lost, or a
+	// [Lease.Release] of it failed (it then expires at its TTL unless
+	// Release is called again): one goroutine per
 	// Locker sends all the leases due in one statement (a lease due within
 	// half its interval goes with them, early). It keeps renewing while the
 	// worker is stuck: fencing is still required. Defaults to false.

@@ -140,7 +140,9 @@ func (l *Locker) finishDetached(op, name string, w *waiter, p *pending) {
 	var given int64
 	if t := p.res.Token.Int64; p.err == nil && p.res.Granted.Valid && p.res.Granted.Bool && t > 0 &&
 		l.giveBack(context.Background(), op, name, t, "pglock: release of a lease granted after its waiter gave up") {
-		given = t // leaving the queue need not release it again (a failed give-back it tries again)
+		// Leaving the queue need not release it again. (After a failed
+		// give-back it does, when a release handed the lease to the wait.)
+		given = t
 	}
 	// A wkey another key queued under (PF013) is not used again.
 	if l.leaveQueue(name, w.wkey, w.waitID, given) && pgerr.Code(p.err) != pgerr.WaitKeyTaken {

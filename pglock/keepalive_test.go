@@ -456,7 +456,7 @@ func TestKeepAliveStopsAfterFailedRelease(t *testing.T) {
 	cancel()
 
 	t.Run("abandoned", func(t *testing.T) {
-		const ttl = time.Second
+		const ttl = 3 * time.Second
 		lease := mustAcquire(t, l, "failed-release-abandoned", ttl)
 		if err := lease.Release(gone); err == nil || errors.Is(err, pgfence.ErrLost) {
 			t.Fatalf("Release on an ended context = %v, want a connection-level error", err)

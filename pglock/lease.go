@@ -231,7 +231,8 @@ func (s *Lease) end(err error) {
 // [pgfence.ErrLost], with the holder and the token. A connection error is a
 // [*pgfence.Error] with no Kind whose cause is the driver's error, and leaves
 // the lease as it was. On an ended lease Renew returns [Lease.Err] without
-// SQL.
+// SQL. After a failed [Lease.Release], Renew still renews the lease, but
+// KeepAlive does not take it up again.
 func (s *Lease) Renew(ctx context.Context) error {
 	const op = "pglock.Renew"
 	s.renewMu.Lock()
@@ -294,7 +295,8 @@ func (s *Lease) Renew(ctx context.Context) error {
 // live locally until its local deadline, but KeepAlive no longer renews it:
 // call Release again to know (before the TTL passes, to be sure of an
 // answer); a caller that gives up leaves the grant to expire at its TTL,
-// rather than held for as long as the process lives.
+// rather than held for as long as the process lives. Until then Done and
+// Context do not end, even if the release did happen.
 func (s *Lease) Release(ctx context.Context) error {
 	const op = "pglock.Release"
 	s.renewMu.Lock()
@@ -322,7 +324,11 @@ func (s *Lease) Release(ctx context.Context) error {
 	// stays live locally until its deadline, and the keep-alive leaves it
 	// alone (releasing stays set): renewing it again would keep a grant its
 	// caller gave up on held for as long as the process lives, when that
-	// caller does not call Release again.
+	// caller does not call Release again. Its end at the deadline is
+	// counted as a connection loss, not as a too-short TTL.
+	s.mu.Lock()
+	s.renewFailing = true
+	s.mu.Unlock()
 	return err
 }
 

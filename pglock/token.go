@@ -67,12 +67,10 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 	if err := validateTTL(op, ttl); err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
+	if !l.calls.enter() { // Close waits for the call, and for its give-backs
 		return nil, closedError(op, name)
 	}
+	defer l.calls.done()
 	switch l.claim(claimAdopt, name, token) {
 	case claimAdopt:
 		return nil, invalid(op, "token", "lock %q token %d already has a live Lease in this Locker, or another Adopt is making one; use it", name, token)
@@ -81,8 +79,17 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 		e.Reason = "this Locker is giving the grant back: nobody held a Lease for it"
 		return nil, e
 	}
-	lease, err := l.adopt(ctx, op, name, token, ttl)
-	if l.unclaim(name, token) && lease == nil && !errors.Is(err, pgfence.ErrLost) {
+	var (
+		lease    *Lease
+		err      error
+		giveBack bool
+	)
+	func() {
+		// Unclaimed also if a pool hook or tracer panics under the renewal.
+		defer func() { giveBack = l.unclaim(name, token) }()
+		lease, err = l.adopt(ctx, op, name, token, ttl)
+	}()
+	if giveBack && lease == nil && !errors.Is(err, pgfence.ErrLost) {
 		// A give-back of the grant left it to this Adopt, which made no
 		// Lease of it: give it back now.
 		l.giveBack(ctx, op, name, token, "pglock: release of a grant nobody holds a Lease for, after a failed Adopt")
