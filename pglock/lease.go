@@ -48,6 +48,8 @@ type Lease struct {
 	cancelled bool
 
 	releasing bool // Release is under way: the keep-alive leaves the lease alone (under mu)
+	// releaseTried: a Release failed with an unknown outcome (under renewMu).
+	releaseTried bool
 }
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
@@ -294,7 +296,8 @@ func (s *Lease) Renew(ctx context.Context) error {
 // carries other Releases of the Locker goes on for them). The Lease stays
 // live locally until its local deadline, but KeepAlive no longer renews it:
 // call Release again to know (before the TTL passes, to be sure of an
-// answer); a caller that gives up leaves the grant to expire at its TTL,
+// answer: it returns nil if the failed attempt did release the lease and
+// nobody took the name since); a caller that gives up leaves the grant to expire at its TTL,
 // rather than held for as long as the process lives. Until then Done and
 // Context do not end, even if the release did happen.
 func (s *Lease) Release(ctx context.Context) error {
@@ -309,6 +312,9 @@ func (s *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	err := s.l.release(ctx, op, s.name, s.token)
+	if errors.Is(err, pgfence.ErrLost) && s.releaseTried && s.releasedEarlier(ctx) {
+		err = nil // an earlier attempt of this Release did it
+	}
 	if err == nil {
 		s.mu.Lock()
 		s.released = true
@@ -320,6 +326,7 @@ func (s *Lease) Release(ctx context.Context) error {
 		s.end(err)
 		return err
 	}
+	s.releaseTried = true
 	// Not known to be released (a connection error, ctx ended): the lease
 	// stays live locally until its deadline, and the keep-alive leaves it
 	// alone (releasing stays set): renewing it again would keep a grant its
@@ -330,6 +337,19 @@ func (s *Lease) Release(ctx context.Context) error {
 	s.renewFailing = true
 	s.mu.Unlock()
 	return err
+}
+
+// releasedEarlier reports, after a Release was refused, whether the row
+// says that an earlier attempt whose outcome was unknown released the
+// lease: its token is still this lease's and nobody holds it. Only a
+// release with this lease's key clears the holder and keeps the token, and
+// only while the lease is live, so no other holder had the name in
+// between. A lease handed on to a waiter by that release has a new token:
+// its Release stays refused (pgfence.ErrLost), as is one whose row cannot be
+// read now.
+func (s *Lease) releasedEarlier(ctx context.Context) bool {
+	info, err := inspectAs(ctx, "pglock.Release", s.l.pool, s.name)
+	return err == nil && info.Token == s.token && info.Holder == ""
 }
 
 // errReleased is the end of every released lease (Lease.Err after Release);

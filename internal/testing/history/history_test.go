@@ -68,6 +68,17 @@ func TestCheckHistories(t *testing.T) {
 			grant(0, 0, 1, "a", 1, 0, ttl),
 			grant(1, 500, 501, "b", 2, 500*1000, ttl),
 		}, "lease,expiry,deadline"},
+		{"a release called again after one with an unknown outcome", []Op{
+			// The inspection shows that the first release happened.
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, Unknown),
+			op(1, 4, 5, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1}),
+			release(0, 6, 7, "a", 1, OK),
+			grant(1, 8, 9, "b", 2, 8000, ttl),
+		}, ""},
+		{"a release answered done once another holder took the name", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
+			grant(1, 4, 5, "b", 2, 4000, ttl), release(0, 6, 7, "a", 1, OK),
+		}, "lease"},
 		{"a token issued twice", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			grant(1, 4, 5, "b", 1, 4000, ttl),

@@ -190,6 +190,12 @@ func leaseStep(st any, input any, output any) []any {
 	case Release:
 		switch out.Outcome {
 		case OK:
+			if s.Holder == "" && s.Token == in.Token && in.Token > 0 {
+				// Released with this token already, nobody granted since:
+				// a Release called again after one whose outcome was
+				// unknown reports the earlier attempt's release.
+				return []any{s}
+			}
 			if !s.held(in.Holder, in.Token) {
 				return nil
 			}
