@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 )
 
@@ -50,10 +51,17 @@ type Lease struct {
 	releasing bool // Release is under way: the keep-alive leaves the lease alone (under mu)
 	// releaseTried: a Release failed with an unknown outcome (under renewMu).
 	releaseTried bool
+	// acquiredDB is the grant's acquired_at in the lock row (database
+	// clock), as the grant's expiry implies it (releasedEarlier).
+	acquiredDB time.Time
 }
 
 func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt, sent time.Time) *Lease {
-	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent}
+	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent,
+		// Every grant sets expires_at = now() + ttl (µs) and acquired_at =
+		// now(). (For an adopted lease, expiresAt is its renewal's: this is
+		// then the renewal's time, never the row's acquired_at.)
+		acquiredDB: expiresAt.Add(-time.Duration(ttl.Microseconds()) * time.Microsecond)}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -297,7 +305,8 @@ func (s *Lease) Renew(ctx context.Context) error {
 // live locally until its local deadline, but KeepAlive no longer renews it:
 // call Release again to know (before the TTL passes, to be sure of an
 // answer: it returns nil if the failed attempt did release the lease and
-// nobody took the name since); a caller that gives up leaves the grant to expire at its TTL,
+// nobody took the name since, even once the local deadline has ended the
+// Lease with [pgfence.ErrLost]); a caller that gives up leaves the grant to expire at its TTL,
 // rather than held for as long as the process lives. Until then Done and
 // Context do not end, even if the release did happen.
 func (s *Lease) Release(ctx context.Context) error {
@@ -312,8 +321,14 @@ func (s *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	err := s.l.release(ctx, op, s.name, s.token)
-	if errors.Is(err, pgfence.ErrLost) && s.releaseTried && s.releasedEarlier(ctx) {
-		err = nil // an earlier attempt of this Release did it
+	if errors.Is(err, pgfence.ErrLost) && s.releaseTried {
+		if done, rerr := s.releasedEarlier(ctx); done {
+			err = nil // an earlier attempt of this Release did it
+		} else if rerr != nil {
+			e := lostError(op, s.name, s.holder, s.token, rerr)
+			e.Reason = "not held any more; an earlier Release whose outcome was unknown may have released it (the lock row could not be read to tell)"
+			err = e
+		}
 	}
 	if err == nil {
 		s.mu.Lock()
@@ -341,15 +356,21 @@ func (s *Lease) Release(ctx context.Context) error {
 
 // releasedEarlier reports, after a Release was refused, whether the row
 // says that an earlier attempt whose outcome was unknown released the
-// lease: its token is still this lease's and nobody holds it. Only a
-// release with this lease's key clears the holder and keeps the token, and
-// only while the lease is live, so no other holder had the name in
-// between. A lease handed on to a waiter by that release has a new token:
-// its Release stays refused (pgfence.ErrLost), as is one whose row cannot be
-// read now.
-func (s *Lease) releasedEarlier(ctx context.Context) bool {
-	info, err := inspectAs(ctx, "pglock.Release", s.l.pool, s.name)
-	return err == nil && info.Token == s.token && info.Holder == ""
+// lease: it still carries this grant (its token, and its acquired_at) and
+// nobody holds it. Only a release with the lease's key clears the holder
+// and keeps the token, and only while the lease is live, so no other holder
+// had the name in between (a process holding the same key may have been
+// the one: Lease.Key). A lease handed on to a waiter by that release has a
+// new token: its Release stays refused. err is set when the row could not
+// be read.
+func (s *Lease) releasedEarlier(ctx context.Context) (bool, error) {
+	s.l.calls.add() // Close waits for the read
+	defer s.l.calls.done()
+	h, err := dbsqlc.New().LockHolder(ctx, s.l.pool, s.name)
+	if err != nil {
+		return false, err
+	}
+	return h.Token == s.token && h.Holder == nil && h.AcquiredAt != nil && h.AcquiredAt.Equal(s.acquiredDB), nil
 }
 
 // errReleased is the end of every released lease (Lease.Err after Release);

@@ -62,7 +62,7 @@ FROM pgfence.lock_leave(sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.
 -- name: LockHolder :one
 -- LockHolder returns a lock row with held = whether a holder has it now
 -- (database clock).
-SELECT name, token, holder, expires_at,
+SELECT name, token, holder, expires_at, acquired_at,
        COALESCE(holder IS NOT NULL AND (expires_at OPERATOR(pg_catalog.>) pg_catalog.now()), false)::boolean AS held,
        pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.locks

@@ -185,7 +185,7 @@ func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, arg LeaveQueueParams)
 }
 
 const lockHolder = `-- name: LockHolder :one
-SELECT name, token, holder, expires_at,
+SELECT name, token, holder, expires_at, acquired_at,
        COALESCE(holder IS NOT NULL AND (expires_at OPERATOR(pg_catalog.>) pg_catalog.now()), false)::boolean AS held,
        pg_catalog.now()::pg_catalog.timestamptz AS db_now
 FROM pgfence.locks
@@ -193,12 +193,13 @@ WHERE (name OPERATOR(pg_catalog.=) $1::pg_catalog.text)
 `
 
 type LockHolderRow struct {
-	Name      string
-	Token     int64
-	Holder    *string
-	ExpiresAt *time.Time
-	Held      bool
-	DbNow     time.Time
+	Name       string
+	Token      int64
+	Holder     *string
+	ExpiresAt  *time.Time
+	AcquiredAt *time.Time
+	Held       bool
+	DbNow      time.Time
 }
 
 // LockHolder returns a lock row with held = whether a holder has it now
@@ -211,6 +212,7 @@ func (q *Queries) LockHolder(ctx context.Context, db DBTX, name string) (LockHol
 		&i.Token,
 		&i.Holder,
 		&i.ExpiresAt,
+		&i.AcquiredAt,
 		&i.Held,
 		&i.DbNow,
 	)

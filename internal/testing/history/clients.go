@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -28,6 +29,10 @@ type Client struct {
 	// background (Config.KeepAlive): those renewals are not recorded, so
 	// the models treat the lease's expiry as unknown.
 	KeepAlive bool
+
+	mu sync.Mutex
+	// unknownRelease holds the Leases whose Release had an unknown outcome.
+	unknownRelease map[*pglock.Lease]bool
 }
 
 // NewClient returns a client with a new id.
@@ -116,7 +121,10 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 	if errors.Is(lease.Err(), pgfence.ErrReleased) {
 		return lease.Release(ctx)
 	}
-	p := c.begin(Input{Kind: Release, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token()})
+	c.mu.Lock()
+	retry := c.unknownRelease[lease]
+	c.mu.Unlock()
+	p := c.begin(Input{Kind: Release, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token(), Retry: retry})
 	err := lease.Release(ctx)
 	switch {
 	case err == nil:
@@ -125,6 +133,12 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 		c.end(p, Output{Outcome: Lost})
 	default:
 		c.end(p, Output{Outcome: Unknown})
+		c.mu.Lock()
+		if c.unknownRelease == nil {
+			c.unknownRelease = map[*pglock.Lease]bool{}
+		}
+		c.unknownRelease[lease] = true
+		c.mu.Unlock()
 	}
 	return err
 }

@@ -82,6 +82,10 @@ type Input struct {
 	// a plain release without waiting for the WAL flush: the lease is then
 	// held until its expiry). Set by Recorder.Crashed for the releases near a crash.
 	Lossy bool
+	// Retry (release): an earlier Release of the same Lease had an unknown
+	// outcome; pglock then answers done for a lease that attempt released
+	// (Lease.Release).
+	Retry bool `json:",omitempty"`
 	// ReturnWall (acquire) is the op's own, copied in by the checker for
 	// the lease model.
 	ReturnWall int64 `json:"-"`

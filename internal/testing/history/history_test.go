@@ -72,9 +72,12 @@ func TestCheckHistories(t *testing.T) {
 			// The inspection shows that the first release happened.
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, Unknown),
 			op(1, 4, 5, Input{Kind: Inspect, Key: "L"}, Output{Outcome: OK, Token: 1}),
-			release(0, 6, 7, "a", 1, OK),
+			op(0, 6, 7, Input{Kind: Release, Key: "L", Holder: "a", Token: 1, Retry: true}, Output{Outcome: OK}),
 			grant(1, 8, 9, "b", 2, 8000, ttl),
 		}, ""},
+		{"a released lease released again without an unknown attempt before", []Op{
+			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK), release(0, 4, 5, "a", 1, OK),
+		}, "lease"},
 		{"a release answered done once another holder took the name", []Op{
 			grant(0, 0, 1, "a", 1, 0, ttl), release(0, 2, 3, "a", 1, OK),
 			grant(1, 4, 5, "b", 2, 4000, ttl), release(0, 6, 7, "a", 1, OK),

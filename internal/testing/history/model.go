@@ -190,7 +190,7 @@ func leaseStep(st any, input any, output any) []any {
 	case Release:
 		switch out.Outcome {
 		case OK:
-			if s.Holder == "" && s.Token == in.Token && in.Token > 0 {
+			if in.Retry && s.Holder == "" && s.Token == in.Token && in.Token > 0 {
 				// Released with this token already, nobody granted since:
 				// a Release called again after one whose outcome was
 				// unknown reports the earlier attempt's release.
