@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/dbsqlc"
 	"github.com/pgfence/pgfence/internal/metricdefs"
@@ -60,7 +63,8 @@ func (l *Locker) newLease(name string, token int64, ttl time.Duration, expiresAt
 	s := &Lease{l: l, name: name, holder: l.holder, token: token, ttl: ttl, expiresAt: expiresAt, deadline: sent.Add(ttl), grantedAt: sent,
 		// Every grant sets expires_at = now() + ttl (µs) and acquired_at =
 		// now(). (For an adopted lease, expiresAt is its renewal's: this is
-		// then the renewal's time, never the row's acquired_at.)
+		// then not the row's acquired_at, unless the renewal kept an expiry
+		// set by that grant, and Release's retry inference does not apply.)
 		acquiredDB: expiresAt.Add(-time.Duration(ttl.Microseconds()) * time.Microsecond)}
 	l.mu.Lock()
 	if l.closed {
@@ -304,9 +308,11 @@ func (s *Lease) Renew(ctx context.Context) error {
 // carries other Releases of the Locker goes on for them). The Lease stays
 // live locally until its local deadline, but KeepAlive no longer renews it:
 // call Release again to know (before the TTL passes, to be sure of an
-// answer: it returns nil if the failed attempt did release the lease and
-// nobody took the name since, even once the local deadline has ended the
-// Lease with [pgfence.ErrLost]); a caller that gives up leaves the grant to expire at its TTL,
+// answer: it returns nil if the row shows that the lease was released and
+// nobody took the name since, by the failed attempt or by another process
+// holding its key, even once the local deadline has ended the Lease with
+// [pgfence.ErrLost]; not for an adopted lease, whose grant time this Locker
+// does not know); a caller that gives up leaves the grant to expire at its TTL,
 // rather than held for as long as the process lives. Until then Done and
 // Context do not end, even if the release did happen.
 func (s *Lease) Release(ctx context.Context) error {
@@ -366,7 +372,14 @@ func (s *Lease) Release(ctx context.Context) error {
 func (s *Lease) releasedEarlier(ctx context.Context) (bool, error) {
 	s.l.calls.add() // Close waits for the read
 	defer s.l.calls.done()
-	h, err := dbsqlc.New().LockHolder(ctx, s.l.pool, s.name)
+	var h dbsqlc.LockHolderRow
+	err := s.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+		h, err = s.l.q.LockHolder(ctx, conn, s.name)
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}

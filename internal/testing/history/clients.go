@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence"
@@ -30,8 +29,8 @@ type Client struct {
 	// the models treat the lease's expiry as unknown.
 	KeepAlive bool
 
-	mu sync.Mutex
-	// unknownRelease holds the Leases whose Release had an unknown outcome.
+	// unknownRelease holds the Leases whose latest Release had an unknown
+	// outcome.
 	unknownRelease map[*pglock.Lease]bool
 }
 
@@ -121,24 +120,22 @@ func (c *Client) Release(ctx context.Context, lease *pglock.Lease) error {
 	if errors.Is(lease.Err(), pgfence.ErrReleased) {
 		return lease.Release(ctx)
 	}
-	c.mu.Lock()
 	retry := c.unknownRelease[lease]
-	c.mu.Unlock()
 	p := c.begin(Input{Kind: Release, Key: lease.Name(), Holder: lease.Holder(), Token: lease.Token(), Retry: retry})
 	err := lease.Release(ctx)
 	switch {
 	case err == nil:
 		c.end(p, Output{Outcome: OK})
+		delete(c.unknownRelease, lease)
 	case errors.Is(err, pgfence.ErrLost):
 		c.end(p, Output{Outcome: Lost})
+		delete(c.unknownRelease, lease)
 	default:
 		c.end(p, Output{Outcome: Unknown})
-		c.mu.Lock()
 		if c.unknownRelease == nil {
 			c.unknownRelease = map[*pglock.Lease]bool{}
 		}
 		c.unknownRelease[lease] = true
-		c.mu.Unlock()
 	}
 	return err
 }
