@@ -442,8 +442,12 @@ func stopServer() {
 	tplMu.Unlock()
 }
 
-// templateLock serialises template creation between processes (an advisory
-// lock on the server's maintenance database).
+// templateLock serialises template creation between processes: an
+// advisory lock in the server's maintenance database postgres, which every
+// process takes whatever database its DSN names (advisory locks are per
+// database: two processes whose DSNs named two databases of one server both
+// made the template, and one dropped it, half-made as it looked, under the
+// other). In the DSN's database when postgres cannot be reached.
 const templateLock = 0x7066_7465_7374 // "pftest"
 
 // template returns the name of the template database of the server's user
@@ -479,10 +483,15 @@ func makeTemplate(s *pgserver.Server) (string, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if _, err := admin.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", templateLock); err != nil {
+	lock := admin
+	if c, err := pgx.Connect(ctx, withDatabase(s.DSN, "postgres")); err == nil {
+		defer c.Close(context.Background())
+		lock = c
+	}
+	if _, err := lock.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", templateLock); err != nil {
 		return "", "", err
 	}
-	defer admin.Exec(context.Background(), "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", templateLock) //nolint:errcheck // the session ends next
+	defer lock.Exec(context.Background(), "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)", templateLock) //nolint:errcheck // the session ends next
 	strategy := ""
 	if admin.PgConn().ParameterStatus("server_version") >= "15" {
 		strategy = " STRATEGY FILE_COPY"
