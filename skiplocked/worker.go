@@ -296,8 +296,12 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	for i := range claimers {
 		fetchWG.Go(func() { w.fetch(runCtx, i == 0, slots, jobs, wake, drain, stopRun) })
 	}
+	var respawn func()
+	respawn = func() { // a handler's runtime.Goexit ended its goroutine (handle)
+		handlerWG.Go(func() { w.handle(jobBase, jobs, results, slots, &stopping, respawn) })
+	}
 	for range w.cfg.Concurrency {
-		handlerWG.Go(func() { w.handle(jobBase, jobs, results, slots, &stopping) })
+		handlerWG.Go(func() { w.handle(jobBase, jobs, results, slots, &stopping, respawn) })
 	}
 	for range writers {
 		completerWG.Go(func() { w.complete(bgCtx, results, wake, drain) })

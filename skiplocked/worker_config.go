@@ -70,7 +70,9 @@ type Config struct {
 	// completed", ...; Holder and the state are empty when the job could not
 	// be read back). [GetJob] reads the job as it is now. Use it to compensate for an effect done outside
 	// the database. It runs on a goroutine that writes outcomes, one call
-	// at a time (keep it short); a panic in it is recovered and logged.
+	// at a time, after the outcomes of the batch it came with are written
+	// (keep it short: later outcomes wait for it, their claims renewed
+	// meanwhile); a panic in it is recovered and logged.
 	// Defaults to nil.
 	OnClaimLost func(ctx context.Context, job Job, err *pgfence.Error)
 }

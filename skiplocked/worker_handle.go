@@ -17,7 +17,30 @@ import (
 // handle runs handlers over the jobs handed to it and passes each outcome to
 // the writers. A job's slot is freed once its outcome is handed over: the
 // fetchers may then claim again while the outcome is being written.
-func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, slots <-chan struct{}, stopping *atomic.Bool) {
+//
+// A handler that calls runtime.Goexit (t.FailNow, or a require assertion,
+// in a test) ends this goroutine, which no recover stops: its job then
+// fails with errHandlerGoexit, its slot is freed, and respawn starts a new
+// goroutine in its place (before, the job stayed claimed and renewed, and
+// the slot lost, until Run returned).
+func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- result, slots <-chan struct{}, stopping *atomic.Bool, respawn func()) {
+	var (
+		cur       *held // the job whose handler runs, while it does
+		curCancel context.CancelCauseFunc
+	)
+	defer func() {
+		if cur == nil {
+			return // the loop ended
+		}
+		curCancel(errHandlerGoexit)
+		w.mu.Lock()
+		cur.returned = true
+		w.mu.Unlock()
+		w.cfg.Logger.Error("skiplocked: a handler called runtime.Goexit; its job fails", "job", cur.ref.JobID)
+		results <- result{h: cur, outcome: outFail, err: errHandlerGoexit}
+		<-slots
+		respawn()
+	}()
 	for h := range jobs {
 		w.mu.Lock()
 		if stopping.Load() || h.lost != nil {
@@ -36,11 +59,13 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		w.mu.Unlock()
 
 		var r result
+		cur, curCancel = h, cancel
 		if w.txHandler != nil {
 			r = w.runTx(jctx, h)
 		} else {
 			r = w.decide(jctx, h, w.call(jctx, h.job))
 		}
+		cur, curCancel = nil, nil
 		cancel(nil)
 		w.mu.Lock()
 		h.returned = true
@@ -77,6 +102,10 @@ func (w *Worker) call(ctx context.Context, j Job) (err error) {
 	}()
 	return w.handler(ctx, j)
 }
+
+// errHandlerGoexit is the failure of a job whose handler called
+// runtime.Goexit.
+var errHandlerGoexit = errors.New("skiplocked: the handler called runtime.Goexit (t.FailNow or a require assertion in a test?)")
 
 // errHandlerTx is the error of Commit and Rollback on a TxHandler's tx.
 var errHandlerTx = errors.New("skiplocked: a TxHandler must not commit or roll back its transaction: " +
@@ -123,7 +152,14 @@ func (w *Worker) runTx(jctx context.Context, h *held) (r result) {
 		_ = tx.Rollback(rctx) // on error pgx closes the connection: nothing commits
 	}
 	htx := &handlerTx{Tx: tx}
+	goexit := true // until callTx returns: a handler's runtime.Goexit rolls back
+	defer func() {
+		if goexit {
+			rollback()
+		}
+	}()
 	herr := w.callTx(jctx, htx, h.job)
+	goexit = false
 	if htx.misused.Load() && herr == nil {
 		herr = errHandlerTx
 	}

@@ -56,7 +56,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 				break drain
 			}
 		}
-		var done, release []result
+		var done, release, lost []result
 		for _, r := range batch {
 			switch r.outcome {
 			case outComplete:
@@ -69,7 +69,7 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 			case outFail:
 				w.fail(ctx, r)
 			case outLost:
-				w.reportLost(ctx, r.h, r.lost, "skiplocked: claim lost; outcome not written")
+				lost = append(lost, r) // after the batch's writes: OnClaimLost may be slow
 			case outUnknown:
 				w.stats.unknown.Add(1)
 			}
@@ -79,6 +79,9 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 		}
 		if len(release) > 0 {
 			w.finish(ctx, opRelease, release, releaseRefs)
+		}
+		for _, r := range lost {
+			w.reportLost(ctx, r.h, r.lost, "skiplocked: claim lost; outcome not written")
 		}
 		w.mu.Lock()
 		for _, r := range batch {
