@@ -58,6 +58,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/pgtext"
 	"github.com/pgfence/pgfence/internal/testing/pgserver"
 	"github.com/pgfence/pgfence/migrations"
@@ -484,9 +485,18 @@ func makeTemplate(s *pgserver.Server) (string, string, error) {
 		return "", "", err
 	}
 	lock := admin
-	if c, err := pgx.Connect(ctx, withDatabase(s.DSN, "postgres")); err == nil {
+	mctx, mcancel := context.WithTimeout(ctx, 10*time.Second)
+	c, err := pgx.Connect(mctx, withDatabase(s.DSN, "postgres"))
+	mcancel()
+	switch code := pgerr.Code(err); {
+	case err == nil:
 		defer c.Close(context.Background())
 		lock = c
+	case code == "3D000" || code == "42501" || code == "28000" || code == "28P01":
+		// No database postgres, or this role may not connect to it: the
+		// DSN's database (processes sharing it still take one lock).
+	default:
+		return "", "", fmt.Errorf("connect to the maintenance database postgres for the template lock: %w", err)
 	}
 	if _, err := lock.Exec(ctx, "SELECT pg_catalog.pg_advisory_lock($1::pg_catalog.int8)", templateLock); err != nil {
 		return "", "", err

@@ -151,15 +151,12 @@ func (w *Worker) runTx(jctx context.Context, h *held) (r result) {
 		defer cancel()
 		_ = tx.Rollback(rctx) // on error pgx closes the connection: nothing commits
 	}
+	// Also after a runtime.Goexit (the handler's, or a tracer's under the
+	// statements below): the transaction must not keep its row locks and
+	// its connection. After a commit or a rollback it does nothing.
+	defer rollback()
 	htx := &handlerTx{Tx: tx}
-	goexit := true // until callTx returns: a handler's runtime.Goexit rolls back
-	defer func() {
-		if goexit {
-			rollback()
-		}
-	}()
 	herr := w.callTx(jctx, htx, h.job)
-	goexit = false
 	if htx.misused.Load() && herr == nil {
 		herr = errHandlerTx
 	}
