@@ -42,7 +42,9 @@ type ElectionConfig struct {
 	// context cancelled); the function must return promptly then, because
 	// Run waits for it before campaigning again, and on a resign before it
 	// releases the lease: the next leader's OnStartedLeading never begins
-	// while this one's ctx is live. A function that returns before its ctx
+	// while this one's ctx is live. While Run waits for it, the lease is no
+	// longer renewed (not by Config.KeepAlive either): a function that never
+	// returns leaves the lease to expire. A function that returns before its ctx
 	// ends does not end the term: the Elector keeps leading (and renewing)
 	// until Run's context ends or the lease is lost. lease.Token() is the
 	// term's fencing token: fence the leader's writes with it.
@@ -198,6 +200,13 @@ loop:
 		select {
 		case <-ctx.Done():
 			endTerm(context.Cause(ctx)) // why Run stops; the release may still fail
+			// The keep-alive (Config.KeepAlive) leaves the lease alone from
+			// here, as this loop does: an OnStartedLeading that never
+			// returns must not keep the leadership for as long as the
+			// process lives; the lease then expires at its TTL.
+			lease.mu.Lock()
+			lease.releasing = true
+			lease.mu.Unlock()
 			<-cbDone
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resignTimeout)
 			if err := lease.Release(rctx); err != nil {

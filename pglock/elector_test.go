@@ -308,3 +308,53 @@ func waitQueued(t testing.TB, db *pgxpool.Pool, name string) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// When Run's context ends, the term ends, and the lease is no longer kept
+// alive while Run waits for OnStartedLeading to return: with
+// Config.KeepAlive, a callback that never returned kept the leadership for
+// as long as the process lived (without it, the lease already expired).
+func TestElectorStuckCallbackLeaseExpires(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	l := newLocker(t, pool, &Config{Holder: "stuck", KeepAlive: true})
+	leases := make(chan *Lease, 1)
+	unblock := make(chan struct{})
+	e, err := l.NewElector("stuck-leader", &ElectionConfig{
+		LeaseDuration: 2 * time.Second,
+		OnStartedLeading: func(ctx context.Context, s *Lease) {
+			leases <- s
+			<-unblock // ignores ctx
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- e.Run(ctx) }()
+	defer func() {
+		cancel()
+		close(unblock)
+		if err := <-runErr; !errors.Is(err, context.Canceled) {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	var lease *Lease
+	select {
+	case lease = <-leases:
+	case <-time.After(30 * time.Second):
+		t.Fatal("never led")
+	}
+	cancel() // Run stops; the callback does not return
+	select {
+	case <-lease.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the lease is still live 20 s after Run's context ended (TTL %v): the keep-alive renews it while the callback hangs", 2*time.Second)
+	}
+	other := newLocker(t, pool, &Config{Holder: "next"}) // its Acquire waits for the expiry
+	s, err := other.Acquire(testCtx(t, 10*time.Second), "stuck-leader", time.Minute)
+	if err != nil {
+		t.Fatalf("another holder cannot take the name of the stuck leader: %v", err)
+	}
+	_ = s.Release(context.Background())
+}
