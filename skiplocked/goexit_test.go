@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence"
+	"github.com/pgfence/pgfence/internal/testing/pgtest"
 	"github.com/pgfence/pgfence/skiplocked"
 )
 
@@ -66,4 +68,54 @@ func TestWorkerHandlerGoexit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An OnClaimLost callback that waits on its context does not hold Run once
+// it stops: its context ends ShutdownTimeout after Run's did, as the
+// handlers' do. Before, it was the outcome writers' context, which ends
+// only after every writer has returned, and Run never returned.
+func TestWorkerClaimLostHookEndsAtShutdown(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	pool := pgtest.Pool(t)
+	ids := enqueueN(t, pool, "lost-hook", 1, 5)
+	started := make(chan struct{}, 1)
+	hooked := make(chan struct{}, 1)
+	w := newWorker(t, pool, "lost-hook", func(ctx context.Context, j skiplocked.Job) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		return nil
+	}, &skiplocked.Config{ClaimTTL: 300 * time.Millisecond, RenewInterval: 50 * time.Millisecond, PollInterval: time.Hour,
+		ShutdownTimeout: 500 * time.Millisecond,
+		OnClaimLost: func(ctx context.Context, _ skiplocked.Job, _ *pgfence.Error) {
+			hooked <- struct{}{}
+			<-ctx.Done() // a compensation that waits for as long as it may
+		}})
+	stop := runWorker(t, w)
+	<-started
+	// Another holder takes the claim over (expired and claimed again in one
+	// transaction, so that no renewal slips in between).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE pgfence.jobs SET claim_expires_at = now() - interval '1 second' WHERE id = $1", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := skiplocked.Claim(ctx, tx, skiplocked.ClaimParams{Queue: "lost-hook", Holder: "B", Limit: 1, TTL: time.Minute}); err != nil || len(b) != 1 {
+		t.Fatal(b, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hooked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("OnClaimLost not called after the claim was lost")
+	}
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("stopping the Worker while OnClaimLost waits on its context: %v", err)
+	}
+	t.Logf("Run returned %v after its context ended (ShutdownTimeout 500ms)", time.Since(start).Round(time.Millisecond))
 }

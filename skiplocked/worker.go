@@ -106,6 +106,7 @@ type Worker struct {
 	drained   atomic.Bool
 	noJobs    atomic.Bool
 	bg        context.Context // outcome writes: cancelled when Run returns
+	hookCtx   context.Context // OnClaimLost's: ends ShutdownTimeout after Run's context does
 
 	// claimRows runs the claim statement: nil for dbsqlc's ClaimJobs, or
 	// the one a package built on the Worker gave it (package workerclaim).
@@ -287,6 +288,9 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 	defer cancelJobs(nil)
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	w.bg = bgCtx
+	hookCtx, cancelHooks := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHooks()
+	w.hookCtx = hookCtx
 
 	var bgWG, listenWG, fetchWG, handlerWG, completerWG sync.WaitGroup
 	if !w.cfg.PollOnly {
@@ -310,6 +314,10 @@ func (w *Worker) run(ctx context.Context, drain bool) (Summary, error) {
 
 	<-runCtx.Done()
 	stopping.Store(true)
+	// OnClaimLost's context ends ShutdownTimeout from here too, even when
+	// the handlers are done before (an outcome writer may be in it).
+	hookDeadline := time.AfterFunc(w.cfg.ShutdownTimeout, cancelHooks)
+	defer hookDeadline.Stop()
 	// ShutdownTimeout counts from here, not from the end of a claim
 	// statement still out (which may take up to ClaimTTL to answer).
 	deadline := time.AfterFunc(w.cfg.ShutdownTimeout, func() {

@@ -72,7 +72,8 @@ type Config struct {
 	// the database. It runs on a goroutine that writes outcomes, one call
 	// at a time, after the outcomes of the batch it came with are written
 	// (keep it short: later outcomes wait for it, their claims renewed
-	// meanwhile); a panic in it is recovered and logged.
+	// meanwhile); a panic in it is recovered and logged. Its ctx ends
+	// ShutdownTimeout after Run's context ended.
 	// Defaults to nil.
 	OnClaimLost func(ctx context.Context, job Job, err *pgfence.Error)
 }

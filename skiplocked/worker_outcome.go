@@ -130,7 +130,11 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *claimInfo, msg stri
 			w.cfg.Logger.Error("skiplocked: OnClaimLost panicked", "job", e.JobID, "panic", fmt.Sprint(r))
 		}
 	}()
-	w.cfg.OnClaimLost(ctx, h.job, lostError(opWorker, w.queue, h.ref, e))
+	hctx := w.hookCtx // ends ShutdownTimeout after Run's context: a hook blocked on it does not hold Run
+	if hctx == nil {
+		hctx = ctx
+	}
+	w.cfg.OnClaimLost(hctx, h.job, lostError(opWorker, w.queue, h.ref, e))
 }
 
 // connRetries is how many times the worker sends a completion, failure,
