@@ -23,6 +23,20 @@ func orphanGrant(t *testing.T, name string) (*Locker, int64) {
 	return newLocker(t, pool, &Config{Holder: "claimer", Key: orphan.Key()}), orphan.Token()
 }
 
+// holdClaim makes the first claim of kind on name in l wait, once taken,
+// until proceed is closed; claimed is closed when it is taken.
+func holdClaim(l *Locker, kind claimKind, name string) (claimed, proceed chan struct{}) {
+	claimed, proceed = make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	l.claimHook = func(k claimKind, n string, _ int64) {
+		if k == kind && n == name && first.CompareAndSwap(false, true) {
+			close(claimed)
+			<-proceed
+		}
+	}
+	return claimed, proceed
+}
+
 // A give-back of a grant nobody asked for any more (releaseOrphan,
 // finishDetached, leaveQueue) and an Adopt of the same grant exclude each
 // other: before, the give-back checked that no Lease held the grant, an
@@ -36,16 +50,8 @@ func TestAdoptExcludesGiveBack(t *testing.T) {
 	t.Run("give-back first", func(t *testing.T) {
 		const name = "claim-giveback-first"
 		l, token := orphanGrant(t, name)
-		claimed, proceed, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-		var first atomic.Bool
-		l.claimHook = func(kind claimKind, n string, _ int64) {
-			if kind == claimGiveBack && n == name {
-				if first.CompareAndSwap(false, true) { // the first claim only
-					close(claimed)
-					<-proceed
-				}
-			}
-		}
+		claimed, proceed := holdClaim(l, claimGiveBack, name)
+		done := make(chan struct{})
 		go func() {
 			defer close(done)
 			l.releaseOrphan(grantReq{name: name}, grantRes{fastGrantRow: fastGrantRow{Token: token}})
@@ -65,16 +71,7 @@ func TestAdoptExcludesGiveBack(t *testing.T) {
 	t.Run("adopt first", func(t *testing.T) {
 		const name = "claim-adopt-first"
 		l, token := orphanGrant(t, name)
-		claimed, proceed := make(chan struct{}), make(chan struct{})
-		var first atomic.Bool
-		l.claimHook = func(kind claimKind, n string, _ int64) {
-			if kind == claimAdopt && n == name {
-				if first.CompareAndSwap(false, true) { // the first claim only
-					close(claimed)
-					<-proceed
-				}
-			}
-		}
+		claimed, proceed := holdClaim(l, claimAdopt, name)
 		type result struct {
 			lease *Lease
 			err   error
@@ -119,14 +116,7 @@ func TestAdoptExcludesGiveBack(t *testing.T) {
 		// (its context ended): the Adopt gives the grant back.
 		const name = "claim-adopt-fails"
 		l, token := orphanGrant(t, name)
-		claimed, proceed := make(chan struct{}), make(chan struct{})
-		var first atomic.Bool
-		l.claimHook = func(kind claimKind, n string, _ int64) {
-			if kind == claimAdopt && n == name && first.CompareAndSwap(false, true) {
-				close(claimed)
-				<-proceed
-			}
-		}
+		claimed, proceed := holdClaim(l, claimAdopt, name)
 		actx, cancel := context.WithCancel(ctx)
 		adopted := make(chan error, 1)
 		go func() {
