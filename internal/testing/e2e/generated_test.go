@@ -255,6 +255,19 @@ func main() {
 		fmt.Printf("FAIL token 0 error names the token: %v\n", err)
 		failed = true
 	}
+	// A Params struct with Token left unset: every form refuses it, and
+	// nothing is written (row 2's fence is still 0, and key 11 is absent).
+	_, err = q.FencedUpdateInvoicesReentrant(ctx, db.FencedUpdateInvoicesReentrantParams{ID: 2, Status: "void"})
+	refused("re-entrant update, token unset", err, pgfence.ErrInvalid)
+	_, err = q.FencedUpsertInvoices(ctx, db.FencedUpsertInvoicesParams{ID: 11, Status: "new"})
+	refused("upsert of a new key, token unset", err, pgfence.ErrInvalid)
+	_, err = q.FencedReadInvoices(ctx, db.FencedReadInvoicesParams{ID: 2})
+	refused("fenced read, token unset", err, pgfence.ErrInvalid)
+	var unset int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM invoices WHERE id = 11 OR (id = 2 AND fence <> 0)").Scan(&unset); err != nil || unset != 0 {
+		fmt.Printf("FAIL writes with the token unset changed %d rows (%v)\n", unset, err)
+		failed = true
+	}
 	_, err = q.FencedUpdateInvoicesReentrant(ctx, db.FencedUpdateInvoicesReentrantParams{ID: 1, PdfUrl: &url, Status: "paid", Token: t2})
 	applied("re-entrant update, same grant again", err)
 	_, err = q.FencedUpdateInvoicesReentrant(ctx, db.FencedUpdateInvoicesReentrantParams{ID: 1, Status: "void", Token: t1})

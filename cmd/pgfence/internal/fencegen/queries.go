@@ -54,6 +54,18 @@ func (p *plan) queries() string {
 
 	tblLit := "'" + strings.ReplaceAll(tbl, "'", "''") + "'"
 	keyText := "pg_catalog.jsonb_build_object(" + strings.Join(keyParams, ", ") + ")::pg_catalog.text"
+	// A token is > 0 (a grant's): the token 0 that a Params struct holds
+	// when its Token is left unset would otherwise match every row whose
+	// fence is still 0 in the re-entrant forms (fence <= 0), and be inserted
+	// as a fence by the upsert. Every UPDATE is gated on it, so that such a
+	// write changes nothing and the refusal branch raises PF007; the
+	// upsert's inserted fence raises PF007 through pgfence.fence_refused
+	// before any row is written. That call names no key: the key's
+	// parameters have no type yet where the INSERT's values are read, and
+	// pg_catalog.jsonb_build_object would leave them undetermined (42P08).
+	tokenOK := " AND @token::bigint OPERATOR(pg_catalog.>) 0"
+	vals[len(vals)-1] = "CASE WHEN @token::bigint OPERATOR(pg_catalog.>) 0 THEN @token::bigint\n" +
+		"        ELSE pgfence.fence_refused(" + tblLit + ", NULL, 'strict', @token::bigint, NULL, false) END"
 	found := "c." + q(p.opts.Key[0]) + " IS NOT NULL"
 	// refused is the second branch: it runs only when the write changed no
 	// row, and raises. The LEFT JOIN from one row tells "no such row" apart.
@@ -65,7 +77,7 @@ func (p *plan) queries() string {
 	update := func(name, doc, op, mode string) string {
 		return "-- name: " + name + " :one\n" + doc +
 			"WITH w AS (\n    UPDATE " + from + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
-			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " " + op + " @token::bigint\n" +
+			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " " + op + " @token::bigint" + tokenOK + "\n" +
 			"    RETURNING t." + f + "\n)\nSELECT w." + f + " FROM w\n" + refused(mode, "@token::bigint", "")
 	}
 
@@ -111,7 +123,7 @@ func (p *plan) queries() string {
 			"-- (no such row); it changed nothing, and a retry takes the fenced UPDATE.\n" +
 			"WITH i AS (\n    " + insert + " DO NOTHING\n    RETURNING t." + f + "\n), u AS (\n" +
 			"    UPDATE " + from + " AS t\n    SET " + strings.Join(sets, ", ") + ", " + f + " = @token::bigint\n" +
-			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<) @token::bigint\n" +
+			"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<) @token::bigint" + tokenOK + "\n" +
 			"      AND NOT EXISTS (SELECT 1 FROM i)\n    RETURNING t." + f + "\n), w AS (\n" +
 			"    SELECT i." + f + ", true AS inserted FROM i\n    UNION ALL\n    SELECT u." + f + ", false FROM u\n)\n" +
 			"SELECT w." + f + ", w.inserted FROM w\n" +
@@ -133,7 +145,7 @@ func (p *plan) queries() string {
 		"-- row. Write back with FencedUpdate" + p.name + "Reentrant and the same token. A refused read\n" +
 		"-- is an error (see fencedwrite.TranslateError).\n" +
 		"WITH w AS (\n    UPDATE " + from + " AS t\n    SET " + f + " = @token::bigint\n" +
-		"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) @token::bigint\n" +
+		"    WHERE " + strings.Join(keyW, " AND ") + " AND t." + f + " OPERATOR(pg_catalog.<=) @token::bigint" + tokenOK + "\n" +
 		"    RETURNING t." + f + ", " + strings.Join(prefixed("t.", p.opts.Key, p.opts.Set), ", ") + "\n)\n" +
 		"SELECT w." + f + ", " + strings.Join(ret, ", ") + " FROM w\n" +
 		strings.TrimSuffix(refused("reentrant", "@token::bigint", ", "+strings.Join(retCur, ", ")), "\n"))
