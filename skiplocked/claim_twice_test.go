@@ -3,6 +3,7 @@ package skiplocked_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -332,5 +333,61 @@ func TestWorkerBackoffPanic(t *testing.T) {
 	}
 	if want := skiplocked.DefaultBackoff(1); j.State != skiplocked.StateAvailable || j.Attempts != 1 || delay != want.Truncate(time.Microsecond) {
 		t.Errorf("job %s, attempt %d, retry in %v; want available, 1, %v (DefaultBackoff)", j.State, j.Attempts, delay, want)
+	}
+}
+
+// TestTxHandlerCommitRefused: a TxHandler's transaction that the server
+// refuses at COMMIT (here a deferred foreign key) rolled back, and the
+// attempt is a failure recorded with the COMMIT's error, whether the Worker
+// completed the job in the transaction or the handler did itself. When the
+// handler had completed it, the refusal was taken for an unknown outcome:
+// no failure recorded, last_error empty, the job running under a claim
+// nobody renewed until ClaimTTL.
+func TestTxHandlerCommitRefused(t *testing.T) {
+	t.Parallel()
+	for _, self := range []bool{false, true} {
+		name := "worker completes"
+		if self {
+			name = "handler completes"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := ctxT(t)
+			pool := smallPool(t, 6)
+			if _, err := pool.Exec(ctx, `CREATE TABLE parent (id int PRIMARY KEY);
+				CREATE TABLE child (pid int REFERENCES parent DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+				t.Fatal(err)
+			}
+			id := enqueueN(t, pool, "commit-refused", 1, 5)[0]
+			w, err := skiplocked.NewTxWorker(pool, "commit-refused", func(ctx context.Context, tx pgx.Tx, j skiplocked.Job) error {
+				if _, err := tx.Exec(ctx, "INSERT INTO child VALUES (42)"); err != nil {
+					return err
+				}
+				if self {
+					return skiplocked.Complete(ctx, tx, j.Ref())
+				}
+				return nil
+			}, &skiplocked.Config{Concurrency: 1, PollInterval: 20 * time.Millisecond, ClaimTTL: time.Minute,
+				Backoff: func(int) time.Duration { return time.Hour }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runWorker(t, w)
+			waitFor(t, "an outcome", func() bool { s := w.Summary(); return s.Completed+s.ClaimsLost+s.Failed+s.Unknown > 0 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			sum := w.Summary()
+			j := mustJob(t, pool, id)
+			var children int
+			if err := pool.QueryRow(ctx, "SELECT count(*) FROM child").Scan(&children); err != nil {
+				t.Fatal(err)
+			}
+			if sum.Failed != 1 || sum.Unknown != 0 || sum.Completed != 0 || j.State != skiplocked.StateAvailable ||
+				!strings.Contains(j.LastError, "23503") || children != 0 {
+				t.Errorf("summary %+v, job %s (attempt %d, last_error %q), %d effects; want the attempt failed with the COMMIT's 23503, the job available, no effect",
+					sum, j.State, j.Attempts, j.LastError, children)
+			}
+		})
 	}
 }

@@ -207,16 +207,20 @@ func (w *Worker) runTx(jctx context.Context, h *held) (r result) {
 			// Completed under this very claim by another call (the handler
 			// called Complete itself): nobody else can run the job, so the
 			// handler's effect commits.
-			if err := tx.Commit(cctx); err != nil {
-				w.cfg.Logger.Error("skiplocked: the handler completed its job itself, but its transaction did not commit",
-					"job", h.ref.JobID, "token", h.ref.Token, "err", err)
-				return result{h: h, outcome: outUnknown, err: err}
-			}
-			return result{h: h, outcome: outCompleted}
+			return w.commitTx(cctx, tx, h)
 		}
 		rollback()
 		return result{h: h, outcome: outLost, lost: orBare(st, h.ref)}
 	}
+	return w.commitTx(cctx, tx, h)
+}
+
+// commitTx commits the handler's transaction, in which the job is completed
+// under h's claim (by the Worker, or by the handler itself), and tells the
+// outcome: a COMMIT the server refused (a deferred constraint, an outbox
+// intent refused at COMMIT) rolled back and is a failure, recorded with its
+// error; after a broken connection the row tells whether it committed.
+func (w *Worker) commitTx(cctx context.Context, tx pgx.Tx, h *held) result {
 	cerr := tx.Commit(cctx)
 	if cerr == nil {
 		return result{h: h, outcome: outCompleted}
