@@ -3,6 +3,7 @@ package fencedwrite_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -99,5 +100,38 @@ func TestTableBadCalls(t *testing.T) {
 	var pdf *string
 	if err := pool.QueryRow(ctx, "SELECT fence, pdf_url FROM invoices WHERE id = 1").Scan(&fence, &pdf); err != nil || fence != 0 || pdf != nil {
 		t.Fatalf("row 1 after refused calls: fence %d, pdf_url %v, %v; want 0, NULL", fence, pdf, err)
+	}
+}
+
+// TestTableReadWrongDest: a Read whose dest cannot hold its column (a
+// *int64 for a text column) is ErrInvalid naming dest, and says the read was
+// applied: the pgx scan error came back untyped, like a database failure,
+// though the UPDATE had raised the fence. In a transaction a rollback undoes
+// it.
+func TestTableReadWrongDest(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := invoicesPool(t)
+	tbl := prepare(t, pool, fencedwrite.Spec{Table: "invoices", Key: []string{"id"}, Set: []string{"pdf_url"},
+		Read: []string{"status"}, Mode: fencedwrite.Reentrant})
+	var n int64
+	res, err := tbl.Read(ctx, pool, 5, []any{int64(1)}, &n)
+	if !matches(err, invalidArg("dest")) || !strings.Contains(err.Error(), "the row's fence is now 5") || res.Fence != 5 {
+		t.Fatalf("Read(text column into *int64) = %+v, %v; want ErrInvalid naming dest, saying the fence is now 5", res, err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tbl.Read(ctx, tx, 6, []any{int64(2)}, &n); !matches(err, invalidArg("dest")) {
+		t.Fatalf("Read in a transaction = %v; want ErrInvalid naming dest", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var f1, f2 int64
+	if err := pool.QueryRow(ctx, "SELECT (SELECT fence FROM invoices WHERE id = 1), (SELECT fence FROM invoices WHERE id = 2)").Scan(&f1, &f2); err != nil || f1 != 5 || f2 != 0 {
+		t.Fatalf("fences after the reads: row 1 %d, row 2 %d, %v; want 5 (applied on the pool), 0 (rolled back)", f1, f2, err)
 	}
 }

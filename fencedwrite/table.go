@@ -504,6 +504,10 @@ func (t *Table) run(ctx context.Context, db pgfence.DBTX, sql string, mode Mode,
 // [Reentrant] table and the same token, or use [Table.Modify]. It returns
 // [pgfence.ErrStaleToken] when a newer grant read or wrote the row and
 // [pgfence.ErrNotFound] when there is none; dest is only filled on success.
+// A dest that cannot hold its column (a *int64 for a text column) is
+// [pgfence.ErrInvalid] naming dest, found only once the row is read: the
+// read has then been applied, the fence raised (roll the transaction back
+// to undo it; on a pool it is committed).
 //
 // The read is an UPDATE: it locks the row until the transaction ends, and a
 // strict guard refuses it when the fence already equals token (guard such
@@ -546,7 +550,11 @@ func (t *Table) readRow(ctx context.Context, db pgfence.DBTX, token int64, key [
 		if applied {
 			// Scan the columns into dest with pgx's type system.
 			if err := rows.Scan(append([]any{nil, nil}, dest...)...); err != nil {
-				return Result{}, translateErr(err)
+				// The UPDATE has run: the row's fence is the token (on a
+				// pool, committed). A dest of the wrong type is the
+				// caller's error, not the database's.
+				return Result{Fence: fence}, invalid("dest", "cannot hold the read columns (%v); the read was applied: "+
+					"the row's fence is now %d", err, fence)
 			}
 		}
 	}
