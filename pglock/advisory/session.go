@@ -310,6 +310,12 @@ func (l *SessionLock) Release(ctx context.Context) error {
 	}
 	// Not abandoned when ctx ends: a check holds sem for at most PingTimeout
 	// (plus closeTimeout), and an unlock for at most PingTimeout.
+	if ctx == nil {
+		// Refused before any state changes: a panic recovered after the
+		// pinger was stopped left the lock held, and its connection out
+		// of the pool, for the life of the process.
+		return invalid(op, "ctx", "nil context")
+	}
 	l.sem <- struct{}{}
 	defer func() { <-l.sem }()
 
@@ -320,12 +326,12 @@ func (l *SessionLock) Release(ctx context.Context) error {
 		l.state = stateUnlocked
 		return l.Err()
 	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.PingTimeout)
+	defer cancel()
 	l.state = stateUnlocked
 	close(l.stop)
 	l.wg.Wait() // the pinger is not using conn: we hold sem
 
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.PingTimeout)
-	defer cancel()
 	sql, args := unlockSQL(l.key, l.mode)
 	var ok bool
 	err := l.conn.QueryRow(uctx, sql, args...).Scan(&ok)

@@ -40,7 +40,9 @@ const rollbackTimeout = 10 * time.Second
 // When db is a pgx.Tx, the lock is taken in that outer transaction and lasts
 // until it ends, whatever fn returns; fn runs in a savepoint, which is
 // released when fn returns nil and rolled back (undoing only fn's writes)
-// when fn returns an error or panics. The wait for the lock runs in a
+// when fn returns an error or panics, or when ctx has ended by the time fn
+// returns nil (the error then matches ctx.Err(): fn's writes are not in the
+// outer transaction). The wait for the lock runs in a
 // savepoint of its own: if it fails (lock_timeout, for example) nothing is
 // held and the outer transaction stays usable. Holding the lock past fn is
 // what keeps fn's writes protected until they commit with the outer
@@ -89,7 +91,7 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 	if err != nil {
 		return dbError(op, "begin transaction", key, ctxErr(ctx, err))
 	}
-	done := false
+	done, fnFailed := false, false
 	defer func() {
 		if done {
 			return
@@ -99,7 +101,9 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 		if p := recover(); p != nil {
 			panic(p)
 		}
-		if rbErr != nil {
+		// fn's own error is returned unchanged (a failed rollback means a
+		// broken connection, which pgx has closed: nothing commits).
+		if rbErr != nil && !fnFailed {
 			err = errors.Join(err, dbError(op, "roll back", key, rbErr))
 		}
 	}()
@@ -116,11 +120,39 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 	}
 
 	if err := fn(tx); err != nil {
+		fnFailed = true
 		return err
+	}
+	if nested {
+		return releaseSavepoint(ctx, op, tx, key, &done)
 	}
 	done = true
 	if err := tx.Commit(ctx); err != nil {
 		return dbError(op, "commit", key, ctxErr(ctx, err))
+	}
+	return nil
+}
+
+// releaseSavepoint releases sp, a savepoint of a caller's transaction, so
+// that what ran in it stays in that transaction; it sets *done when the
+// savepoint is no longer to be rolled back. A release pgx refuses without
+// sending it (ctx already ended) marks sp closed and leaves it open, with
+// its writes, in a transaction that goes on: the caller, told of an error,
+// would then commit them. So when ctx has ended, sp is rolled back (the
+// caller's deferred rollback: *done stays false) and the error says so; else
+// it is released on a context that survives ctx: one ending during the
+// release can no longer leave it half done (an error then comes from a
+// broken connection or an aborted transaction, which the caller cannot
+// commit).
+func releaseSavepoint(ctx context.Context, op string, sp pgx.Tx, key Key, done *bool) error {
+	if ctx.Err() != nil {
+		return dbError(op, "release savepoint (rolled back: the context ended)", key, context.Cause(ctx))
+	}
+	*done = true
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if err := sp.Commit(rctx); err != nil {
+		return dbError(op, "release savepoint", key, err)
 	}
 	return nil
 }
@@ -144,10 +176,14 @@ func lockOuter(ctx context.Context, op string, outer pgx.Tx, key Key, mode Mode,
 		}
 		return err
 	}
-	if err := sp.Commit(ctx); err != nil {
-		return dbError(op, "release savepoint", key, ctxErr(ctx, err))
+	done := false
+	err = releaseSavepoint(ctx, op, sp, key, &done)
+	if !done {
+		if rbErr := rollback(ctx, sp); rbErr != nil {
+			err = errors.Join(err, dbError(op, "roll back", key, rbErr))
+		}
 	}
-	return nil
+	return err
 }
 
 // rollback rolls tx back on a context that survives the caller's, bounded by
