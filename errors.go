@@ -37,8 +37,10 @@ import (
 var (
 	// ErrInvalid: an argument or setting is out of range (an empty or
 	// oversized name, a TTL outside its bounds, a token <= 0, a nil
-	// handle, an unknown table or column). Nothing was changed; the
-	// message says which argument and why.
+	// handle, an unknown table or column). Nothing was changed (one
+	// exception, which its message states: a fencedwrite Table.Read whose
+	// dest cannot hold a column, found once the row is read); the message
+	// says which argument and why.
 	ErrInvalid = pgerr.ErrInvalid // "invalid argument"
 	// ErrLocked: the lock or lease is held by another holder right now.
 	ErrLocked = pgerr.ErrLocked // "held by another holder"

@@ -158,7 +158,9 @@ func translate(err error) *pgfence.Error {
 			case pgerr.InvalidToken:
 				e.Reason = "token: must be > 0"
 			}
-			e.Reason += " (key " + key + ")"
+			if key != "" {
+				e.Reason += " (key " + key + ")"
+			}
 			return e
 		}
 		return &pgfence.Error{Kind: c.Kind, Name: name, Reason: c.Meaning, Err: err}

@@ -3,6 +3,7 @@ package fencedwrite_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -116,8 +117,10 @@ func TestTableReadWrongDest(t *testing.T) {
 		Read: []string{"status"}, Mode: fencedwrite.Reentrant})
 	var n int64
 	res, err := tbl.Read(ctx, pool, 5, []any{int64(1)}, &n)
-	if !matches(err, invalidArg("dest")) || !strings.Contains(err.Error(), "the row's fence is now 5") || res.Fence != 5 {
-		t.Fatalf("Read(text column into *int64) = %+v, %v; want ErrInvalid naming dest, saying the fence is now 5", res, err)
+	var scanErr pgx.ScanArgError
+	if !matches(err, invalidArg("dest")) || !strings.Contains(err.Error(), "the row's fence is now 5") || res.Fence != 5 ||
+		!errors.As(err, &scanErr) {
+		t.Fatalf("Read(text column into *int64) = %+v, %v; want ErrInvalid naming dest, saying the fence is now 5, wrapping pgx's scan error", res, err)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -553,8 +553,9 @@ func (t *Table) readRow(ctx context.Context, db pgfence.DBTX, token int64, key [
 				// The UPDATE has run: the row's fence is the token (on a
 				// pool, committed). A dest of the wrong type is the
 				// caller's error, not the database's.
-				return Result{Fence: fence}, invalid("dest", "cannot hold the read columns (%v); the read was applied: "+
-					"the row's fence is now %d", err, fence)
+				e := invalid("dest", "cannot hold the read columns; the read was applied: the row's fence is now %d", fence)
+				e.Err = err
+				return Result{Fence: fence}, e
 			}
 		}
 	}

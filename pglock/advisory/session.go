@@ -311,10 +311,12 @@ func (l *SessionLock) Release(ctx context.Context) error {
 	// Not abandoned when ctx ends: a check holds sem for at most PingTimeout
 	// (plus closeTimeout), and an unlock for at most PingTimeout.
 	if ctx == nil {
-		// Refused before any state changes: a panic recovered after the
-		// pinger was stopped left the lock held, and its connection out
-		// of the pool, for the life of the process.
-		return invalid(op, "ctx", "nil context")
+		// Release is final whatever ctx says (it unlocks on a context
+		// that outlives ctx), so a nil one is no reason to keep the lock:
+		// it panicked after the pinger was stopped, and a recovered panic
+		// left the lock held, and its connection out of the pool, for the
+		// life of the process.
+		ctx = context.Background()
 	}
 	l.sem <- struct{}{}
 	defer func() { <-l.sem }()

@@ -42,7 +42,9 @@ const rollbackTimeout = 10 * time.Second
 // released when fn returns nil and rolled back (undoing only fn's writes)
 // when fn returns an error or panics, or when ctx has ended by the time fn
 // returns nil (the error then matches ctx.Err(): fn's writes are not in the
-// outer transaction). The wait for the lock runs in a
+// outer transaction). Once begun, a savepoint's release is bounded by 10
+// seconds rather than by ctx, so that ctx ending cannot leave it half done.
+// The wait for the lock runs in a
 // savepoint of its own: if it fails (lock_timeout, for example) nothing is
 // held and the outer transaction stays usable. Holding the lock past fn is
 // what keeps fn's writes protected until they commit with the outer
@@ -146,7 +148,7 @@ func runXact(ctx context.Context, op string, db Beginner, key Key, mode Mode, tr
 // commit).
 func releaseSavepoint(ctx context.Context, op string, sp pgx.Tx, key Key, done *bool) error {
 	if ctx.Err() != nil {
-		return dbError(op, "release savepoint (rolled back: the context ended)", key, context.Cause(ctx))
+		return dbError(op, "release savepoint (rolled back: the context ended)", key, ctxErr(ctx, context.Cause(ctx)))
 	}
 	*done = true
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)

@@ -261,6 +261,10 @@ func main() {
 	refused("re-entrant update, token unset", err, pgfence.ErrInvalid)
 	_, err = q.FencedUpsertInvoices(ctx, db.FencedUpsertInvoicesParams{ID: 11, Status: "new"})
 	refused("upsert of a new key, token unset", err, pgfence.ErrInvalid)
+	if !errors.As(fencedwrite.TranslateError(err), &st) || st.Reason != "token: must be > 0" {
+		fmt.Printf("FAIL upsert, token unset: Reason %q, want %q\n", st.Reason, "token: must be > 0")
+		failed = true
+	}
 	_, err = q.FencedReadInvoices(ctx, db.FencedReadInvoicesParams{ID: 2})
 	refused("fenced read, token unset", err, pgfence.ErrInvalid)
 	var unset int
