@@ -288,6 +288,15 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 			switch {
 			case phase == phaseTerm && time.Until(d) > lead:
 				expiring.Reset(time.Until(d.Add(-lead))) // renewed meanwhile
+			case phase == phaseTerm && time.Until(d) <= lead/10:
+				// Past the point of the SIGKILL already (pgfence was
+				// stopped, Ctrl-Z, or starved): a SIGTERM, which comes
+				// with a SIGCONT, would let a stopped tree run again.
+				phase = phaseDone
+				lost = lost || (got == nil && !interrupted)
+				notef(notes, "pgfence: lease on %q ends in %v; sending SIGKILL to %s and every process it started",
+					lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
+				tree.kill()
 			case phase == phaseTerm:
 				phase = phaseKill
 				if !lost && got == nil && !interrupted {
@@ -312,6 +321,14 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		case <-leaseDone:
 			leaseDone = nil
 			lost = true
+			if time.Until(lease.Deadline()) <= lead/10 {
+				// Ended at its local deadline (pgfence stopped or starved
+				// past it): SIGKILL, as the expiry's own stop would.
+				phase = phaseDone
+				notef(notes, "pgfence: lease on %q lost (%v); sending SIGKILL to %s and every process it started", lease.Name(), lease.Err(), args[0])
+				tree.kill()
+				continue
+			}
 			notef(notes, "pgfence: lease on %q lost (%v); stopping %s and every process it started (SIGTERM, SIGKILL after %v)", lease.Name(), lease.Err(), args[0], grace)
 			tree.stop()
 		case s := <-sigs:
@@ -324,7 +341,15 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 				tree.kill()
 			}
 		case s := <-jc:
-			jobControl(tree, s)
+			// Continued: the lease is counted on only while it is live and
+			// more than lead from its deadline (the point where the tree
+			// would be stopped anyway); else the tree, stopped, is killed.
+			leaseOK := func() bool { return lease.Err() == nil && time.Until(lease.Deadline()) > lead }
+			if jobControl(tree, s, leaseOK) && !lost && got == nil && !interrupted {
+				lost, phase = true, phaseDone
+				notef(notes, "pgfence: continued after the lease on %q ended or came within %v of its end; sent SIGKILL to %s and every process it started, which were stopped",
+					lease.Name(), lead, args[0])
+			}
 		case <-ctxDone:
 			// The in-process caller's context; with cmd/pgfence also SIGINT
 			// and SIGTERM, which arrive on sigs as well.
