@@ -13,15 +13,12 @@ import (
 )
 
 func main() {
-	// A write to a closed stdout or stderr (acquire | head, a reader gone)
+	// A write to a closed stdout or stderr (acquire | true, a reader gone)
 	// returns EPIPE instead of killing the process with SIGPIPE, so that the
 	// command's error paths run: acquire releases the lease it could not
 	// hand over. Caught, not ignored: a command that run starts gets the
-	// default disposition back at exec (an ignored signal would stay
-	// ignored in it); one that was ignored when pgfence started stays so.
-	if !signal.Ignored(syscall.SIGPIPE) {
-		signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	}
+	// default disposition at exec, as it did before.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Main(ctx, os.Args[1:], cli.Env{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr})
 	stop()

@@ -277,6 +277,27 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 		phaseDone
 	)
 	phase := phaseTerm
+	// stopped: Ctrl-Z stopped the tree, and it has not been continued.
+	stopped := false
+	// stop ends the tree: SIGTERM, which comes with a SIGCONT, then SIGKILL
+	// after the grace period. But when the tree is stopped (Ctrl-Z) or the
+	// lease's deadline is within lead/10 (pgfence was stopped or starved
+	// past it), SIGKILL now: the SIGCONT would let a stopped tree run again,
+	// possibly after the lease went to another holder. note is the note
+	// for a SIGTERM; killNote the one for a SIGKILL.
+	stop := func(note, killNote string) {
+		if stopped || time.Until(lease.Deadline()) <= lead/10 {
+			phase = phaseDone
+			notef(notes, "%s", killNote)
+			tree.kill()
+			return
+		}
+		notef(notes, "%s", note)
+		tree.stop()
+	}
+	killNote := func(what string) string {
+		return fmt.Sprintf("pgfence: %s; sending SIGKILL to %s and every process it started", what, args[0])
+	}
 	expiring := time.NewTimer(time.Until(lease.Deadline().Add(-lead)))
 	defer expiring.Stop()
 	for waiting := true; waiting; {
@@ -288,24 +309,19 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 			switch {
 			case phase == phaseTerm && time.Until(d) > lead:
 				expiring.Reset(time.Until(d.Add(-lead))) // renewed meanwhile
-			case phase == phaseTerm && time.Until(d) <= lead/10:
-				// Past the point of the SIGKILL already (pgfence was
-				// stopped, Ctrl-Z, or starved): a SIGTERM, which comes
-				// with a SIGCONT, would let a stopped tree run again.
-				phase = phaseDone
-				lost = lost || (got == nil && !interrupted)
-				notef(notes, "pgfence: lease on %q ends in %v; sending SIGKILL to %s and every process it started",
-					lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
-				tree.kill()
 			case phase == phaseTerm:
 				phase = phaseKill
 				if !lost && got == nil && !interrupted {
 					lost = true
-					notef(notes, "pgfence: lease on %q not renewed, ending in %v; stopping %s and every process it started (SIGTERM, SIGKILL before it ends)",
-						lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
-					tree.stop()
+					left := time.Until(d).Round(time.Millisecond)
+					stop(fmt.Sprintf("pgfence: lease on %q not renewed, ending in %v; stopping %s and every process it started (SIGTERM, SIGKILL before it ends)",
+						lease.Name(), left, args[0]), killNote(fmt.Sprintf("lease on %q not renewed, ending in %v", lease.Name(), left)))
+				} else if stopped {
+					stop("", killNote(fmt.Sprintf("lease on %q ends in %v", lease.Name(), time.Until(d).Round(time.Millisecond))))
 				}
-				expiring.Reset(time.Until(d.Add(-lead / 10)))
+				if phase == phaseKill {
+					expiring.Reset(time.Until(d.Add(-lead / 10)))
+				}
 			case phase == phaseKill:
 				if time.Until(d) > lead/10 {
 					// Renewed after the SIGTERM: the stop goes on, and its
@@ -314,28 +330,19 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 					continue
 				}
 				phase = phaseDone
-				notef(notes, "pgfence: lease on %q ends in %v; sending SIGKILL to %s and every process it started",
-					lease.Name(), time.Until(d).Round(time.Millisecond), args[0])
+				notef(notes, "%s", killNote(fmt.Sprintf("lease on %q ends in %v", lease.Name(), time.Until(d).Round(time.Millisecond))))
 				tree.kill()
 			}
 		case <-leaseDone:
 			leaseDone = nil
 			lost = true
-			if time.Until(lease.Deadline()) <= lead/10 {
-				// Ended at its local deadline (pgfence stopped or starved
-				// past it): SIGKILL, as the expiry's own stop would.
-				phase = phaseDone
-				notef(notes, "pgfence: lease on %q lost (%v); sending SIGKILL to %s and every process it started", lease.Name(), lease.Err(), args[0])
-				tree.kill()
-				continue
-			}
-			notef(notes, "pgfence: lease on %q lost (%v); stopping %s and every process it started (SIGTERM, SIGKILL after %v)", lease.Name(), lease.Err(), args[0], grace)
-			tree.stop()
+			what := fmt.Sprintf("lease on %q lost (%v)", lease.Name(), lease.Err())
+			stop(fmt.Sprintf("pgfence: %s; stopping %s and every process it started (SIGTERM, SIGKILL after %v)", what, args[0], grace), killNote(what))
 		case s := <-sigs:
 			if got == nil {
 				got = s
-				notef(notes, "pgfence: got %v; stopping %s and every process it started (SIGTERM, SIGKILL after %v)", s, args[0], grace)
-				tree.stop()
+				what := fmt.Sprintf("got %v", s)
+				stop(fmt.Sprintf("pgfence: %s; stopping %s and every process it started (SIGTERM, SIGKILL after %v)", what, args[0], grace), killNote(what))
 			} else {
 				notef(notes, "pgfence: got %v again; sending SIGKILL to %s and every process it started", s, args[0])
 				tree.kill()
@@ -345,8 +352,13 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 			// more than lead from its deadline (the point where the tree
 			// would be stopped anyway); else the tree, stopped, is killed.
 			leaseOK := func() bool { return lease.Err() == nil && time.Until(lease.Deadline()) > lead }
-			if jobControl(tree, s, leaseOK) && !lost && got == nil && !interrupted {
-				lost, phase = true, phaseDone
+			var killed bool
+			stopped, killed = jobControl(tree, s, leaseOK)
+			if killed {
+				phase = phaseDone
+				if !lost && got == nil && !interrupted {
+					lost = true
+				}
 				notef(notes, "pgfence: continued after the lease on %q ended or came within %v of its end; sent SIGKILL to %s and every process it started, which were stopped",
 					lease.Name(), lead, args[0])
 			}
@@ -355,7 +367,12 @@ func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration,
 			// and SIGTERM, which arrive on sigs as well.
 			ctxDone = nil
 			interrupted = true
-			tree.stop()
+			if stopped || time.Until(lease.Deadline()) <= lead/10 {
+				phase = phaseDone
+				tree.kill()
+			} else {
+				tree.stop()
+			}
 		}
 	}
 	if interrupted && got == nil {

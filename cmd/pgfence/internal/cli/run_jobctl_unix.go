@@ -28,11 +28,12 @@ func notifyJobControl(ch chan<- os.Signal) {
 // (SIGCONT, from the shell's fg or bg) it continues the group only if
 // leaseOK says the lease can still be counted on; else it kills the group,
 // stopped, and reports true: a command continued there would run after the
-// lease could have been granted to another holder.
-func jobControl(tree procTree, s os.Signal, leaseOK func() bool) (killed bool) {
+// lease could have been granted to another holder. stopped says whether
+// the tree is stopped now.
+func jobControl(tree procTree, s os.Signal, leaseOK func() bool) (stopped, killed bool) {
 	select {
 	case <-tree.done():
-		return false
+		return false, false
 	default:
 	}
 	switch s {
@@ -40,12 +41,13 @@ func jobControl(tree procTree, s os.Signal, leaseOK func() bool) (killed bool) {
 		_ = syscall.Kill(-tree.pid(), syscall.SIGTSTP)
 		_ = syscall.Kill(-tree.pid(), syscall.SIGSTOP)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		return true, false
 	case syscall.SIGCONT:
 		if !leaseOK() {
 			tree.kill()
-			return true
+			return false, true
 		}
 		_ = syscall.Kill(-tree.pid(), syscall.SIGCONT)
 	}
-	return false
+	return false, false
 }

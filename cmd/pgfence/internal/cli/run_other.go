@@ -18,4 +18,4 @@ func startTree(treeSpec) (procTree, error) { return nil, runSupported() }
 
 func notifyJobControl(chan<- os.Signal) {}
 
-func jobControl(procTree, os.Signal, func() bool) bool { return false }
+func jobControl(procTree, os.Signal, func() bool) (stopped, killed bool) { return false, false }
