@@ -619,6 +619,9 @@ var rewrites = map[string][]string{
 	"00026_pgfence_job_claims_checked.sql": {"job_claim", "job_renew", "job_claims_refused", "job_claim_tx", "job_complete_tx", "job_fail_tx"},
 	// guard() and unguard() attach and detach one table at a time.
 	"00027_pgfence_guard_serialized.sql": {"guard", "unguard"},
+	// lock_release compares the name under the default collation, never
+	// the caller's.
+	"00028_pgfence_release_collation.sql": {"lock_release"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -44,11 +44,20 @@ func TestWaitKeyTakenRetakes(t *testing.T) {
 	}
 	// Its row goes (as a row past its alive_until is deleted), and another
 	// key queues under its wkey on another name.
-	if _, err := pool.Exec(ctx, `DELETE FROM pgfence.lock_queue WHERE wkey = $1`, wkey); err != nil {
+	// One transaction: the victim's next attempt (every 50 ms) cannot queue
+	// it again between the two (the squat then failed with PF013).
+	tx, err := pool.Begin(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `SELECT pgfence.lock_wait('wk:other', 'squatter', 60000000,
+	if _, err := tx.Exec(ctx, `DELETE FROM pgfence.lock_queue WHERE wkey = $1`, wkey); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT pgfence.lock_wait('wk:other', 'squatter', 60000000,
 		'\x100102030405060708090a0b0c0d0e0f', $1, 1)`, wkey); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// Two more sleeps: at least one lock_wait was sent after the squat.
