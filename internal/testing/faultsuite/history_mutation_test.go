@@ -337,8 +337,8 @@ func handoffToEndedWait(t *testing.T, pool *pgxpool.Pool, mutant bool) []history
 	if mutant {
 		// b's wait marked the lock row, so its release takes the full path
 		// (the queue lookup), where the mutation is.
-		mutateFunction(t, ctx, pool, fnLockRelease, "WHERE q.name = lock_release.name AND q.granted_token IS NULL AND q.alive_until > now()",
-			"WHERE q.name = lock_release.name AND q.alive_until > now()")
+		mutateFunction(t, ctx, pool, fnLockRelease, "WHERE q.name = lock_release.name COLLATE \"default\" AND q.granted_token IS NULL AND q.alive_until > now()",
+			"WHERE q.name = lock_release.name COLLATE \"default\" AND q.alive_until > now()")
 	}
 	if err := cb.Release(ctx, r.lease); err != nil {
 		t.Fatal(err)
