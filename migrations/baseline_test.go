@@ -622,6 +622,8 @@ var rewrites = map[string][]string{
 	// lock_release compares the name under the default collation, never
 	// the caller's.
 	"00028_pgfence_release_collation.sql": {"lock_release"},
+	// A handoff's tag covers the lock's name.
+	"00029_pgfence_handoff_tag_name.sql": {"lock_release"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

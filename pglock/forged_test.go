@@ -116,8 +116,8 @@ func TestHandoffForgedNotification(t *testing.T) {
 			tag  []byte
 		}{
 			{"a random tag", randomBytes(t, sha256.Size)},
-			{"a tag keyed with the key's hash", handoffTag(w.keyHash, msg)},
-			{"a tag keyed with the hash of the key's hash", handoffTag(khh[:], msg)},
+			{"a tag keyed with the key's hash", handoffTag(w.keyHash, msg+" "+name)},
+			{"a tag keyed with the hash of the key's hash", handoffTag(khh[:], msg+" "+name)},
 			{"a tag of the message alone", func() []byte { h := sha256.Sum256([]byte(msg)); return h[:] }()},
 		} {
 			cases = append(cases, forged{w.holder + ": " + c.what, w, msg + " " + hex.EncodeToString(c.tag)})

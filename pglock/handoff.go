@@ -15,8 +15,10 @@ import (
 // A release that hands a lease to a waiter notifies pgfence_lock_handoff with
 // "wkey wait_id token expiry_us left_us tag" (migration 00010): left_us is
 // what is left of the lease on the server's clock when the payload was made;
-// tag is the hex of sha256(k || sha256(k || the payload before the tag)),
-// where k is the waiter's handoff key, sha256(secret || sha256(lease key)),
+// tag is the hex of sha256(k || sha256(k || m || " " || name)), m the payload
+// before the tag and name the lock's (migration 00029: a handoff of another
+// name's lease does not check), where k is the waiter's handoff key,
+// sha256(secret || sha256(lease key)),
 // and the secret is a row of pgfence.handoff_secret that no role but the
 // schema's owner reads. A Locker reads its k once (pgfence.lock_handoff_key,
 // which needs the lease key itself) and takes a payload whose tag checks as
@@ -77,7 +79,7 @@ func (l *Locker) taggedHandoff(ctx context.Context, name string, ttl time.Durati
 	if k == nil {
 		return nil
 	}
-	token, expiryUs, leftUs, ok := checkHandoff(payload, w.wkey, w.waitID, k)
+	token, expiryUs, leftUs, ok := checkHandoff(payload, name, w.wkey, w.waitID, k)
 	if !ok {
 		return nil
 	}
@@ -90,8 +92,8 @@ func (l *Locker) taggedHandoff(ctx context.Context, name string, ttl time.Durati
 
 // checkHandoff parses a handoff payload "wkey wait_id token expiry_us
 // left_us tag" and reports whether it is for the wait (wkey, waitID) and its
-// tag checks with the handoff key k.
-func checkHandoff(payload string, wkey, waitID int64, k []byte) (token, expiryUs, leftUs int64, ok bool) {
+// tag checks with the handoff key k for a lease of name.
+func checkHandoff(payload, name string, wkey, waitID int64, k []byte) (token, expiryUs, leftUs int64, ok bool) {
 	i := strings.LastIndexByte(payload, ' ')
 	if i < 0 {
 		return 0, 0, 0, false
@@ -105,7 +107,7 @@ func checkHandoff(payload string, wkey, waitID int64, k []byte) (token, expiryUs
 	if err != nil || len(tag) != sha256.Size {
 		return 0, 0, 0, false
 	}
-	if subtle.ConstantTimeCompare(tag, handoffTag(k, msg)) != 1 {
+	if subtle.ConstantTimeCompare(tag, handoffTag(k, msg+" "+name)) != 1 {
 		return 0, 0, 0, false
 	}
 	token, err1 := strconv.ParseInt(f[2], 10, 64)
@@ -117,7 +119,8 @@ func checkHandoff(payload string, wkey, waitID int64, k []byte) (token, expiryUs
 	return token, expiryUs, leftUs, true
 }
 
-// handoffTag is sha256(k || sha256(k || msg)).
+// handoffTag is sha256(k || sha256(k || msg)); msg is a payload's text
+// before its tag, a space and the lock's name.
 func handoffTag(k []byte, msg string) []byte {
 	h := sha256.New()
 	h.Write(k)

@@ -179,18 +179,32 @@ func TestHandoffTaggedLongWait(t *testing.T) {
 }
 
 // checkHandoff takes only a payload for this wait whose tag is the one the
-// handoff key makes.
+// handoff key makes for the name waited for.
 func TestCheckHandoff(t *testing.T) {
 	k := sha256.Sum256([]byte("handoff key"))
 	other := sha256.Sum256([]byte("another key"))
-	const msg = "17 42 7 1796544816584376 29000000"
-	good := msg + " " + hex.EncodeToString(handoffTag(k[:], msg))
-	tagged := func(m string) string { return m + " " + hex.EncodeToString(handoffTag(k[:], m)) }
-	if tok, exp, left, ok := checkHandoff(good, 17, 42, k[:]); !ok || tok != 7 || exp != 1796544816584376 || left != 29000000 {
+	const (
+		msg  = "17 42 7 1796544816584376 29000000"
+		name = "orders-leader"
+	)
+	tagOf := func(key []byte, m, n string) string { return m + " " + hex.EncodeToString(handoffTag(key, m+" "+n)) }
+	tagged := func(m string) string { return tagOf(k[:], m, name) }
+	good := tagged(msg)
+	if tok, exp, left, ok := checkHandoff(good, name, 17, 42, k[:]); !ok || tok != 7 || exp != 1796544816584376 || left != 29000000 {
 		t.Fatalf("good payload: %d %d %d %v", tok, exp, left, ok)
 	}
+	// A name with spaces: the tag covers everything after the payload.
+	spaced := "batch 7 of orders"
+	if _, _, _, ok := checkHandoff(tagOf(k[:], msg, spaced), spaced, 17, 42, k[:]); !ok {
+		t.Fatalf("a name with spaces: refused")
+	}
 	for what, p := range map[string]string{
-		"another key's tag":   msg + " " + hex.EncodeToString(handoffTag(other[:], msg)),
+		"another key's tag": tagOf(other[:], msg, name),
+		// A release of another name's lease (migration 00029): the wait,
+		// the key and the grant are this wait's, the name is not.
+		"another name's tag":                        tagOf(k[:], msg, "ORDERS-LEADER"),
+		"the tag without the name":                  msg + " " + hex.EncodeToString(handoffTag(k[:], msg)),
+		"the tag of the name with a trailing space": tagOf(k[:], msg, name+" "),
 		"no tag":              msg,
 		"another wkey":        tagged("18 42 7 1796544816584376 29000000"),
 		"another wait id":     tagged("17 43 7 1796544816584376 29000000"),
@@ -202,13 +216,13 @@ func TestCheckHandoff(t *testing.T) {
 		"a negative left":     tagged("17 42 7 1796544816584376 -5"),
 		"a field less":        tagged("17 42 7 1796544816584376"),
 		"a field more":        tagged(msg + " 1"),
-		"a short tag":         msg + " " + hex.EncodeToString(handoffTag(k[:], msg))[:62],
+		"a short tag":         good[:len(good)-2],
 		"a tag not hex":       msg + " " + strings.Repeat("zz", 32),
 		"the tag of another token": "17 42 8 1796544816584376 29000000 " +
-			hex.EncodeToString(handoffTag(k[:], msg)),
+			good[len(msg)+1:],
 		"empty": "",
 	} {
-		if tok, exp, left, ok := checkHandoff(p, 17, 42, k[:]); ok {
+		if tok, exp, left, ok := checkHandoff(p, name, 17, 42, k[:]); ok {
 			t.Errorf("%s (%q): accepted, token %d expiry %d left %d", what, p, tok, exp, left)
 		}
 	}
