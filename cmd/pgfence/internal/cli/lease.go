@@ -134,9 +134,16 @@ func (a *app) runCommand() *cobra.Command {
 		Long: `Acquire the lease NAME (waiting, or failing at once with --no-wait), run COMMAND
 with PGFENCE_LOCK, PGFENCE_TOKEN and PGFENCE_HOLDER in its environment, renew the
 lease while it runs, and release it once the command and every process it
-started are gone. pgfence exits with the command's exit status. COMMAND is
-looked up in PATH before the lease is taken: if it is not found (or is empty)
-pgfence exits 127, if it cannot be executed 126, and no token is used up.
+started are gone. pgfence exits with the command's exit status.
+
+Before the lease is taken, COMMAND is looked up in PATH and, if it is a script
+pgfence can read, the interpreter on its #! line is checked as Linux reads it
+(the path after "#!" up to the next space or tab; a relative one against the
+current directory): if either is not found (or COMMAND is empty) pgfence exits
+127, if either cannot be executed 126, and no token is used up. Any other
+failure to start COMMAND (a format the system cannot run, a missing dynamic
+loader, a noexec mount) comes after the lease is taken: pgfence releases it
+and exits 127 if the system reports a missing file, 126 otherwise.
 
 Stopping. The command runs in a process group of its own. If the lease is lost
 (a renewal is refused, or the database cannot be reached before the lease's
@@ -192,7 +199,7 @@ lease is then left to expire); 2 usage.`,
 		},
 	}
 	f.register(cmd, 30*time.Second)
-	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the command's tree is stopped (a lease not being renewed: SIGTERM this long, at most a third of --ttl, before its deadline)")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "time between SIGTERM and SIGKILL when the command's tree is stopped, at most 24h (a lease not being renewed: SIGTERM this long, at most a third of --ttl, before its deadline)")
 	cmd.Flags().BoolVar(&passEnv, "pass-env", false, "keep DATABASE_URL, PGPASSWORD and PGSSLPASSWORD in the command's environment")
 	return cmd
 }

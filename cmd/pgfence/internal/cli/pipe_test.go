@@ -66,3 +66,41 @@ func TestAcquireClosedPipe(t *testing.T) {
 		t.Fatalf("release on a closed pipe: exit %d, stderr %q, lock %+v; want %d and the lock free", code, stderr, v, ExitError)
 	}
 }
+
+// TestRunClosedStderr: the binary's run whose stderr is a pipe with no
+// reader, and a command that exits leaving a process behind. The
+// supervisor, which shares pgfence's stderr, says so there: SIGPIPE killed
+// it, so pgfence could not tell that the tree was gone, left the lease held
+// until its TTL and exited 1. The write must get EPIPE instead: the
+// supervisor stops the leftover process, and pgfence releases the lease and
+// exits with the command's status.
+func TestRunClosedStderr(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	marker := newMarker()
+	t.Cleanup(func() { killMarker(marker) })
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // nobody reads: a write gets EPIPE, or SIGPIPE kills the writer
+	cmd := exec.Command(pgfenceBin(t), "run", "--lock", "closed-stderr", "--ttl", "1h", "--grace", "10s",
+		"--", "sh", "-c", "sleep "+marker+" & exit 0")
+	cmd.Env = testEnv(dsn)
+	cmd.Stderr = w
+	err = cmd.Run()
+	w.Close()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("exit %d, want 0 (1: the supervisor died, the lease was left held)", code)
+	}
+	if left := markerProcs(marker); len(left) > 0 {
+		t.Errorf("processes left when pgfence exited: %q", left)
+	}
+	if v := lockState(t, dsn, "closed-stderr"); v.State != "free" || v.Token != 1 {
+		t.Errorf("lock after run: %+v; want free, token 1", v)
+	}
+}

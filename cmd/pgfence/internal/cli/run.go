@@ -6,6 +6,7 @@ package cli
 // process group) and run_other.go (no support).
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,12 +27,19 @@ import (
 )
 
 // Exit codes of `pgfence run` when COMMAND cannot be started. They are the
-// numbers POSIX shells use, and no lease is taken when the command is not
-// found or not executable before the lease is acquired.
+// numbers POSIX shells use. No lease is taken when resolveCommand finds the
+// failure; one the exec finds comes after the lease is taken (released
+// then).
 const (
 	ExitCannotExecute   = 126 // `pgfence run`: COMMAND was found but cannot be executed
 	ExitCommandNotFound = 127 // `pgfence run`: COMMAND was not found (or is empty)
 )
+
+// maxGrace is the longest --grace: a day, the longest lease
+// (pglock.MaxTTL). The bound keeps every sum pgfence run makes with the
+// grace period (grace+supervisorSlack, a deadline grace from now) far from
+// overflowing a time.Duration.
+const maxGrace = 24 * time.Hour
 
 // secretEnv lists the environment variables that `pgfence run` removes from
 // the command's environment unless --pass-env is given: the variables that
@@ -104,6 +113,8 @@ func (s cmdStatus) err() error {
 
 // resolveCommand finds name like a shell would (exec.LookPath) before any
 // lease is taken: 127 if it does not exist, 126 if it is not executable.
+// For a script it also checks the interpreter of its #! line
+// (checkInterpreter).
 func resolveCommand(name string) (string, error) {
 	if name == "" {
 		return "", withCode(ExitCommandNotFound, errors.New("command not found: empty command name"))
@@ -111,6 +122,9 @@ func resolveCommand(name string) (string, error) {
 	p, err := exec.LookPath(name)
 	switch {
 	case err == nil:
+		if err := checkInterpreter(name, p); err != nil {
+			return "", err
+		}
 		return p, nil
 	case errors.Is(err, exec.ErrDot):
 		return "", withCode(ExitCommandNotFound, fmt.Errorf("command not found: %s is %s in the current directory, which is refused when found through PATH; run ./%s", name, p, name))
@@ -118,6 +132,80 @@ func resolveCommand(name string) (string, error) {
 		return "", withCode(ExitCommandNotFound, fmt.Errorf("command not found: %s", name))
 	}
 	return "", withCode(ExitCannotExecute, fmt.Errorf("cannot execute %s: %v", name, unwrapPathErr(err)))
+}
+
+// shebangBuf is how much of a file Linux reads to find a #! line
+// (BINPRM_BUF_SIZE).
+const shebangBuf = 256
+
+// checkInterpreter checks the interpreter named on the #! line of the file
+// at path (name as the user typed it), as the exec would find it: 127 if it
+// does not exist, 126 if it is not an executable file. The line is parsed
+// as Linux parses it: after "#!" and any spaces or tabs, the interpreter
+// runs up to the first space, tab, NUL or newline, within the first
+// shebangBuf bytes (so the "\r" of a file with CRLF line endings is part of
+// it, and the kernel does not find it either); a relative interpreter is
+// relative to the current directory, which the command inherits (not to
+// the script's directory, and not looked up in PATH).
+//
+// Only that is checked here, not every way an exec can fail. These fail at
+// the exec, after the lease is taken (which is then released; exit 126, or
+// 127 when the kernel reports a missing file): a file pgfence cannot read
+// (execute-only), a #! line with no interpreter or whose interpreter does not
+// end within shebangBuf bytes, an interpreter that is itself a script with a
+// bad #! line, a file format the kernel cannot run, a missing ELF
+// interpreter (dynamic loader), a noexec mount, and a file changed between
+// this check and the exec.
+func checkInterpreter(name, path string) error {
+	if fi, err := os.Stat(path); err != nil || !fi.Mode().IsRegular() {
+		return nil // left to the exec (an open would wait on a FIFO)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil // left to the exec
+	}
+	defer f.Close()
+	buf := make([]byte, shebangBuf)
+	n, _ := io.ReadFull(f, buf)
+	buf = buf[:n]
+	if !bytes.HasPrefix(buf, []byte("#!")) {
+		return nil
+	}
+	// ended: the line ends within what the kernel reads (at a newline, or
+	// at the end of a shorter file).
+	line, ended := buf[2:], n < shebangBuf
+	if i := bytes.IndexByte(line, '\n'); i >= 0 {
+		line, ended = line[:i], true
+	}
+	line = bytes.TrimLeft(line, " \t")
+	if i := bytes.IndexAny(line, " \t\x00"); i >= 0 {
+		line = line[:i]
+	} else if !ended {
+		return nil // the interpreter may go on past what the kernel reads: it refuses the exec
+	}
+	if len(line) == 0 {
+		return nil // no interpreter: left to the exec
+	}
+	interp := string(line)
+	lookup := interp
+	if !strings.Contains(interp, "/") {
+		lookup = "./" + interp // exec.LookPath would search PATH; the kernel does not
+	}
+	if _, err := exec.LookPath(lookup); err != nil {
+		hint := ""
+		if strings.HasSuffix(interp, "\r") {
+			hint = " (the script has CRLF line endings)"
+		} else if !filepath.IsAbs(interp) {
+			hint = " (relative to the current directory)"
+		}
+		code := startErrCode(err)
+		what := "does not exist"
+		if code != ExitCommandNotFound {
+			what = fmt.Sprintf("cannot be executed: %v", unwrapPathErr(err))
+		}
+		return withCode(code, fmt.Errorf("bad interpreter: the #! line of %s names %q%s, which %s", name, interp, hint, what))
+	}
+	return nil
 }
 
 // startErrCode maps the error of an exec to 127 (not found) or 126.
@@ -184,8 +272,8 @@ func notifyRunSignals(ch chan<- os.Signal) {
 // command's tree, stop it on loss or signal, release the lease once the tree
 // is gone.
 func (a *app) runLeased(ctx context.Context, f *leaseFlags, grace time.Duration, passEnv bool, args []string) error {
-	if grace <= 0 {
-		return usageErr("--grace must be > 0")
+	if grace <= 0 || grace > maxGrace {
+		return usageErr("--grace %v: must be more than 0 and at most %v", grace, maxGrace)
 	}
 	if err := f.check(); err != nil {
 		return err

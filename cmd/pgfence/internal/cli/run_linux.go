@@ -255,12 +255,19 @@ func (t *supervisedTree) send(b byte, limit time.Duration) {
 // superviseMain is `pgfence __run-supervise PROTO GRACE_NS PATH ARGV...`,
 // with the control pipe on fd 3 and the report pipe on fd 4.
 func superviseMain(args []string) int {
+	// A write to a closed stderr (pgfence's, which the supervisor shares)
+	// returns EPIPE instead of killing the supervisor with SIGPIPE, as main
+	// arranges for pgfence (main does not run here: the supervisor starts
+	// from init). Killed, the supervisor could not report the tree's end,
+	// and pgfence would leave the lease to expire. Caught, not ignored: the
+	// command gets the default disposition at exec.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	if len(args) < 4 || args[0] != superviseProto || !isPipe(3) || !isPipe(4) {
 		fmt.Fprintln(os.Stderr, "pgfence: __run-supervise is internal to pgfence run and cannot be used on its own")
 		return ExitUsage
 	}
 	grace, err := strconv.ParseInt(args[1], 10, 64)
-	if err != nil || grace <= 0 {
+	if err != nil || grace <= 0 || time.Duration(grace) > maxGrace {
 		fmt.Fprintln(os.Stderr, "pgfence: __run-supervise: bad grace period")
 		return ExitUsage
 	}

@@ -656,8 +656,9 @@ func TestDatabaseURLFile(t *testing.T) {
 	}
 }
 
-// TestRunCommandNotFound: a command that is not found or not executable
-// exits 127 or 126 before any lease is taken.
+// TestRunCommandNotFound: a command that is not found or not executable,
+// or a script whose #! interpreter is not, exits 127 or 126 before any
+// lease is taken.
 func TestRunCommandNotFound(t *testing.T) {
 	t.Parallel()
 	dsn := pgtest.DSN(t)
@@ -668,23 +669,49 @@ func TestRunCommandNotFound(t *testing.T) {
 	if err := os.WriteFile(plain, []byte("echo hi\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Scripts, executable, whose #! line names an interpreter that the
+	// kernel would not find (127) or could not execute (126).
+	script := func(name, content string) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	missing := filepath.Join(dir, "missing")
+	badInterp := script("bad-interp", "#!"+missing+" -e\necho hi\n")
+	noNewline := script("no-newline", "#!  "+missing)
+	longLine := script("long-line", "#!"+missing+" "+strings.Repeat("a", 300)+"\necho hi\n")
+	crlf := script("crlf", "#!/bin/sh\r\necho hi\r\n")
+	relative := script("relative", "#!pgfence-no-such-interpreter-"+newMarker()+"\necho hi\n")
+	interpNotExec := script("interp-not-exec", "#!"+plain+"\necho hi\n")
+	interpDir := script("interp-dir", "#! "+dir+"\necho hi\n")
 	if _, err := pool.Exec(ctx, "INSERT INTO pgfence.locks(name, token) VALUES ('old', 5)"); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
 		lock, command string
 		code          int
+		say           string // in the message, when not ""
 	}{
-		{"empty", "", ExitCommandNotFound},
-		{"missing", filepath.Join(dir, "missing"), ExitCommandNotFound},
-		{"missing-path", "pgfence-no-such-command-" + newMarker(), ExitCommandNotFound},
-		{"old", "", ExitCommandNotFound},
-		{"not-executable", plain, ExitCannotExecute},
-		{"directory", dir, ExitCannotExecute},
+		{"empty", "", ExitCommandNotFound, ""},
+		{"missing", filepath.Join(dir, "missing"), ExitCommandNotFound, ""},
+		{"missing-path", "pgfence-no-such-command-" + newMarker(), ExitCommandNotFound, ""},
+		{"old", "", ExitCommandNotFound, ""},
+		{"not-executable", plain, ExitCannotExecute, ""},
+		{"directory", dir, ExitCannotExecute, ""},
+		{"bad-interp", badInterp, ExitCommandNotFound, "bad interpreter"},
+		{"no-newline", noNewline, ExitCommandNotFound, "bad interpreter"},
+		{"long-line", longLine, ExitCommandNotFound, "bad interpreter"},
+		{"crlf", crlf, ExitCommandNotFound, `"/bin/sh\r" (the script has CRLF line endings)`},
+		{"relative", relative, ExitCommandNotFound, "(relative to the current directory)"},
+		{"interp-not-exec", interpNotExec, ExitCannotExecute, "bad interpreter"},
+		{"interp-dir", interpDir, ExitCannotExecute, "bad interpreter"},
 	} {
 		r := run(t, dsn, "run", "--lock", tc.lock, "--", tc.command)
-		if r.code != tc.code {
-			t.Errorf("%q: code %d, want %d (%s)", tc.command, r.code, tc.code, r.stderr)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.say) {
+			t.Errorf("%q: code %d, want %d; stderr %q, want it to say %q", tc.command, r.code, tc.code, r.stderr, tc.say)
 		}
 	}
 	var names []string
@@ -694,6 +721,119 @@ func TestRunCommandNotFound(t *testing.T) {
 	}
 	if len(names) != 1 || oldToken != 5 {
 		t.Errorf("lock rows after refused commands: %q, token of 'old' %d (want only 'old', token 5)", names, oldToken)
+	}
+}
+
+// TestRunScriptInterpreter: a script's #! interpreter is checked where the
+// kernel looks for it: after leading spaces, up to the first space, and a
+// relative one against the current directory (not the script's, not PATH).
+// The scripts the kernel runs run; the others are refused before any lease
+// is taken.
+func TestRunScriptInterpreter(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.Mkdir(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/sh", filepath.Join(bin, "interp")); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string]string{
+		"rel":    "#!bin/interp\necho rel-ran\n",
+		"bare":   "#!interp\necho bare-ran\n",
+		"spaced": "#! \t/bin/sh -e\necho spaced-ran\n",
+		"short":  "#!/bin/sh",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// bin is in PATH: the kernel does not look there, nor may the check.
+	env := testEnv(dsn, "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	for _, tc := range []struct {
+		lock, cwd, command string
+		code               int
+		out                string
+	}{
+		{"rel", dir, "./rel", 0, "rel-ran\n"},
+		{"rel-elsewhere", bin, "../rel", ExitCommandNotFound, ""},
+		{"bare", bin, "../bare", 0, "bare-ran\n"},
+		{"bare-in-path", dir, "./bare", ExitCommandNotFound, ""},
+		{"spaced", dir, "./spaced", 0, "spaced-ran\n"},
+		{"short", dir, "./short", 0, ""},
+	} {
+		var stderr strings.Builder
+		cmd := exec.Command(pgfenceBin(t), "run", "--lock", tc.lock, "--", tc.command)
+		cmd.Dir, cmd.Env, cmd.Stderr = tc.cwd, env, &stderr
+		out, err := cmd.Output()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("%s: %v", tc.lock, err)
+		}
+		if code := cmd.ProcessState.ExitCode(); code != tc.code || string(out) != tc.out {
+			t.Errorf("%s: %s in %s: exit %d, stdout %q; want %d, %q (stderr %q)", tc.lock, tc.command, tc.cwd, code, out, tc.code, tc.out, stderr.String())
+		}
+	}
+	var names []string
+	if err := pool.QueryRow(context.Background(), "SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM pgfence.locks").Scan(&names); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"bare", "rel", "short", "spaced"}; strings.Join(names, " ") != strings.Join(want, " ") {
+		t.Errorf("locks taken: %q, want %q (a refused script takes none)", names, want)
+	}
+}
+
+// TestRunGraceBounds: a --grace that is not more than 0 and at most a day
+// is a usage error before any lease is taken (a huge one overflowed
+// grace+supervisorSlack: the supervisor was killed at once on a stop, and the
+// lease was left held); a day is accepted.
+func TestRunGraceBounds(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	for _, grace := range []string{"0s", "-1s", "2562047h", "2562047h47m16.854775807s", (maxGrace + time.Nanosecond).String()} {
+		d, err := time.ParseDuration(grace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, dsn, "run", "--lock", "grace-refused", "--grace", grace, "--", "true")
+		if r.code != ExitUsage || !strings.Contains(r.stderr, "--grace "+d.String()+": must be more than 0 and at most 24h0m0s") {
+			t.Errorf("--grace %s: %+v; want exit %d and the bounds", grace, r, ExitUsage)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM pgfence.locks WHERE name = 'grace-refused'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("a refused --grace took a lease")
+	}
+	if r := run(t, dsn, "run", "--lock", "grace-max", "--grace", maxGrace.String(), "--", "true"); r.code != 0 {
+		t.Errorf("--grace %v: %+v", maxGrace, r)
+	}
+	if v := lockState(t, dsn, "grace-max"); v.State != "free" || v.Token != 1 {
+		t.Errorf("after --grace %v: %+v", maxGrace, v)
+	}
+	// The longest grace on the stop path: the tree gets SIGTERM, and the
+	// lease is released once it is gone.
+	marker := newMarker()
+	p := startPgfence(t, testEnv(dsn), marker, "run", "--lock", "grace-max", "--grace", maxGrace.String(),
+		"--", "sh", "-c", "sleep "+marker+" & echo ready; wait")
+	waitLine(t, p, p.out, "ready", 30*time.Second)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 30*time.Second); code != 128+int(syscall.SIGTERM) {
+		t.Errorf("--grace %v, SIGTERM: exit %d, want %d", maxGrace, code, 128+int(syscall.SIGTERM))
+	}
+	if left := markerProcs(marker); len(left) > 0 {
+		t.Errorf("processes left when pgfence exited: %q", left)
+	}
+	if v := lockState(t, dsn, "grace-max"); v.State != "free" || v.Token != 2 {
+		t.Errorf("after --grace %v and SIGTERM: %+v", maxGrace, v)
 	}
 }
 
