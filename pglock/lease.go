@@ -300,6 +300,9 @@ func (s *Lease) Renew(ctx context.Context) error {
 // Release gives the lock back and wakes its waiters; the row keeps its token.
 // It is conditional on (name, token, key): if the lease was lost, nothing
 // changes and Release returns a [*pgfence.Error] matching [pgfence.ErrLost].
+// A Release of a Lease that has ended still releases the grant if the
+// database holds it; another Lease of the same grant ([Locker.Adopt])
+// then ends with [pgfence.ErrLost].
 // It is sent even after the local deadline passed (the database may still
 // hold the lease); a second Release after a successful one returns nil
 // without SQL. A connection error, or ctx ending while the statement is
@@ -326,10 +329,11 @@ func (s *Lease) Release(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	err := s.l.release(ctx, op, s.name, s.token)
+	err := s.l.releaseGrant(ctx, op, s.name, s.token, s)
 	if errors.Is(err, pgfence.ErrLost) && s.releaseTried {
 		if done, rerr := s.releasedEarlier(ctx); done {
 			err = nil // an earlier attempt of this Release did it
+			s.l.grantReleased(s.name, s.token, s)
 		} else if rerr != nil {
 			e := lostError(op, s.name, s.holder, s.token, rerr)
 			e.Reason = "not held any more; an earlier Release whose outcome was unknown may have released it (the lock row could not be read to tell)"

@@ -36,7 +36,8 @@ func (l *Locker) RenewToken(ctx context.Context, name string, token int64, ttl t
 // the row keeps its token, holder and expiry become NULL, and waiters are
 // notified (or the first one is handed the lease). If the lease is no longer
 // held by exactly that token and key, nothing changes and the error is a
-// [*pgfence.Error] matching [pgfence.ErrLost].
+// [*pgfence.Error] matching [pgfence.ErrLost]. A live [Lease] of this
+// Locker on that grant ends with [pgfence.ErrLost] once it is released.
 func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) error {
 	const op = "pglock.ReleaseToken"
 	if err := validatePair(op, name, token); err != nil {
@@ -57,8 +58,9 @@ func (l *Locker) ReleaseToken(ctx context.Context, name string, token int64) err
 // answered) gives [pgfence.ErrLost]; a renewal answered after ttl gives
 // [pgfence.ErrSlowGrant] (the grant is left to expire, or given back if
 // this Locker was about to). A renewal answered after [Locker.Close] began
-// gives [pgfence.ErrClosed], and the grant is given back. Config.KeepAlive
-// applies.
+// gives [pgfence.ErrClosed], and the grant is given back. A grant released
+// while Adopt renews it (by an ended Lease of it, or [Locker.ReleaseToken])
+// gives [pgfence.ErrLost]. Config.KeepAlive applies.
 func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.Duration) (*Lease, error) {
 	const op = "pglock.Adopt"
 	if err := validatePair(op, name, token); err != nil {
@@ -80,15 +82,23 @@ func (l *Locker) Adopt(ctx context.Context, name string, token int64, ttl time.D
 		return nil, e
 	}
 	var (
-		lease    *Lease
-		err      error
-		giveBack bool
+		lease              *Lease
+		err                error
+		giveBack, released bool
 	)
 	func() {
 		// Unclaimed also if a pool hook or tracer panics under the renewal.
-		defer func() { giveBack = l.unclaim(name, token) }()
+		defer func() { giveBack, released = l.unclaim(name, token) }()
 		lease, err = l.adopt(ctx, op, name, token, ttl)
 	}()
+	if released && lease != nil {
+		// A Lease of this grant that had ended, or ReleaseToken, released
+		// it while this Adopt renewed it: the new Lease holds nothing.
+		e := releasedElsewhere(name, l.holder, token)
+		e.Op = op
+		lease.end(e)
+		return nil, e
+	}
 	if giveBack && lease == nil && !errors.Is(err, pgfence.ErrLost) {
 		// A give-back of the grant left it to this Adopt, which made no
 		// Lease of it: give it back now.
@@ -179,6 +189,13 @@ func (o oneRoundTrip) QueryRow(ctx context.Context, sql string, args ...any) pgx
 // one). A lost lease is an error of kind pgfence.ErrLost; op is the exported
 // call, for errors.
 func (l *Locker) release(ctx context.Context, op, name string, token int64) error {
+	return l.releaseGrant(ctx, op, name, token, nil)
+}
+
+// releaseGrant is release for the Lease self (nil: for no Lease). Once the
+// database has released the grant, no other Lease of this Locker holds it:
+// grantReleased ends them.
+func (l *Locker) releaseGrant(ctx context.Context, op, name string, token int64, self *Lease) error {
 	// Coalesced with the other releases of this Locker (coalesce.go).
 	r, _, err := l.releases.do(ctx, releaseReq{name: name, token: token})
 	switch {
@@ -187,11 +204,44 @@ func (l *Locker) release(ctx context.Context, op, name string, token int64) erro
 	case !r.Released:
 		return lostError(op, name, l.holder, token, nil)
 	}
+	l.grantReleased(name, token, self)
 	if (r.HandedOff || r.Notified) && !l.isHot(name) {
 		// Waited for: the next Acquire through this Locker queues at once.
 		l.setHot(name, true)
 	}
 	return nil
+}
+
+// grantReleased ends every live Lease of this Locker on the grant (name,
+// token) but self, after a release of that grant succeeded: a Lease that
+// had ended locally (its deadline passed while the database kept the grant)
+// can still release it, as can ReleaseToken, after Adopt made a new Lease
+// of the same grant; that Lease would otherwise stay live while another
+// holder takes the name. An Adopt of the grant still under way is told
+// through its claim (Adopt ends the Lease it made).
+func (l *Locker) grantReleased(name string, token int64, self *Lease) {
+	var others []*Lease
+	l.mu.Lock()
+	if c := l.claims[grantID{name, token}]; c != nil && c.kind == claimAdopt {
+		c.released = true
+	}
+	for s := range l.leases {
+		if s != self && s.name == name && s.token == token && s.Err() == nil {
+			others = append(others, s)
+		}
+	}
+	l.mu.Unlock()
+	for _, s := range others {
+		s.end(releasedElsewhere(s.name, s.holder, s.token))
+	}
+}
+
+// releasedElsewhere is the end of a Lease whose grant another Lease of the
+// same grant, or ReleaseToken, released.
+func releasedElsewhere(name, holder string, token int64) *pgfence.Error {
+	e := lostError("pglock.Release", name, holder, token, nil)
+	e.Reason = "released through another Lease of the same grant, or ReleaseToken"
+	return e
 }
 
 // grantID names one grant: a lock name and its token.
@@ -214,6 +264,9 @@ type grantClaim struct {
 	// giveBack: a give-back found this Adopt's claim and left the grant to
 	// it; if the Adopt makes no Lease, the grant is given back after all.
 	giveBack bool
+	// released: a release of the grant succeeded during this Adopt's claim
+	// (grantReleased); the Lease the Adopt made holds nothing.
+	released bool
 }
 
 // claim reserves the grant (name, token) for an Adopt or a give-back, so
@@ -249,16 +302,18 @@ func (l *Locker) claim(kind claimKind, name string, token int64) (held claimKind
 
 // unclaim ends a claim taken with claim. For an Adopt's claim it reports
 // whether a give-back left the grant to it while no live Lease holds it
-// now: the Adopt failed, and the grant must be given back.
-func (l *Locker) unclaim(name string, token int64) (giveBack bool) {
+// now: the Adopt failed, and the grant must be given back; and whether a
+// release of the grant succeeded meanwhile (grantReleased).
+func (l *Locker) unclaim(name string, token int64) (giveBack, released bool) {
 	id := grantID{name, token}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if c := l.claims[id]; c != nil {
 		giveBack = c.giveBack && !l.hasLiveLocked(name, token)
+		released = c.released
 	}
 	delete(l.claims, id)
-	return giveBack
+	return giveBack, released
 }
 
 // hasLiveLocked reports whether the Locker has a live Lease on (name,
