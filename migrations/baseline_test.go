@@ -624,6 +624,12 @@ var rewrites = map[string][]string{
 	"00028_pgfence_release_collation.sql": {"lock_release"},
 	// A handoff's tag covers the lock's name.
 	"00029_pgfence_handoff_tag_name.sql": {"lock_release"},
+	// The door and the guards compare names, queues, keys and modes under
+	// the default collation, never the caller's.
+	"00030_pgfence_door_collation.sql": {"lock_grant", "lock_grant_many", "lock_renew", "lock_renew_many",
+		"lock_release_many", "lock_wait", "job_claim", "job_claim_tx", "job_fail_tx", "fenced_value_update",
+		"fenced_value_upsert", "fenced_value_delete", "fenced_value_read", "fence_refused", "outbox_enqueue",
+		"test_expire_lease", "attach_guard"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

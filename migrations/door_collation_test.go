@@ -565,40 +565,27 @@ func collScenarios() []collScenario {
 	for _, own := range []bool{true, false} {
 		for _, free := range []bool{false, true} {
 			state := map[bool]string{false: "held", true: "free"}[free]
-			var pend string
-			if own {
-				pend = "needs migration 00029: lock_grant compares name under the caller's collation " +
-					"(the other name's row: its holder read, or its free lease granted to the caller)"
-			}
 			add(collScenario{
 				name: "lock_grant/" + target[own] + "/other-" + state, fn: "pgfence.lock_grant(text,text,bigint,bytea)",
-				opts: collOpts{otherFree: free}, pending: pend,
+				opts: collOpts{otherFree: free},
 				call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 					return c.rows(ctx, coll, `SELECT token, held_by, expires_at IS NOT NULL
 						FROM pgfence.lock_grant($1::text %[1]s, 'caller' %[1]s, 60000000, $2)`,
 						pick(own, w.own, w.other), collKeyCaller)
 				},
 			})
-			if own {
-				pend = "needs migration 00029: lock_grant_many compares names under the caller's collation " +
-					"(the other name's row locked and read, or its free lease granted to the caller)"
-			}
 			add(collScenario{
 				name: "lock_grant_many/" + target[own] + "/other-" + state, fn: "pgfence.lock_grant_many(text[],text,bigint[],bytea)",
-				opts: collOpts{otherFree: free}, pending: pend,
+				opts: collOpts{otherFree: free},
 				call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 					return c.rows(ctx, coll, `SELECT i, token, held_by, exhausted
 						FROM pgfence.lock_grant_many($1::text[] %[1]s, 'caller' %[1]s, ARRAY[60000000]::bigint[], $2) ORDER BY i`,
 						[]string{pick(own, w.own, w.other)}, collKeyCaller)
 				},
 			})
-			if own {
-				pend = "needs migration 00029: lock_wait compares name under the caller's collation " +
-					"(the other name's row read and marked waited for, the caller queued or granted on it)"
-			}
 			add(collScenario{
 				name: "lock_wait/" + target[own] + "/other-" + state, fn: "pgfence.lock_wait(text,text,bigint,bytea,bigint,bigint)",
-				opts: collOpts{otherFree: free}, pending: pend,
+				opts: collOpts{otherFree: free},
 				call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 					return c.rows(ctx, coll, `SELECT granted, token, held_by
 						FROM pgfence.lock_wait($1::text %[1]s, 'caller' %[1]s, 60000000, $2, $3, 1)`,
@@ -606,26 +593,17 @@ func collScenarios() []collScenario {
 				},
 			})
 		}
-		var pend string
-		if !own {
-			pend = "needs migration 00029: lock_renew compares name under the caller's collation " +
-				"(renews the caller's own lease of another name)"
-		}
 		add(collScenario{
 			name: "lock_renew/" + target[own], fn: "pgfence.lock_renew(text,bigint,bytea,bigint)",
-			opts: collOpts{callerHolds: true}, pending: pend,
+			opts: collOpts{callerHolds: true},
 			call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 				return c.rows(ctx, coll, `SELECT expires_at IS NOT NULL FROM pgfence.lock_renew($1::text %[1]s, 1, $2, 60000000)`,
 					pick(own, w.own, w.other), collKeyCaller)
 			},
 		})
-		if !own {
-			pend = "needs migration 00029: lock_renew_many compares names under the caller's collation " +
-				"(renews the caller's own lease of another name)"
-		}
 		add(collScenario{
 			name: "lock_renew_many/" + target[own], fn: "pgfence.lock_renew_many(text[],bigint[],bytea,bigint[])",
-			opts: collOpts{callerHolds: true}, pending: pend,
+			opts: collOpts{callerHolds: true},
 			call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 				return c.rows(ctx, coll, `SELECT name, token FROM pgfence.lock_renew_many($1::text[] %[1]s, ARRAY[1]::bigint[], $2,
 					ARRAY[60000000]::bigint[]) ORDER BY name COLLATE "C"`, []string{pick(own, w.own, w.other)}, collKeyCaller)
@@ -641,14 +619,9 @@ func collScenarios() []collScenario {
 						pick(own, w.own, w.other), collKeyCaller)
 				},
 			})
-			var pend string
-			if !own && !waiter {
-				pend = "needs migration 00029: lock_release_many compares names under the caller's collation " +
-					"(releases the caller's own lease of another name)"
-			}
 			add(collScenario{
 				name: "lock_release_many/" + target[own] + wname, fn: "pgfence.lock_release_many(text[],bigint[],bytea)",
-				opts: collOpts{callerHolds: true, noWaiter: !waiter}, pending: pend,
+				opts: collOpts{callerHolds: true, noWaiter: !waiter},
 				call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 					return c.rows(ctx, coll, `SELECT i, released, handed_off, notified
 						FROM pgfence.lock_release_many($1::text[] %[1]s, ARRAY[1]::bigint[], $2) ORDER BY i`,
@@ -670,8 +643,6 @@ func collScenarios() []collScenario {
 		})
 		add(collScenario{
 			name: "job_claim/" + target[own], fn: "pgfence.job_claim(text,text,bigint,integer,bytea)",
-			pending: "needs migration 00029: job_claim compares queue under the caller's collation " +
-				"(claims the due jobs of another queue, as the role may by naming it)",
 			call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 				return c.rows(ctx, coll, `SELECT queue, payload::text, state, attempts, holder
 					FROM pgfence.job_claim($1::text %[1]s, 'caller' %[1]s, 600000, 10, $2) ORDER BY payload::text COLLATE "C"`,
@@ -680,9 +651,6 @@ func collScenarios() []collScenario {
 		})
 		add(collScenario{
 			name: "job_claim_tx/" + target[own], fn: "pgfence.job_claim_tx(text,integer)",
-			pending: "needs migration 00029: job_claim_tx compares queue under the caller's collation " +
-				"(claims the due jobs of another queue), and its local variables take that collation " +
-				"(split_part fails, 0A000, once the session has a value of pgfence.job_tx_claims)",
 			call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 				return c.inTx(ctx, func(tx pgx.Tx) ([]string, error) {
 					q := pick(own, w.ownQ, w.otherQ)
@@ -712,8 +680,6 @@ func collScenarios() []collScenario {
 	})
 	add(collScenario{
 		name: "job_fail_tx", fn: "pgfence.job_fail_tx(bigint,text,bigint,boolean)",
-		pending: "needs migration 00029: job_fail_tx's local variable claims takes the caller's collation " +
-			"(split_part and position fail under a nondeterministic one)",
 		call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 			return c.inTx(ctx, func(tx pgx.Tx) ([]string, error) {
 				var id int64
@@ -747,16 +713,12 @@ func collScenarios() []collScenario {
 			own      bool
 			ownFence int64
 		}{{"own-absent", true, 0}, {"other", false, 0}, {"own-at-1", true, 1}, {"own-at-20", true, 20}} {
-			// The upsert's INSERT ... ON CONFLICT finds its row through the
-			// primary key, under the index's collation: only its read of a
-			// row it did not change differs.
-			var pend string
-			if variant.own && (name != "fenced_value_upsert" || variant.ownFence > 9) {
-				pend = "needs migration 00029: " + name + " compares key under the caller's collation " +
-					"(reads or writes the other key's value, as any caller may by naming it, or fails on two rows, P0003)"
-			}
+			// Before migration 00030 every read and write of key but the
+			// upsert's INSERT ... ON CONFLICT (which finds its row through
+			// the primary key, under the index's collation) compared it
+			// under the caller's collation.
 			add(collScenario{
-				name: name + "/" + variant.name, fn: v.fn, opts: collOpts{ownFence: variant.ownFence}, pending: pend,
+				name: name + "/" + variant.name, fn: v.fn, opts: collOpts{ownFence: variant.ownFence},
 				call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 					return c.rows(ctx, coll, v.sql, pick(variant.own, w.ownK, w.otherK))
 				},
@@ -765,30 +727,27 @@ func collScenarios() []collScenario {
 	}
 	add(collScenario{
 		name: "fence_refused", fn: "pgfence.fence_refused(text,text,text,bigint,bigint,boolean)",
-		pending: "needs migration 00029: fence_refused compares mode under the caller's collation " +
-			"('STRICT' passes the mode check: PF004 instead of PF011)",
 		call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 			return c.rows(ctx, coll, `SELECT pgfence.fence_refused('public.t' %[1]s, $1 %[1]s, 'STRICT' %[1]s, 3, 3, true)`, w.ownK)
 		},
 	})
 
 	// Outbox: the caller holds own at token 1, the victim other at token 1
-	// with an intent 'idem-1'. The lease check (SELECT ... WHERE l.name =
-	// lock_name) compares under the caller's collation and meets the
-	// caller's own lease first: only the topic and idempotency_key regexes,
-	// which fail under a nondeterministic collation (0A000), stop the call
-	// before it. Made collation-proof alone, they let outbox_enqueue/other
-	// record an intent under the victim's lock with the caller's key (it
-	// commits: the victim's latest token is 1 too), which fails here as
-	// harm, and outbox_enqueue/own answer with the victim's intent as the
-	// caller's duplicate.
+	// with an intent 'idem-1'. Before migration 00030 the lease check
+	// (SELECT ... WHERE l.name = lock_name) compared under the caller's
+	// collation and met the caller's own lease first: only the topic and
+	// idempotency_key regexes, which failed under a nondeterministic
+	// collation (0A000), stopped the call before it. Made collation-proof
+	// alone, they let outbox_enqueue/other record an intent under the
+	// victim's lock with the caller's key (it commits: the victim's latest
+	// token is 1 too), which fails here as harm, and outbox_enqueue/own
+	// answer with the victim's intent as the caller's duplicate; 00030
+	// changed both together.
 	for _, own := range []bool{true, false} {
 		key := map[bool]string{true: "idem-1", false: "idem-2"}[own]
 		add(collScenario{
 			name: "outbox_enqueue/" + target[own], fn: "pgfence.outbox_enqueue(text,bigint,bytea,text,text,jsonb,integer,timestamp with time zone)",
 			opts: collOpts{callerHolds: true},
-			pending: "needs migration 00029: outbox_enqueue compares lock_name under the caller's collation; " +
-				"today its topic and idempotency_key regexes fail first (0A000) under a nondeterministic one",
 			call: func(ctx context.Context, c *collCaller, w *collWorld, coll string) ([]string, error) {
 				return c.rows(ctx, coll, `SELECT duplicate, intent_topic, intent_lock_name, intent_token
 					FROM pgfence.outbox_enqueue($1::text %[1]s, 1, $2, $3 %[1]s, $4 %[1]s, '{"by": "caller"}')`,
@@ -833,70 +792,152 @@ func collScenarios() []collScenario {
 	return s
 }
 
+// guardCollCase is a guarded table whose lock name comes from a column or
+// expression under public.ci, a nondeterministic (case-insensitive)
+// collation.
+type guardCollCase struct {
+	name    string
+	columns string // the columns besides id and fence
+	column  string // the column a row's lock name is written through
+	guard   string // pgfence.guard's lock name argument
+	value   func(lock string) string
+}
+
+var guardCollCases = []guardCollCase{
+	{"column", "lock text COLLATE public.ci NOT NULL", "lock", `lock_name_column => 'lock'`,
+		func(lock string) string { return lock }},
+	{"expression", "tenant text COLLATE public.ci NOT NULL", "tenant", `lock_name_expression => $$'orders-' || tenant$$`,
+		func(lock string) string { return strings.TrimPrefix(lock, "orders-") }},
+	{"generated", "tenant text COLLATE public.ci NOT NULL, lock text COLLATE public.ci GENERATED ALWAYS AS ('orders-' || tenant) STORED",
+		"tenant", `lock_name_column => 'lock'`, func(lock string) string { return strings.TrimPrefix(lock, "orders-") }},
+}
+
+// createGuardCollTable creates the table of g (public.ci must exist) and
+// guards it; false: pgfence.guard refused.
+func createGuardCollTable(t *testing.T, ctx context.Context, pool *pgxpool.Pool, g guardCollCase) bool {
+	t.Helper()
+	table := "public.ci_" + g.name
+	mustExecPool(t, ctx, pool, fmt.Sprintf(`CREATE TABLE %s (id integer PRIMARY KEY, %s, fence bigint NOT NULL DEFAULT 0)`,
+		table, g.columns))
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`SELECT pgfence.guard('%s', %s)`, table, g.guard)); err != nil {
+		t.Logf("the guard refuses a lock name under a nondeterministic collation: %v", err)
+		return false
+	}
+	return true
+}
+
+// guardCollProblems writes rows of the guarded table of g, with lock names
+// and ids of phase's own, and returns what the guard got wrong: a holder of
+// 'orders-acme-...' at token 1 writes a row of 'orders-ACME-...' (latest
+// token 3), the holder of the latter writes one at token 3, and a row of the
+// former is moved to the latter.
+func guardCollProblems(t *testing.T, ctx context.Context, pool *pgxpool.Pool, g guardCollCase, phase string, base int) []string {
+	t.Helper()
+	table := "public.ci_" + g.name
+	own, other := "orders-acme-"+g.name+"-"+phase, "orders-ACME-"+strings.ToUpper(g.name+"-"+phase)
+	// own first (a sequential scan of pgfence.locks meets it first), at
+	// token 1; other at token 3, held.
+	mustExecPool(t, ctx, pool, fmt.Sprintf(`SELECT pgfence.lock_grant('%s', 'stale', 60000000, '\x%s')`, own, hex.EncodeToString(collKeyCaller)))
+	for tok := 1; tok <= 3; tok++ {
+		mustExecPool(t, ctx, pool, fmt.Sprintf(`SELECT pgfence.lock_grant('%s', 'holder', 60000000, '\x%s')`, other, hex.EncodeToString(collKeyVictim)))
+		if tok < 3 {
+			mustExecPool(t, ctx, pool, fmt.Sprintf(`SELECT pgfence.lock_release('%s', %d, '\x%s')`, other, tok, hex.EncodeToString(collKeyVictim)))
+		}
+	}
+	var problems []string
+	insert := fmt.Sprintf(`INSERT INTO %s (id, %s, fence) VALUES ($1, $2, $3)`, table, g.column)
+	// The holder of own at token 1 writes a row of other.
+	_, err := pool.Exec(ctx, insert, base+1, g.value(other), 1)
+	if st := sqlState(err); st != "PF008" {
+		problems = append(problems, fmt.Sprintf("a row of %s written at token 1 of %s (its latest token is 3): %v, "+
+			"want refused as superseded (PF008)", other, own, err))
+	}
+	// The holder of other at token 3 writes a row of other.
+	if _, err := pool.Exec(ctx, insert, base+2, g.value(other), 3); err != nil {
+		problems = append(problems, fmt.Sprintf("a row of %s written at its latest token 3: %v, want written", other, err))
+	}
+	// The holder of own writes a row of own.
+	if _, err := pool.Exec(ctx, insert, base+3, g.value(own), 1); err != nil {
+		return append(problems, fmt.Sprintf("a row of %s written at its latest token 1: %v, want written", own, err))
+	}
+	// An UPDATE that moves it to other is refused as a move (the generated
+	// check compares the old and new lock names too).
+	_, err = pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET %s = $2, fence = 3 WHERE id = $1`, table, g.column), base+3, g.value(other))
+	if st := sqlState(err); st != "PF001" || !strings.Contains(err.Error(), "moves a row") {
+		problems = append(problems, fmt.Sprintf("a row of %s moved to %s: %v, want refused as a move (PF001)", own, other, err))
+	}
+	return problems
+}
+
 // TestGuardLockColumnCollation: a guard compares the lock names of
 // pgfence.locks, which are distinct byte strings, with the name of the
 // row's lock exactly, whatever the collation of the table's lock-name column
 // or lock name expression. The generated lookup (l.name = NEW.<column> /
-// the expression's value) compared under that collation: with a
-// nondeterministic (case-insensitive) one, a row of 'orders-ACME' was checked
-// against the latest token of 'orders-acme', so the holder of 'orders-acme'
-// at token 1 wrote a row of 'orders-ACME', whose latest token is 3, and the
-// holder of 'orders-ACME' was refused its own row (PF002); and an UPDATE
-// that moved a row from one of them to the other was not seen as a move. A
-// guard that refuses to attach to such a column or expression passes too.
+// the expression's value) compared under that collation before migration
+// 00030: with a nondeterministic (case-insensitive) one, a row of
+// 'orders-ACME' was checked against the latest token of 'orders-acme', so
+// the holder of 'orders-acme' at token 1 wrote a row of 'orders-ACME', whose
+// latest token is 3, and the holder of 'orders-ACME' was refused its own row
+// (PF002); and an UPDATE that moved a row from one of them to the other was
+// not seen as a move. A guard that refuses to attach to such a column or
+// expression passes too.
 func TestGuardLockColumnCollation(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	owner := pgtest.PoolFor(t, pgtest.DSN(t))
 	mustExecPool(t, ctx, owner, `CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
-	for _, g := range []struct {
-		name, column, guard string
-		value               func(lock string) string // the column's value for a row of lock
-	}{
-		{"column", "lock", `lock_name_column => 'lock'`, func(lock string) string { return lock }},
-		{"expression", "tenant", `lock_name_expression => $$'orders-' || tenant$$`,
-			func(lock string) string { return strings.TrimPrefix(lock, "orders-") }},
-	} {
+	for _, g := range guardCollCases {
 		t.Run(g.name, func(t *testing.T) {
-			table := "public.ci_" + g.name
-			own, other := "orders-acme-"+g.name, "orders-ACME-"+strings.ToUpper(g.name)
-			mustExecPool(t, ctx, owner, fmt.Sprintf(`CREATE TABLE %s (id integer PRIMARY KEY, %s text COLLATE public.ci NOT NULL,
-				fence bigint NOT NULL DEFAULT 0)`, table, g.column))
-			if _, err := owner.Exec(ctx, fmt.Sprintf(`SELECT pgfence.guard('%s', %s)`, table, g.guard)); err != nil {
-				t.Logf("the guard refuses a lock name under a nondeterministic collation: %v", err)
+			if !createGuardCollTable(t, ctx, owner, g) {
 				return
 			}
-			// own first (a sequential scan of pgfence.locks meets it first),
-			// at token 1; other at token 3, held.
-			mustExecPool(t, ctx, owner, fmt.Sprintf(`SELECT pgfence.lock_grant('%s', 'stale', 60000000, '\x%s')`, own, hex.EncodeToString(collKeyCaller)))
-			for tok := 1; tok <= 3; tok++ {
-				mustExecPool(t, ctx, owner, fmt.Sprintf(`SELECT pgfence.lock_grant('%s', 'holder', 60000000, '\x%s')`, other, hex.EncodeToString(collKeyVictim)))
-				if tok < 3 {
-					mustExecPool(t, ctx, owner, fmt.Sprintf(`SELECT pgfence.lock_release('%s', %d, '\x%s')`, other, tok, hex.EncodeToString(collKeyVictim)))
-				}
-			}
-			insert := fmt.Sprintf(`INSERT INTO %s (id, %s, fence) VALUES ($1, $2, $3)`, table, g.column)
-			// The holder of own at token 1 writes a row of other.
-			_, err := owner.Exec(ctx, insert, 1, g.value(other), 1)
-			if st := sqlState(err); st != "PF008" {
-				t.Errorf("a row of %s written at token 1 of %s (its latest token is 3): %v, want refused as superseded (PF008)",
-					other, own, err)
-			}
-			// The holder of other at token 3 writes a row of other.
-			if _, err := owner.Exec(ctx, insert, 2, g.value(other), 3); err != nil {
-				t.Errorf("a row of %s written at its latest token 3: %v, want written", other, err)
-			}
-			// The holder of own writes a row of own.
-			if _, err := owner.Exec(ctx, insert, 3, g.value(own), 1); err != nil {
-				t.Fatalf("a row of %s written at its latest token 1: %v, want written", own, err)
-			}
-			// An UPDATE that moves it to other is refused as a move (the
-			// generated check compares the old and new lock names too).
-			_, err = owner.Exec(ctx, fmt.Sprintf(`UPDATE %s SET %s = $2, fence = 3 WHERE id = $1`, table, g.column), 3, g.value(other))
-			if st := sqlState(err); st != "PF001" || !strings.Contains(err.Error(), "moves a row") {
-				t.Errorf("a row of %s moved to %s: %v, want refused as a move (PF001)", own, other, err)
+			for _, p := range guardCollProblems(t, ctx, owner, g, "newest", 0) {
+				t.Error(p)
 			}
 		})
 	}
+}
+
+// doorCollationVersion is migration 00030_pgfence_door_collation.sql.
+const doorCollationVersion = 30
+
+// TestGuardCollationMigration: guards attached at version 29 show the harm
+// TestGuardLockColumnCollation looks for (so that test tests something);
+// migration 00030 attaches them again with its generator, which ends it, and
+// its Down attaches them again with 00023's, which gives it back.
+func TestGuardCollationMigration(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool, p := beforeMigration(t, ctx, doorCollationVersion)
+	mustExecPool(t, ctx, pool, `CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)`)
+	for _, g := range guardCollCases {
+		if !createGuardCollTable(t, ctx, pool, g) {
+			t.Fatalf("version 29: the guard of %s was not attached", g.name)
+		}
+	}
+	check := func(phase string, base int, wantHarm bool) {
+		t.Helper()
+		for _, g := range guardCollCases {
+			problems := guardCollProblems(t, ctx, pool, g, phase, base)
+			switch {
+			case wantHarm && len(problems) == 0:
+				t.Errorf("%s, %s: the guard got nothing wrong; want the harm of version 29 (the test shows nothing)", phase, g.name)
+			case !wantHarm:
+				for _, pr := range problems {
+					t.Errorf("%s, %s: %s", phase, g.name, pr)
+				}
+			}
+		}
+	}
+	check("v29", 0, true)
+	if _, err := p.UpTo(ctx, doorCollationVersion); err != nil {
+		t.Fatal(err)
+	}
+	check("v30", 10, false)
+	if _, err := p.DownTo(ctx, doorCollationVersion-1); err != nil {
+		t.Fatal(err)
+	}
+	check("down", 20, true)
 }
