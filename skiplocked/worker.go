@@ -73,7 +73,13 @@ type Summary struct {
 	Released int64
 	// ClaimsLost is the number of claims lost: another worker re-claimed the
 	// job (or the claim ended otherwise) and this worker's outcome was
-	// refused, or never sent because a renewal found the loss first.
+	// refused, or never sent because a renewal found the loss first. An
+	// outcome whose reply was lost with the connection is sent again; it is
+	// not a loss when the retry finds the job claimed again (after a release
+	// or a failure) or deleted, less than ClaimTTL after the claim, or its
+	// latest renewal, was sent (local clock): the claim could not have
+	// expired yet, so the first attempt wrote the outcome, and it counts as
+	// Completed, Failed, Dead or Released.
 	ClaimsLost int64
 	// Unknown is the number of outcomes that could not be written or
 	// verified (the database was unreachable for longer than the retries).
@@ -130,11 +136,19 @@ func init() {
 }
 
 type held struct {
-	ref    ClaimRef
-	job    Job
-	cancel context.CancelCauseFunc // nil until the handler starts
-	lost   *claimInfo              // set when a renewal found the claim lost
-	ended  bool                    // a renewal found the claim ended by its own outcome
+	ref ClaimRef
+	job Job
+	// deadline is the claim's local expiry: Go's monotonic clock read
+	// before the claim statement (or the latest renewal that extended the
+	// claim) was sent, plus its TTL, as for pglock's Lease.Deadline. The
+	// database's expiry (statement_timestamp() + TTL, never moved earlier)
+	// counts from a later instant, so until deadline the claim has not
+	// expired on the database either, and nobody can have claimed the job
+	// again (see landedUnseen). Guarded by Worker.mu.
+	deadline time.Time
+	cancel   context.CancelCauseFunc // nil until the handler starts
+	lost     *claimInfo              // set when a renewal found the claim lost
+	ended    bool                    // a renewal found the claim ended by its own outcome
 	// completing: the handler's transaction is completing the job; the row
 	// is locked by it until it commits, so renewals leave it alone rather
 	// than wait for that commit.
@@ -435,7 +449,7 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 		// until the claim expired. Let it answer (its result is useless
 		// after ClaimTTL), and the jobs go the way of every claimed job
 		// not started at shutdown: released at once.
-		start := time.Now()
+		start := time.Now() // before the statement is sent: the claims' local deadline counts from it
 		cctx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.ClaimTTL)
 		claimed, err := claim(cctx, w.pool, ClaimParams{Queue: w.queue, Holder: w.cfg.Holder, Limit: n, TTL: w.cfg.ClaimTTL}, w.claimRows)
 		cancelClaim()
@@ -452,9 +466,10 @@ func (w *Worker) fetch(ctx context.Context, poller bool, slots chan struct{}, jo
 			<-slots
 		}
 		hs := make([]held, len(claimed)) // one allocation for the batch
+		deadline := start.Add(dbTTL(w.cfg.ClaimTTL))
 		w.mu.Lock()
 		for i, j := range claimed {
-			hs[i] = held{ref: j.Ref(), job: j}
+			hs[i] = held{ref: j.Ref(), job: j, deadline: deadline}
 			w.inflight[hs[i].ref] = &hs[i]
 		}
 		idle := len(w.inflight) == 0

@@ -58,9 +58,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics receives rows claimed, completed, failed and dead, claims lost
 	// and claim latency, labelled by queue (see package observe). Defaults to
-	// nil: nothing is recorded. Claims lost counts real losses only: a
-	// completion retried after a lost reply, or of a job the handler
-	// completed itself, is a completion.
+	// nil: nothing is recorded. Claims lost counts real losses only: an
+	// outcome retried after a lost reply counts as written (see
+	// [Summary].ClaimsLost), and the completion of a job the handler
+	// completed itself is a completion.
 	Metrics observe.Metrics
 	// OnClaimLost, when set, is called once for each claim this worker lost,
 	// after the job's handler has returned. err matches [pgfence.ErrLost]:

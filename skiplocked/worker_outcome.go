@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgfence/pgfence"
 	"github.com/pgfence/pgfence/internal/metricdefs"
 	"github.com/pgfence/pgfence/internal/permanent"
@@ -146,20 +148,91 @@ const connRetries = 3
 // because the connection was lost and ctx allows. Every statement it retries is
 // conditional on the claim tokens, so a retry never changes a job the worker
 // no longer holds, and idempotent: if a first attempt did commit before its
-// connection failed, the retry reports success, not a lost claim.
+// connection failed, the retry reports success, not a lost claim, while the
+// row still shows the claim ended with that outcome (once the job has been
+// claimed again, or purged, see landedUnseen).
 func retryConn(ctx context.Context, op func() error) error {
-	err := op()
+	_, err := retryConnUnsure(ctx, op)
+	return err
+}
+
+// retryConnUnsure is retryConn that also tells whether an attempt before
+// the last one may have taken effect: it failed with the connection after
+// its statement was written (pgconn.SafeToRetry says no), so its outcome
+// is unknown (sent, no reply).
+func retryConnUnsure(ctx context.Context, op func() error) (unsure bool, err error) {
+	err = op()
 	for i := 1; i <= connRetries && connLost(err) && ctx.Err() == nil; i++ {
 		t := time.NewTimer(time.Duration(i) * 10 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return unsure, err
 		case <-t.C:
 		}
+		unsure = unsure || !pgconn.SafeToRetry(err)
 		err = op()
 	}
-	return err
+	return unsure, err
+}
+
+// dbTTL is the TTL the database applies to a claim or renewal of ttl: the
+// statements send it in whole milliseconds (ttl.Milliseconds()).
+func dbTTL(ttl time.Duration) time.Duration { return ttl.Truncate(time.Millisecond) }
+
+// landedUnseen reports whether a retried outcome statement op (opComplete,
+// opRelease or opFail) that found h's claim ended may conclude that an
+// earlier attempt of its own ended it, the reply lost with the connection:
+// then the claim was not lost, and the outcome counts as written. e is the
+// job's claim as the retry read it, nil when the job no longer exists;
+// unsure, whether an earlier attempt may have taken effect (see
+// retryConnUnsure); now, a local clock reading taken after the retry's
+// reply, so after the row was read.
+//
+// A job running under a claim leaves it only through pgfence.job_complete,
+// job_release or job_fail given the claim's token and key, or through
+// pgfence.job_claim once claim_expires_at <= now() on the database clock (a
+// new token, or dead with the token kept): job_renew keeps the job running
+// under the claim and never moves its expiry earlier, job_complete_tx and
+// job_fail_tx change only available jobs, and job_purge deletes only
+// completed and dead ones (migrations 00001, 00018, 00019, 00020 and 00026,
+// the newest version of each). Before h's local deadline the claim has not
+// expired on the database (see held.deadline), so a claim found gone then
+// was ended with its key, that is by this Worker's outcome statement for
+// it: the one retried here. (A handler that ends its own claim with
+// job.Ref() and returns holds the key too, and a write outside those
+// functions, a table owner's UPDATE or DELETE or
+// pgfence.test_expire_claim, is not accounted for.)
+//
+// The row must also show an end that op leaves possible: the job deleted
+// (it finished, possibly later under another claim, and was purged), or
+// claimed again under another token, which a release or a failure allows
+// (the job is available again) but never a completion (a completed job is
+// never claimed again). The claim's own token with another outcome, or
+// another key, was not ended by op: a loss. After the deadline the claim
+// may have expired and been taken: a loss too, as when no earlier attempt
+// may have taken effect.
+func (w *Worker) landedUnseen(op string, h *held, e *claimInfo, unsure bool, now time.Time) bool {
+	if !unsure {
+		return false
+	}
+	w.mu.Lock() // renewals move the deadline
+	deadline := h.deadline
+	w.mu.Unlock()
+	if !now.Before(deadline) {
+		return false
+	}
+	if e == nil {
+		return true
+	}
+	return e.CurrentToken != h.ref.Token && op != opComplete
+}
+
+// noteLandedUnseen logs an outcome counted as written by landedUnseen.
+func (w *Worker) noteLandedUnseen(op string, h *held, e *claimInfo) {
+	e = orBare(e, h.ref)
+	w.cfg.Logger.Info(op+": claim found ended after a lost reply, before its local expiry: the earlier attempt wrote it",
+		"job", e.JobID, "token", e.Token, "current_token", e.CurrentToken, "state", string(e.State))
 }
 
 func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(context.Context, pgfence.DBTX, []ClaimRef) ([]ClaimRef, []*claimInfo, error)) {
@@ -171,26 +244,28 @@ func (w *Worker) finish(ctx context.Context, op string, rs []result, f func(cont
 	}
 	var lostRefs []ClaimRef
 	var infos []*claimInfo
-	err := retryConn(cctx, func() (err error) {
+	unsure, err := retryConnUnsure(cctx, func() (err error) {
 		lostRefs, infos, err = f(cctx, w.pool, refs)
 		return err
 	})
-	lost := map[ClaimRef]*claimInfo{}
-	if err == nil {
-		for i, r := range lostRefs { // counted and logged per claim below
-			lost[r] = orBare(infos[i], r)
-		}
-	}
+	now := time.Now() // after the reply: the rows were read before
 	if err != nil {
 		w.stats.unknown.Add(int64(len(rs)))
 		w.cfg.Logger.Error(op+" failed; claims will expire", "jobs", len(refs), "err", err)
 		return
 	}
+	lost := make(map[ClaimRef]*claimInfo, len(lostRefs))
+	for i, r := range lostRefs { // counted and logged per claim below
+		lost[r] = infos[i] // nil: the job does not exist
+	}
 	landed := 0
 	for _, r := range rs {
 		if e, ok := lost[r.h.ref]; ok {
-			w.reportLost(ctx, r.h, e, op+" refused: claim lost")
-			continue
+			if !w.landedUnseen(op, r.h, e, unsure, now) {
+				w.reportLost(ctx, r.h, e, op+" refused: claim lost")
+				continue
+			}
+			w.noteLandedUnseen(op, r.h, e)
 		}
 		landed++
 	}
@@ -214,31 +289,43 @@ func (w *Worker) fail(ctx context.Context, r result) {
 	var job Job
 	var lost *claimInfo
 	retryIn := w.backoff(r.h.job)
-	err := retryConn(cctx, func() (err error) {
+	giveUp := permanent.Is(r.err)
+	unsure, err := retryConnUnsure(cctx, func() (err error) {
 		job, lost, err = fail(cctx, w.pool, r.h.ref, FailParams{
 			Error:   msg,
 			RetryIn: retryIn,
-			GiveUp:  permanent.Is(r.err),
+			GiveUp:  giveUp,
 		})
 		return err
 	})
+	now := time.Now() // after the reply: the row was read before
 	m := metricdefs.OrNop(w.cfg.Metrics)
-	switch {
-	case lost != nil && lost.CurrentToken == r.h.ref.Token && lost.Outcome == outcomeCompleted:
-		// A commit whose reply was lost did land after all (see runTx).
-		w.stats.completed.Add(1)
-		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
-	case lost != nil:
-		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
-	case err == nil:
+	failed := func(dead bool) {
 		m.Add(ctx, metricdefs.RowsFailedTotal, 1, w.queue)
-		if job.State == StateDead {
+		if dead {
 			w.stats.dead.Add(1)
 			m.Add(ctx, metricdefs.RowsDeadTotal, 1, w.queue)
 		} else {
 			w.stats.failed.Add(1)
 		}
-	case errors.Is(err, pgfence.ErrNotFound):
+	}
+	deleted := errors.Is(err, pgfence.ErrNotFound)
+	switch {
+	case lost != nil && lost.CurrentToken == r.h.ref.Token && lost.Outcome == outcomeCompleted:
+		// A commit whose reply was lost did land after all (see runTx).
+		w.stats.completed.Add(1)
+		m.Add(ctx, metricdefs.RowsCompletedTotal, 1, w.queue)
+	case (lost != nil || deleted) && w.landedUnseen(opFail, r.h, lost, unsure, now):
+		// An earlier attempt wrote the failure, then the job was claimed
+		// again or purged: dead or not as job_fail decided it, from the
+		// attempts the claim counted.
+		w.noteLandedUnseen(opFail, r.h, lost)
+		failed(giveUp || r.h.job.Attempts >= r.h.job.MaxAttempts)
+	case lost != nil:
+		w.reportLost(ctx, r.h, lost, "skiplocked: fail refused: claim lost")
+	case err == nil:
+		failed(job.State == StateDead)
+	case deleted:
 		w.reportLost(ctx, r.h, nil, "skiplocked: fail refused: job deleted")
 	default:
 		w.stats.unknown.Add(1)

@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// renewLoop extends every claim held, and cancels handlers whose claim is
-// lost. A claim found ended by its own outcome under the same token (the
+// renewLoop extends every claim held, moves the local deadline
+// (held.deadline) of each claim extended, and cancels handlers whose claim
+// is lost. A claim found ended by its own outcome under the same token (the
 // handler completed it, or the completion raced the renewal) is not a
 // loss: it is only no longer renewed.
 func (w *Worker) renewLoop(ctx context.Context) {
@@ -30,18 +31,32 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			chunk := refs[:min(len(refs), maxBatch)]
 			refs = refs[len(chunk):]
 			hctx, cancel := context.WithTimeout(ctx, w.cfg.ClaimTTL) // a later renewal is useless
-			var lost []ClaimRef                                      // cancelled below
+			var expires []time.Time
+			var lost []ClaimRef // cancelled below
 			var details []*claimInfo
+			// Read before the first attempt is sent: each attempt that
+			// extended a claim did so from a later instant.
+			deadline := time.Now().Add(dbTTL(w.cfg.ClaimTTL))
 			err := retryConn(hctx, func() (err error) {
-				_, lost, details, _, err = renew(hctx, w.pool, w.cfg.ClaimTTL, chunk)
+				expires, lost, details, _, err = renew(hctx, w.pool, w.cfg.ClaimTTL, chunk)
 				return err
 			})
 			cancel()
 			if err != nil {
+				// Possibly extended after all: the local deadlines stay
+				// where they were, earlier than the database's.
 				w.cfg.Logger.Warn("skiplocked: claim renewal failed", "claims", len(chunk), "err", err)
 				continue
 			}
 			w.mu.Lock()
+			for i, r := range chunk {
+				if expires[i].IsZero() {
+					continue // lost, or its row locked at that moment: not extended
+				}
+				if h, ok := w.inflight[r]; ok && deadline.After(h.deadline) {
+					h.deadline = deadline
+				}
+			}
 			for i, r := range lost {
 				h, ok := w.inflight[r]
 				if !ok {
