@@ -57,7 +57,10 @@ func TestWorkerStaleCompletionRefused(t *testing.T) {
 		}
 		return nil
 	}, &skiplocked.Config{
-		Concurrency: 4, BatchSize: 4, ClaimTTL: time.Hour, PollInterval: time.Hour, Metrics: m,
+		// Polling: reclaimAs's claim locks an available job for a moment
+		// too, and a claim of the Worker's then skips it; with only
+		// notifications (one per enqueue) it was never claimed again.
+		Concurrency: 4, BatchSize: 4, ClaimTTL: time.Hour, PollInterval: 100 * time.Millisecond, Metrics: m,
 		OnClaimLost: func(_ context.Context, _ skiplocked.Job, err *pgfence.Error) { hook <- err },
 	})
 	stop := runWorker(t, w)
