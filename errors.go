@@ -65,7 +65,9 @@ var (
 	// nothing changed. Use a new lock name (and fence columns).
 	ErrTokenExhausted = pgerr.ErrTokenExhausted // "tokens exhausted"
 	// ErrSlowGrant: a grant's answer arrived only after its TTL had passed
-	// since it was sent, so it was given back unused. Retrying is safe.
+	// since it was sent (for a lease handed to a waiter: after what was
+	// left of it), so it was not used: it was given back, unless the
+	// error's Reason says otherwise. Retrying is safe.
 	ErrSlowGrant = pgerr.ErrSlowGrant // "grant arrived after its lease ended"
 	// ErrGuard: the guard of a fenced table refused an unfenced change.
 	ErrGuard = pgerr.ErrGuard // "refused by the fence guard"

@@ -20,8 +20,10 @@ import (
 // lock stays held by this Locker's holder until ttl passes (unless the
 // grant was batched with other calls': a batch's grant whose caller gave up
 // is given back). A grant answered
-// after ttl is given back and reported as a [*pgfence.Error] matching
-// [pgfence.ErrSlowGrant] (with the token; [pgfence.IsRetryable] is true).
+// after ttl is given back (also when ctx ended as the answer came) and
+// reported as a [*pgfence.Error] matching [pgfence.ErrSlowGrant] (with the
+// token; its Reason says whether giving it back failed, leaving it held
+// until it expires; [pgfence.IsRetryable] is true).
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	const op = "pglock.TryAcquire"
 	if err := validateName(op, name); err != nil {
@@ -76,7 +78,10 @@ func (l *Locker) recordAcquire(ctx context.Context, name string, start time.Time
 // round trip, a [*pgfence.Error] with no Kind that matches it too. Database
 // errors end the wait and are returned as a [*pgfence.Error] whose cause is
 // the driver's error, and a grant that arrived too late to be used matches
-// [pgfence.ErrSlowGrant] (see [Locker.TryAcquire]).
+// [pgfence.ErrSlowGrant] (see [Locker.TryAcquire]): also a lease a release
+// handed to the wait, when the queueing statement that returned it answered
+// after what was left of it when the statement was sent (its local
+// deadline); it is given back too.
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	const op = "pglock.Acquire"
 	if err := validateName(op, name); err != nil {

@@ -67,12 +67,13 @@ func batchOut(t *testing.T, ctx context.Context, l *Locker, admin *pgxpool.Pool,
 }
 
 // TestCloseBatchOutReleasesGrants: a lock_grant_many batch out when the
-// Locker closes (its callers return ErrClosed) runs to its end, and the
-// grants it made are released: nobody holds a Lease for them. The batch's
-// context was cancelled once none of its callers waited, but pgx then only
-// closes the connection: the server went on, committed the grants, and no
-// release followed, so the names stayed held by the closed Locker until
-// their TTL.
+// Locker closes (its callers return ErrClosed) runs on while Close waits
+// for it, and the grants it made are released: nobody holds a Lease for
+// them. The batch's context was cancelled once none of its callers waited,
+// but pgx then only closes the connection: the server went on, committed
+// the grants, and no release followed, so the names stayed held by the
+// closed Locker until their TTL. (A batch still out when Close's wait ends
+// is ended: TestCloseEndsAbandonedGrantBatch.)
 func TestCloseBatchOutReleasesGrants(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, 2*time.Minute)
@@ -92,9 +93,8 @@ func TestCloseBatchOutReleasesGrants(t *testing.T) {
 	}
 	bx, calls := batchOut(t, ctx, l, admin, "closebatch", time.Minute,
 		func() (context.Context, context.CancelFunc) { return ctx, func() {} })
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
 	for range 2 {
 		c := <-calls
 		if c.lease != nil {
@@ -104,8 +104,16 @@ func TestCloseBatchOutReleasesGrants(t *testing.T) {
 			t.Errorf("batched TryAcquire at Close: %v, want ErrClosed", c.err)
 		}
 	}
-	bx.unblock(t) // the batch goes on
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the batch answered: its callers took its whole wait to return", err)
+	default:
+	}
+	bx.unblock(t) // the batch goes on, while Close waits for it
 	waitClosed(t, orphaned, "the batch's grants to be given back")
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range []string{"closebatch-x", "closebatch-y"} {
 		if info := inspect(t, admin, name); info.Held {
 			t.Errorf("%s after Close: held by %q (token %d) though its caller got ErrClosed", name, info.Holder, info.Token)

@@ -86,9 +86,12 @@ const (
 // or once it is committing, changes nothing), and a grant committed so would
 // stay held by nobody until its TTL. Such a statement is left to run to its end on its
 // own (abandoned is closed: the slot goes on with the next calls), is
-// cancelled once the longest TTL it asked for has passed after that, and the
-// grants of the calls that gave up are released when it returns. (A grant
-// it commits after that cancel anyway stays held until its TTL.)
+// cancelled once the longest TTL it asked for has passed after that, or once
+// Close has waited for it (closeWait: the Locker's abortCtx, so that the
+// pool can be closed right after Close), and the grants of the calls that
+// gave up are released when it returns. A grant it commits after that
+// cancel anyway (the server may commit a statement whose cancel it never
+// saw, or saw too late) stays held by nobody until its TTL; Close logs it.
 type flight struct {
 	waiting   int
 	cancel    context.CancelFunc
@@ -254,7 +257,12 @@ func (c *coalescer[Req, Res]) loop() {
 			c.mu.Unlock()
 			return
 		}
-		ctx, cancel := context.WithCancel(context.Background())
+		parent := context.Background()
+		if c.orphan != nil {
+			// Ended when Close has waited for it (see flight).
+			parent = c.l.abortCtx
+		}
+		ctx, cancel := context.WithCancel(parent)
 		f := &flight{waiting: len(batch), cancel: cancel}
 		if c.orphan != nil {
 			f.abandoned = make(chan struct{})
@@ -281,7 +289,16 @@ func (c *coalescer[Req, Res]) loop() {
 		go func() {
 			defer c.l.calls.done()
 			defer close(done)
-			c.send(ctx, batch)
+			if err := c.send(ctx, batch); err != nil && c.l.abortCtx.Err() != nil {
+				// Close has waited for it, then ended it: its callers had
+				// gone (ErrClosed), and what it granted is unknown.
+				names := make([]string, len(batch))
+				for i, call := range batch {
+					names[i] = c.name(call.req)
+				}
+				c.l.log.Warn("pglock: Close ended a grant statement it had waited for; "+
+					"a lease it granted anyway stays held until its TTL", "names", names, "err", err)
+			}
 			c.mu.Lock()
 			if f.timer != nil {
 				f.timer.Stop()
@@ -296,8 +313,9 @@ func (c *coalescer[Req, Res]) loop() {
 	}
 }
 
-// send runs batch as one statement and hands each call its result.
-func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Req, Res]) {
+// send runs batch as one statement and hands each call its result. It
+// returns the statement's error.
+func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Req, Res]) error {
 	// One lock order for every statement: by name, then arrival.
 	slices.SortStableFunc(batch, func(a, b *coalesceCall[Req, Res]) int {
 		return cmp.Compare(c.name(a.req), c.name(b.req))
@@ -343,6 +361,7 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 			c.orphanHook()
 		}
 	}
+	return err
 }
 
 // batchStatements returns the number of batch statements sent so far.

@@ -88,7 +88,9 @@
 // lone caller more latency than coalescing may add. [Elector.Run] waits for
 // its grant statements to answer when its context ends (for up to the lease
 // duration) and gives back a grant that arrives then. A grant batched with
-// others' goes on when all its callers gave up, and is given back. A lease's lifetime does not
+// others' goes on when all its callers gave up, and is given back; at
+// [Locker.Close] it goes on only until Close has waited for it, as a
+// queueing statement does. A lease's lifetime does not
 // depend on the context passed to Acquire; use [Lease.Context] for the work.
 //
 // # Errors

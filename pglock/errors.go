@@ -59,7 +59,19 @@ func closedError(op, name string) *pgfence.Error {
 // was sent, not within its TTL (pgfence.ErrSlowGrant); then says what
 // became of the grant.
 func slowGrantError(op, name string, token int64, took, ttl time.Duration, then string) *pgfence.Error {
+	return slowLeaseError(op, name, token, took, ttl, ttl, then)
+}
+
+// slowLeaseError is slowGrantError for a lease that had left of its TTL
+// when its statement was sent (less than ttl: a lease a release handed to
+// the wait before the statement ran).
+func slowLeaseError(op, name string, token int64, took, left, ttl time.Duration, then string) *pgfence.Error {
+	within := fmt.Sprintf("not within its TTL %v", ttl)
+	if left < ttl {
+		within = fmt.Sprintf("not within the %v left of the lease a release had handed to the wait (TTL %v)",
+			max(left, 0).Round(time.Millisecond), ttl)
+	}
 	return &pgfence.Error{Op: op, Kind: pgfence.ErrSlowGrant, Name: name, Token: token,
-		Reason: fmt.Sprintf("answered %v after it was sent, not within its TTL %v; %s, retry or use a longer TTL",
-			took.Round(time.Millisecond), ttl, then)}
+		Reason: fmt.Sprintf("answered %v after it was sent, %s; %s, retry or use a longer TTL",
+			took.Round(time.Millisecond), within, then)}
 }

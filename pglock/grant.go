@@ -66,23 +66,35 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 			if expiresAt == nil {
 				return nil, nil, 0, dbError(op, name, errors.New("grant returned no expiry"))
 			}
-			if took := time.Since(sent); took >= ttl {
+			// The lease's local deadline is sent + left: its TTL, or, for a
+			// lease a release handed to this wait before the statement ran
+			// (QueueGrant returns it with less than the TTL left), what the
+			// database says is left, counted from the send time (never
+			// later than the lease's end). Every path refuses a lease whose
+			// local deadline has passed when its answer is read: here, and
+			// in handed (whose wait's next QueueGrant then reads the lease
+			// again, and lands here). No more is asked: a tagged handoff
+			// (taggedHandoff) wants half the TTL left because it counts from
+			// when the wait queued and a read counts from later, but this
+			// deadline counts from this statement already, and a later one
+			// would only find less left.
+			left := ttl
+			if mark && expiresAt.Sub(dbNow) < ttl {
+				left = expiresAt.Sub(dbNow)
+			}
+			if took := time.Since(sent); took >= left {
 				// The answer came back after the lease's local deadline: the
 				// lease would end the moment it was returned. Give the
-				// token back (best effort, conditional on it) and report.
-				if ctx.Err() == nil {
-					_ = l.release(ctx, op, name, token)
+				// token back (conditional on it, on a context that outlives
+				// ctx: the caller's may have ended as the answer came; a
+				// handed lease then goes to the next waiter) and report.
+				then := "it was released"
+				if !l.giveBack(ctx, op, name, token, "pglock: release of a grant answered after its local deadline failed; it stays held until it expires") {
+					then = "releasing it failed, so it stays held until it expires"
 				}
-				return nil, nil, 0, slowGrantError(op, name, token, took, ttl, "it was released")
+				return nil, nil, 0, slowLeaseError(op, name, token, took, left, ttl, then)
 			}
-			if mark && expiresAt.Sub(dbNow) < ttl {
-				// Handed over by a release (or granted in this statement):
-				// the lease may be older than this statement, so its local
-				// deadline counts what the database says is left from the
-				// send time.
-				return l.newLease(name, token, ttl, *expiresAt, sent.Add(expiresAt.Sub(dbNow)-ttl)), nil, 0, nil
-			}
-			return l.newLease(name, token, ttl, *expiresAt, sent), nil, 0, nil
+			return l.newLease(name, token, ttl, *expiresAt, sent.Add(left-ttl)), nil, 0, nil
 		}
 		if kind == attemptFirst {
 			return nil, &pgfence.Error{Op: op, Kind: pgfence.ErrLocked, Name: name}, 0, nil
@@ -100,8 +112,9 @@ func (l *Locker) grant(ctx context.Context, op, name string, ttl time.Duration, 
 }
 
 // queueGrant sends the waiter w's QueueGrant: a statement that can grant, so
-// it is not cancelled once sent (detach.go). When ctx ends first it returns
-// ctx's cause at once and marks w detached; once the statement has
+// it is not cancelled once sent (detach.go). When ctx ends first, or the
+// Locker closes, it returns ctx's error (errCoalescerClosed) at once and
+// marks w detached; once the statement has
 // answered, finishDetached gives back a lease it got and takes the wait out
 // of the queue (before, the wait left the queue at once, and a statement
 // delayed on the network queued it again afterwards, or granted it a lease,
@@ -120,11 +133,12 @@ func (l *Locker) queueGrant(ctx context.Context, op, name string, ttl time.Durat
 		})
 		return err
 	}
-	if ctx.Done() == nil { // ctx never ends: nothing to detach from
-		var p pending
-		err := l.onLiveConn(ctx, func(conn *pgxpool.Conn) error { return stmt(ctx, conn, &p) })
-		return p.res, p.sent, err
-	}
+	// Also when ctx never ends (context.Background()): the caller must
+	// still return at Close, and Close end the statement after its wait,
+	// so that the pool can be closed (a statement run on the caller's
+	// goroutine did neither). It costs such a caller what every caller
+	// whose context can end pays (a goroutine, and pgx watching the
+	// statement's context): the waiter's statement, not a lone grant's.
 	r, sent, err, detached := sendDetachable(l, ctx, ttl, stmt,
 		func(p *pending) { l.finishDetached(op, name, w, p) })
 	w.detached = detached

@@ -42,7 +42,9 @@ type Locker struct {
 	closedCh chan struct{}
 	// abortCtx ends once Close has waited closeWait for the calls in
 	// flight: it ends the waiting statements of callers that gave up
-	// (queueGrant), so that they do not hold a pooled connection past it.
+	// (queueGrant) and the grant batches whose callers all gave up
+	// (coalescer.loop), so that they do not hold a pooled connection past
+	// it.
 	abortCtx context.Context
 	abort    context.CancelFunc
 	wg       sync.WaitGroup // the keep-alive goroutine
@@ -192,19 +194,23 @@ func (l *Locker) Listen(ctx context.Context) error {
 // live lease with a cause matching [pgfence.ErrClosed]. It does not release
 // live leases in the database: release them first, or they stay held until
 // their TTL passes. Waiting Acquire calls (also those whose queueing
-// statement is out), and TryAcquire calls queued behind another grant
-// statement of the Locker, return an error matching [pgfence.ErrClosed] at
-// once; a grant whose statement answers after Close, or a lease a release
-// hands to a waiter at that moment, is given back, and the call that asked
-// for it returns that error too. Close waits for those calls and
-// statements, and for the queueing statements of waits that gave up
-// earlier (see the package documentation), at most 5 seconds (a server
-// that does not answer); then it ends the queueing statements still out, so
-// that the pool can be closed right after it, and a grant one of them makes
-// later stays held until its TTL (Close logs a warning). Do not call Close
-// from the Locker's Logger, Metrics or a hook of its pool: they can run
-// inside such a call, and Close would then wait the 5 seconds. Close is
-// safe to call more than once.
+// statement is out, whatever their context), and TryAcquire calls queued
+// behind another grant statement of the Locker, return an error matching
+// [pgfence.ErrClosed] at once; a grant whose statement answers after Close,
+// or a lease a release hands to a waiter at that moment, is given back, and
+// the call that asked for it returns that error too. Close waits for those
+// calls and statements, for the queueing statements of waits that gave up
+// earlier, and for the batched grant statements whose callers all gave up
+// (see the package documentation), at most 5 seconds (a server that does
+// not answer); then it ends the queueing and batched grant statements
+// still out, so that the pool can be closed right after it. Their outcome
+// is then unknown: a grant one of them makes anyway, or a lease a release
+// hands to its wait, stays held by nobody until its TTL (Close logs a
+// warning). A lone grant statement (a TryAcquire's, or an Acquire's first
+// attempt, sent at once on its caller's context) ends with that context
+// only. Do not call Close from the Locker's Logger, Metrics or a hook of
+// its pool: they can run inside such a call, and Close would then wait the
+// 5 seconds. Close is safe to call more than once.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
