@@ -73,8 +73,13 @@ type Config struct {
 	// [Lease.Release] of it failed (it then expires at its TTL unless
 	// Release is called again): one goroutine per
 	// Locker sends all the leases due in one statement (a lease due within
-	// half its interval goes with them, early). It keeps renewing while the
-	// worker is stuck: fencing is still required. Defaults to false.
+	// half its interval goes with them, early). It does not wait for a
+	// statement: one that gets no answer holds back only its own leases,
+	// and only for half of the shortest remaining time among them (at least
+	// four measured round trips); it is then cancelled, extends nothing, and
+	// its leases are tried again at once on other connections, apart from
+	// the others. It keeps renewing while the worker is stuck: fencing is
+	// still required. Defaults to false.
 	KeepAlive bool
 	// KeepAliveFraction is the fraction of the TTL between renewals, in
 	// (0, 0.8]. Defaults to 1/3.

@@ -40,7 +40,7 @@ func TestLeasePastDeadlineNotKept(t *testing.T) {
 		kept := len(l.leases)
 		l.mu.Unlock()
 		l.keeper.mu.Lock()
-		due := len(l.keeper.due)
+		due := len(l.keeper.kept)
 		l.keeper.mu.Unlock()
 		if kept == 0 && due == 0 {
 			return
