@@ -630,6 +630,8 @@ var rewrites = map[string][]string{
 		"lock_release_many", "lock_wait", "job_claim", "job_claim_tx", "job_fail_tx", "fenced_value_update",
 		"fenced_value_upsert", "fenced_value_delete", "fenced_value_read", "fence_refused", "outbox_enqueue",
 		"test_expire_lease", "attach_guard"},
+	// guarded_fence_status reads lock names under the default collation.
+	"00031_pgfence_fence_status_collation.sql": {"guarded_fence_status"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

@@ -374,7 +374,10 @@ func queryFences(ctx context.Context, pool *pgxpool.Pool, table, fenceCol string
 		lockExpr = "$1::pg_catalog.text"
 		args = append(args, lockName)
 	} else {
-		lockExpr = "t." + pgx.Identifier{lockCol}.Sanitize() + "::pg_catalog.text"
+		// Byte for byte, as the guard compares it (migration 00030), not
+		// under the column's collation: under a nondeterministic one the
+		// rows of 'orders-acme' matched the lock of 'orders-ACME' too.
+		lockExpr = "(t." + pgx.Identifier{lockCol}.Sanitize() + "::pg_catalog.text COLLATE pg_catalog.\"default\")"
 	}
 	from := fmt.Sprintf("%s t LEFT JOIN pgfence.lock_status l ON (l.name OPERATOR(pg_catalog.=) %s)", ident.Sanitize(), lockExpr)
 

@@ -181,3 +181,38 @@ func TestFencesListsKeysInTheirOwnOrder(t *testing.T) {
 		t.Errorf("json keys: code %d (stderr %q), order %s, want %s", r.code, r.stderr, got, want)
 	}
 }
+
+// TestFencesLockColumnCollation: under --lock-column, a row's lock name is
+// matched byte for byte, as the guard matches it, whatever the column's
+// collation. Under a nondeterministic (case-insensitive) one a row of
+// 'FS-INV', a lock never issued, matched the lock 'fs-inv' and passed as
+// current (exit 0), and every row was counted once per matching lock.
+func TestFencesLockColumnCollation(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.DSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	if _, err := pool.Exec(context.Background(), `
+		CREATE COLLATION public.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+		INSERT INTO pgfence.locks(name, token) VALUES ('fs-acme', 1), ('fs-ACME', 3), ('fs-inv', 1);
+		CREATE TABLE fs_ci (id int PRIMARY KEY, lock text COLLATE public.ci NOT NULL, fence bigint NOT NULL DEFAULT 0);
+		INSERT INTO fs_ci VALUES (1, 'fs-acme', 1), (2, 'fs-ACME', 3), (3, 'fs-inv', 1), (4, 'FS-INV', 1);`); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, dsn, "fences", "--table", "fs_ci", "--lock-column", "lock", "--json")
+	if r.code != ExitForged || !strings.Contains(r.stderr, "1 row(s) carry a fence above") {
+		t.Fatalf("fences --lock-column on a case-insensitive column: code %d, stderr %q; want %d, 1 row", r.code, r.stderr, ExitForged)
+	}
+	var rows []fenceRow
+	if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{fenceCurrent, fenceCurrent, fenceCurrent, fenceForged}
+	if len(rows) != len(want) {
+		t.Fatalf("rows: %s", r.stdout)
+	}
+	for i, w := range want {
+		if rows[i].Status != w {
+			t.Errorf("row %s (fence %d): status %q, want %q", keySafe(rows[i].Key[0]), rows[i].Fence, rows[i].Status, w)
+		}
+	}
+}
