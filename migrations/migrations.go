@@ -103,15 +103,30 @@ func checkKnownVersions(ctx context.Context, db *sql.DB, p *goose.Provider) erro
 		return err
 	}
 	known := knownVersions(p)
-	var unknown []int64
+	var newest int64
+	for v := range known {
+		newest = max(newest, v)
+	}
+	var unknown, newer []int64
 	for _, v := range applied {
-		if !known[v] {
+		switch {
+		case v > newest:
+			newer = append(newer, v)
+		case !known[v]:
 			unknown = append(unknown, v)
 		}
 	}
-	if len(unknown) > 0 {
+	switch {
+	case len(unknown) > 0:
 		return fmt.Errorf("%w: versions %v are applied in %s (a database migrated by a pre-release build: drop schema %s and migrate again, see docs/migrations.md)",
 			ErrUnknownMigration, unknown, VersionTable, Schema)
+	case len(newer) > 0:
+		// Never the pre-release advice: dropping the schema would drop
+		// every lease, job and guard of a database a newer release
+		// migrated.
+		return fmt.Errorf("%w: versions %v are applied in %s, newer than this build's newest migration (%d): "+
+			"a newer release of pgfence migrated this database; use that release (its migrate down --to %d rolls the schema back to this build's)",
+			ErrUnknownMigration, newer, VersionTable, newest, newest)
 	}
 	return nil
 }
@@ -212,32 +227,69 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 	return nil
 }
 
-// checkSchemaOwner refuses a schema pgfence that neither the current role
-// nor a role it belongs to owns. A schema created beforehand by another role
-// (CREATE on the database suffices) stays that role's, and a schema's owner
-// may drop and replace every function in it, the SQL door included. A
-// superuser is a member of every role for pg_has_role: it must own the
-// schema itself, or the schema's owner must own the baseline's
-// pgfence.lock_grant (it migrated the schema before: a superuser applying
-// later migrations to a schema a dedicated owner role set up).
+// checkSchemaOwner refuses a schema pgfence that the current role does not
+// own. A schema created beforehand by another role (CREATE on the database
+// suffices) stays that role's, and a schema's owner may drop and replace
+// every function in it, the SQL door included. A role that does not own the
+// schema may not migrate it even when it may create objects in it (a
+// superuser, a member of the owner): see [checkMigrator].
 func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
 	var owner string
 	var ours bool
 	if err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
-		n.nspowner OPERATOR(pg_catalog.=) r.oid OR (NOT r.rolsuper AND pg_catalog.pg_has_role(r.oid, n.nspowner, 'MEMBER'))
-		OR (r.rolsuper AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc p
-			WHERE p.pronamespace OPERATOR(pg_catalog.=) n.oid AND p.proname OPERATOR(pg_catalog.=) 'lock_grant'
-			AND p.proowner OPERATOR(pg_catalog.=) n.nspowner))
+		n.nspowner OPERATOR(pg_catalog.=) r.oid
 		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
 		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &ours); err != nil {
 		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
 	}
 	if !ours {
-		return fmt.Errorf("migrations: schema %s is owned by role %s, not by the migrating role or a role it belongs to, "+
+		return fmt.Errorf("migrations: schema %s is owned by role %s, not by the migrating role, "+
 			"and pgfence's migrations did not create it: that role could replace every function of pgfence's; "+
-			"drop the schema and migrate again, or migrate as role %s if it is yours", Schema, owner, owner)
+			"drop the schema and migrate again, or %s", Schema, owner, migrateAsRole(owner))
 	}
 	return nil
+}
+
+// migrateAsRole is the end of the error of a role that may not migrate a
+// schema owner owns: how to migrate as owner instead.
+func migrateAsRole(owner string) string {
+	return fmt.Sprintf("if role %[1]s is yours, migrate as %[1]s: connect as it, or, as a member of it or a superuser, "+
+		"set the connection's role (options=-c role=%[1]s in the connection string, or PGOPTIONS='-c role=%[1]s')", owner)
+}
+
+// checkMigrator refuses, on conn, a role that may create objects in schema
+// pgfence (a superuser, a member of the schema's owner, a role granted
+// CREATE on it) but does not own it; any other role passes (one that owns
+// it, one that may only use it, as the application's role, or a database
+// without the schema). The objects a migration creates belong to the role
+// that runs it: a superuser's SECURITY DEFINER function in a schema whose
+// tables another role owns runs that role's triggers as the superuser, so
+// the owner of the schema (or a squatter that created it first, forging any
+// sign that pgfence migrated it) would gain the migrating role's rights
+// through the application's calls. The session locker runs it before every
+// operation it locks, so a provider's own Up, UpTo, Down and DownTo are
+// refused too, and so are its Status and GetDBVersion for such a role.
+func checkMigrator(ctx context.Context, conn *sql.Conn) error {
+	var owner, role string
+	var ours, create bool
+	err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
+		CURRENT_USER::pg_catalog.text,
+		n.nspowner OPERATOR(pg_catalog.=) r.oid,
+		pg_catalog.has_schema_privilege(n.oid, 'CREATE')
+		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
+		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &role, &ours, &create)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // no schema yet: bootstrap creates it, owned by this role
+	}
+	if err != nil {
+		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
+	}
+	if ours || !create {
+		return nil
+	}
+	return fmt.Errorf("migrations: schema %s is owned by role %s, not by role %s, which may create objects in it but must not: "+
+		"what it created there would run with its rights, and the schema's owner could make it run its own code; %s",
+		Schema, owner, role, migrateAsRole(owner))
 }
 
 // createVersionTable creates [VersionTable] with its version-0 row, as goose
@@ -386,9 +438,19 @@ type sessionLocker struct{ id int64 }
 
 var _ lock.SessionLocker = sessionLocker{}
 
+// SessionLock takes the lock, then refuses a role that does not own schema
+// pgfence but may create objects in it ([checkMigrator]), unlocking again.
 func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	if _, err := conn.ExecContext(ctx, "SELECT pg_catalog.pg_advisory_lock($1)", l.id); err != nil {
 		return fmt.Errorf("migrations: take advisory lock %d: %w", l.id, err)
+	}
+	if err := checkMigrator(ctx, conn); err != nil {
+		// goose closes conn without unlocking when SessionLock fails: a
+		// pooled connection would go back to its pool holding the lock.
+		if uerr := l.SessionUnlock(context.WithoutCancel(ctx), conn); uerr != nil {
+			return errors.Join(err, uerr)
+		}
+		return err
 	}
 	return nil
 }

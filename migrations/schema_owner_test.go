@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -61,9 +62,16 @@ func TestMigrateRefusesSchemaOfAnotherRole(t *testing.T) {
 }
 
 // TestSuperuserMigratesOwnerRoleSchema: a database migrated by a dedicated
-// owner role (not a superuser) is brought up to date by a superuser: the
-// schema is the owner role's, which owns the baseline's functions too, so
-// the superuser is not refused as a squatter's victim would be.
+// owner role (not a superuser) is brought up to date. The objects a
+// migration creates belong to the role that runs it; a superuser used to be
+// let in, and its SECURITY DEFINER functions (lock_grant_many among them),
+// writing tables the owner role owns, ran the owner role's triggers as the
+// superuser: the owner role made itself superuser through the application's
+// next call. A superuser (or any role that may create objects in the schema
+// but does not own it) is now refused, changing nothing, through Up and
+// through a provider's own methods (what pgfence migrate up calls), with an
+// error saying how to migrate as the owner; doing so (the connection's role
+// set to the owner) migrates, and every function is the owner's.
 func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -81,8 +89,158 @@ func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	if _, err := p.UpTo(ctx, 23); err != nil {
 		t.Fatalf("owner role migrating to 23: %v", err)
 	}
-	if err := migrations.UpPool(ctx, admin); err != nil {
-		t.Errorf("superuser applying the rest to the owner role's schema: %v", err)
+	version := func() string {
+		return queryString(t, ctx, admin, `SELECT max(version_id)::text FROM pgfence.goose_db_version`)
+	}
+	foreign := func() string {
+		return queryString(t, ctx, admin, `SELECT count(*)::text FROM pg_catalog.pg_proc p
+			JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+			WHERE n.nspname = 'pgfence' AND p.proowner <> n.nspowner`)
+	}
+
+	err = migrations.UpPool(ctx, admin)
+	if err == nil || !strings.Contains(err.Error(), "owned by role "+owner+",") || !strings.Contains(err.Error(), "options=-c role="+owner) {
+		t.Fatalf("superuser's UpPool into role %s's schema = %v; want a refusal naming the owner and how to migrate as it", owner, err)
+	}
+	sdb := openDB(t, dsn)
+	if _, err := migrations.NewProvider(ctx, sdb); err == nil || !strings.Contains(err.Error(), "owned by role "+owner+",") {
+		t.Fatalf("superuser's NewProvider on role %s's schema = %v; want the same refusal", owner, err)
+	}
+	if v, n := version(), foreign(); v != "23" || n != "0" {
+		t.Fatalf("after the refusals: version %s, %s functions not owned by the schema's owner; want 23 and 0", v, n)
+	}
+
+	// As the owner: the superuser's connection with its role set.
+	asOwner := pgtest.PoolFor(t, dsn+"&options=-c%20role%3D"+owner)
+	if got := queryString(t, ctx, asOwner, `SELECT current_user::text`); got != owner {
+		t.Fatalf("current_user with options role=%s: %s", owner, got)
+	}
+	if err := migrations.UpPool(ctx, asOwner); err != nil {
+		t.Fatalf("UpPool as role %s (the superuser's connection, role set): %v", owner, err)
+	}
+	if v, n := version(), foreign(); v == "23" || n != "0" {
+		t.Fatalf("after migrating as the owner: version %s, %s functions not owned by the schema's owner; want the newest and 0", v, n)
+	}
+}
+
+// TestMemberMigratesOwnerRoleSchema: a member of the schema's owner role
+// (which may create objects there through the owner's rights) is refused
+// like a superuser: the functions it created would run with its own rights,
+// and the owner role could make them run its code. With its connection's
+// role set to the owner it migrates.
+func TestMemberMigratesOwnerRoleSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.EmptyDSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	owner, id := loginRole(t, ctx, dsn, admin, "pgfowner")
+	member, mid := loginRole(t, ctx, dsn, admin, "pgfmember")
+	mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
+	db := openDB(t, withUser(t, dsn, owner))
+	p, err := migrations.NewProvider(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 23); err != nil {
+		t.Fatalf("owner role migrating to 23: %v", err)
+	}
+	mustExecPool(t, ctx, admin, "GRANT "+id+" TO "+mid)
+	mdsn := withUser(t, dsn, member)
+	if err := migrations.UpPool(ctx, pgtest.PoolFor(t, mdsn)); err == nil || !strings.Contains(err.Error(), "owned by role "+owner+",") {
+		t.Fatalf("member %s's UpPool into role %s's schema = %v; want a refusal naming the owner", member, owner, err)
+	}
+	if v := queryString(t, ctx, admin, `SELECT max(version_id)::text FROM pgfence.goose_db_version`); v != "23" {
+		t.Fatalf("after the refusal: version %s, want 23", v)
+	}
+	if err := migrations.UpPool(ctx, pgtest.PoolFor(t, mdsn+"&options=-c%20role%3D"+owner)); err != nil {
+		t.Fatalf("member's UpPool with its role set to %s: %v", owner, err)
+	}
+	if n := queryString(t, ctx, admin, `SELECT count(*)::text FROM pg_catalog.pg_proc p
+		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'pgfence' AND p.proowner <> n.nspowner`); n != "0" {
+		t.Fatalf("%s functions in pgfence not owned by the schema's owner; want 0", n)
+	}
+}
+
+// TestMigrateRefusesForgedSchema: a role with CREATE on the database that
+// creates schema pgfence first can forge every sign that pgfence migrated it
+// (a version table, a function named lock_grant). A superuser used to take
+// the forged function as the owner role's baseline and migrate into the
+// schema; the squatter then owned the schema of superuser-owned SECURITY
+// DEFINER functions, and swapped pgfence.locks for a table with a trigger
+// of its own that the application's next lock_grant ran as the superuser.
+// Refused now, through Up and a provider's methods, creating nothing.
+func TestMigrateRefusesForgedSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.EmptyDSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	squatter, id := loginRole(t, ctx, dsn, admin, "squatter")
+	mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
+	sq := pgtest.PoolFor(t, withUser(t, dsn, squatter))
+	mustExecPool(t, ctx, sq, `CREATE SCHEMA pgfence`)
+	mustExecPool(t, ctx, sq, `CREATE FUNCTION pgfence.lock_grant() RETURNS int LANGUAGE sql AS 'SELECT 1'`)
+	procs := func() string {
+		return queryString(t, ctx, admin, `SELECT count(*)::text FROM pg_catalog.pg_proc WHERE pronamespace = 'pgfence'::regnamespace`)
+	}
+
+	// The schema and the function alone (the check bootstrap makes).
+	if err := migrations.UpPool(ctx, admin); err == nil || !strings.Contains(err.Error(), "owned by role "+squatter+",") {
+		t.Fatalf("UpPool into a schema of %s with a forged lock_grant = %v; want a refusal naming it", squatter, err)
+	}
+	// With a forged version table too (NewProvider's bootstrap finds it
+	// and creates nothing; the provider's own methods are what the CLI's
+	// migrate up calls).
+	mustExecPool(t, ctx, sq, `CREATE TABLE pgfence.goose_db_version (id serial PRIMARY KEY, version_id bigint NOT NULL,
+		is_applied boolean NOT NULL, tstamp timestamp DEFAULT now())`)
+	mustExecPool(t, ctx, sq, `INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES (0, true)`)
+	mustExecPool(t, ctx, sq, `GRANT ALL ON pgfence.goose_db_version, pgfence.goose_db_version_id_seq TO PUBLIC`)
+	if err := migrations.UpPool(ctx, admin); err == nil || !strings.Contains(err.Error(), "owned by role "+squatter+",") {
+		t.Fatalf("UpPool into a forged schema of %s = %v; want a refusal naming it", squatter, err)
+	}
+	if _, err := migrations.NewProvider(ctx, openDB(t, dsn)); err == nil || !strings.Contains(err.Error(), "owned by role "+squatter+",") {
+		t.Fatalf("NewProvider on a forged schema of %s = %v; want a refusal naming it", squatter, err)
+	}
+	if n := procs(); n != "1" {
+		t.Fatalf("%s functions in the squatted schema; want the squatter's 1", n)
+	}
+	// The advisory lock was given back with each refusal: a migrator of
+	// another database on the same pool would otherwise wait for ever.
+	if n := queryString(t, ctx, admin, `SELECT count(*)::text FROM pg_catalog.pg_locks
+		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`); n != "0" {
+		t.Fatalf("%s advisory locks held after the refusals; want 0", n)
+	}
+}
+
+// TestUpOnNewerDatabase: a database a newer release migrated (a version
+// above this build's newest) is refused with ErrUnknownMigration, changing
+// nothing, and the error says so: it used to give the pre-release advice,
+// to drop the schema, which would drop every lease, job and guard.
+func TestUpOnNewerDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.EmptyDSN(t)
+	pool := pgtest.PoolFor(t, dsn)
+	if err := migrations.UpPool(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES (99, true)`)
+	err := migrations.UpPool(ctx, pool)
+	if !errors.Is(err, migrations.ErrUnknownMigration) {
+		t.Fatalf("UpPool on a database with version 99 = %v; want ErrUnknownMigration", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "drop schema") || !strings.Contains(msg, "newer release") || !strings.Contains(msg, "[99]") {
+		t.Fatalf("error = %q; want it to name version 99 as a newer release's, without the advice to drop the schema", msg)
+	}
+	// A pre-release database (its versions 3 and 4 this build skips)
+	// still gets the pre-release advice.
+	mustExecPool(t, ctx, pool, `DELETE FROM pgfence.goose_db_version WHERE version_id = 99`)
+	mustExecPool(t, ctx, pool, `INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES (3, true)`)
+	if err := migrations.UpPool(ctx, pool); !errors.Is(err, migrations.ErrUnknownMigration) || !strings.Contains(err.Error(), "pre-release") {
+		t.Fatalf("UpPool on a database with version 3 = %v; want ErrUnknownMigration with the pre-release advice", err)
 	}
 }
 

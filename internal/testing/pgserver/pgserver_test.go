@@ -103,6 +103,19 @@ func TestDSNPath(t *testing.T) {
 	if !errors.As(err, &ue) {
 		t.Fatalf("err = %v, want *UnavailableError", err)
 	}
+
+	// A DSN pgx cannot parse: the error (it reaches test logs) says what
+	// is wrong and shows no part of the password. pgx masks a password it
+	// recognises in the string it quotes, but kept what follows an escaped
+	// space.
+	t.Setenv("PGFENCE_TEST_DSN_PATH", `host=127.0.0.1 port=abc user=ci password=hunter2\ topsecret`)
+	_, err = pgserver.Start(ctx, pgserver.Options{EnvVar: "PGFENCE_TEST_DSN_PATH"})
+	if !errors.As(err, &ue) {
+		t.Fatalf("err = %v, want *UnavailableError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "topsecret") || strings.Contains(msg, "hunter2") || !strings.Contains(msg, "invalid port") {
+		t.Fatalf("err = %q; want what is wrong (invalid port) and no part of the password", msg)
+	}
 }
 
 // needEngine returns when a Docker engine answers and the container path may
