@@ -80,7 +80,9 @@ type Config struct {
 	// Defaults to false.
 	PollOnly bool
 	// Backoff gives the delay before the retry of a failed attempt
-	// (1-based). Defaults to [DefaultBackoff].
+	// (1-based). A panic in it, or a runtime.Goexit, is logged and
+	// [skiplocked.DefaultBackoff] used instead (see [skiplocked.Config]).
+	// Defaults to [DefaultBackoff].
 	Backoff func(attempt int) time.Duration
 	// ShutdownTimeout is how long deliveries in flight may run after Run's
 	// context is cancelled before their contexts are cancelled. Defaults to

@@ -47,7 +47,11 @@ type Config struct {
 	// connection LISTENs on pgfence_jobs.
 	PollOnly bool
 	// Backoff gives the retry delay after a failed attempt (1-based).
-	// Defaults to [DefaultBackoff].
+	// It runs on a goroutine of its own while an outcome writer waits: a
+	// panic in it, or a runtime.Goexit (t.FailNow or a require assertion
+	// in a test), ends only that goroutine; it is logged and DefaultBackoff
+	// used instead, and the failure is recorded. Defaults to
+	// [DefaultBackoff].
 	Backoff func(attempt int) time.Duration
 	// ShutdownTimeout is how long handlers in flight may run after Run's
 	// context is cancelled before their own contexts are cancelled (cause
@@ -70,11 +74,14 @@ type Config struct {
 	// 9, state running", "job 7: claim already ended (completed), state
 	// completed", ...; Holder and the state are empty when the job could not
 	// be read back). [GetJob] reads the job as it is now. Use it to compensate for an effect done outside
-	// the database. It runs on a goroutine that writes outcomes, one call
-	// at a time, after the outcomes of the batch it came with are written
-	// (keep it short: later outcomes wait for it, their claims renewed
-	// meanwhile); a panic in it is recovered and logged. Its ctx ends
-	// ShutdownTimeout after Run's context ended.
+	// the database. It is called by a goroutine that writes outcomes, one
+	// call at a time, after the outcomes of the batch it came with are
+	// written (keep it short: later outcomes wait for it, their claims
+	// renewed meanwhile). Each call runs on a goroutine of its own: a panic
+	// in it, or a runtime.Goexit (t.FailNow or a require assertion in a
+	// test), ends only that call; it is logged, and the Worker goes on (the
+	// loss stays counted). Its ctx ends ShutdownTimeout after Run's
+	// context ended.
 	// Defaults to nil.
 	OnClaimLost func(ctx context.Context, job Job, err *pgfence.Error)
 }

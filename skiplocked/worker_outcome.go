@@ -102,17 +102,17 @@ func (w *Worker) complete(ctx context.Context, results <-chan result, wake chan<
 }
 
 // backoff is Config.Backoff for job's attempt, within 0..maxRetryDelay. It
-// runs on an outcome writer: a panic in it is logged and DefaultBackoff used
-// instead, as a panicking OnClaimLost is logged, so that the failure is still
-// recorded and the process goes on.
-func (w *Worker) backoff(job Job) (d time.Duration) {
-	defer func() {
-		if r := recover(); r != nil {
-			w.cfg.Logger.Error("skiplocked: Backoff panicked; DefaultBackoff used", "job", job.ID, "attempt", job.Attempts, "panic", fmt.Sprint(r))
-			d = min(max(DefaultBackoff(job.Attempts), 0), maxRetryDelay)
-		}
-	}()
-	return min(max(w.cfg.Backoff(job.Attempts), 0), maxRetryDelay)
+// runs on an outcome writer: a panic in it, or a runtime.Goexit, is logged
+// and DefaultBackoff used instead (see callUser), as a panicking or exiting
+// OnClaimLost is logged and skipped, so that the failure is still recorded
+// and the Worker goes on.
+func (w *Worker) backoff(job Job) time.Duration {
+	var d time.Duration
+	if ok, p := callUser(func() { d = w.cfg.Backoff(job.Attempts) }); !ok {
+		w.logUserEnd("Backoff", "; DefaultBackoff used", p, "job", job.ID, "attempt", job.Attempts)
+		d = DefaultBackoff(job.Attempts)
+	}
+	return min(max(d, 0), maxRetryDelay)
 }
 
 // reportLost counts, logs and hands to OnClaimLost one lost claim.
@@ -127,16 +127,59 @@ func (w *Worker) reportLost(ctx context.Context, h *held, e *claimInfo, msg stri
 	}
 	w.lostMu.Lock() // outcomes are written by several goroutines; the hook runs one call at a time
 	defer w.lostMu.Unlock()
-	defer func() {
-		if r := recover(); r != nil {
-			w.cfg.Logger.Error("skiplocked: OnClaimLost panicked", "job", e.JobID, "panic", fmt.Sprint(r))
-		}
-	}()
 	hctx := w.hookCtx // ends ShutdownTimeout after Run's context: a hook blocked on it does not hold Run
 	if hctx == nil {
 		hctx = ctx
 	}
-	w.cfg.OnClaimLost(hctx, h.job, lostError(opWorker, w.queue, h.ref, e))
+	err := lostError(opWorker, w.queue, h.ref, e)
+	if ok, p := callUser(func() { w.cfg.OnClaimLost(hctx, h.job, err) }); !ok {
+		w.logUserEnd("OnClaimLost", "", p, "job", e.JobID)
+	}
+}
+
+// callUser calls f, user code (Config.Backoff, Config.OnClaimLost), on a
+// goroutine of its own and waits for it to end. ok tells whether f
+// returned; when it did not, p is what it panicked with, recovered, or nil
+// after a runtime.Goexit (t.FailNow or a require assertion in a test),
+// which no recover stops: it ends f's goroutine only. Called directly, f's
+// Goexit ended the outcome writer that called it mid-batch (its outcomes
+// never written, their claims renewed until Run returned, and with one
+// writer no later outcome written either: the handlers blocked handing
+// theirs over, and Run never returned). A goroutine per call is cheap
+// enough: Backoff runs once per failed attempt, OnClaimLost once per lost
+// claim.
+func callUser(f func()) (ok bool, p any) {
+	type end struct {
+		ok bool
+		p  any
+	}
+	ended := make(chan end, 1)
+	go func() {
+		returned := false
+		defer func() { // also runs after a runtime.Goexit
+			if returned {
+				ended <- end{ok: true}
+				return
+			}
+			ended <- end{p: recover()} // nil after a runtime.Goexit (a panic(nil) recovers as *runtime.PanicNilError)
+		}()
+		f()
+		returned = true
+	}()
+	e := <-ended
+	return e.ok, e.p
+}
+
+// logUserEnd logs that callback, run by callUser, did not return: it
+// panicked with p, or called runtime.Goexit (p nil). then says what the
+// Worker did instead.
+func (w *Worker) logUserEnd(callback, then string, p any, args ...any) {
+	msg := "skiplocked: " + callback + " called runtime.Goexit"
+	if p != nil {
+		msg = "skiplocked: " + callback + " panicked"
+		args = append(args, "panic", fmt.Sprint(p))
+	}
+	w.cfg.Logger.Error(msg+then, args...)
 }
 
 // connRetries is how many times the worker sends a completion, failure,
