@@ -228,18 +228,20 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 }
 
 // checkSchemaOwner refuses a schema pgfence that the current role does not
-// own. A schema created beforehand by another role (CREATE on the database
-// suffices) stays that role's, and a schema's owner may drop and replace
-// every function in it, the SQL door included. A role that does not own the
-// schema may not migrate it even when it may create objects in it (a
-// superuser, a member of the owner): see [checkMigrator].
+// own, unless a superuser owns it. A schema created beforehand by another
+// role (CREATE on the database suffices) stays that role's, and a schema's
+// owner may drop and replace every function in it, the SQL door included.
+// A role that does not own the schema may not migrate it even when it may
+// create objects in it (a superuser, a member of the owner): see
+// [checkMigrator].
 func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
 	var owner string
 	var ours bool
 	if err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
-		n.nspowner OPERATOR(pg_catalog.=) r.oid
-		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
-		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &ours); err != nil {
+		n.nspowner OPERATOR(pg_catalog.=) r.oid OR o.rolsuper
+		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
+		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user
+		AND o.oid OPERATOR(pg_catalog.=) n.nspowner`, Schema).Scan(&owner, &ours); err != nil {
 		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
 	}
 	if !ours {
@@ -259,9 +261,9 @@ func migrateAsRole(owner string) string {
 
 // checkMigrator refuses, on conn, a role that may create objects in schema
 // pgfence (a superuser, a member of the schema's owner, a role granted
-// CREATE on it) but does not own it; any other role passes (one that owns
-// it, one that may only use it, as the application's role, or a database
-// without the schema). The objects a migration creates belong to the role
+// CREATE on it) but does not own it, unless a superuser owns it; any other
+// role passes (one that owns it, one that may only use it, as the
+// application's role, or a database without the schema). The objects a migration creates belong to the role
 // that runs it: a superuser's SECURITY DEFINER function in a schema whose
 // tables another role owns runs that role's triggers as the superuser, so
 // the owner of the schema (or a squatter that created it first, forging any
@@ -274,16 +276,20 @@ func checkMigrator(ctx context.Context, conn *sql.Conn) error {
 	var ours, create bool
 	err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
 		CURRENT_USER::pg_catalog.text,
-		n.nspowner OPERATOR(pg_catalog.=) r.oid,
+		n.nspowner OPERATOR(pg_catalog.=) r.oid OR o.rolsuper,
 		pg_catalog.has_schema_privilege(n.oid, 'CREATE')
-		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r
-		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user`, Schema).Scan(&owner, &role, &ours, &create)
+		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
+		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user
+		AND o.oid OPERATOR(pg_catalog.=) n.nspowner`, Schema).Scan(&owner, &role, &ours, &create)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil // no schema yet: bootstrap creates it, owned by this role
 	}
 	if err != nil {
 		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
 	}
+	// A superuser's schema: its owner has every right already, so nothing
+	// a migration creates there can give it more (one superuser migrating
+	// another's schema).
 	if ours || !create {
 		return nil
 	}

@@ -123,6 +123,33 @@ func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	}
 }
 
+// TestSuperuserMigratesSuperusersSchema: a schema another superuser owns
+// is migrated: its owner has every right already, so nothing the migration
+// creates there gives it more.
+func TestSuperuserMigratesSuperusersSchema(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dsn := pgtest.EmptyDSN(t)
+	admin := pgtest.PoolFor(t, dsn)
+	p, err := migrations.NewProvider(ctx, openDB(t, dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 23); err != nil {
+		t.Fatalf("migrating to 23: %v", err)
+	}
+	other, id := loginRole(t, ctx, dsn, admin, "othersuper")
+	mustExecPool(t, ctx, admin, "ALTER ROLE "+id+" SUPERUSER")
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "ALTER ROLE "+id+" NOSUPERUSER") })
+	if err := migrations.UpPool(ctx, pgtest.PoolFor(t, withUser(t, dsn, other))); err != nil {
+		t.Fatalf("superuser %s's UpPool into another superuser's schema: %v", other, err)
+	}
+	if v := queryString(t, ctx, admin, `SELECT max(version_id)::text FROM pgfence.goose_db_version`); v == "23" {
+		t.Fatalf("version still 23 after UpPool")
+	}
+}
+
 // TestMemberMigratesOwnerRoleSchema: a member of the schema's owner role
 // (which may create objects there through the owner's rights) is refused
 // like a superuser: the functions it created would run with its own rights,
