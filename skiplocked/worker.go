@@ -180,9 +180,13 @@ type result struct {
 //
 // On a busy queue the worker overlaps up to three claim statements and two
 // outcome statements when pool has the connections for them (MaxConns of 7
-// or more: one connection is the listener's and one the renewals'); with
+// or more: it leaves two for the renewals and the others' statements); with
 // fewer it sends fewer at once, down to one of each with pgxpool's default
-// of 4 on a small machine.
+// of 4 on a small machine. The LISTEN connection is opened apart from pool,
+// with its settings. A handler that uses pool itself competes with the
+// renewals for its connections: size pool for both, or give the handlers a
+// pool of their own. A claim whose renewal is not answered before its local
+// deadline ends its handler's context (the job may then run elsewhere).
 func NewWorker(pool *pgxpool.Pool, queue string, h Handler, cfg *Config) (*Worker, error) {
 	if h == nil {
 		return nil, invalid(opNewWorker, "h", "nil handler")
@@ -391,8 +395,9 @@ const (
 // database's throughput, so a worker whose queue is busy overlaps up to
 // maxClaimers claims and maxWriters outcome statements. Each claim reserves
 // a whole batch of slots first, so the claims whose handler has not returned
-// stay within capacity; the counts also stay within the pool (one connection
-// is the listener's, one the renewals').
+// stay within capacity; the counts also stay within the pool, two of whose
+// connections they leave to the renewals and other statements (the LISTEN
+// connection is not the pool's).
 func (w *Worker) pipelines(capacity int) (claimers, writers int) {
 	conns := int(w.pool.Config().MaxConns) - 2
 	if w.txHandler != nil {
