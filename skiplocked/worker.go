@@ -21,10 +21,12 @@ import (
 //
 // ctx is cancelled with a cause matching [pgfence.ErrLost] when a renewal
 // finds the claim lost (another worker now holds the job: stop, nothing this
-// worker writes to pgfence.jobs will land), or with a cause matching
-// [pgfence.ErrClosed] when the worker's
-// shutdown timeout passes. A handler that returns an error after a shutdown
-// cancellation has its claim released, not failed.
+// worker writes to pgfence.jobs will land) or when no renewal was answered
+// before the claim's local deadline (it may have expired: another worker
+// may claim the job), or with a cause matching [pgfence.ErrClosed] when the
+// worker's shutdown timeout passes. A handler that returns an error after a
+// shutdown cancellation, or after one at the local deadline, has its claim
+// released, not failed.
 //
 // A Handler's effects outside pgfence.jobs are not fenced: after a pause past
 // the claim, another worker may do them again. For effects in the same
@@ -149,6 +151,10 @@ type held struct {
 	cancel   context.CancelCauseFunc // nil until the handler starts
 	lost     *claimInfo              // set when a renewal found the claim lost
 	ended    bool                    // a renewal found the claim ended by its own outcome
+	// expiry fires at deadline while the handler runs (see expire);
+	// expired: it found deadline passed and cancelled the handler.
+	expiry  *time.Timer
+	expired bool
 	// completing: the handler's transaction is completing the job; the row
 	// is locked by it until it commits, so renewals leave it alone rather
 	// than wait for that commit.

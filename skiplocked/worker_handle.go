@@ -35,6 +35,7 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		curCancel(errHandlerGoexit)
 		w.mu.Lock()
 		cur.returned = true
+		cur.expiry.Stop()
 		w.mu.Unlock()
 		w.cfg.Logger.Error("skiplocked: a handler called runtime.Goexit; its job fails", "job", cur.ref.JobID)
 		results <- result{h: cur, outcome: outFail, err: errHandlerGoexit}
@@ -56,6 +57,7 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		}
 		jctx, cancel := context.WithCancelCause(base)
 		h.cancel, h.started = cancel, true
+		h.expiry = time.AfterFunc(time.Until(h.deadline), func() { w.expire(h) })
 		w.mu.Unlock()
 
 		var r result
@@ -69,10 +71,36 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 		cancel(nil)
 		w.mu.Lock()
 		h.returned = true
+		h.expiry.Stop()
 		w.mu.Unlock()
 		results <- r
 		<-slots
 	}
+}
+
+// expire runs when h's local deadline may have passed while its handler
+// runs: if no renewal moved the deadline since, the claim may have expired
+// on the database and the job may be claimed again and run elsewhere (a
+// database out of reach, a pool whose connections the handlers hold), so
+// the handler's context is cancelled, with a cause matching
+// pgfence.ErrLost, as when a renewal finds the claim lost. Until then
+// nobody else can have the job (see held.deadline). Before, such a handler
+// was never told, and ran on beside the job's next claimer.
+func (w *Worker) expire(h *held) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h.returned || h.completing || h.lost != nil || h.ended || h.expired {
+		return
+	}
+	if d := time.Until(h.deadline); d > 0 {
+		h.expiry.Reset(d) // a renewal extended the claim meanwhile
+		return
+	}
+	h.expired = true
+	w.cfg.Logger.Warn("skiplocked: no renewal of a claim was answered before its local deadline; its handler is cancelled",
+		"job", h.ref.JobID, "token", h.ref.Token)
+	h.cancel(&pgfence.Error{Op: opWorker, Kind: pgfence.ErrLost, Name: w.queue, Token: h.ref.Token,
+		Reason: fmt.Sprintf("job %d: no renewal of the claim was answered before its local deadline: it may have expired, and the job may be claimed again", h.ref.JobID)})
 }
 
 // decide turns a handler's return and its context's cause into an outcome.
@@ -81,8 +109,19 @@ func (w *Worker) decide(jctx context.Context, h *held, err error) result {
 	switch {
 	case errors.Is(cause, pgfence.ErrLost):
 		w.mu.Lock() // h.lost was set before the cancellation
-		lost := h.lost
+		lost, expired := h.lost, h.expired
 		w.mu.Unlock()
+		if lost == nil && expired {
+			// Cancelled at the local deadline, the claim not known lost:
+			// the outcome writer's conditional statement finds out. A
+			// handler that finished anyway is completed; one that gave
+			// up has its claim released (its attempt was cut short by
+			// the Worker, not failed by the job).
+			if err == nil {
+				return result{h: h, outcome: outComplete}
+			}
+			return result{h: h, outcome: outRelease, err: err}
+		}
 		return result{h: h, outcome: outLost, err: err, lost: lost}
 	case err == nil:
 		return result{h: h, outcome: outComplete}
