@@ -632,6 +632,9 @@ var rewrites = map[string][]string{
 		"test_expire_lease", "attach_guard"},
 	// guarded_fence_status reads lock names under the default collation.
 	"00031_pgfence_fence_status_collation.sql": {"guarded_fence_status"},
+	// lock_leave answers only a live handed lease, and leaves only its own
+	// wait's row.
+	"00032_pgfence_leave_live.sql": {"lock_leave"},
 }
 
 // createFunction matches the creation of a function of schema pgfence, also

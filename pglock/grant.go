@@ -200,9 +200,13 @@ func (l *Locker) handed(ctx context.Context, op, name string, ttl time.Duration,
 // leaveQueue takes the waiter wkey out of the queue of name, and releases a
 // lease a release handed to its wait (waitID) meanwhile, which hands it on
 // to the next waiter, unless its token is given (a lease the caller has
-// given back already) or the lease is adopted (claim). Best effort, with
+// given back already) or the lease is adopted (claim). The database answers
+// only a handed lease that is still live (migration 00032; before, also
+// one that had expired, whose release then found it lost). Best effort, with
 // its own timeout: the caller's context may be over. ok reports that the
-// row of wkey is gone, so the key may serve another wait.
+// wait is over in the database (its row is gone, or, since migration 00032,
+// the row holds an earlier wait of wkey that had ended: a Locker never has
+// two waits of one key), so the key may serve another wait.
 func (l *Locker) leaveQueue(name string, wkey, waitID, given int64) (ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
 	defer cancel()

@@ -53,9 +53,10 @@ FROM pgfence.lock_handed(sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc
 SELECT pgfence.lock_handoff_key(sqlc.arg(key)::pg_catalog.bytea)::pg_catalog.bytea AS handoff_key;
 
 -- name: LeaveQueue :one
--- LeaveQueue takes the waiter wkey queued with key out of the queue
--- (pgfence.lock_leave) and returns the token of a lease handed to its wait
--- wait_id meanwhile (0 if none): the caller releases it.
+-- LeaveQueue takes the wait (wkey, wait_id) queued with key out of the
+-- queue (pgfence.lock_leave) and returns the token of a lease handed to that
+-- wait meanwhile and still live (0 if none, or if it has expired or ended:
+-- since migration 00032): the caller releases it.
 SELECT g.removed, g.granted_token
 FROM pgfence.lock_leave(sqlc.arg(wkey)::bigint, sqlc.arg(wait_id)::bigint, sqlc.arg(key)::pg_catalog.bytea) AS g;
 

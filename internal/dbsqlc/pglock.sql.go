@@ -174,9 +174,10 @@ type LeaveQueueRow struct {
 	GrantedToken pgtype.Int8
 }
 
-// LeaveQueue takes the waiter wkey queued with key out of the queue
-// (pgfence.lock_leave) and returns the token of a lease handed to its wait
-// wait_id meanwhile (0 if none): the caller releases it.
+// LeaveQueue takes the wait (wkey, wait_id) queued with key out of the
+// queue (pgfence.lock_leave) and returns the token of a lease handed to that
+// wait meanwhile and still live (0 if none, or if it has expired or ended:
+// since migration 00032): the caller releases it.
 func (q *Queries) LeaveQueue(ctx context.Context, db DBTX, arg LeaveQueueParams) (LeaveQueueRow, error) {
 	row := db.QueryRow(ctx, leaveQueue, arg.Wkey, arg.WaitID, arg.Key)
 	var i LeaveQueueRow
