@@ -68,17 +68,16 @@ func NewProvider(ctx context.Context, db *sql.DB, opts ...goose.ProviderOption) 
 	if db == nil {
 		return nil, errors.New("migrations: nil *sql.DB")
 	}
-	locker := sessionLocker{id: LockID}
 	base := []goose.ProviderOption{
 		goose.WithTableName(VersionTable),
-		goose.WithSessionLocker(locker),
+		goose.WithSessionLocker(sessionLocker{id: LockID}),
 		goose.WithDisableGlobalRegistry(true),
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, files, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	if err := bootstrap(ctx, db, locker); err != nil {
+	if err := bootstrap(ctx, db, sessionLocker{id: LockID}); err != nil {
 		return nil, err
 	}
 	if err := checkKnownVersions(ctx, db, p); err != nil {
@@ -228,17 +227,16 @@ func bootstrap(ctx context.Context, db *sql.DB, l sessionLocker) (err error) {
 }
 
 // checkSchemaOwner refuses a schema pgfence that the current role does not
-// own, unless a superuser owns it. A schema created beforehand by another
-// role (CREATE on the database suffices) stays that role's, and a schema's
-// owner may drop and replace every function in it, the SQL door included.
-// A role that does not own the schema may not migrate it even when it may
-// create objects in it (a superuser, a member of the owner): see
-// [checkMigrator].
+// own. A schema created beforehand by another role (CREATE on the database
+// suffices) stays that role's, and a schema's owner may drop and replace
+// every function in it, the SQL door included. A superuser may take over a
+// schema another superuser owns (its owner has every right already). See
+// also [checkMigrator].
 func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
 	var owner string
 	var ours bool
 	if err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
-		n.nspowner OPERATOR(pg_catalog.=) r.oid OR o.rolsuper
+		n.nspowner OPERATOR(pg_catalog.=) r.oid OR (o.rolsuper AND r.rolsuper)
 		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
 		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user
 		AND o.oid OPERATOR(pg_catalog.=) n.nspowner`, Schema).Scan(&owner, &ours); err != nil {
@@ -256,46 +254,68 @@ func checkSchemaOwner(ctx context.Context, conn *sql.Conn) error {
 // schema owner owns: how to migrate as owner instead.
 func migrateAsRole(owner string) string {
 	return fmt.Sprintf("if role %[1]s is yours, migrate as %[1]s: connect as it, or, as a member of it or a superuser, "+
-		"set the connection's role (options=-c role=%[1]s in the connection string, or PGOPTIONS='-c role=%[1]s')", owner)
+		"set the connection's role: PGOPTIONS='-c role=%[1]s' in the environment, options='-c role=%[1]s' in a "+
+		"key=value connection string, or options=-c%%20role%%3D%[1]s in a URL", owner)
 }
 
 // checkMigrator refuses, on conn, a role that may create objects in schema
 // pgfence (a superuser, a member of the schema's owner, a role granted
-// CREATE on it) but does not own it, unless a superuser owns it; any other
-// role passes (one that owns it, one that may only use it, as the
-// application's role, or a database without the schema). The objects a migration creates belong to the role
-// that runs it: a superuser's SECURITY DEFINER function in a schema whose
-// tables another role owns runs that role's triggers as the superuser, so
-// the owner of the schema (or a squatter that created it first, forging any
-// sign that pgfence migrated it) would gain the migrating role's rights
-// through the application's calls. The session locker runs it before every
-// operation it locks, so a provider's own Up, UpTo, Down and DownTo are
-// refused too, and so are its Status and GetDBVersion for such a role.
+// CREATE on it) where what it created could be made to run another role's
+// code with its rights: the schema is not its own (unless a superuser owns
+// it and it is a superuser too), or a table, sequence, view or function
+// (other than a trigger function: the guards' belong to the role that
+// attached them) of the schema is owned by a role that is neither it nor a
+// superuser. The objects a migration creates belong to the role that runs
+// it: a superuser's SECURITY DEFINER function writing a table another role
+// owns runs that role's triggers as the superuser, and the owner of the
+// schema (or a squatter that created it first, forging any sign that
+// pgfence migrated it, or that kept its tables when the schema was taken
+// over) would gain the migrating role's rights through the application's
+// calls; even reading the version table, were it the other role's view,
+// would run its functions with the reader's rights. Any other role passes:
+// one that may only use the schema (the application's role), or a database
+// without the schema.
+//
+// The session locker runs it before anything of the schema is read, in
+// [NewProvider] (so in [Up] and [DownTo]) and before every operation of
+// the provider it returns: Up, UpTo, Down, DownTo, and Status and
+// GetDBVersion too.
 func checkMigrator(ctx context.Context, conn *sql.Conn) error {
-	var owner, role string
+	var owner, role, foreign string
 	var ours, create bool
 	err := conn.QueryRowContext(ctx, `SELECT n.nspowner::pg_catalog.regrole::pg_catalog.text,
 		CURRENT_USER::pg_catalog.text,
-		n.nspowner OPERATOR(pg_catalog.=) r.oid OR o.rolsuper,
-		pg_catalog.has_schema_privilege(n.oid, 'CREATE')
+		n.nspowner OPERATOR(pg_catalog.=) r.oid OR (o.rolsuper AND r.rolsuper),
+		pg_catalog.has_schema_privilege(n.oid, 'CREATE'),
+		coalesce((SELECT pg_catalog.string_agg(DISTINCT f.rolname::pg_catalog.text, ', ')
+			FROM (SELECT c.relowner AS owner FROM pg_catalog.pg_class c WHERE c.relnamespace OPERATOR(pg_catalog.=) n.oid
+				UNION SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) n.oid
+					AND p.prorettype OPERATOR(pg_catalog.<>) 'pg_catalog.trigger'::pg_catalog.regtype) x
+			JOIN pg_catalog.pg_roles f ON f.oid OPERATOR(pg_catalog.=) x.owner
+			WHERE x.owner OPERATOR(pg_catalog.<>) r.oid AND NOT f.rolsuper), '')
 		FROM pg_catalog.pg_namespace n, pg_catalog.pg_roles r, pg_catalog.pg_roles o
 		WHERE n.nspname OPERATOR(pg_catalog.=) $1 AND r.rolname OPERATOR(pg_catalog.=) current_user
-		AND o.oid OPERATOR(pg_catalog.=) n.nspowner`, Schema).Scan(&owner, &role, &ours, &create)
+		AND o.oid OPERATOR(pg_catalog.=) n.nspowner`, Schema).Scan(&owner, &role, &ours, &create, &foreign)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil // no schema yet: bootstrap creates it, owned by this role
 	}
 	if err != nil {
-		return fmt.Errorf("migrations: read the owner of schema %s: %w", Schema, err)
+		return fmt.Errorf("migrations: read the owners of schema %s: %w", Schema, err)
 	}
-	// A superuser's schema: its owner has every right already, so nothing
-	// a migration creates there can give it more (one superuser migrating
-	// another's schema).
-	if ours || !create {
+	switch {
+	case !create:
 		return nil
+	case !ours:
+		return fmt.Errorf("migrations: schema %s is owned by role %s, not by role %s, which may create objects in it but must not migrate it: "+
+			"what it created there would run with its rights, and the schema's owner could make it run its own code; %s",
+			Schema, owner, role, migrateAsRole(owner))
+	case foreign != "":
+		return fmt.Errorf("migrations: objects of schema %s are owned by role(s) %s, neither role %s nor a superuser: "+
+			"what %s created there could be made to run their code with its rights; give them to the schema's owner "+
+			"(ALTER TABLE / ALTER FUNCTION ... OWNER TO %s) or drop the schema and migrate again",
+			Schema, foreign, role, role, owner)
 	}
-	return fmt.Errorf("migrations: schema %s is owned by role %s, not by role %s, which may create objects in it but must not: "+
-		"what it created there would run with its rights, and the schema's owner could make it run its own code; %s",
-		Schema, owner, role, migrateAsRole(owner))
+	return nil
 }
 
 // createVersionTable creates [VersionTable] with its version-0 row, as goose
@@ -336,8 +356,10 @@ func createVersionTable(ctx context.Context, conn *sql.Conn) error {
 // grants of the application role in docs/migrations.md: an application may
 // call it at start-up as that role once its deploy has migrated as the
 // owner. When migrations are pending and the role does not own pgfence's
-// objects (nor is a superuser), Up changes nothing and returns an error that
-// says to migrate as the schema owner.
+// objects, Up changes nothing and returns an error that says to migrate as
+// the schema's owner. A role that may create objects in schema pgfence
+// without owning it and them (a superuser, a member of the owner role) is
+// refused whether migrations are pending or not: see checkMigrator.
 func Up(ctx context.Context, db *sql.DB) error {
 	p, err := NewProvider(ctx, db)
 	if err != nil {
@@ -359,9 +381,8 @@ func Up(ctx context.Context, db *sql.DB) error {
 // checkPending reports whether p has migrations that db has not applied,
 // read while holding the migration lock (so a migrator that is applying
 // them is waited for), and, when it has, returns an error unless the
-// current role may apply them: it owns [VersionTable] (the role that
-// created the schema owns every pgfence object) or is a member of its
-// owner or a superuser.
+// current role may apply them: it may use the owner of [VersionTable]'s
+// rights, owns the schema ([checkSchemaOwner]) and passes [checkMigrator].
 func checkPending(ctx context.Context, db *sql.DB, p *goose.Provider) (pending bool, err error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -440,12 +461,14 @@ func DownTo(ctx context.Context, db *sql.DB, version int64) error {
 
 // sessionLocker serialises migrators with a blocking pg_advisory_lock: no
 // polling, the next migrator starts the moment the previous one unlocks.
+// Once it holds the lock it refuses a role [checkMigrator] refuses, before
+// anything of the schema is read.
 type sessionLocker struct{ id int64 }
 
 var _ lock.SessionLocker = sessionLocker{}
 
-// SessionLock takes the lock, then refuses a role that does not own schema
-// pgfence but may create objects in it ([checkMigrator]), unlocking again.
+// SessionLock takes the lock, then refuses a role [checkMigrator] refuses,
+// unlocking again.
 func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 	if _, err := conn.ExecContext(ctx, "SELECT pg_catalog.pg_advisory_lock($1)", l.id); err != nil {
 		return fmt.Errorf("migrations: take advisory lock %d: %w", l.id, err)

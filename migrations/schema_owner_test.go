@@ -99,7 +99,7 @@ func TestSuperuserMigratesOwnerRoleSchema(t *testing.T) {
 	}
 
 	err = migrations.UpPool(ctx, admin)
-	if err == nil || !strings.Contains(err.Error(), "owned by role "+owner+",") || !strings.Contains(err.Error(), "options=-c role="+owner) {
+	if err == nil || !strings.Contains(err.Error(), "owned by role "+owner+",") || !strings.Contains(err.Error(), "PGOPTIONS='-c role="+owner+"'") {
 		t.Fatalf("superuser's UpPool into role %s's schema = %v; want a refusal naming the owner and how to migrate as it", owner, err)
 	}
 	sdb := openDB(t, dsn)
@@ -239,6 +239,87 @@ func TestMigrateRefusesForgedSchema(t *testing.T) {
 		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`); n != "0" {
 		t.Fatalf("%s advisory locks held after the refusals; want 0", n)
 	}
+}
+
+// TestMigrateRefusesForeignObjects: what a migration creates runs with the
+// migrating role's rights on the schema's tables, so the owners of those
+// count, not only the schema's. A squatter's version table kept when a
+// superuser took the squatter's schema over fired the squatter's trigger as
+// the superuser on goose's first insert; an owner role's tables kept when
+// the schema alone was given to a superuser took triggers that the
+// superuser's new SECURITY DEFINER functions ran. Both are refused now,
+// naming the owner; with the objects given over too, the schema migrates.
+func TestMigrateRefusesForeignObjects(t *testing.T) {
+	t.Parallel()
+	ctxFor := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		t.Cleanup(cancel)
+		return ctx
+	}
+
+	t.Run("squatter's version table", func(t *testing.T) {
+		t.Parallel()
+		ctx := ctxFor(t)
+		dsn := pgtest.EmptyDSN(t)
+		admin := pgtest.PoolFor(t, dsn)
+		squatter, id := loginRole(t, ctx, dsn, admin, "squatter")
+		mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
+		sq := pgtest.PoolFor(t, withUser(t, dsn, squatter))
+		mustExecPool(t, ctx, sq, `CREATE SCHEMA pgfence`)
+		mustExecPool(t, ctx, sq, `GRANT USAGE ON SCHEMA pgfence TO PUBLIC`)
+		mustExecPool(t, ctx, sq, `CREATE TABLE pgfence.goose_db_version (id serial PRIMARY KEY, version_id bigint NOT NULL,
+			is_applied boolean NOT NULL, tstamp timestamp DEFAULT now())`)
+		mustExecPool(t, ctx, sq, `INSERT INTO pgfence.goose_db_version (version_id, is_applied) VALUES (0, true)`)
+		mustExecPool(t, ctx, sq, `CREATE SCHEMA squat`)
+		mustExecPool(t, ctx, sq, `GRANT USAGE ON SCHEMA squat TO PUBLIC`)
+		mustExecPool(t, ctx, sq, `CREATE FUNCTION squat.up() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+					EXECUTE pg_catalog.format('ALTER ROLE %I SUPERUSER', `+"'"+squatter+"'"+`);
+				END IF;
+				RETURN NEW;
+			END $$`)
+		mustExecPool(t, ctx, sq, `CREATE TRIGGER up BEFORE INSERT ON pgfence.goose_db_version FOR EACH ROW EXECUTE FUNCTION squat.up()`)
+		if err := migrations.UpPool(ctx, admin); err == nil {
+			t.Fatalf("UpPool into %s's schema: not refused", squatter)
+		}
+		mustExecPool(t, ctx, admin, "ALTER SCHEMA pgfence OWNER TO CURRENT_USER")
+		err := migrations.UpPool(ctx, admin)
+		if err == nil || !strings.Contains(err.Error(), "owned by role(s) "+squatter) {
+			t.Errorf("UpPool into the schema taken over, %s's version table kept = %v; want a refusal naming it", squatter, err)
+		}
+		if su := queryString(t, ctx, admin, `SELECT rolsuper::text FROM pg_catalog.pg_roles WHERE rolname = $1`, squatter); su != "false" {
+			t.Fatalf("role %s is superuser now", squatter)
+		}
+	})
+
+	t.Run("owner role's tables", func(t *testing.T) {
+		t.Parallel()
+		ctx := ctxFor(t)
+		dsn := pgtest.EmptyDSN(t)
+		admin := pgtest.PoolFor(t, dsn)
+		owner, id := loginRole(t, ctx, dsn, admin, "pgfowner")
+		mustExecPool(t, ctx, admin, "GRANT CREATE ON DATABASE "+pgx.Identifier{dbName(t, dsn)}.Sanitize()+" TO "+id)
+		p, err := migrations.NewProvider(ctx, openDB(t, withUser(t, dsn, owner)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.UpTo(ctx, 1); err != nil {
+			t.Fatalf("owner role migrating to 1: %v", err)
+		}
+		mustExecPool(t, ctx, admin, "ALTER SCHEMA pgfence OWNER TO CURRENT_USER")
+		err = migrations.UpPool(ctx, admin)
+		if err == nil || !strings.Contains(err.Error(), "owned by role(s) "+owner) {
+			t.Fatalf("superuser's UpPool into a schema whose tables role %s owns = %v; want a refusal naming it", owner, err)
+		}
+		if v := queryString(t, ctx, admin, `SELECT max(version_id)::text FROM pgfence.goose_db_version`); v != "1" {
+			t.Fatalf("after the refusal: version %s, want 1", v)
+		}
+		mustExecPool(t, ctx, admin, "REASSIGN OWNED BY "+id+" TO CURRENT_USER")
+		if err := migrations.UpPool(ctx, admin); err != nil {
+			t.Fatalf("UpPool once the objects are the superuser's too: %v", err)
+		}
+	})
 }
 
 // TestUpOnNewerDatabase: a database a newer release migrated (a version

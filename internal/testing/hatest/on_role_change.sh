@@ -4,8 +4,8 @@
 # does nothing where pgfence.ha_enable() never ran). Until
 # it has run, the gate refuses every grant there, so no token is issued on
 # the new timeline before the bump. psql connects with PGHOST, PGPORT and
-# PGUSER (the node's own server, as a superuser or the owner of
-# pgfence.locks).
+# PGUSER (the node's own server, as the owner of schema pgfence, or as a
+# superuser where a superuser owns it; else set PGOPTIONS='-c role=<owner>').
 case "$2" in master|primary) ;; *) exit 0 ;; esac
 tries=0
 while [ "$tries" -lt 600 ]; do
