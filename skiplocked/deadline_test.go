@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pgfence"
@@ -20,7 +21,8 @@ import (
 // may have expired and the job may be claimed again. Before, only a
 // renewal that found the claim lost cancelled it, so a Worker cut off from
 // the database let its handler run on beside the job's next claimer. The
-// handler's error then releases the claim, which the next claim takes.
+// handler's error then fails the attempt, and the next claim completes the
+// job.
 func TestWorkerClaimDeadlineCancelsHandler(t *testing.T) {
 	t.Parallel()
 	ctx := ctxT(t)
@@ -83,15 +85,109 @@ func TestWorkerClaimDeadlineCancelsHandler(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("the handler's context was not cancelled although no renewal could be sent (claim TTL %v)", ttl)
 	}
-	// Released, claimed again and completed.
+	// Failed (or lost to this Worker's own next claim, the claim having
+	// expired meanwhile), claimed again and completed.
 	deadline := time.Now().Add(30 * time.Second)
-	for countState(t, pool, queue, skiplocked.StateCompleted) != len(ids) {
+	for countState(t, pool, queue, skiplocked.StateCompleted) != len(ids) || w.Summary().Completed != 1 {
 		if time.Now().After(deadline) {
-			t.Fatalf("job not completed after the release (summary %+v)", w.Summary())
+			t.Fatalf("job not completed after the cut attempt (summary %+v)", w.Summary())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if s := w.Summary(); s.Failed != 0 || s.Completed != 1 {
-		t.Errorf("summary %+v; want the cut attempt released, not failed, and one completion", s)
+	if n := runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times; want 2 (the cut attempt, then the completing one)", n)
+	}
+}
+
+// TestWorkerDeadlineCutsCountAttempts: a handler cut at its claim's local
+// deadline that returns an error has its attempt failed, counted: a job
+// whose every attempt starves the renewals (its handler holds the pool's
+// connections) ends dead after MaxAttempts. Released instead (a review of
+// the first version), the attempt was given back each time and the job ran
+// again and again.
+func TestWorkerDeadlineCutsCountAttempts(t *testing.T) {
+	t.Parallel()
+	pool := smallPool(t, 3)
+	queue := "deadline-cuts-count"
+	ids := enqueueN(t, pool, queue, 1, 2)
+	const ttl = 500 * time.Millisecond
+	var runs, cut atomic.Int32
+	w := newWorker(t, pool, queue, func(jctx context.Context, j skiplocked.Job) error {
+		runs.Add(1)
+		var held []*pgxpool.Conn
+		for range pool.Config().MaxConns {
+			c, err := pool.Acquire(jctx)
+			if err != nil {
+				break
+			}
+			held = append(held, c)
+		}
+		defer func() {
+			for _, c := range held {
+				c.Release()
+			}
+		}()
+		<-jctx.Done()
+		if errors.Is(context.Cause(jctx), pgfence.ErrLost) {
+			cut.Add(1)
+		}
+		return jctx.Err()
+	}, &skiplocked.Config{Concurrency: 1, ClaimTTL: ttl, RenewInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Backoff: func(int) time.Duration { return 0 }})
+	stop := runWorker(t, w)
+	defer func() { _ = stop() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for mustJob(t, pool, ids[0]).State != skiplocked.StateDead {
+		if time.Now().After(deadline) {
+			t.Fatalf("job not dead after 60s: %d runs, %d cut, %+v", runs.Load(), cut.Load(), w.Summary())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n, c := runs.Load(), cut.Load(); n > 2 || c < 1 {
+		t.Errorf("handler ran %d times (cut %d) before the job went dead; want at most MaxAttempts (2), cut at least once", n, c)
+	}
+}
+
+// TestTxWorkerOwnCompletionNotCut: a TxHandler that completes its own
+// claim in its transaction (runTx commits it) and then works on holds the
+// job's row lock, so the renewals, answered, skip the row and do not
+// extend the claim; nobody else can claim a locked row. It is not cut at
+// the local deadline (a review of the first version found it cut, its
+// completion rolled back and the job run again for ever).
+func TestTxWorkerOwnCompletionNotCut(t *testing.T) {
+	t.Parallel()
+	pool := smallPool(t, 6)
+	queue := "deadline-own-completion"
+	ids := enqueueN(t, pool, queue, 1, 3)
+	const ttl = 2 * time.Second
+	var runs, cut atomic.Int32
+	w, err := skiplocked.NewTxWorker(pool, queue, func(ctx context.Context, tx pgx.Tx, j skiplocked.Job) error {
+		runs.Add(1)
+		if err := skiplocked.Complete(ctx, tx, j.Ref()); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			cut.Add(1)
+			return ctx.Err()
+		case <-time.After(2 * ttl):
+			return nil
+		}
+	}, &skiplocked.Config{Concurrency: 1, ClaimTTL: ttl, RenewInterval: 100 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+		Backoff: func(int) time.Duration { return 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, w)
+	defer func() { _ = stop() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for mustJob(t, pool, ids[0]).State != skiplocked.StateCompleted {
+		if time.Now().After(deadline) {
+			t.Fatalf("job not completed after 60s: %d runs, %d cut, %+v", runs.Load(), cut.Load(), w.Summary())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n, c := runs.Load(), cut.Load(); n != 1 || c != 0 {
+		t.Errorf("handler ran %d times, cut %d; want once, never cut", n, c)
 	}
 }

@@ -23,10 +23,10 @@ import (
 // finds the claim lost (another worker now holds the job: stop, nothing this
 // worker writes to pgfence.jobs will land) or when no renewal was answered
 // before the claim's local deadline (it may have expired: another worker
-// may claim the job), or with a cause matching [pgfence.ErrClosed] when the
-// worker's shutdown timeout passes. A handler that returns an error after a
-// shutdown cancellation, or after one at the local deadline, has its claim
-// released, not failed.
+// may claim the job; if the handler returns nil the Worker still completes
+// it while the claim holds), or with a cause matching [pgfence.ErrClosed]
+// when the worker's shutdown timeout passes. A handler that returns an
+// error after a shutdown cancellation has its claim released, not failed.
 //
 // A Handler's effects outside pgfence.jobs are not fenced: after a pause past
 // the claim, another worker may do them again. For effects in the same
@@ -151,8 +151,14 @@ type held struct {
 	cancel   context.CancelCauseFunc // nil until the handler starts
 	lost     *claimInfo              // set when a renewal found the claim lost
 	ended    bool                    // a renewal found the claim ended by its own outcome
+	// answered is, like deadline, the send time + TTL of the latest
+	// renewal statement that covered the claim and was answered, whether
+	// it extended the claim or not (a row locked by the handler's own
+	// transaction, which completed the job in it, is not extended).
+	answered time.Time
 	// expiry fires at deadline while the handler runs (see expire);
-	// expired: it found deadline passed and cancelled the handler.
+	// expired: it found deadline and answered passed and cancelled the
+	// handler.
 	expiry  *time.Timer
 	expired bool
 	// completing: the handler's transaction is completing the job; the row

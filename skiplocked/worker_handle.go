@@ -79,21 +79,27 @@ func (w *Worker) handle(base context.Context, jobs <-chan *held, results chan<- 
 }
 
 // expire runs when h's local deadline may have passed while its handler
-// runs: if no renewal moved the deadline since, the claim may have expired
-// on the database and the job may be claimed again and run elsewhere (a
-// database out of reach, a pool whose connections the handlers hold), so
-// the handler's context is cancelled, with a cause matching
+// runs: if no renewal moved the deadline since, and none was answered at
+// all for the claim (a database out of reach, a pool whose connections the
+// handlers hold, so that no renewal could be sent), the claim may have
+// expired on the database and the job may be claimed again and run
+// elsewhere, so the handler's context is cancelled, with a cause matching
 // pgfence.ErrLost, as when a renewal finds the claim lost. Until then
 // nobody else can have the job (see held.deadline). Before, such a handler
-// was never told, and ran on beside the job's next claimer.
+// was never told, and ran on beside the job's next claimer. A renewal that
+// was answered without extending the claim found it lost (handled by
+// renewLoop) or its row locked: by the handler's own transaction, say, in
+// which it completed the job; nobody can claim a locked row, and a
+// renewal answered each RenewInterval shows the database in reach, so the
+// handler is left alone, as before.
 func (w *Worker) expire(h *held) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h.returned || h.completing || h.lost != nil || h.ended || h.expired {
 		return
 	}
-	if d := time.Until(h.deadline); d > 0 {
-		h.expiry.Reset(d) // a renewal extended the claim meanwhile
+	if d := time.Until(later(h.deadline, h.answered)); d > 0 {
+		h.expiry.Reset(d) // a renewal extended the claim, or was answered, meanwhile
 		return
 	}
 	h.expired = true
@@ -101,6 +107,14 @@ func (w *Worker) expire(h *held) {
 		"job", h.ref.JobID, "token", h.ref.Token)
 	h.cancel(&pgfence.Error{Op: opWorker, Kind: pgfence.ErrLost, Name: w.queue, Token: h.ref.Token,
 		Reason: fmt.Sprintf("job %d: no renewal of the claim was answered before its local deadline: it may have expired, and the job may be claimed again", h.ref.JobID)})
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // decide turns a handler's return and its context's cause into an outcome.
@@ -115,12 +129,13 @@ func (w *Worker) decide(jctx context.Context, h *held, err error) result {
 			// Cancelled at the local deadline, the claim not known lost:
 			// the outcome writer's conditional statement finds out. A
 			// handler that finished anyway is completed; one that gave
-			// up has its claim released (its attempt was cut short by
-			// the Worker, not failed by the job).
+			// up has its attempt failed, as any failure: counted, so
+			// that a job whose every attempt is cut so ends dead after
+			// MaxAttempts (a release would not count it).
 			if err == nil {
 				return result{h: h, outcome: outComplete}
 			}
-			return result{h: h, outcome: outRelease, err: err}
+			return result{h: h, outcome: outFail, err: err}
 		}
 		return result{h: h, outcome: outLost, err: err, lost: lost}
 	case err == nil:

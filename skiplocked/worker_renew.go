@@ -50,10 +50,17 @@ func (w *Worker) renewLoop(ctx context.Context) {
 			}
 			w.mu.Lock()
 			for i, r := range chunk {
+				h, ok := w.inflight[r]
+				if !ok {
+					continue
+				}
+				if deadline.After(h.answered) {
+					h.answered = deadline // the database answered for it (see expire)
+				}
 				if expires[i].IsZero() {
 					continue // lost, or its row locked at that moment: not extended
 				}
-				if h, ok := w.inflight[r]; ok && deadline.After(h.deadline) {
+				if deadline.After(h.deadline) {
 					h.deadline = deadline
 				}
 			}
