@@ -165,7 +165,27 @@ func (s *Lease) context() context.Context {
 // matches context.DeadlineExceeded when the local deadline passed, Op
 // "pglock.Lease"), [pgfence.ErrReleased] after Release, or
 // [pgfence.ErrClosed] after Locker.Close.
+//
+// Once the local deadline has passed, Err reports the lease lost even if
+// the deadline's timer has not fired yet (a busy machine can run it late),
+// and ends the lease there and then: Done is closed by the time Err
+// returns. A caller that checks Err before each write never writes on a
+// lease past its deadline.
 func (s *Lease) Err() error {
+	s.mu.Lock()
+	err := s.err
+	passed := err == nil && s.timer != nil && !time.Now().Before(s.deadline)
+	s.mu.Unlock()
+	if !passed {
+		return err
+	}
+	s.end(s.lost("pglock.Lease", errDeadline))
+	return s.state()
+}
+
+// state is why the lease ended, nil while it has not: Err without the
+// deadline check, for callers that hold the Locker's mutex (end takes it).
+func (s *Lease) state() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err

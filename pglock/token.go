@@ -226,7 +226,7 @@ func (l *Locker) grantReleased(name string, token int64, self *Lease) {
 		c.released = true
 	}
 	for s := range l.leases {
-		if s != self && s.name == name && s.token == token && s.Err() == nil {
+		if s != self && s.name == name && s.token == token && s.state() == nil {
 			others = append(others, s)
 		}
 	}
@@ -320,7 +320,7 @@ func (l *Locker) unclaim(name string, token int64) (giveBack, released bool) {
 // token); l.mu is held.
 func (l *Locker) hasLiveLocked(name string, token int64) bool {
 	for s := range l.leases {
-		if s.name == name && s.token == token && s.Err() == nil {
+		if s.name == name && s.token == token && s.state() == nil {
 			return true
 		}
 	}
