@@ -68,16 +68,17 @@ func NewProvider(ctx context.Context, db *sql.DB, opts ...goose.ProviderOption) 
 	if db == nil {
 		return nil, errors.New("migrations: nil *sql.DB")
 	}
+	locker := sessionLocker{id: LockID}
 	base := []goose.ProviderOption{
 		goose.WithTableName(VersionTable),
-		goose.WithSessionLocker(sessionLocker{id: LockID}),
+		goose.WithSessionLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, files, append(base, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("migrations: %w", err)
 	}
-	if err := bootstrap(ctx, db, sessionLocker{id: LockID}); err != nil {
+	if err := bootstrap(ctx, db, locker); err != nil {
 		return nil, err
 	}
 	if err := checkKnownVersions(ctx, db, p); err != nil {

@@ -202,3 +202,24 @@ func NotExecuted(closed bool, err error) bool {
 	}
 	return false
 }
+
+// ParseConfigText returns the text of an error of pgx's connection string
+// parser without the connection string it quotes, and true; for any other
+// error (or one whose text does not start as pgx writes it) it returns ""
+// and false. pgx masks the passwords it recognises in that string, but not
+// in every malformed one (a password with an escaped space, password=ab\ cd,
+// kept the part after the escape). What is left says what was wrong
+// ("invalid port").
+func ParseConfigText(err error) (string, bool) {
+	var pce *pgconn.ParseConfigError
+	if !errors.As(err, &pce) {
+		return "", false
+	}
+	// The same error with an empty message is exactly the prefix pgx
+	// wrote: "cannot parse `<the string, masked>`: ".
+	prefix := pgconn.NewParseConfigError(pce.ConnString, "", nil).Error()
+	if rest, ok := strings.CutPrefix(err.Error(), prefix); ok {
+		return rest, true
+	}
+	return "", false
+}

@@ -150,3 +150,17 @@ func TestParseGuardTokenTableNames(t *testing.T) {
 		}
 	}
 }
+
+// TestParseConfigText: the text of a parse error of pgx keeps what is wrong
+// and none of the connection string, password included, even where pgx's
+// own mask leaves part of it.
+func TestParseConfigText(t *testing.T) {
+	_, err := pgconn.ParseConfig(`host=127.0.0.1 port=abc user=ci password=hunter2\ topsecret`)
+	rest, ok := pgerr.ParseConfigText(err)
+	if !ok || rest != "invalid port" {
+		t.Fatalf("ParseConfigText(%v) = %q, %v; want \"invalid port\", true", err, rest, ok)
+	}
+	if rest, ok := pgerr.ParseConfigText(errors.New("cannot parse `x`: y")); ok || rest != "" {
+		t.Errorf("ParseConfigText of another error = %q, %v; want \"\", false", rest, ok)
+	}
+}

@@ -46,8 +46,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/pgerr"
 	"github.com/pgfence/pgfence/internal/testing/localpg"
 )
 
@@ -289,21 +289,12 @@ func ping(ctx context.Context, dsn string) error {
 }
 
 // withoutConnString returns err, or, for an error of pgx's connection
-// string parser, one without the string it quotes: pgx masks the passwords
-// it recognises there, but not in every malformed string (a password with
-// an escaped space, password=ab\ cd, kept the part after the escape), and
-// the error reaches test logs.
+// string parser, one without the string it quotes (see
+// pgerr.ParseConfigText): the error reaches test logs.
 func withoutConnString(err error) error {
-	var pce *pgconn.ParseConfigError
-	if !errors.As(err, &pce) {
-		return err
-	}
-	// The same error with an empty message is exactly the prefix pgx
-	// wrote: "cannot parse `<the string, masked>`: ".
-	prefix := pgconn.NewParseConfigError(pce.ConnString, "", nil).Error()
-	rest, ok := strings.CutPrefix(err.Error(), prefix)
+	rest, ok := pgerr.ParseConfigText(err)
 	if !ok {
-		rest = "malformed"
+		return err
 	}
 	return fmt.Errorf("cannot parse the connection string (not shown): %s", rest)
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/internal/pgerr"
 )
 
 // Exit codes. Scripts can rely on them; they are listed in docs/cli.md.
@@ -298,20 +300,12 @@ func oneLine(err error) string {
 }
 
 // parseErrorText is the text of an error of pgx's connection string parser
-// without the connection string it quotes: pgx masks the passwords it
-// recognises there, but not in every malformed string (a password with an
-// escaped space or quote, password=ab\ cd, kept the part after the
-// escape). What is left (what was wrong: "invalid port") goes through
+// without the connection string it quotes (pgerr.ParseConfigText), on one
+// line. What is left (what was wrong: "invalid port") goes through
 // [redactSecrets] too.
 func parseErrorText(err error) string {
-	var pce *pgconn.ParseConfigError
-	if errors.As(err, &pce) {
-		// The same error with an empty message is exactly the prefix
-		// pgx wrote: "cannot parse `<the string, masked>`: ".
-		prefix := pgconn.NewParseConfigError(pce.ConnString, "", nil).Error()
-		if rest, ok := strings.CutPrefix(err.Error(), prefix); ok {
-			return oneLine(errors.New(rest))
-		}
+	if rest, ok := pgerr.ParseConfigText(err); ok {
+		return oneLine(errors.New(rest))
 	}
 	return oneLine(err)
 }
