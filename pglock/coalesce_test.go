@@ -445,6 +445,65 @@ func TestCoalesceLoneCaller(t *testing.T) {
 	}
 }
 
+// TestCoalesceYieldBatches: a call that finds the slot free yields before it
+// sends; the calls that queue meanwhile go out with it, one lock_grant_many
+// for all of them and no lock_grant, each caller with the lease of its own
+// name.
+func TestCoalesceYieldBatches(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t, time.Minute)
+	var c doorCounter
+	pool := countingPool(t, pgtest.DSN(t), &c)
+	l := newLocker(t, pool, &Config{PollOnly: true})
+	const others = 5
+	queued := queuedSignal(l.grants, others)
+	inYield := make(chan struct{})
+	var once sync.Once
+	l.grants.yield = func() {
+		once.Do(func() {
+			close(inYield)
+			select {
+			case <-queued:
+			case <-time.After(time.Minute):
+				t.Error("the other grants did not queue behind the yielding one")
+			}
+		})
+	}
+	type result struct {
+		name  string
+		lease *Lease
+		err   error
+	}
+	results := make(chan result, others+1)
+	try := func(name string) {
+		s, err := l.TryAcquire(ctx, name, time.Minute)
+		results <- result{name, s, err}
+	}
+	go try("yield-0")
+	waitClosed(t, inYield, "the first grant's yield")
+	for i := 1; i <= others; i++ {
+		go try(fmt.Sprintf("yield-%d", i))
+	}
+	for range others + 1 {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("%s: %v", r.name, r.err)
+		}
+		if r.lease.Name() != r.name || r.lease.Token() != 1 {
+			t.Errorf("%s: got the lease of %q, token %d; want its own, token 1", r.name, r.lease.Name(), r.lease.Token())
+		}
+		if err := r.lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.mu.Lock()
+	sizes := slices.Clone(c.manySizes)
+	c.mu.Unlock()
+	if g, gm := c.grant.Load(), c.grantMany.Load(); g != 0 || gm != 1 || !slices.Equal(sizes, []int{others + 1}) {
+		t.Errorf("%d lock_grant, %d lock_grant_many of sizes %v; want 0 and 1 of %d", g, gm, sizes, others+1)
+	}
+}
+
 // TestCoalesceConcurrent: many goroutines on one Locker, each cycling on its
 // own names and some on shared ones, get their own results: a lease of the
 // name asked, tokens rising per name, never two holders of a name at once.
