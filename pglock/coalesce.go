@@ -23,10 +23,10 @@ import (
 // one returns the queued calls (up to maxCoalesce) go out as one statement
 // (pgfence.lock_grant_many, pgfence.lock_release_many), one commit for all of
 // them. There is no timer: a call that finds a statement slot free takes it,
-// yields the processor once (runtime.Gosched) and is sent, on its own
-// goroutine and through the single-lease statement when nothing queued
-// meanwhile (a lone caller waits for no other call), and a busy process
-// batches by itself.
+// yields the processor once (runtime.Gosched) if other calls of the Locker
+// are in progress, and is sent, on its own goroutine and through the
+// single-lease statement when nothing queued meanwhile; a lone caller sends
+// at once, and a busy process batches by itself.
 //
 // The yield: when a batch statement returns, its callers wake together and
 // most of them call again at once (a release after its grant, a grant after
@@ -36,8 +36,9 @@ import (
 // acquire+release cycles on distinct names, one Locker, 2 cores, fsync on,
 // alternating rounds in one process: 1.07 to 1.16 times the cycles/s at 8
 // clients and 1.10 to 1.24 at 32 (more of the calls carried by batch
-// statements); at 1 client no difference beyond the spread between rounds.
-// A Gosched with nothing else ready to run returns at once.
+// statements). Only a call that finds other calls of its Locker in progress
+// (inCalls) yields: a Locker with one caller at a time, as each client's
+// own Locker on a hot name, sends as it did before, with nothing to batch.
 //
 // Every call gets its own result: the many-functions answer per element, as
 // the single functions would have answered one call each, in the byte order
@@ -158,17 +159,24 @@ var errCoalescerClosed = errors.New("pglock: Locker closed")
 
 // do runs r and returns its result and the send time of its statement.
 func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, error) {
+	// Other calls of the Locker in progress: callers a returning statement
+	// woke may be about to call (see yield).
+	busy := c.l.inCalls.Add(1) > 1
+	defer c.l.inCalls.Add(-1)
 	c.mu.Lock()
 	if c.inFlight < maxInFlight {
 		// A free slot means nothing is queued (a statement that returns
 		// takes the queue before it frees its slot): take it, let the
-		// goroutines that are ready to run go first (see yield), and send.
+		// goroutines that are ready to run go first if other calls are in
+		// progress (see yield), and send.
 		c.inFlight++
 		c.mu.Unlock()
-		if c.yield != nil {
-			c.yield()
-		} else {
-			runtime.Gosched()
+		if busy {
+			if c.yield != nil {
+				c.yield()
+			} else {
+				runtime.Gosched()
+			}
 		}
 		c.mu.Lock()
 		if len(c.queue) > 0 {

@@ -445,16 +445,40 @@ func TestCoalesceLoneCaller(t *testing.T) {
 	}
 }
 
-// TestCoalesceYieldBatches: a call that finds the slot free yields before it
-// sends; the calls that queue meanwhile go out with it, one lock_grant_many
-// for all of them and no lock_grant, each caller with the lease of its own
-// name.
+// TestCoalesceYieldBatches: a call that finds its slot free while another
+// call of its Locker is in progress yields before it sends, and the calls
+// that queue meanwhile go out with it: one lock_grant_many for all of them
+// and no lock_grant, each caller with the lease of its own name. A lone
+// caller does not yield.
 func TestCoalesceYieldBatches(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t, time.Minute)
+	dsn := pgtest.DSN(t)
+	admin := pgtest.PoolFor(t, dsn)
 	var c doorCounter
-	pool := countingPool(t, pgtest.DSN(t), &c)
+	pool := countingPool(t, dsn, &c)
 	l := newLocker(t, pool, &Config{PollOnly: true})
+	var yields atomic.Int64
+	l.grants.yield = func() { yields.Add(1) }
+	l.releases.yield = func() { yields.Add(1) }
+
+	// Alone: no yield.
+	for range 3 {
+		if err := mustAcquire(t, l, "yield-block", time.Minute).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := yields.Load(); n != 0 {
+		t.Fatalf("a lone caller yielded %d times", n)
+	}
+
+	// A release of the Locker waits in the database: a grant yields.
+	blocked := mustAcquire(t, l, "yield-block", time.Minute)
+	b := blockRows(t, admin, "yield-block")
+	released := make(chan error, 1)
+	go func() { released <- blocked.Release(ctx) }()
+	waitLockWait(t, admin, "lock_release", 1)
+
 	const others = 5
 	queued := queuedSignal(l.grants, others)
 	inYield := make(chan struct{})
@@ -469,6 +493,7 @@ func TestCoalesceYieldBatches(t *testing.T) {
 			}
 		})
 	}
+	c.reset()
 	type result struct {
 		name  string
 		lease *Lease
@@ -484,6 +509,7 @@ func TestCoalesceYieldBatches(t *testing.T) {
 	for i := 1; i <= others; i++ {
 		go try(fmt.Sprintf("yield-%d", i))
 	}
+	leases := make([]*Lease, 0, others+1)
 	for range others + 1 {
 		r := <-results
 		if r.err != nil {
@@ -492,15 +518,22 @@ func TestCoalesceYieldBatches(t *testing.T) {
 		if r.lease.Name() != r.name || r.lease.Token() != 1 {
 			t.Errorf("%s: got the lease of %q, token %d; want its own, token 1", r.name, r.lease.Name(), r.lease.Token())
 		}
-		if err := r.lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+		leases = append(leases, r.lease)
 	}
 	c.mu.Lock()
 	sizes := slices.Clone(c.manySizes)
 	c.mu.Unlock()
 	if g, gm := c.grant.Load(), c.grantMany.Load(); g != 0 || gm != 1 || !slices.Equal(sizes, []int{others + 1}) {
 		t.Errorf("%d lock_grant, %d lock_grant_many of sizes %v; want 0 and 1 of %d", g, gm, sizes, others+1)
+	}
+	b.unblock(t)
+	if err := <-released; err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range leases {
+		if err := s.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

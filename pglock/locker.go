@@ -53,6 +53,7 @@ type Locker struct {
 
 	grants   *coalescer[grantReq, grantRes]         // non-waiting grants (see coalesce.go)
 	releases *coalescer[releaseReq, fastReleaseRow] // releases
+	inCalls  atomic.Int64                           // calls in either coalescer's do
 
 	hotMu sync.Mutex
 	hot   map[string]struct{} // names whose last Acquire waited (see isHot)
