@@ -32,9 +32,11 @@ import (
 // most of them call again at once (a release after its grant, a grant after
 // its release); the first to find the slot free would go out alone and the
 // others queue behind it, two statements where one does. Goroutines that are
-// ready to run get to queue first, and go out with it. Measured with
-// acquire+release cycles on distinct names, one Locker, 2 cores, fsync on,
-// alternating rounds in one process: 1.07 to 1.16 times the cycles/s at 8
+// ready to run get to queue first, and go out with it (a queued call like
+// theirs from then on: on the coalescer's context, not its caller's).
+// Measured with a version that yielded on every call, acquire+release cycles
+// on distinct names, one Locker, 2 cores, fsync on, alternating rounds in
+// one process (where other calls are nearly always in progress): 1.07 to 1.16 times the cycles/s at 8
 // clients and 1.10 to 1.24 at 32 (more of the calls carried by batch
 // statements). Only a call that finds other calls of its Locker in progress
 // (inCalls) yields: a Locker with one caller at a time, as each client's
@@ -79,6 +81,10 @@ type coalesceCall[Req, Res any] struct {
 	res  Res
 	sent time.Time // when its statement was sent (zero if never sent)
 	err  error
+	// panicked holds what a panic under its statement (user code: a pool
+	// hook or a tracer) was called with, re-raised in the caller's
+	// goroutine as a statement of its own would have; nil if none.
+	panicked any
 
 	// Under the coalescer's mu.
 	state  callState
@@ -220,7 +226,7 @@ func (c *coalescer[Req, Res]) wait(ctx context.Context, call *coalesceCall[Req, 
 	gone := error(nil)
 	select {
 	case <-call.done:
-		return call.res, call.sent, call.err
+		return call.answer()
 	case <-ctx.Done():
 		gone = ctx.Err()
 	case <-c.abandon:
@@ -230,7 +236,7 @@ func (c *coalescer[Req, Res]) wait(ctx context.Context, call *coalesceCall[Req, 
 	select {
 	case <-call.done:
 		c.mu.Unlock()
-		return call.res, call.sent, call.err
+		return call.answer()
 	default:
 	}
 	switch call.state {
@@ -258,6 +264,15 @@ func (c *coalescer[Req, Res]) wait(ctx context.Context, call *coalesceCall[Req, 
 	return zero, time.Time{}, gone
 }
 
+// answer returns a call's answer once done is closed, or re-raises the
+// panic of its statement.
+func (call *coalesceCall[Req, Res]) answer() (Res, time.Time, error) {
+	if call.panicked != nil {
+		panic(call.panicked)
+	}
+	return call.res, call.sent, call.err
+}
+
 // next sends the queued calls in the slot of the statement that just
 // returned, or frees the slot.
 func (c *coalescer[Req, Res]) next() {
@@ -270,7 +285,16 @@ func (c *coalescer[Req, Res]) next() {
 	c.l.calls.add()
 	go func() {
 		defer c.l.calls.done()
+		finished := false
+		defer func() {
+			if !finished {
+				// runtime.Goexit under a statement (user code; send ended
+				// its calls): the slot goes on with the queue.
+				c.next()
+			}
+		}()
 		c.loop()
+		finished = true
 	}()
 }
 
@@ -356,8 +380,11 @@ func (c *coalescer[Req, Res]) loop() {
 }
 
 // send runs batch as one statement and hands each call its result. It
-// returns the statement's error.
-func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Req, Res]) error {
+// returns the statement's error. A panic under the statement (user code: a
+// pool hook or a tracer) ends every call of the batch and is re-raised in
+// each caller's goroutine (answer), not in the sender's; so does
+// runtime.Goexit, with errGoexit, which then goes on to end the sender.
+func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Req, Res]) (err error) {
 	// One lock order for every statement: by name, then arrival.
 	slices.SortStableFunc(batch, func(a, b *coalesceCall[Req, Res]) int {
 		return cmp.Compare(c.name(a.req), c.name(b.req))
@@ -366,7 +393,21 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 		sent time.Time
 		res  []Res
 	)
-	err := c.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		r := recover() // nil: runtime.Goexit
+		c.mu.Lock()
+		for _, call := range batch {
+			call.err, call.panicked = errGoexit, r
+			close(call.done)
+		}
+		c.mu.Unlock()
+		err = errGoexit
+	}()
+	err = c.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now()
 		if len(batch) == 1 {
 			var r Res
@@ -381,6 +422,7 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 		res, err = c.many(ctx, conn, reqs)
 		return err
 	})
+	finished = true
 	if err == nil && len(res) != len(batch) {
 		err = errors.New("pglock: a batch statement returned the wrong number of rows")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -525,6 +526,16 @@ func TestCoalesceYieldBatches(t *testing.T) {
 	c.mu.Unlock()
 	if g, gm := c.grant.Load(), c.grantMany.Load(); g != 0 || gm != 1 || !slices.Equal(sizes, []int{others + 1}) {
 		t.Errorf("%d lock_grant, %d lock_grant_many of sizes %v; want 0 and 1 of %d", g, gm, sizes, others+1)
+	}
+	// Busy still, but nothing queues as it yields: sent alone.
+	c.reset()
+	alone, err := l.TryAcquire(ctx, "yield-alone", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases = append(leases, alone)
+	if g, gm := c.grant.Load(), c.grantMany.Load(); g != 1 || gm != 0 {
+		t.Errorf("a yield with nothing queued: %d lock_grant, %d lock_grant_many; want 1 and 0", g, gm)
 	}
 	b.unblock(t)
 	if err := <-released; err != nil {
@@ -1250,3 +1261,120 @@ func (p *panicTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tr
 }
 
 func (p *panicTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestCoalescePanicInBatch: a panic under a batch statement (a tracer) is
+// re-raised in each of its callers' goroutines, not in the coalescer's (the
+// test binary would die), nothing is granted, and the slot goes on; a
+// runtime.Goexit there fails the batch's calls with an error and the slot
+// goes on too.
+func TestCoalescePanicInBatch(t *testing.T) {
+	t.Parallel()
+	for _, goexit := range []bool{false, true} {
+		t.Run(fmt.Sprintf("goexit=%v", goexit), func(t *testing.T) {
+			t.Parallel()
+			ctx := testCtx(t, time.Minute)
+			dsn := pgtest.DSN(t)
+			admin := pgtest.PoolFor(t, dsn)
+			cfg, err := pgxpool.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := &batchTracer{goexit: goexit}
+			cfg.ConnConfig.Tracer = tr
+			cfg.MaxConns = 4
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			l := newLocker(t, pool, &Config{PollOnly: true})
+
+			// A release of the Locker waits in the database: the grants
+			// below yield, and the second queues behind the first.
+			blocked := mustAcquire(t, l, "pb-block", time.Minute)
+			b := blockRows(t, admin, "pb-block")
+			released := make(chan error, 1)
+			go func() { released <- blocked.Release(ctx) }()
+			waitLockWait(t, admin, "lock_release", 1)
+
+			queued := queuedSignal(l.grants, 1)
+			inYield := make(chan struct{})
+			var once sync.Once
+			l.grants.yield = func() {
+				once.Do(func() {
+					close(inYield)
+					select {
+					case <-queued:
+					case <-time.After(time.Minute):
+						t.Error("the second grant did not queue behind the yielding one")
+					}
+				})
+			}
+			tr.armed.Store(true)
+			type result struct {
+				panicked any
+				err      error
+			}
+			results := make(chan result, 2)
+			try := func(name string) {
+				var r result
+				defer func() {
+					r.panicked = recover()
+					results <- r
+				}()
+				_, r.err = l.TryAcquire(ctx, name, time.Minute)
+			}
+			go try("pb-0")
+			waitClosed(t, inYield, "the first grant's yield")
+			go try("pb-1")
+			for range 2 {
+				r := <-results
+				switch {
+				case goexit && (r.panicked != nil || r.err == nil):
+					t.Errorf("Goexit under the batch: panic %v, error %v; want an error", r.panicked, r.err)
+				case !goexit && r.panicked != "tracer":
+					t.Errorf("panic under the batch: the caller got panic %v, error %v; want the panic", r.panicked, r.err)
+				}
+			}
+			if tr.armed.Load() {
+				t.Fatal("the tracer never saw the batch statement")
+			}
+			b.unblock(t)
+			if err := <-released; err != nil {
+				t.Fatal(err)
+			}
+			// Nothing was granted, and the slot goes on.
+			for _, name := range []string{"pb-0", "pb-1"} {
+				s, err := l.TryAcquire(ctx, name, time.Minute)
+				if err != nil {
+					t.Fatalf("%s after the batch: %v", name, err)
+				}
+				if s.Token() != 1 {
+					t.Errorf("%s: token %d, want 1 (the batch granted nothing)", name, s.Token())
+				}
+				if err := s.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// batchTracer panics (or calls runtime.Goexit) in the next
+// lock_grant_many's TraceQueryStart once armed.
+type batchTracer struct {
+	goexit bool
+	armed  atomic.Bool
+}
+
+func (p *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lock_grant_many(") && p.armed.CompareAndSwap(true, false) {
+		if p.goexit {
+			runtime.Goexit()
+		}
+		panic("tracer")
+	}
+	return ctx
+}
+
+func (p *batchTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

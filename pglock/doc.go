@@ -84,8 +84,9 @@
 // wait again after it left; it runs on, for at most 5 seconds more (or the
 // TTL, if shorter) and until [Locker.Close] has waited for it, and then the
 // wait leaves the queue and gives back a lease the statement granted or a
-// release handed to it. A grant statement that finds no other out (a lone
-// caller's) is cancelled: the goroutine a detached statement needs costs a
+// release handed to it. A grant statement sent alone at once (a lone
+// caller's: no other statement out, no call queued as it yielded) is
+// cancelled: the goroutine a detached statement needs costs a
 // lone caller more latency than coalescing may add. [Elector.Run] waits for
 // its grant statements to answer when its context ends (for up to the lease
 // duration) and gives back a grant that arrives then. A grant batched with

@@ -196,7 +196,9 @@ func (l *Locker) Listen(ctx context.Context) error {
 // live leases in the database: release them first, or they stay held until
 // their TTL passes. Waiting Acquire calls (also those whose queueing
 // statement is out, whatever their context), and TryAcquire calls queued
-// behind another grant statement of the Locker, return an error matching
+// behind another grant statement of the Locker (a call that found no grant
+// statement out but other calls of the Locker in progress queues with the
+// calls that arrive as it yields: see the package documentation), return an error matching
 // [pgfence.ErrClosed] at once; a grant whose statement answers after Close,
 // or a lease a release hands to a waiter at that moment, is given back, and
 // the call that asked for it returns that error too. Close waits for those
@@ -208,8 +210,8 @@ func (l *Locker) Listen(ctx context.Context) error {
 // is then unknown: a grant one of them makes anyway, or a lease a release
 // hands to its wait, stays held by nobody until its TTL (Close logs a
 // warning). A lone grant statement (a TryAcquire's, or an Acquire's first
-// attempt, sent at once on its caller's context) ends with that context
-// only. Do not call Close from the Locker's Logger, Metrics or a hook of
+// attempt, sent at once on its caller's context because no other call
+// queued as it yielded) ends with that context only. Do not call Close from the Locker's Logger, Metrics or a hook of
 // its pool: they can run inside such a call, and Close would then wait the
 // 5 seconds. Close is safe to call more than once.
 func (l *Locker) Close() error {
