@@ -36,9 +36,9 @@ import (
 // theirs from then on: on the coalescer's context, not its caller's).
 // Measured with a version that yielded on every call, acquire+release cycles
 // on distinct names, one Locker, 2 cores, fsync on, alternating rounds in
-// one process (where other calls are nearly always in progress): 1.07 to 1.16 times the cycles/s at 8
-// clients and 1.10 to 1.24 at 32 (more of the calls carried by batch
-// statements). Only a call that finds other calls of its Locker in progress
+// one process (where other calls are nearly always in progress): 1.07 to
+// 1.16 times the cycles/s at 8 clients and 1.10 to 1.24 at 32 (more of the
+// calls carried by batch statements). Only a call that finds other calls of its Locker in progress
 // (inCalls) yields: a Locker with one caller at a time, as each client's
 // own Locker on a hot name, sends as it did before, with nothing to batch.
 //
@@ -162,6 +162,10 @@ type coalescer[Req, Res any] struct {
 
 // errCoalescerClosed is a queued call's error when abandon closed.
 var errCoalescerClosed = errors.New("pglock: Locker closed")
+
+// errBatchPanic is the error send returns when a panic under its statement
+// was recovered (and re-raised in the callers: answer).
+var errBatchPanic = errors.New("pglock: a panic under a batch statement (a pool hook or tracer)")
 
 // do runs r and returns its result and the send time of its statement.
 func (c *coalescer[Req, Res]) do(ctx context.Context, r Req) (Res, time.Time, error) {
@@ -355,7 +359,17 @@ func (c *coalescer[Req, Res]) loop() {
 		go func() {
 			defer c.l.calls.done()
 			defer close(done)
-			if err := c.send(ctx, batch); err != nil && c.l.abortCtx.Err() != nil {
+			// Also after a runtime.Goexit under the statement.
+			defer func() {
+				c.mu.Lock()
+				if f.timer != nil {
+					f.timer.Stop()
+				}
+				c.mu.Unlock()
+				cancel()
+			}()
+			if err := c.send(ctx, batch); err != nil && c.l.abortCtx.Err() != nil &&
+				err != errGoexit && err != errBatchPanic {
 				// Close has waited for it, then ended it: its callers had
 				// gone (ErrClosed), and what it granted is unknown.
 				names := make([]string, len(batch))
@@ -365,12 +379,6 @@ func (c *coalescer[Req, Res]) loop() {
 				c.l.log.Warn("pglock: Close ended a grant statement it had waited for; "+
 					"a lease it granted anyway stays held until its TTL", "names", names, "err", err)
 			}
-			c.mu.Lock()
-			if f.timer != nil {
-				f.timer.Stop()
-			}
-			c.mu.Unlock()
-			cancel()
 		}()
 		select {
 		case <-done:
@@ -399,13 +407,22 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 			return
 		}
 		r := recover() // nil: runtime.Goexit
+		err = errGoexit
+		if r != nil {
+			err = errBatchPanic
+		}
+		waiting := false
 		c.mu.Lock()
 		for _, call := range batch {
-			call.err, call.panicked = errGoexit, r
+			call.err, call.panicked = err, r
+			waiting = waiting || call.state != callGone
 			close(call.done)
 		}
 		c.mu.Unlock()
-		err = errGoexit
+		if r != nil && !waiting {
+			c.l.log.Error("pglock: a panic under a batch statement whose callers had all given up (a pool hook or tracer)",
+				"panic", r)
+		}
 	}()
 	err = c.l.onLiveConn(ctx, func(conn *pgxpool.Conn) (err error) {
 		sent = time.Now()
@@ -439,13 +456,28 @@ func (c *coalescer[Req, Res]) send(ctx context.Context, batch []*coalesceCall[Re
 		close(call.done)
 	}
 	c.mu.Unlock()
+	if len(orphans) > 0 {
+		c.giveOrphans(batch, res, orphans)
+	}
+	return err
+}
+
+// giveOrphans hands the orphan handler the results of the calls at orphans.
+// It runs on the coalescer's goroutine: a panic under it (user code under a
+// release statement) is logged, not raised there.
+func (c *coalescer[Req, Res]) giveOrphans(batch []*coalesceCall[Req, Res], res []Res, orphans []int) {
+	defer func() {
+		if r := recover(); r != nil {
+			c.l.log.Error("pglock: a panic while giving back a lease granted after its caller gave up "+
+				"(a pool hook or tracer); it stays held until its TTL", "panic", r)
+		}
+	}()
 	for _, i := range orphans {
 		c.orphan(batch[i].req, res[i])
 		if c.orphanHook != nil {
 			c.orphanHook()
 		}
 	}
-	return err
 }
 
 // batchStatements returns the number of batch statements sent so far.

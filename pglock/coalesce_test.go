@@ -1062,10 +1062,35 @@ func TestLockRenewManyLockOrder(t *testing.T) {
 // calls of the batch keep their leases.
 func TestCoalesceAbandonedGrantReleased(t *testing.T) {
 	t.Parallel()
+	testAbandonedGrant(t, false)
+}
+
+// TestCoalesceOrphanReleasePanic: a panic under the release that gives back
+// an abandoned grant (a tracer) is logged on the coalescer's goroutine, not
+// raised there (the test binary would die); the lease stays held until its
+// TTL and the Locker goes on.
+func TestCoalesceOrphanReleasePanic(t *testing.T) {
+	t.Parallel()
+	testAbandonedGrant(t, true)
+}
+
+func testAbandonedGrant(t *testing.T, panicking bool) {
 	ctx := testCtx(t, 2*time.Minute)
 	dsn := pgtest.DSN(t)
 	admin := pgtest.PoolFor(t, dsn)
-	l := newLocker(t, pgtest.PoolFor(t, dsn), &Config{PollOnly: true})
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &batchTracer{match: "pgfence.lock_release("}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	logger, logged := warnSignal("a panic while giving back a lease")
+	l := newLocker(t, pool, &Config{PollOnly: true, Logger: logger})
 	const ttl = time.Minute
 	blockNames := make([]string, maxInFlight)
 	for i := range blockNames {
@@ -1117,8 +1142,19 @@ func TestCoalesceAbandonedGrantReleased(t *testing.T) {
 	if err := <-xerr; !errors.Is(err, context.Canceled) {
 		t.Fatalf("TryAcquire ab-x after its context ended: %v, want context.Canceled", err)
 	}
+	tr.armed.Store(panicking)
 	bx.unblock(t)
 	w := <-wres
+	if panicking {
+		waitClosed(t, logged, "the log of the panic under the give-back")
+		if info := inspect(t, admin, "ab-x"); !info.Held || info.Token != 2 {
+			t.Errorf("ab-x after a give-back that panicked: %+v, want held with token 2 until its TTL", info)
+		}
+		if err := mustAcquire(t, l, "ab-y", ttl).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
 	waitClosed(t, orphaned, "the abandoned lease's release")
 	if w == nil || w.Token() != 1 {
 		t.Fatalf("ab-w: %v, want a lease with token 1", w)
@@ -1279,7 +1315,7 @@ func TestCoalescePanicInBatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tr := &batchTracer{goexit: goexit}
+			tr := &batchTracer{match: "lock_grant_many(", goexit: goexit}
 			cfg.ConnConfig.Tracer = tr
 			cfg.MaxConns = 4
 			pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -1360,15 +1396,16 @@ func TestCoalescePanicInBatch(t *testing.T) {
 	}
 }
 
-// batchTracer panics (or calls runtime.Goexit) in the next
-// lock_grant_many's TraceQueryStart once armed.
+// batchTracer panics (or calls runtime.Goexit) in the TraceQueryStart of the
+// next statement containing match once armed.
 type batchTracer struct {
+	match  string
 	goexit bool
 	armed  atomic.Bool
 }
 
 func (p *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "lock_grant_many(") && p.armed.CompareAndSwap(true, false) {
+	if strings.Contains(d.SQL, p.match) && p.armed.CompareAndSwap(true, false) {
 		if p.goexit {
 			runtime.Goexit()
 		}

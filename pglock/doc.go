@@ -44,8 +44,8 @@
 // [Locker.Acquire] attempts ([Lease.Release] calls) queue and go out together
 // in one statement and one commit (at most 64 calls) when it returns; a call
 // that finds none out is sent at once (while other calls of the Locker are
-// in progress, with those that queued as it yielded the processor once). Each call gets its own lease or error, as with a statement of its
-// own; a statement that fails on its connection fails every call it carried
+// in progress, with those that queued as it yielded the processor once).
+// Each call gets its own lease or error, as with a statement of its own; a statement that fails on its connection fails every call it carried
 // (their outcome is unknown).
 //
 // With [Config].KeepAlive one goroutine per Locker renews every lease before

@@ -198,8 +198,8 @@ func (l *Locker) Listen(ctx context.Context) error {
 // statement is out, whatever their context), and TryAcquire calls queued
 // behind another grant statement of the Locker (a call that found no grant
 // statement out but other calls of the Locker in progress queues with the
-// calls that arrive as it yields: see the package documentation), return an error matching
-// [pgfence.ErrClosed] at once; a grant whose statement answers after Close,
+// calls that arrive as it yields: see the package documentation), return an
+// error matching [pgfence.ErrClosed] at once; a grant whose statement answers after Close,
 // or a lease a release hands to a waiter at that moment, is given back, and
 // the call that asked for it returns that error too. Close waits for those
 // calls and statements, for the queueing statements of waits that gave up
