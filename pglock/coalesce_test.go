@@ -481,19 +481,7 @@ func TestCoalesceYieldBatches(t *testing.T) {
 	waitLockWait(t, admin, "lock_release", 1)
 
 	const others = 5
-	queued := queuedSignal(l.grants, others)
-	inYield := make(chan struct{})
-	var once sync.Once
-	l.grants.yield = func() {
-		once.Do(func() {
-			close(inYield)
-			select {
-			case <-queued:
-			case <-time.After(time.Minute):
-				t.Error("the other grants did not queue behind the yielding one")
-			}
-		})
-	}
+	inYield := yieldUntilQueued(t, l.grants, others)
 	c.reset()
 	type result struct {
 		name  string
@@ -546,6 +534,25 @@ func TestCoalesceYieldBatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// yieldUntilQueued makes the first yield of c close the returned channel and
+// wait until n calls have queued behind it; later yields return at once.
+func yieldUntilQueued[Req, Res any](t *testing.T, c *coalescer[Req, Res], n int) <-chan struct{} {
+	queued := queuedSignal(c, n)
+	inYield := make(chan struct{})
+	var once sync.Once
+	c.yield = func() {
+		once.Do(func() {
+			close(inYield)
+			select {
+			case <-queued:
+			case <-time.After(time.Minute):
+				t.Errorf("%d calls did not queue behind the yielding one", n)
+			}
+		})
+	}
+	return inYield
 }
 
 // TestCoalesceConcurrent: many goroutines on one Locker, each cycling on its
@@ -1333,19 +1340,7 @@ func TestCoalescePanicInBatch(t *testing.T) {
 			go func() { released <- blocked.Release(ctx) }()
 			waitLockWait(t, admin, "lock_release", 1)
 
-			queued := queuedSignal(l.grants, 1)
-			inYield := make(chan struct{})
-			var once sync.Once
-			l.grants.yield = func() {
-				once.Do(func() {
-					close(inYield)
-					select {
-					case <-queued:
-					case <-time.After(time.Minute):
-						t.Error("the second grant did not queue behind the yielding one")
-					}
-				})
-			}
+			inYield := yieldUntilQueued(t, l.grants, 1)
 			tr.armed.Store(true)
 			type result struct {
 				panicked any
